@@ -1,0 +1,284 @@
+//! The Python placement module and its stub, rendered from tera templates.
+//!
+//! The context is plain strings already written as Python literals, so the templates
+//! hold layout only.
+
+use featshard_spec::ir::{IndexScope, OwnerSource, PadValue, Placement, Role};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan};
+use serde::Serialize;
+use tera::{Context, Tera};
+
+use crate::{header_lines, CodegenError};
+
+const MODULE: &str = include_str!("../templates/module.py.tera");
+const STUB: &str = include_str!("../templates/module.pyi.tera");
+
+pub fn python_module(plan: &Plan) -> Result<String, CodegenError> {
+    render("module.py", MODULE, plan)
+}
+
+pub fn python_stub(plan: &Plan) -> Result<String, CodegenError> {
+    render("module.pyi", STUB, plan)
+}
+
+fn render(name: &str, template: &str, plan: &Plan) -> Result<String, CodegenError> {
+    let mut tera = Tera::default();
+    tera.autoescape_on(vec![]);
+    tera.add_raw_template(name, template)
+        .map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
+    let ctx = Context::from_serialize(context(plan)).map_err(|e| CodegenError(e.to_string()))?;
+    let mut out = tera
+        .render(name, &ctx)
+        .map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct Ctx {
+    header: String,
+    module: String,
+    sha256: String,
+    cp0: String,
+    cp1: String,
+    dp: String,
+    semantics: Vec<SemanticRow>,
+    semantic_order: Vec<String>,
+    tensors: Vec<TensorRow>,
+    masks: Vec<MaskRow>,
+    indices: Vec<IndexRow>,
+    cosharded: Vec<CoshardRow>,
+    metadata: Vec<String>,
+    all_features: Vec<String>,
+    workflows: Vec<WorkflowRow>,
+}
+
+#[derive(Serialize)]
+struct SemanticRow {
+    name: String,
+    sharded: &'static str,
+    padding: &'static str,
+    mesh_axes: String,
+    owner: String,
+    root: String,
+    owner_source: String,
+    owner_feature: String,
+    window: String,
+}
+
+#[derive(Serialize)]
+struct TensorRow {
+    name: String,
+    placements: String,
+    placements_dp: String,
+    semantics: String,
+    channels: String,
+    dtype: &'static str,
+    pad: String,
+}
+
+#[derive(Serialize)]
+struct MaskRow {
+    name: String,
+    of: String,
+}
+
+#[derive(Serialize)]
+struct IndexRow {
+    name: String,
+    of: String,
+    scope: &'static str,
+    one_hot: String,
+}
+
+#[derive(Serialize)]
+struct CoshardRow {
+    name: String,
+    pairs: String,
+}
+
+#[derive(Serialize)]
+struct WorkflowRow {
+    name: String,
+    features: Vec<String>,
+}
+
+fn context(plan: &Plan) -> Ctx {
+    let header = header_lines(plan)
+        .iter()
+        .map(|l| format!("# {l}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let semantics = plan
+        .semantics
+        .iter()
+        .map(|(name, s)| {
+            let (padding, mesh_axes, owner) = match &s.padding {
+                Padding::None => ("none", Vec::new(), None),
+                Padding::Multiple { mesh_axes } => ("multiple", mesh_axes.clone(), None),
+                Padding::OwnerBlocks {
+                    owner,
+                    root,
+                    source,
+                    mesh_axes,
+                } => ("owner_blocks", mesh_axes.clone(), Some((owner, root, source))),
+            };
+            let (o, r, src, feat) = match owner {
+                Some((o, r, src)) => {
+                    let (kind, f) = match src {
+                        OwnerSource::Counts { feature } => ("counts", feature),
+                        OwnerSource::Map { feature } => ("map", feature),
+                    };
+                    (py_str(o), py_str(r), py_str(kind), py_str(f))
+                }
+                None => ("None".into(), "None".into(), "None".into(), "None".into()),
+            };
+            SemanticRow {
+                name: name.clone(),
+                sharded: py_bool(s.sharded),
+                padding,
+                mesh_axes: py_tuple(mesh_axes.iter().map(ToString::to_string)),
+                owner: o,
+                root: r,
+                owner_source: src,
+                owner_feature: feat,
+                window: s.window.map_or("None".into(), |w| w.to_string()),
+            }
+        })
+        .collect();
+    let mut tensors = Vec::new();
+    let mut masks = Vec::new();
+    let mut indices = Vec::new();
+    let mut cosharded = Vec::new();
+    let mut metadata = Vec::new();
+    for (name, f) in &plan.features {
+        let t = match f {
+            FeaturePlan::Metadata { .. } => {
+                metadata.push(name.clone());
+                continue;
+            }
+            FeaturePlan::Tensor(t) => t,
+        };
+        tensors.push(TensorRow {
+            name: name.clone(),
+            placements: py_tuple(t.placements.iter().map(py_placement)),
+            placements_dp: py_tuple(t.placements_dp.iter().map(py_placement)),
+            semantics: py_tuple(
+                t.axes
+                    .iter()
+                    .map(|a| a.semantic.as_deref().map_or("None".into(), py_str)),
+            ),
+            channels: py_tuple(
+                t.axes
+                    .iter()
+                    .map(|a| a.size.map_or("None".into(), |n| n.to_string())),
+            ),
+            dtype: t.dtype.name(),
+            pad: py_pad(t.pad_value),
+        });
+        match &t.role {
+            Role::Data => {}
+            Role::Mask { of } => masks.push(MaskRow {
+                name: name.clone(),
+                of: py_tuple(of.iter().map(|s| py_str(s))),
+            }),
+            Role::Index(ix) => indices.push(IndexRow {
+                name: name.clone(),
+                of: ix.of.clone(),
+                scope: match ix.scope {
+                    IndexScope::Serial => "serial",
+                    IndexScope::ShardLocal => "shard_local",
+                    IndexScope::PaddedGlobal => "padded_global",
+                },
+                one_hot: ix.one_hot.map_or("None".into(), |a| a.to_string()),
+            }),
+        }
+        let pairs: Vec<String> = t
+            .axes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a.split {
+                featshard_spec::infer::Split::Follows { leader, .. } => {
+                    Some(format!("({i}, {leader})"))
+                }
+                _ => None,
+            })
+            .collect();
+        if !pairs.is_empty() {
+            cosharded.push(CoshardRow {
+                name: name.clone(),
+                pairs: py_tuple(pairs.into_iter()),
+            });
+        }
+    }
+    Ctx {
+        header,
+        module: plan.module.clone(),
+        sha256: plan.source.sha256.clone(),
+        cp0: py_str(&plan.mesh.cp[0]),
+        cp1: py_str(&plan.mesh.cp[1]),
+        dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
+        semantics,
+        semantic_order: plan
+            .semantic_order()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        tensors,
+        masks,
+        indices,
+        cosharded,
+        metadata,
+        all_features: plan.features.keys().cloned().collect(),
+        workflows: plan
+            .workflows
+            .iter()
+            .map(|(w, fs)| WorkflowRow {
+                name: w.clone(),
+                features: fs.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn py_str(s: &str) -> String {
+    // Names are snake_case (checked by the spec crate), so no escaping is needed.
+    format!("\"{s}\"")
+}
+
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+/// A Python tuple literal; one element gets its trailing comma.
+fn py_tuple(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    match items.len() {
+        1 => format!("({},)", items[0]),
+        _ => format!("({})", items.join(", ")),
+    }
+}
+
+fn py_placement(p: &Placement) -> String {
+    match p {
+        Placement::Shard(d) => format!("Shard({d})"),
+        Placement::Replicate => "Replicate()".into(),
+    }
+}
+
+fn py_pad(p: PadValue) -> String {
+    match p {
+        PadValue::Bool(b) => py_bool(b).into(),
+        PadValue::Int(i) => i.to_string(),
+        PadValue::Float(x) if x.is_nan() => "math.nan".into(),
+        PadValue::Float(x) if x.is_infinite() && x > 0.0 => "math.inf".into(),
+        PadValue::Float(x) if x.is_infinite() => "-math.inf".into(),
+        PadValue::Float(x) => format!("{x:?}"),
+    }
+}

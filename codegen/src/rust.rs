@@ -1,0 +1,347 @@
+//! The Rust placement module: typed tables built with quote, formatted by prettyplease.
+//!
+//! The module depends on nothing (it declares its own small `Placement`, `DType`, ...
+//! types), so it compiles on its own or inside any crate.
+
+use featshard_spec::ir::{DType, IndexScope, PadValue, Placement, Role};
+use featshard_spec::names::upper_camel;
+use featshard_spec::plan::{FeaturePlan, Plan};
+use proc_macro2::{Ident, Span, TokenStream};
+use quote::quote;
+
+use crate::{header_lines, CodegenError};
+
+pub fn rust_module(plan: &Plan) -> Result<String, CodegenError> {
+    let tokens = module_tokens(plan);
+    let file: syn::File =
+        syn::parse2(tokens).map_err(|e| CodegenError(format!("generated Rust does not parse: {e}")))?;
+    let mut out: String = header_lines(plan)
+        .iter()
+        .map(|l| format!("// {l}\n"))
+        .collect();
+    out.push('\n');
+    out.push_str(&prettyplease::unparse(&file));
+    Ok(out)
+}
+
+fn ident(name: &str) -> Ident {
+    Ident::new(&upper_camel(name), Span::call_site())
+}
+
+fn placement(p: &Placement) -> TokenStream {
+    match p {
+        Placement::Shard(d) => quote!(Placement::Shard(#d)),
+        Placement::Replicate => quote!(Placement::Replicate),
+    }
+}
+
+fn dtype(d: DType) -> TokenStream {
+    let v = Ident::new(&upper_camel(d.name()), Span::call_site());
+    quote!(DType::#v)
+}
+
+fn pad(p: PadValue) -> TokenStream {
+    match p {
+        PadValue::Bool(b) => quote!(PadValue::Bool(#b)),
+        PadValue::Int(i) => quote!(PadValue::Int(#i)),
+        PadValue::Float(x) if x.is_nan() => quote!(PadValue::Float(f64::NAN)),
+        PadValue::Float(x) if x.is_infinite() && x > 0.0 => quote!(PadValue::Float(f64::INFINITY)),
+        PadValue::Float(x) if x.is_infinite() => quote!(PadValue::Float(f64::NEG_INFINITY)),
+        PadValue::Float(x) => quote!(PadValue::Float(#x)),
+    }
+}
+
+fn module_tokens(plan: &Plan) -> TokenStream {
+    let doc = format!(
+        " Placements and padding plan of the `{}` feature spec.",
+        plan.module
+    );
+    let sha = &plan.source.sha256;
+    let (cp0, cp1) = (&plan.mesh.cp[0], &plan.mesh.cp[1]);
+    let dp = match &plan.mesh.dp {
+        Some(d) => quote!(Some(#d)),
+        None => quote!(None),
+    };
+
+    let sem_names: Vec<&String> = plan.semantics.keys().collect();
+    let sem_idents: Vec<Ident> = sem_names.iter().map(|s| ident(s)).collect();
+    let sem_count = sem_names.len();
+    let sem_sharded = plan.semantics.values().map(|s| s.sharded);
+
+    let wf_names: Vec<&String> = plan.workflows.keys().collect();
+    let wf_idents: Vec<Ident> = wf_names.iter().map(|w| ident(w)).collect();
+    let wf_count = wf_names.len();
+    let wf_features = plan.workflows.values().map(|fs| {
+        let f = fs.iter().map(|f| ident(f));
+        quote!(&[#(Feature::#f),*])
+    });
+
+    let names: Vec<&String> = plan.features.keys().collect();
+    let idents: Vec<Ident> = names.iter().map(|n| ident(n)).collect();
+    let count = names.len();
+    let mut is_meta = Vec::new();
+    let mut dtypes = Vec::new();
+    let mut axes = Vec::new();
+    let mut channels = Vec::new();
+    let mut placements = Vec::new();
+    let mut placements_dp = Vec::new();
+    let mut pads = Vec::new();
+    let mut masks = Vec::new();
+    let mut indices = Vec::new();
+    let mut workflows = Vec::new();
+    for f in plan.features.values() {
+        let wf = match f {
+            FeaturePlan::Metadata { workflows } => workflows,
+            FeaturePlan::Tensor(t) => &t.workflows,
+        };
+        let wf = wf.iter().map(|w| ident(w));
+        workflows.push(quote!(&[#(Workflow::#wf),*]));
+        let FeaturePlan::Tensor(t) = f else {
+            is_meta.push(true);
+            dtypes.push(quote!(None));
+            axes.push(quote!(&[]));
+            channels.push(quote!(&[]));
+            placements.push(quote!(&[]));
+            placements_dp.push(quote!(&[]));
+            pads.push(quote!(None));
+            masks.push(quote!(&[]));
+            indices.push(quote!(None));
+            continue;
+        };
+        is_meta.push(false);
+        let d = dtype(t.dtype);
+        dtypes.push(quote!(Some(#d)));
+        let a = t.axes.iter().map(|a| match &a.semantic {
+            Some(s) => {
+                let s = ident(s);
+                quote!(Some(Semantic::#s))
+            }
+            None => quote!(None),
+        });
+        axes.push(quote!(&[#(#a),*]));
+        let c = t.axes.iter().map(|a| match a.size {
+            Some(n) => quote!(Some(#n)),
+            None => quote!(None),
+        });
+        channels.push(quote!(&[#(#c),*]));
+        let p = t.placements.iter().map(placement);
+        placements.push(quote!(&[#(#p),*]));
+        let p = t.placements_dp.iter().map(placement);
+        placements_dp.push(quote!(&[#(#p),*]));
+        let pv = pad(t.pad_value);
+        pads.push(quote!(Some(#pv)));
+        match &t.role {
+            Role::Mask { of } => {
+                let m = of.iter().map(|s| ident(s));
+                masks.push(quote!(&[#(Semantic::#m),*]));
+                indices.push(quote!(None));
+            }
+            Role::Index(ix) => {
+                masks.push(quote!(&[]));
+                let of = ident(&ix.of);
+                let scope = match ix.scope {
+                    IndexScope::Serial => quote!(IndexScope::Serial),
+                    IndexScope::ShardLocal => quote!(IndexScope::ShardLocal),
+                    IndexScope::PaddedGlobal => quote!(IndexScope::PaddedGlobal),
+                };
+                let one_hot = match ix.one_hot {
+                    Some(a) => quote!(Some(#a)),
+                    None => quote!(None),
+                };
+                indices.push(quote!(Some(IndexRole {
+                    of: Semantic::#of,
+                    scope: #scope,
+                    one_hot: #one_hot,
+                })));
+            }
+            Role::Data => {
+                masks.push(quote!(&[]));
+                indices.push(quote!(None));
+            }
+        }
+    }
+
+    quote! {
+        #![doc = #doc]
+
+        /// SHA-256 of the spec text this module was generated from.
+        pub const SPEC_SHA256: &str = #sha;
+        /// Names of the CP mesh axes `(cp0, cp1)`.
+        pub const CP_MESH_AXES: [&str; 2] = [#cp0, #cp1];
+        /// Name of the data-parallel mesh axis, if any.
+        pub const DP_MESH_AXIS: Option<&str> = #dp;
+
+        /// A DTensor placement on one mesh axis.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Placement {
+            Shard(usize),
+            Replicate,
+        }
+
+        /// Element types, named as in torch.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum DType {
+            Bool, Uint8, Int8, Int16, Int32, Int64, Float16, Bfloat16, Float32, Float64,
+        }
+
+        /// The value written at pad positions.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub enum PadValue {
+            Bool(bool),
+            Int(i64),
+            Float(f64),
+        }
+
+        /// Which numbering an index value uses once sharded.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum IndexScope {
+            Serial,
+            ShardLocal,
+            PaddedGlobal,
+        }
+
+        /// An index-valued feature: what it indexes and how.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub struct IndexRole {
+            pub of: Semantic,
+            pub scope: IndexScope,
+            /// `Some(axis)` when the index is one-hot along that axis.
+            pub one_hot: Option<usize>,
+        }
+
+        /// Axis semantics of the spec.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Semantic {
+            #(#sem_idents),*
+        }
+
+        impl Semantic {
+            pub const ALL: [Semantic; #sem_count] = [#(Semantic::#sem_idents),*];
+
+            pub const fn name(self) -> &'static str {
+                match self {
+                    #(Semantic::#sem_idents => #sem_names),*
+                }
+            }
+
+            /// Whether axes of this semantic may be split over a CP mesh axis.
+            pub const fn sharded(self) -> bool {
+                match self {
+                    #(Semantic::#sem_idents => #sem_sharded),*
+                }
+            }
+        }
+
+        /// Workflows of the spec.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Workflow {
+            #(#wf_idents),*
+        }
+
+        impl Workflow {
+            pub const ALL: [Workflow; #wf_count] = [#(Workflow::#wf_idents),*];
+
+            pub const fn name(self) -> &'static str {
+                match self {
+                    #(Workflow::#wf_idents => #wf_names),*
+                }
+            }
+
+            /// The workflow's features, sorted by name.
+            pub const fn features(self) -> &'static [Feature] {
+                match self {
+                    #(Workflow::#wf_idents => #wf_features),*
+                }
+            }
+        }
+
+        /// Features of the spec, in sorted name order.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Feature {
+            #(#idents),*
+        }
+
+        impl Feature {
+            pub const ALL: [Feature; #count] = [#(Feature::#idents),*];
+
+            pub const fn name(self) -> &'static str {
+                match self {
+                    #(Feature::#idents => #names),*
+                }
+            }
+
+            pub fn from_name(name: &str) -> Option<Feature> {
+                match name {
+                    #(#names => Some(Feature::#idents),)*
+                    _ => None,
+                }
+            }
+
+            /// Non-tensor metadata, passed through untouched.
+            pub const fn is_metadata(self) -> bool {
+                match self {
+                    #(Feature::#idents => #is_meta),*
+                }
+            }
+
+            pub const fn dtype(self) -> Option<DType> {
+                match self {
+                    #(Feature::#idents => #dtypes),*
+                }
+            }
+
+            /// The semantic of every axis, `None` for channel axes.
+            pub const fn axis_semantics(self) -> &'static [Option<Semantic>] {
+                match self {
+                    #(Feature::#idents => #axes),*
+                }
+            }
+
+            /// The fixed size of every channel axis, `None` for semantic axes.
+            pub const fn channel_sizes(self) -> &'static [Option<u64>] {
+                match self {
+                    #(Feature::#idents => #channels),*
+                }
+            }
+
+            /// Placements on the CP sub-mesh `(cp0, cp1)`.
+            pub const fn placements(self) -> &'static [Placement] {
+                match self {
+                    #(Feature::#idents => #placements),*
+                }
+            }
+
+            /// Placements on `(dp, cp0, cp1)`.
+            pub const fn placements_dp(self) -> &'static [Placement] {
+                match self {
+                    #(Feature::#idents => #placements_dp),*
+                }
+            }
+
+            pub const fn pad_value(self) -> Option<PadValue> {
+                match self {
+                    #(Feature::#idents => #pads),*
+                }
+            }
+
+            /// For mask features (1 = valid): the semantics whose pads they zero.
+            pub const fn mask_of(self) -> &'static [Semantic] {
+                match self {
+                    #(Feature::#idents => #masks),*
+                }
+            }
+
+            pub const fn index(self) -> Option<IndexRole> {
+                match self {
+                    #(Feature::#idents => #indices),*
+                }
+            }
+
+            pub const fn workflows(self) -> &'static [Workflow] {
+                match self {
+                    #(Feature::#idents => #workflows),*
+                }
+            }
+        }
+    }
+}

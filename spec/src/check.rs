@@ -1,0 +1,569 @@
+//! Validation of the Spec IR, shared by every front end.
+//!
+//! Each rule adds a [`SpecError`] naming the feature, axis or semantic and pointing at
+//! the item's location; all errors are collected before anything fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::diag::SpecError;
+use crate::ir::*;
+use crate::limits;
+use crate::names::{did_you_mean, is_keyword, is_snake_case, upper_camel};
+
+/// Every problem found in `spec`, in a stable order (empty when the spec is valid).
+pub fn check(spec: &Spec) -> Vec<SpecError> {
+    let mut c = Checker {
+        spec,
+        errors: Vec::new(),
+    };
+    c.names();
+    c.semantics();
+    for (name, f, t) in spec.tensors() {
+        c.tensor(name, f, t);
+    }
+    for f in spec.features.values() {
+        c.workflows_of(f);
+    }
+    c.errors
+}
+
+struct Checker<'a> {
+    spec: &'a Spec,
+    errors: Vec<SpecError>,
+}
+
+impl Checker<'_> {
+    fn err(&mut self, e: SpecError) {
+        self.errors.push(e);
+    }
+
+    fn names(&mut self) {
+        let spec = self.spec;
+        let m = &spec.module;
+        if !is_snake_case(&m.name) || is_keyword(&m.name) {
+            self.err(
+                SpecError::new(
+                    format!("module name `{}` is not a usable identifier", m.name),
+                    m.loc,
+                )
+                .help("use snake_case that is not a Python or Rust keyword, e.g. `boltz2_placements`"),
+            );
+        }
+        let mut mesh_names: Vec<&Named> = spec.mesh.cp.iter().collect();
+        mesh_names.extend(spec.mesh.dp.iter());
+        let mut seen = BTreeSet::new();
+        for n in mesh_names {
+            if !is_snake_case(&n.name) {
+                self.err(SpecError::new(
+                    format!("mesh axis name `{}` must be snake_case", n.name),
+                    n.loc,
+                ));
+            }
+            if !seen.insert(n.name.as_str()) {
+                self.err(SpecError::new(
+                    format!("mesh axis name `{}` is used twice", n.name),
+                    n.loc,
+                ));
+            }
+        }
+        for s in spec.semantics.values() {
+            if !is_snake_case(&s.name) {
+                self.err(
+                    SpecError::new("semantic names must be snake_case", s.loc).semantic(&s.name),
+                );
+            }
+        }
+        for (w, loc) in &spec.workflows {
+            if !is_snake_case(w) {
+                self.err(SpecError::new(
+                    format!("workflow name `{w}` must be snake_case"),
+                    *loc,
+                ));
+            }
+        }
+        // Rust variants are the UpperCamel names; two features must not collide there.
+        let mut camel: BTreeMap<String, &str> = BTreeMap::new();
+        for f in spec.features.values() {
+            if !is_snake_case(&f.name) {
+                self.err(
+                    SpecError::new("feature names must be snake_case (`[a-z][a-z0-9_]*`)", f.loc)
+                        .feature(&f.name),
+                );
+                continue;
+            }
+            if let Some(other) = camel.insert(upper_camel(&f.name), &f.name) {
+                self.err(
+                    SpecError::new(
+                        format!(
+                            "name collides with `{other}` once converted to `{}`",
+                            upper_camel(&f.name)
+                        ),
+                        f.loc,
+                    )
+                    .feature(&f.name),
+                );
+            }
+        }
+    }
+
+    fn undeclared_semantic(&self, name: &str, loc: crate::loc::Loc) -> SpecError {
+        let e = SpecError::new(format!("semantic `{name}` is not declared"), loc);
+        match did_you_mean(name, self.spec.semantics.keys().map(String::as_str)) {
+            Some(h) => e.help(format!("{h} (declared under `semantics:`)")),
+            None => e.help("declare it under `semantics:` with `shard: true` or `shard: false`"),
+        }
+    }
+
+    fn semantics(&mut self) {
+        let spec = self.spec;
+        for s in spec.semantics.values() {
+            let Some(owner) = &s.owner else { continue };
+            let Some(os) = spec.semantics.get(&owner.owner.name) else {
+                let e = self.undeclared_semantic(&owner.owner.name, owner.owner.loc);
+                self.err(e.semantic(&s.name));
+                continue;
+            };
+            if os.name == s.name {
+                self.err(
+                    SpecError::new("a semantic cannot own itself", owner.owner.loc)
+                        .semantic(&s.name),
+                );
+                continue;
+            }
+            if s.sharded && !os.sharded {
+                self.err(
+                    SpecError::new(
+                        format!(
+                            "is sharded but its owner `{}` is not: owned items follow their owner's shard",
+                            os.name
+                        ),
+                        owner.owner.loc,
+                    )
+                    .semantic(&s.name),
+                );
+            }
+            self.owner_source(s, owner);
+        }
+        // Ownership must form trees: follow owners until a root or a repeat.
+        for s in spec.semantics.values() {
+            let mut seen = BTreeSet::from([s.name.as_str()]);
+            let mut cur = s;
+            while let Some(o) = &cur.owner {
+                let Some(next) = spec.semantics.get(&o.owner.name) else {
+                    break;
+                };
+                if !seen.insert(next.name.as_str()) {
+                    if next.name == s.name && next.name != cur.name {
+                        self.err(
+                            SpecError::new(
+                                format!(
+                                    "ownership cycle: {}",
+                                    seen.iter().copied().collect::<Vec<_>>().join(" -> ")
+                                ),
+                                o.owner.loc,
+                            )
+                            .semantic(&s.name),
+                        );
+                    }
+                    break;
+                }
+                cur = next;
+            }
+        }
+    }
+
+    fn owner_source(&mut self, s: &Semantic, owner: &Owner) {
+        let spec = self.spec;
+        let fname = owner.source.feature();
+        let Some(f) = spec.features.get(fname) else {
+            let mut e = SpecError::new(
+                format!("owner feature `{fname}` is not declared"),
+                owner.owner.loc,
+            )
+            .semantic(&s.name);
+            if let Some(h) = did_you_mean(fname, spec.features.keys().map(String::as_str)) {
+                e = e.help(h);
+            }
+            self.err(e);
+            return;
+        };
+        let FeatureKind::Tensor(t) = &f.kind else {
+            self.err(
+                SpecError::new("owner feature must be a tensor, not metadata", f.loc)
+                    .feature(fname)
+                    .semantic(&s.name),
+            );
+            return;
+        };
+        if f.only.is_some() {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "gives the owners of `{}`, so it must be in every workflow (remove `only`)",
+                        s.name
+                    ),
+                    f.loc,
+                )
+                .feature(fname),
+            );
+        }
+        let sems: Vec<Option<&str>> = t.axes.iter().map(Axis::semantic).collect();
+        match &owner.source {
+            OwnerSource::Counts { .. } => {
+                if sems != [Some(owner.owner.name.as_str())] {
+                    self.err(
+                        SpecError::new(
+                            format!(
+                                "counts of `{}` per `{}` must have axes `[{}]`",
+                                s.name, owner.owner.name, owner.owner.name
+                            ),
+                            t.axes_loc,
+                        )
+                        .feature(fname),
+                    );
+                }
+                if !t.dtype.is_integer() {
+                    self.err(
+                        SpecError::new(
+                            format!("owner counts must be an integer dtype, not {}", t.dtype),
+                            t.dtype_loc,
+                        )
+                        .feature(fname),
+                    );
+                }
+            }
+            OwnerSource::Map { .. } => {
+                if sems != [Some(s.name.as_str()), Some(owner.owner.name.as_str())] {
+                    self.err(
+                        SpecError::new(
+                            format!(
+                                "owner map of `{}` must be a one-hot `[{}, {}]`",
+                                s.name, s.name, owner.owner.name
+                            ),
+                            t.axes_loc,
+                        )
+                        .feature(fname),
+                    );
+                }
+            }
+        }
+    }
+
+    fn tensor(&mut self, name: &str, f: &Feature, t: &TensorFeature) {
+        let spec = self.spec;
+        if t.axes.len() > limits::MAX_AXES {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "{} axes, more than the limit of {}",
+                        t.axes.len(),
+                        limits::MAX_AXES
+                    ),
+                    t.axes_loc,
+                )
+                .feature(name),
+            );
+            return;
+        }
+        for (i, a) in t.axes.iter().enumerate() {
+            match &a.kind {
+                AxisKind::Semantic(s) if !spec.semantics.contains_key(s) => {
+                    let e = self.undeclared_semantic(s, a.loc);
+                    self.err(e.feature(name).axis(i, s));
+                }
+                AxisKind::Channel(0) => self.err(
+                    SpecError::new("a channel axis must have size at least 1", a.loc)
+                        .feature(name)
+                        .axis(i, "channel"),
+                ),
+                _ => {}
+            }
+        }
+        if t.pad.coerce(t.dtype).is_none() {
+            self.err(
+                SpecError::new(
+                    format!("pad value {} does not fit dtype {}", t.pad, t.dtype),
+                    t.pad_loc,
+                )
+                .feature(name),
+            );
+        }
+        self.role(name, t);
+        self.coshard(name, t);
+        self.replicate_axes(name, t);
+        let _ = f;
+    }
+
+    fn axis_label(t: &TensorFeature, i: usize) -> String {
+        t.axes
+            .get(i)
+            .map(|a| match &a.kind {
+                AxisKind::Semantic(s) => s.clone(),
+                AxisKind::Channel(_) => "channel".to_owned(),
+            })
+            .unwrap_or_else(|| "out of range".to_owned())
+    }
+
+    fn role(&mut self, name: &str, t: &TensorFeature) {
+        let spec = self.spec;
+        match &t.role {
+            Role::Data => {}
+            Role::Mask { of } => {
+                for s in of {
+                    if !spec.semantics.contains_key(s) {
+                        let e = self.undeclared_semantic(s, t.role_loc);
+                        self.err(e.feature(name));
+                    } else if !t.axes.iter().any(|a| a.semantic() == Some(s)) {
+                        self.err(
+                            SpecError::new(
+                                format!("masks `{s}` but has no `{s}` axis"),
+                                t.role_loc,
+                            )
+                            .feature(name),
+                        );
+                    }
+                }
+                if !t.pad.is_zero() {
+                    self.err(
+                        SpecError::new(
+                            format!("a mask is 0 at pads (1 = valid), but pad is {}", t.pad),
+                            t.pad_loc,
+                        )
+                        .feature(name),
+                    );
+                }
+            }
+            Role::Index(ix) => {
+                let Some(target) = spec.semantics.get(&ix.of) else {
+                    let e = self.undeclared_semantic(&ix.of, t.role_loc);
+                    self.err(e.feature(name));
+                    return;
+                };
+                match ix.one_hot {
+                    Some(axis) => {
+                        let Some(a) = t.axes.get(axis) else {
+                            self.err(
+                                SpecError::new(
+                                    format!("one-hot axis {axis} is out of range ({} axes)", t.axes.len()),
+                                    t.role_loc,
+                                )
+                                .feature(name),
+                            );
+                            return;
+                        };
+                        if a.semantic() != Some(ix.of.as_str()) {
+                            self.err(
+                                SpecError::new(
+                                    format!("one-hot over `{}` needs a `{}` axis here", ix.of, ix.of),
+                                    t.role_loc,
+                                )
+                                .feature(name)
+                                .axis(axis, Self::axis_label(t, axis)),
+                            );
+                        }
+                        let follower = t.coshard.iter().any(|c| c.axis == axis);
+                        match ix.scope {
+                            IndexScope::Serial => self.err(
+                                SpecError::new(
+                                    "a one-hot axis is padded with its semantic, so its ids cannot stay serial",
+                                    t.role_loc,
+                                )
+                                .feature(name)
+                                .axis(axis, &ix.of)
+                                .help("use `scope: padded_global`, or `shard_local` with a co-sharded axis"),
+                            ),
+                            IndexScope::ShardLocal if !follower => self.err(
+                                SpecError::new(
+                                    "shard-local one-hot ids need this axis co-sharded with a leader axis",
+                                    t.role_loc,
+                                )
+                                .feature(name)
+                                .axis(axis, &ix.of)
+                                .help(format!("add `coshard: [{{axis: {axis}, follows: <leader>}}]`")),
+                            ),
+                            _ => {}
+                        }
+                    }
+                    None => {
+                        if !t.dtype.is_integer() {
+                            self.err(
+                                SpecError::new(
+                                    format!("index values need an integer dtype, not {}", t.dtype),
+                                    t.dtype_loc,
+                                )
+                                .feature(name),
+                            );
+                        }
+                        if ix.scope != IndexScope::Serial && !target.sharded {
+                            self.err(
+                                SpecError::new(
+                                    format!(
+                                        "`{}` is never sharded, so a {} index of it is its serial index",
+                                        ix.of,
+                                        ix.scope.name()
+                                    ),
+                                    t.role_loc,
+                                )
+                                .feature(name)
+                                .help("use `scope: serial`"),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn coshard(&mut self, name: &str, t: &TensorFeature) {
+        let spec = self.spec;
+        let mut followers = BTreeSet::new();
+        for c in &t.coshard {
+            let n = t.axes.len();
+            if c.axis >= n || c.follows >= n {
+                let bad = if c.axis >= n { c.axis } else { c.follows };
+                self.err(
+                    SpecError::new(
+                        format!("co-shard axis {bad} is out of range ({n} axes)"),
+                        c.loc,
+                    )
+                    .feature(name),
+                );
+                continue;
+            }
+            let (fa, la) = (&t.axes[c.axis], &t.axes[c.follows]);
+            if c.axis == c.follows {
+                self.err(
+                    SpecError::new("an axis cannot follow itself", c.loc)
+                        .feature(name)
+                        .axis(c.axis, &fa.kind),
+                );
+                continue;
+            }
+            if !followers.insert(c.axis) {
+                self.err(
+                    SpecError::new("this axis follows two leaders", c.loc)
+                        .feature(name)
+                        .axis(c.axis, &fa.kind),
+                );
+            }
+            if t.coshard.iter().any(|o| o.axis == c.follows) {
+                self.err(
+                    SpecError::new("a leader axis cannot itself follow another axis", c.loc)
+                        .feature(name)
+                        .axis(c.follows, &la.kind),
+                );
+            }
+            let (Some(fs), Some(ls)) = (fa.semantic(), la.semantic()) else {
+                let (i, a) = if fa.semantic().is_none() {
+                    (c.axis, fa)
+                } else {
+                    (c.follows, la)
+                };
+                self.err(
+                    SpecError::new("only semantic axes can be co-sharded, not channel axes", c.loc)
+                        .feature(name)
+                        .axis(i, &a.kind),
+                );
+                continue;
+            };
+            let (Some(fsem), Some(lsem)) = (spec.semantics.get(fs), spec.semantics.get(ls)) else {
+                continue; // undeclared semantics are reported on the axis itself
+            };
+            for (i, sem) in [(c.follows, lsem), (c.axis, fsem)] {
+                if !sem.sharded {
+                    self.err(
+                        SpecError::new(
+                            format!(
+                                "co-sharded with something that is not sharded: `{}` is never sharded",
+                                sem.name
+                            ),
+                            c.loc,
+                        )
+                        .feature(name)
+                        .axis(i, &sem.name),
+                    );
+                }
+            }
+            if fsem.sharded && lsem.sharded && !related_by_ownership(spec, fs, ls) {
+                self.err(
+                    SpecError::new(
+                        format!(
+                            "`{fs}` cannot follow `{ls}`: a block diagonal needs one to own the other"
+                        ),
+                        c.loc,
+                    )
+                    .feature(name)
+                    .axis(c.axis, fs)
+                    .help(format!("declare `owner: {ls}` on `{fs}` (or the reverse)")),
+                );
+            }
+        }
+    }
+
+    fn replicate_axes(&mut self, name: &str, t: &TensorFeature) {
+        let mut seen = BTreeSet::new();
+        for (axis, loc) in &t.replicate_axes {
+            let Some(a) = t.axes.get(*axis) else {
+                self.err(
+                    SpecError::new(
+                        format!("replicate axis {axis} is out of range ({} axes)", t.axes.len()),
+                        *loc,
+                    )
+                    .feature(name),
+                );
+                continue;
+            };
+            if !seen.insert(*axis) {
+                self.err(
+                    SpecError::new("listed twice in `replicate_axes`", *loc)
+                        .feature(name)
+                        .axis(*axis, &a.kind),
+                );
+            }
+            let sharded = a
+                .semantic()
+                .and_then(|s| self.spec.semantics.get(s))
+                .is_some_and(|s| s.sharded);
+            if !sharded {
+                self.err(
+                    SpecError::new("this axis is never sharded; `replicate_axes` does not apply", *loc)
+                        .feature(name)
+                        .axis(*axis, &a.kind),
+                );
+            }
+        }
+    }
+
+    fn workflows_of(&mut self, f: &Feature) {
+        let Some(only) = &f.only else { return };
+        for w in only {
+            if !self.spec.workflows.contains_key(&w.name) {
+                let mut e = SpecError::new(format!("workflow `{}` is not declared", w.name), w.loc)
+                    .feature(&f.name);
+                e = match did_you_mean(&w.name, self.spec.workflows.keys().map(String::as_str)) {
+                    Some(h) => e.help(h),
+                    None => e.help("list it under the top-level `workflows:`"),
+                };
+                self.err(e);
+            }
+        }
+    }
+}
+
+/// Whether one semantic owns the other, directly or through a chain.
+pub(crate) fn related_by_ownership(spec: &Spec, a: &str, b: &str) -> bool {
+    a == b || owns(spec, a, b) || owns(spec, b, a)
+}
+
+/// Whether `owner` is an ancestor of `item` in the ownership tree.
+fn owns(spec: &Spec, owner: &str, item: &str) -> bool {
+    let mut cur = item;
+    for _ in 0..spec.semantics.len() {
+        match spec.semantics.get(cur).and_then(|s| s.owner.as_ref()) {
+            Some(o) if o.owner.name == owner => return true,
+            Some(o) => cur = &o.owner.name,
+            None => return false,
+        }
+    }
+    false
+}

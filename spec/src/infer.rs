@@ -1,0 +1,151 @@
+//! The one placement inference: from axis semantics to DTensor placements.
+//!
+//! Walk the axes in order; each axis of a sharded semantic that is not co-sharded (and
+//! not declared whole) takes the next free CP mesh axis (cp0, then cp1). Co-sharded
+//! followers take their leader's mesh axis. Mesh axes left over are `Replicate()`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::diag::SpecError;
+use crate::ir::*;
+
+/// Number of CP mesh axes.
+pub const CP_AXES: usize = 2;
+
+/// How one tensor axis is split over the CP mesh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Split {
+    /// Not split: every rank holds the whole (padded) axis.
+    Whole,
+    /// Split evenly over a CP mesh axis (0 = cp0, 1 = cp1).
+    Mesh { mesh_axis: usize },
+    /// Co-sharded: takes the shard of tensor axis `leader` on `mesh_axis`; the holding
+    /// rank keeps only its diagonal block (its own items).
+    Follows { leader: usize, mesh_axis: usize },
+}
+
+impl Split {
+    /// The mesh axis this tensor axis is divided by, if any.
+    pub fn mesh_axis(self) -> Option<usize> {
+        match self {
+            Split::Whole => None,
+            Split::Mesh { mesh_axis } | Split::Follows { mesh_axis, .. } => Some(mesh_axis),
+        }
+    }
+}
+
+/// The inferred layout of one tensor feature.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inferred {
+    pub splits: Vec<Split>,
+    /// Placements on the CP sub-mesh `(cp0, cp1)`.
+    pub placements: [Placement; CP_AXES],
+}
+
+/// Infers one tensor feature's placement, checking an explicit placement against it.
+pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, SpecError> {
+    let mut splits = vec![Split::Whole; t.axes.len()];
+    let mut next_free = 0;
+    for (i, axis) in t.axes.iter().enumerate() {
+        let sharded = axis
+            .semantic()
+            .and_then(|s| spec.semantics.get(s))
+            .is_some_and(|s| s.sharded);
+        let follower = t.coshard.iter().any(|c| c.axis == i);
+        let kept_whole = t.replicate_axes.iter().any(|(a, _)| *a == i);
+        if !sharded || follower || kept_whole || t.replicated {
+            continue;
+        }
+        if next_free == CP_AXES {
+            return Err(SpecError::new(
+                format!(
+                    "more sharded axes than the {CP_AXES} CP mesh axes: no mesh axis is left for this one"
+                ),
+                axis.loc,
+            )
+            .feature(name)
+            .axis(i, &axis.kind)
+            .help(format!(
+                "keep it whole with `replicate_axes: [{i}]` (or another sharded axis)"
+            )));
+        }
+        splits[i] = Split::Mesh {
+            mesh_axis: next_free,
+        };
+        next_free += 1;
+    }
+    for c in &t.coshard {
+        if let (Some(Split::Mesh { mesh_axis }), Some(_)) =
+            (splits.get(c.follows).copied(), splits.get(c.axis))
+        {
+            splits[c.axis] = Split::Follows {
+                leader: c.follows,
+                mesh_axis,
+            };
+        }
+    }
+    let mut placements = [Placement::Replicate; CP_AXES];
+    for (i, s) in splits.iter().enumerate() {
+        if let Split::Mesh { mesh_axis } = s {
+            placements[*mesh_axis] = Placement::Shard(i);
+        }
+    }
+    if let Role::Index(IndexRole {
+        scope: IndexScope::ShardLocal,
+        one_hot: None,
+        of,
+    }) = &t.role
+    {
+        if splits.iter().all(|s| *s == Split::Whole) {
+            return Err(SpecError::new(
+                format!("shard-local ids of `{of}` need the feature itself to be sharded"),
+                t.role_loc,
+            )
+            .feature(name)
+            .help("use `scope: padded_global` for a feature every rank holds whole"));
+        }
+    }
+    if let Some((explicit, loc)) = &t.placement {
+        if explicit.as_slice() != placements.as_slice() {
+            let show = |p: &[Placement]| {
+                p.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let mut e = SpecError::new(
+                format!(
+                    "explicit placement ({}) contradicts the inferred ({}) from the axis semantics",
+                    show(explicit),
+                    show(&placements)
+                ),
+                *loc,
+            )
+            .feature(name);
+            if explicit.len() != CP_AXES {
+                e = e.help(format!(
+                    "a CP placement has {CP_AXES} entries, one per mesh axis (cp0, cp1)"
+                ));
+            } else if let Some((i, axis)) = explicit.iter().find_map(|p| match p {
+                Placement::Shard(d) => t.axes.get(*d).map(|a| (*d, a)).or(None),
+                Placement::Replicate => None,
+            }).map(|(i, a)| (i, a)) {
+                e = e.axis(i, &axis.kind);
+            }
+            return Err(e);
+        }
+    }
+    Ok(Inferred { splits, placements })
+}
+
+/// Placements on `(dp, cp0, cp1)`: `Shard(0)` on dp, every CP `Shard(d)` becomes `Shard(d+1)`.
+pub fn with_dp(cp: &[Placement]) -> Vec<Placement> {
+    std::iter::once(Placement::Shard(0))
+        .chain(cp.iter().map(|p| match p {
+            Placement::Shard(d) => Placement::Shard(d + 1),
+            Placement::Replicate => Placement::Replicate,
+        }))
+        .collect()
+}

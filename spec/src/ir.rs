@@ -1,0 +1,426 @@
+//! The Spec IR: what a feature spec says, independent of its front end (YAML or derive).
+//!
+//! Every item keeps the [`Loc`] it came from so that [`crate::check`] and
+//! [`crate::infer`] can point at it. Maps are `BTreeMap`s: every loop over features or
+//! semantics runs in sorted key order, so output is deterministic and ranks issue
+//! collectives in the same order.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::loc::Loc;
+
+/// A parsed, not yet validated, feature spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    /// Display name of the source (file path or type name) and its content hash.
+    pub source: Source,
+    /// Name of the generated modules (`<module>.py`, `<module>.rs`, ...).
+    pub module: Named,
+    pub mesh: Mesh,
+    pub semantics: BTreeMap<String, Semantic>,
+    /// Declared workflows, each a subset of the features (see [`Feature::only`]).
+    pub workflows: BTreeMap<String, Loc>,
+    pub features: BTreeMap<String, Feature>,
+}
+
+/// A name with the location it was written at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    pub name: String,
+    pub loc: Loc,
+}
+
+impl Named {
+    pub fn new(name: impl Into<String>, loc: Loc) -> Self {
+        Named {
+            name: name.into(),
+            loc,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Source {
+    /// File name (or type name, for the derive front end).
+    pub name: String,
+    /// Hex SHA-256 of the source text.
+    pub sha256: String,
+}
+
+/// The names of the mesh axes. Sizes are chosen at run time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mesh {
+    /// The two context-parallel axes, `(cp0, cp1)`.
+    pub cp: [Named; 2],
+    /// The optional data-parallel axis, prepended to the CP sub-mesh.
+    pub dp: Option<Named>,
+    pub loc: Loc,
+}
+
+/// What an axis counts, declared once for the whole spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Semantic {
+    pub name: String,
+    /// Whether axes of this semantic may be split over a CP mesh axis.
+    pub sharded: bool,
+    /// For owner-partitioned semantics: who owns each item and how that is known.
+    pub owner: Option<Owner>,
+    /// Atom window `W` for windowed attention packing (the runtime pads packed axes
+    /// to a multiple of `W x cp0`).
+    pub window: Option<u32>,
+    pub loc: Loc,
+}
+
+/// An owner relation: items of this semantic belong to items of `owner`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The owning semantic (e.g. `tokens` for atoms, `atoms` for R-set rows).
+    pub owner: Named,
+    /// How the relation is given by the sample.
+    pub source: OwnerSource,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OwnerSource {
+    /// A `[owner]` integer feature: how many items each owner holds, in order.
+    Counts { feature: String },
+    /// A one-hot `[items, owner]` feature: the owner of each item.
+    Map { feature: String },
+}
+
+impl OwnerSource {
+    pub fn feature(&self) -> &str {
+        match self {
+            OwnerSource::Counts { feature } | OwnerSource::Map { feature } => feature,
+        }
+    }
+}
+
+/// One model input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Feature {
+    pub name: String,
+    pub kind: FeatureKind,
+    /// Workflows this feature belongs to; `None` means every workflow (the base set).
+    pub only: Option<Vec<Named>>,
+    pub doc: Option<String>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum FeatureKind {
+    Tensor(Box<TensorFeature>),
+    /// Non-tensor metadata passed through untouched (record ids, paths, ...).
+    Metadata,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorFeature {
+    pub axes: Vec<Axis>,
+    pub axes_loc: Loc,
+    pub dtype: DType,
+    pub dtype_loc: Loc,
+    pub pad: PadValue,
+    pub pad_loc: Loc,
+    pub role: Role,
+    pub role_loc: Loc,
+    /// Co-sharded axis pairs: the follower takes the leader's shard (block diagonal).
+    pub coshard: Vec<CoShard>,
+    /// Axes of a sharded semantic declared to stay whole (the resolution when a
+    /// feature has more sharded axes than the CP mesh has axes).
+    pub replicate_axes: Vec<(usize, Loc)>,
+    /// Never sharded: every mesh axis `Replicate()` (padding still applies).
+    pub replicated: bool,
+    /// An explicit placement on the CP sub-mesh, checked against the inference.
+    pub placement: Option<(Vec<Placement>, Loc)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Axis {
+    pub kind: AxisKind,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AxisKind {
+    /// An axis that counts items of a declared semantic.
+    Semantic(String),
+    /// A channel axis of fixed size (no semantic, never sharded, never padded).
+    Channel(u64),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoShard {
+    pub axis: usize,
+    pub follows: usize,
+    pub loc: Loc,
+}
+
+/// Element types, named as in `torch`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Bool,
+    Uint8,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Float16,
+    Bfloat16,
+    Float32,
+    Float64,
+}
+
+impl DType {
+    pub const ALL: [DType; 10] = [
+        DType::Bool,
+        DType::Uint8,
+        DType::Int8,
+        DType::Int16,
+        DType::Int32,
+        DType::Int64,
+        DType::Float16,
+        DType::Bfloat16,
+        DType::Float32,
+        DType::Float64,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bool => "bool",
+            DType::Uint8 => "uint8",
+            DType::Int8 => "int8",
+            DType::Int16 => "int16",
+            DType::Int32 => "int32",
+            DType::Int64 => "int64",
+            DType::Float16 => "float16",
+            DType::Bfloat16 => "bfloat16",
+            DType::Float32 => "float32",
+            DType::Float64 => "float64",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == s)
+    }
+
+    pub fn is_integer(self) -> bool {
+        matches!(
+            self,
+            DType::Uint8 | DType::Int8 | DType::Int16 | DType::Int32 | DType::Int64
+        )
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(
+            self,
+            DType::Float16 | DType::Bfloat16 | DType::Float32 | DType::Float64
+        )
+    }
+
+    /// The inclusive integer range this dtype holds, for integer dtypes.
+    pub fn int_range(self) -> Option<(i64, i64)> {
+        Some(match self {
+            DType::Uint8 => (0, 255),
+            DType::Int8 => (-128, 127),
+            DType::Int16 => (i16::MIN.into(), i16::MAX.into()),
+            DType::Int32 => (i32::MIN.into(), i32::MAX.into()),
+            DType::Int64 => (i64::MIN, i64::MAX),
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The value written at pad positions.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum PadValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+}
+
+impl Default for PadValue {
+    fn default() -> Self {
+        PadValue::Int(0)
+    }
+}
+
+impl PadValue {
+    /// Whether this value is zero (false, 0 or 0.0).
+    pub fn is_zero(self) -> bool {
+        match self {
+            PadValue::Bool(b) => !b,
+            PadValue::Int(i) => i == 0,
+            PadValue::Float(x) => x == 0.0,
+        }
+    }
+
+    /// This value written as the given dtype, or `None` when it does not fit.
+    pub fn coerce(self, dtype: DType) -> Option<PadValue> {
+        match (self, dtype) {
+            (PadValue::Bool(b), DType::Bool) => Some(PadValue::Bool(b)),
+            (PadValue::Int(i), DType::Bool) if i == 0 || i == 1 => Some(PadValue::Bool(i == 1)),
+            (PadValue::Int(i), d) if d.is_integer() => {
+                let (lo, hi) = d.int_range()?;
+                (lo..=hi).contains(&i).then_some(PadValue::Int(i))
+            }
+            (PadValue::Int(i), d) if d.is_float() => Some(PadValue::Float(i as f64)),
+            (PadValue::Float(x), d) if d.is_float() => Some(PadValue::Float(x)),
+            (PadValue::Float(x), d) if d.is_integer() && x.fract() == 0.0 && x.is_finite() => {
+                PadValue::Int(x as i64).coerce(d)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for PadValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PadValue::Bool(b) => write!(f, "{b}"),
+            PadValue::Int(i) => write!(f, "{i}"),
+            PadValue::Float(x) => write!(f, "{x:?}"),
+        }
+    }
+}
+
+/// What a feature's values mean.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Role {
+    /// Plain values.
+    Data,
+    /// A validity mask (1 = valid) over the listed semantics: zero at their pads.
+    Mask { of: Vec<String> },
+    /// Index-valued: values (or a one-hot axis) point at items of `of`.
+    Index(IndexRole),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct IndexRole {
+    /// The semantic whose items are indexed.
+    pub of: String,
+    pub scope: IndexScope,
+    /// `None`: the values are indices. `Some(axis)`: a one-hot encoding along that axis.
+    pub one_hot: Option<usize>,
+}
+
+/// Which numbering an index value uses once sharded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexScope {
+    /// Serial values, kept as they are (e.g. `token_index`).
+    Serial,
+    /// Ids local to the holding shard (e.g. `atom_to_token` columns).
+    ShardLocal,
+    /// Global positions in the padded layout (e.g. `frames_idx`).
+    PaddedGlobal,
+}
+
+impl IndexScope {
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexScope::Serial => "serial",
+            IndexScope::ShardLocal => "shard_local",
+            IndexScope::PaddedGlobal => "padded_global",
+        }
+    }
+}
+
+/// A DTensor placement on one mesh axis.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// The tensor dimension split over this mesh axis.
+    Shard(usize),
+    Replicate,
+}
+
+impl Placement {
+    /// Parses `Shard(d)` or `Replicate()` (also `S(d)` / `R`).
+    pub fn parse(s: &str) -> Option<Placement> {
+        let s = s.trim();
+        if matches!(s, "Replicate()" | "Replicate" | "R") {
+            return Some(Placement::Replicate);
+        }
+        let inner = s
+            .strip_prefix("Shard(")
+            .or_else(|| s.strip_prefix("S("))?
+            .strip_suffix(')')?;
+        inner.trim().parse().ok().map(Placement::Shard)
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Shard(d) => write!(f, "Shard({d})"),
+            Placement::Replicate => f.write_str("Replicate()"),
+        }
+    }
+}
+
+impl Spec {
+    /// Features in sorted order together with their tensor description, skipping metadata.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &Feature, &TensorFeature)> {
+        self.features.iter().filter_map(|(n, f)| match &f.kind {
+            FeatureKind::Tensor(t) => Some((n.as_str(), f, t.as_ref())),
+            FeatureKind::Metadata => None,
+        })
+    }
+
+    /// The feature names of each workflow (base set plus the features limited to it).
+    pub fn workflow_features(&self) -> BTreeMap<String, BTreeSet<String>> {
+        self.workflows
+            .keys()
+            .map(|w| {
+                let names = self
+                    .features
+                    .values()
+                    .filter(|f| match &f.only {
+                        None => true,
+                        Some(ws) => ws.iter().any(|n| &n.name == w),
+                    })
+                    .map(|f| f.name.clone())
+                    .collect();
+                (w.clone(), names)
+            })
+            .collect()
+    }
+}
+
+impl Axis {
+    pub fn semantic(&self) -> Option<&str> {
+        match &self.kind {
+            AxisKind::Semantic(s) => Some(s),
+            AxisKind::Channel(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for AxisKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AxisKind::Semantic(s) => f.write_str(s),
+            AxisKind::Channel(n) => write!(f, "{n}"),
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Owner-partitioned layouts in numbers: how items (atoms, R rows) owned by tokens are
+//! laid out in equal padded blocks.
+//!
+//! The owner axis (padded) is split into `blocks` equal ranges; block `b` holds the
+//! items of its owners, in order, followed by pad items up to `per_block`, the largest
+//! block's count. With `blocks` a multiple of every mesh axis that shards the items,
+//! each shard is a whole number of blocks on any mesh, square or not.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The equal-block layout of one owned semantic for one sample.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct BlockLayout {
+    pub blocks: usize,
+    /// Padded items per block (the largest block's item count).
+    pub per_block: usize,
+    /// Real items in each block.
+    pub block_counts: Vec<usize>,
+}
+
+impl BlockLayout {
+    /// Builds the layout from each owner's item count. `owner_padded` (the padded owner
+    /// length) must be a multiple of `blocks`; owners past `counts.len()` are pads.
+    pub fn from_counts(counts: &[usize], owner_padded: usize, blocks: usize) -> BlockLayout {
+        let blocks = blocks.max(1);
+        let owners_per_block = (owner_padded / blocks).max(1);
+        let mut block_counts = vec![0usize; blocks];
+        for (owner, &c) in counts.iter().enumerate() {
+            let b = (owner / owners_per_block).min(blocks - 1);
+            block_counts[b] += c;
+        }
+        let per_block = block_counts.iter().copied().max().unwrap_or(0);
+        BlockLayout {
+            blocks,
+            per_block,
+            block_counts,
+        }
+    }
+
+    /// Padded length of the owned axis.
+    pub fn padded(&self) -> usize {
+        self.blocks * self.per_block
+    }
+
+    /// Position of every item in the padded layout, given the block of each item's
+    /// owner. Items keep their relative order within a block.
+    pub fn positions(&self, item_blocks: &[usize]) -> Vec<usize> {
+        let mut filled = vec![0usize; self.blocks];
+        item_blocks
+            .iter()
+            .map(|&b| {
+                let b = b.min(self.blocks - 1);
+                let p = b * self.per_block + filled[b];
+                filled[b] += 1;
+                p
+            })
+            .collect()
+    }
+}
+
+/// The block of each owner, for `owner_padded` owners split into `blocks` blocks.
+pub fn owner_block(owner: usize, owner_padded: usize, blocks: usize) -> usize {
+    let per = (owner_padded / blocks.max(1)).max(1);
+    (owner / per).min(blocks.max(1) - 1)
+}
+
+/// The collate re-pad of an index into an owner-partitioned layout whose per-block
+/// stride grows from `old` to `new`: `(idx // old) * new + idx % old`.
+pub fn repad_index(idx: usize, old: usize, new: usize) -> usize {
+    if old == 0 {
+        return idx;
+    }
+    (idx / old) * new + idx % old
+}
+
+/// Least common multiple of mesh axis sizes (1 for none).
+pub fn lcm_of(sizes: impl IntoIterator<Item = usize>) -> usize {
+    sizes.into_iter().fold(1, |acc, s| {
+        if s == 0 {
+            acc
+        } else {
+            acc / gcd(acc, s) * s
+        }
+    })
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// `n` rounded up to a multiple of `m`.
+pub fn round_up(n: usize, m: usize) -> usize {
+    if m <= 1 {
+        n
+    } else {
+        n.div_ceil(m) * m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uneven_owners_pad_every_block_to_the_largest() {
+        // 6 tokens in 3 blocks of 2: atoms 1+2 | 0+4 | 3+1.
+        let l = BlockLayout::from_counts(&[1, 2, 0, 4, 3, 1], 6, 3);
+        assert_eq!(l.block_counts, vec![3, 4, 4]);
+        assert_eq!(l.per_block, 4);
+        assert_eq!(l.padded(), 12);
+        let blocks = [0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2];
+        assert_eq!(l.positions(&blocks), vec![0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11]);
+    }
+
+    #[test]
+    fn repad_moves_each_block_to_its_new_stride() {
+        assert_eq!(repad_index(9, 4, 6), 13);
+        assert_eq!(repad_index(3, 4, 6), 3);
+    }
+
+    #[test]
+    fn lcm_and_round_up() {
+        assert_eq!(lcm_of([2, 3]), 6);
+        assert_eq!(lcm_of([3, 3]), 3);
+        assert_eq!(lcm_of([]), 1);
+        assert_eq!(round_up(7, 3), 9);
+        assert_eq!(round_up(0, 3), 0);
+    }
+}

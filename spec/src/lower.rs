@@ -1,0 +1,485 @@
+//! YAML front end: text -> [`RawSpec`](crate::syntax::RawSpec) -> Spec IR.
+//!
+//! Only syntax-level problems are found here (unparseable dtypes, scopes, placements,
+//! missing bodies); everything a derive could get wrong too lives in [`crate::check`].
+
+use std::collections::BTreeMap;
+
+use serde_saphyr::Spanned;
+use sha2::{Digest, Sha256};
+
+use crate::diag::{Diagnostics, SpecError};
+use crate::ir::*;
+use crate::limits;
+use crate::loc::Loc;
+use crate::syntax::*;
+
+/// Parses spec text. `name` is what errors and generated headers call the source.
+pub fn parse_str(name: &str, text: &str) -> Result<Spec, Diagnostics> {
+    let fail = |errors| Diagnostics::new(name, text, errors);
+    if text.len() > limits::MAX_SPEC_BYTES {
+        return Err(fail(vec![SpecError::new(
+            format!(
+                "spec is {} bytes, more than the limit of {} bytes",
+                text.len(),
+                limits::MAX_SPEC_BYTES
+            ),
+            Loc::UNKNOWN,
+        )]));
+    }
+    if text.trim().is_empty() {
+        return Err(fail(vec![SpecError::new(
+            "spec is empty: expected `version`, `module`, `mesh`, `semantics` and `features`",
+            Loc {
+                line: 1,
+                column: 1,
+                offset: 0,
+                len: 1,
+            },
+        )]));
+    }
+    let raw: RawSpec = match serde_saphyr::from_str_with_options(text, limits::yaml_options()) {
+        Ok(raw) => raw,
+        Err(e) => return Err(fail(vec![yaml_error(&e, text)])),
+    };
+    let mut lower = Lower::default();
+    let spec = lower.spec(raw, name, text);
+    if lower.errors.is_empty() {
+        Ok(spec)
+    } else {
+        Err(fail(lower.errors))
+    }
+}
+
+/// Hex SHA-256 of a text.
+pub fn sha256_hex(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn yaml_error(e: &serde_saphyr::Error, text: &str) -> SpecError {
+    let loc = e.location().map(|l| Loc::from_saphyr(&l)).unwrap_or_else(|| {
+        // Errors past the end (e.g. an unclosed bracket) have no location: point at the end.
+        let line = u32::try_from(text.lines().count().max(1)).unwrap_or(u32::MAX);
+        Loc {
+            line,
+            column: 1,
+            offset: text.len().saturating_sub(1),
+            len: 1,
+        }
+    });
+    // The saphyr message starts with its own "line L column C: " prefix; ours adds it back.
+    let message = e.without_snippet().to_string();
+    let message = message
+        .strip_prefix("error: ")
+        .unwrap_or(&message)
+        .to_owned();
+    let message = strip_location_prefix(&message).to_owned();
+    SpecError::new(format!("invalid YAML: {message}"), loc)
+}
+
+fn strip_location_prefix(m: &str) -> &str {
+    if let Some(rest) = m.strip_prefix("line ") {
+        if let Some(idx) = rest.find(": ") {
+            let head = &rest[..idx];
+            if head
+                .chars()
+                .all(|c| c.is_ascii_digit() || c == ' ' || c.is_ascii_lowercase())
+            {
+                return &rest[idx + 2..];
+            }
+        }
+    }
+    m
+}
+
+fn loc<T>(s: &Spanned<T>) -> Loc {
+    Loc::from_saphyr(&s.referenced)
+}
+
+#[derive(Default)]
+struct Lower {
+    errors: Vec<SpecError>,
+}
+
+impl Lower {
+    fn err(&mut self, e: SpecError) {
+        self.errors.push(e);
+    }
+
+    fn spec(&mut self, raw: RawSpec, name: &str, text: &str) -> Spec {
+        if raw.version.value != 1 {
+            self.err(
+                SpecError::new(
+                    format!("unsupported spec version {}", raw.version.value),
+                    loc(&raw.version),
+                )
+                .help("this featshard reads `version: 1`"),
+            );
+        }
+        let mesh = self.mesh(&raw.mesh);
+        let semantics = self.semantics(raw.semantics);
+        let workflows = self.workflows(raw.workflows);
+        let features = self.features(raw.features);
+        Spec {
+            source: Source {
+                name: name.to_owned(),
+                sha256: sha256_hex(text),
+            },
+            module: Named::new(raw.module.value.clone(), loc(&raw.module)),
+            mesh,
+            semantics,
+            workflows,
+            features,
+        }
+    }
+
+    fn mesh(&mut self, raw: &Spanned<RawMesh>) -> Mesh {
+        let cp = &raw.value.cp;
+        let names: Vec<Named> = cp
+            .value
+            .iter()
+            .map(|n| Named::new(n.value.clone(), loc(n)))
+            .collect();
+        let cp_pair = match <[Named; 2]>::try_from(names) {
+            Ok(pair) => pair,
+            Err(names) => {
+                self.err(
+                    SpecError::new(
+                        format!(
+                            "the CP mesh has exactly two axes `[cp0, cp1]`, {} given",
+                            names.len()
+                        ),
+                        loc(cp),
+                    )
+                    .help("a 1D CP mesh is the 2D mesh with cp1 = 1 at run time"),
+                );
+                [
+                    Named::new("cp0", Loc::UNKNOWN),
+                    Named::new("cp1", Loc::UNKNOWN),
+                ]
+            }
+        };
+        Mesh {
+            cp: cp_pair,
+            dp: raw.value.dp.as_ref().map(|d| Named::new(d.value.clone(), loc(d))),
+            loc: loc(raw),
+        }
+    }
+
+    fn semantics(&mut self, raw: SpannedMap<RawSemantic>) -> BTreeMap<String, Semantic> {
+        if raw.0.len() > limits::MAX_SEMANTICS {
+            self.err(SpecError::new(
+                format!(
+                    "{} semantics declared, more than the limit of {}",
+                    raw.0.len(),
+                    limits::MAX_SEMANTICS
+                ),
+                Loc::UNKNOWN,
+            ));
+        }
+        let mut out = BTreeMap::new();
+        for (key, body) in raw.0 {
+            let name = key.value.clone();
+            let Some(body) = body else {
+                self.err(
+                    SpecError::new("needs `shard: true` or `shard: false`", loc(&key))
+                        .semantic(&name),
+                );
+                continue;
+            };
+            let owner = match (body.owner, body.counts, body.map) {
+                (None, None, None) => None,
+                (Some(owner), Some(counts), None) => Some(Owner {
+                    owner: Named::new(owner.value.clone(), loc(&owner)),
+                    source: OwnerSource::Counts {
+                        feature: counts.value,
+                    },
+                }),
+                (Some(owner), None, Some(map)) => Some(Owner {
+                    owner: Named::new(owner.value.clone(), loc(&owner)),
+                    source: OwnerSource::Map { feature: map.value },
+                }),
+                (Some(owner), None, None) => {
+                    self.err(
+                        SpecError::new(
+                            format!(
+                                "owner `{}` needs `counts: <feature>` or `map: <feature>`",
+                                owner.value
+                            ),
+                            loc(&owner),
+                        )
+                        .semantic(&name),
+                    );
+                    None
+                }
+                (Some(owner), Some(_), Some(map)) => {
+                    self.err(
+                        SpecError::new(
+                            format!(
+                                "owner `{}` is given both by `counts` and by `map`; keep one",
+                                owner.value
+                            ),
+                            loc(&map),
+                        )
+                        .semantic(&name),
+                    );
+                    None
+                }
+                (None, counts, map) => {
+                    let at = counts.as_ref().map(loc).or(map.as_ref().map(loc));
+                    self.err(
+                        SpecError::new(
+                            "`counts` / `map` need `owner: <semantic>`",
+                            at.unwrap_or(loc(&key)),
+                        )
+                        .semantic(&name),
+                    );
+                    None
+                }
+            };
+            if let Some(w) = &body.window {
+                if w.value == 0 {
+                    self.err(
+                        SpecError::new("window must be at least 1", loc(w)).semantic(&name),
+                    );
+                }
+            }
+            out.insert(
+                name.clone(),
+                Semantic {
+                    name,
+                    sharded: body.shard.value,
+                    owner,
+                    window: body.window.map(|w| w.value),
+                    loc: loc(&key),
+                },
+            );
+        }
+        out
+    }
+
+    fn workflows(&mut self, raw: Vec<Spanned<String>>) -> BTreeMap<String, Loc> {
+        let mut out = BTreeMap::new();
+        for w in raw {
+            if out.insert(w.value.clone(), loc(&w)).is_some() {
+                self.err(SpecError::new(
+                    format!("workflow `{}` is declared twice", w.value),
+                    loc(&w),
+                ));
+            }
+        }
+        out
+    }
+
+    fn features(&mut self, raw: SpannedMap<RawFeature>) -> BTreeMap<String, Feature> {
+        if raw.0.is_empty() {
+            self.err(SpecError::new("the spec declares no features", Loc::UNKNOWN));
+        }
+        if raw.0.len() > limits::MAX_FEATURES {
+            self.err(SpecError::new(
+                format!(
+                    "{} features declared, more than the limit of {}",
+                    raw.0.len(),
+                    limits::MAX_FEATURES
+                ),
+                Loc::UNKNOWN,
+            ));
+        }
+        let mut out = BTreeMap::new();
+        for (key, body) in raw.0 {
+            let name = key.value.clone();
+            let Some(body) = body else {
+                self.err(
+                    SpecError::new("needs `axes` and `dtype` (or `metadata: true`)", loc(&key))
+                        .feature(&name),
+                );
+                continue;
+            };
+            if let Some(f) = self.feature(&name, loc(&key), body) {
+                out.insert(name, f);
+            }
+        }
+        out
+    }
+
+    fn feature(&mut self, name: &str, at: Loc, raw: RawFeature) -> Option<Feature> {
+        let only = raw.only.map(|o| {
+            o.value
+                .iter()
+                .map(|w| Named::new(w.value.clone(), loc(w)))
+                .collect()
+        });
+        if raw.metadata.as_ref().is_some_and(|m| m.value) {
+            let extra = [
+                raw.axes.as_ref().map(|a| ("axes", loc(a))),
+                raw.dtype.as_ref().map(|a| ("dtype", loc(a))),
+                raw.pad.as_ref().map(|a| ("pad", loc(a))),
+                raw.mask.as_ref().map(|a| ("mask", loc(a))),
+                raw.index.as_ref().map(|a| ("index", loc(a))),
+                raw.placement.as_ref().map(|a| ("placement", loc(a))),
+                raw.coshard.as_ref().map(|a| ("coshard", loc(a))),
+            ];
+            for (key, l) in extra.into_iter().flatten() {
+                self.err(
+                    SpecError::new(
+                        format!("metadata is passed through untouched; `{key}` does not apply"),
+                        l,
+                    )
+                    .feature(name),
+                );
+            }
+            return Some(Feature {
+                name: name.to_owned(),
+                kind: FeatureKind::Metadata,
+                only,
+                doc: raw.doc,
+                loc: at,
+            });
+        }
+        let Some(axes_raw) = raw.axes else {
+            self.err(
+                SpecError::new("needs `axes` (or `metadata: true`)", at)
+                    .feature(name)
+                    .help("e.g. `axes: [tokens, 3]`; use `axes: []` for a scalar"),
+            );
+            return None;
+        };
+        let Some(dtype_raw) = raw.dtype else {
+            self.err(
+                SpecError::new("needs `dtype`", at)
+                    .feature(name)
+                    .help(dtype_help()),
+            );
+            return None;
+        };
+        let dtype = match DType::parse(&dtype_raw.value) {
+            Some(d) => d,
+            None => {
+                self.err(
+                    SpecError::new(format!("unknown dtype `{}`", dtype_raw.value), loc(&dtype_raw))
+                        .feature(name)
+                        .help(dtype_help()),
+                );
+                DType::Float32
+            }
+        };
+        let axes: Vec<Axis> = axes_raw
+            .value
+            .iter()
+            .map(|a| Axis {
+                kind: match &a.value {
+                    RawAxis::Size(n) => AxisKind::Channel(*n),
+                    RawAxis::Name(s) => AxisKind::Semantic(s.clone()),
+                },
+                loc: loc(a),
+            })
+            .collect();
+        let (role, role_loc) = match (raw.mask, raw.index) {
+            (Some(m), Some(i)) => {
+                self.err(
+                    SpecError::new("a feature is a mask or an index, not both", loc(&i))
+                        .feature(name),
+                );
+                (Role::Data, loc(&m))
+            }
+            (Some(m), None) => {
+                let l = loc(&m);
+                (Role::Mask { of: m.value.into_vec() }, l)
+            }
+            (None, Some(i)) => {
+                let l = loc(&i);
+                let scope = match i.value.scope.as_str() {
+                    "serial" => IndexScope::Serial,
+                    "shard_local" => IndexScope::ShardLocal,
+                    "padded_global" => IndexScope::PaddedGlobal,
+                    other => {
+                        self.err(
+                            SpecError::new(format!("unknown index scope `{other}`"), l)
+                                .feature(name)
+                                .help("one of `serial`, `shard_local`, `padded_global`"),
+                        );
+                        IndexScope::Serial
+                    }
+                };
+                (
+                    Role::Index(IndexRole {
+                        of: i.value.of,
+                        scope,
+                        one_hot: i.value.one_hot,
+                    }),
+                    l,
+                )
+            }
+            (None, None) => (Role::Data, at),
+        };
+        let placement = raw.placement.map(|p| {
+            let mut parsed = Vec::new();
+            for item in &p.value {
+                match Placement::parse(&item.value) {
+                    Some(pl) => parsed.push(pl),
+                    None => self.err(
+                        SpecError::new(
+                            format!("`{}` is not a placement", item.value),
+                            loc(item),
+                        )
+                        .feature(name)
+                        .help("write `Shard(<dim>)` or `Replicate()`"),
+                    ),
+                }
+            }
+            (parsed, loc(&p))
+        });
+        let (pad, pad_loc) = match raw.pad {
+            Some(p) => (
+                match p.value {
+                    RawScalar::Bool(b) => PadValue::Bool(b),
+                    RawScalar::Int(i) => PadValue::Int(i),
+                    RawScalar::Float(x) => PadValue::Float(x),
+                },
+                loc(&p),
+            ),
+            None => (PadValue::default(), at),
+        };
+        Some(Feature {
+            name: name.to_owned(),
+            kind: FeatureKind::Tensor(Box::new(TensorFeature {
+                axes,
+                axes_loc: loc(&axes_raw),
+                dtype,
+                dtype_loc: loc(&dtype_raw),
+                pad,
+                pad_loc,
+                role,
+                role_loc,
+                coshard: raw
+                    .coshard
+                    .map(|c| {
+                        c.value
+                            .iter()
+                            .map(|c| CoShard {
+                                axis: c.value.axis,
+                                follows: c.value.follows,
+                                loc: loc(c),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                replicate_axes: raw
+                    .replicate_axes
+                    .map(|r| r.value.iter().map(|a| (a.value, loc(a))).collect())
+                    .unwrap_or_default(),
+                replicated: raw.replicated.is_some_and(|r| r.value),
+                placement,
+            })),
+            only,
+            doc: raw.doc,
+            loc: at,
+        })
+    }
+}
+
+fn dtype_help() -> String {
+    let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
+    format!("one of {}", names.join(", "))
+}

@@ -1,0 +1,578 @@
+//! The Plan IR: the rules every front end and runtime executes.
+//!
+//! A plan holds no sample sizes. Given the mesh sizes, the run-time lengths and, for
+//! owner-partitioned semantics, the owner counts, [`Plan::resolve`] yields every
+//! feature's padded shape, DTensor global shape, per-rank local shape and pad value.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::check;
+use crate::diag::SpecError;
+use crate::infer::{self, Split, CP_AXES};
+use crate::ir::*;
+use crate::layout::{lcm_of, round_up, BlockLayout};
+
+/// Version of the plan.json format.
+pub const PLAN_VERSION: u32 = 1;
+
+/// The plan of a whole spec.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Format version of this document (currently 1).
+    pub version: u32,
+    /// Name of the generated modules.
+    pub module: String,
+    pub source: Source,
+    pub mesh: MeshPlan,
+    pub semantics: BTreeMap<String, SemanticPlan>,
+    pub features: BTreeMap<String, FeaturePlan>,
+    /// Workflow -> sorted feature names (base set plus the workflow's own).
+    pub workflows: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeshPlan {
+    /// Names of the CP mesh axes `(cp0, cp1)`; indices in the plan refer to this order.
+    pub cp: [String; CP_AXES],
+    /// Name of the data-parallel axis, prepended by collate.
+    pub dp: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SemanticPlan {
+    pub sharded: bool,
+    /// CP mesh axes (0 = cp0, 1 = cp1) that split an axis of this semantic somewhere.
+    pub sharded_on: Vec<usize>,
+    pub padding: Padding,
+    /// Mask features that are 0 at this semantic's pads.
+    pub masked_by: Vec<String>,
+    /// Attention window for packing, when declared.
+    pub window: Option<u32>,
+}
+
+/// How a semantic's run-time length becomes its padded length.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Padding {
+    /// Never padded.
+    None,
+    /// Padded at the end to a multiple of the lcm of these mesh axes' sizes.
+    Multiple { mesh_axes: Vec<usize> },
+    /// Owner-partitioned: the root owner's padded axis is split into lcm(mesh_axes)
+    /// equal blocks; each block holds its owners' items, padded to the largest block.
+    OwnerBlocks {
+        /// Direct owner semantic.
+        owner: String,
+        /// Root of the ownership tree (the semantic whose blocks are counted).
+        root: String,
+        /// How the sample gives each item's owner.
+        source: OwnerSource,
+        mesh_axes: Vec<usize>,
+    },
+}
+
+/// One feature of the plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum FeaturePlan {
+    Tensor(Box<TensorPlan>),
+    /// Passed through untouched.
+    Metadata { workflows: Vec<String> },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TensorPlan {
+    pub dtype: DType,
+    pub axes: Vec<AxisPlan>,
+    /// Placements on the CP sub-mesh `(cp0, cp1)`.
+    pub placements: Vec<Placement>,
+    /// Placements on `(dp, cp0, cp1)` after collate adds the batch dimension.
+    pub placements_dp: Vec<Placement>,
+    pub pad_value: PadValue,
+    pub role: Role,
+    pub remap: Remap,
+    pub workflows: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AxisPlan {
+    /// The axis semantic, or `null` for a channel axis.
+    pub semantic: Option<String>,
+    /// Fixed size of a channel axis.
+    pub size: Option<u64>,
+    pub split: Split,
+}
+
+/// How index values change when the sample is padded and sharded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Remap {
+    None,
+    /// Values become positions in the padded layout of `of`. When `repad` is true the
+    /// layout is owner-partitioned and a larger per-block stride at collate remaps
+    /// `new = (idx // old) * new_stride + idx % old`.
+    ToPaddedLayout { of: String, repad: bool },
+    /// Values become ids local to the shard along `mesh_axis` that holds the row.
+    ShardLocal { of: String, mesh_axis: usize },
+    /// One-hot along co-sharded `axis`: each rank keeps its diagonal block, so column
+    /// ids are local to the shard along `mesh_axis`.
+    DiagonalBlock { of: String, axis: usize, mesh_axis: usize },
+}
+
+/// Validates a spec and builds its plan; every error is returned, none is dropped.
+pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
+    let mut errors = check::check(spec);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let workflows = spec.workflow_features();
+    let workflows_of = |name: &str| -> Vec<String> {
+        workflows
+            .iter()
+            .filter(|(_, fs)| fs.contains(name))
+            .map(|(w, _)| w.clone())
+            .collect()
+    };
+
+    let mut features = BTreeMap::new();
+    let mut sharded_on: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+    let mut masked_by: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (name, f) in &spec.features {
+        let t = match &f.kind {
+            FeatureKind::Metadata => {
+                features.insert(
+                    name.clone(),
+                    FeaturePlan::Metadata {
+                        workflows: workflows_of(name),
+                    },
+                );
+                continue;
+            }
+            FeatureKind::Tensor(t) => t,
+        };
+        let inferred = match infer::infer(spec, name, t) {
+            Ok(i) => i,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        for (axis, split) in t.axes.iter().zip(&inferred.splits) {
+            if let (Some(s), Some(m)) = (axis.semantic(), split.mesh_axis()) {
+                sharded_on.entry(s).or_default().insert(m);
+            }
+        }
+        if let Role::Mask { of } = &t.role {
+            for s in of {
+                masked_by.entry(s.as_str()).or_default().push(name.clone());
+            }
+        }
+        let remap = remap(spec, t, &inferred.splits);
+        features.insert(
+            name.clone(),
+            FeaturePlan::Tensor(Box::new(TensorPlan {
+                dtype: t.dtype,
+                axes: t
+                    .axes
+                    .iter()
+                    .zip(&inferred.splits)
+                    .map(|(a, s)| AxisPlan {
+                        semantic: a.semantic().map(str::to_owned),
+                        size: match a.kind {
+                            AxisKind::Channel(n) => Some(n),
+                            AxisKind::Semantic(_) => None,
+                        },
+                        split: *s,
+                    })
+                    .collect(),
+                placements: inferred.placements.to_vec(),
+                placements_dp: infer::with_dp(&inferred.placements),
+                // check() proved the pad value fits the dtype.
+                pad_value: t.pad.coerce(t.dtype).unwrap_or(t.pad),
+                role: t.role.clone(),
+                remap,
+                workflows: workflows_of(name),
+            })),
+        );
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+
+    let semantics = spec
+        .semantics
+        .values()
+        .map(|s| {
+            let own: Vec<usize> = sharded_on
+                .get(s.name.as_str())
+                .map(|m| m.iter().copied().collect())
+                .unwrap_or_default();
+            let padding = padding(spec, s, &sharded_on);
+            let plan = SemanticPlan {
+                sharded: s.sharded,
+                sharded_on: own,
+                padding,
+                masked_by: masked_by.remove(s.name.as_str()).unwrap_or_default(),
+                window: s.window,
+            };
+            (s.name.clone(), plan)
+        })
+        .collect();
+
+    Ok(Plan {
+        version: PLAN_VERSION,
+        module: spec.module.name.clone(),
+        source: spec.source.clone(),
+        mesh: MeshPlan {
+            cp: [spec.mesh.cp[0].name.clone(), spec.mesh.cp[1].name.clone()],
+            dp: spec.mesh.dp.as_ref().map(|d| d.name.clone()),
+        },
+        semantics,
+        features,
+        workflows: workflows
+            .into_iter()
+            .map(|(w, fs)| (w, fs.into_iter().collect()))
+            .collect(),
+    })
+}
+
+/// The sharded semantics of `s`'s ownership tree (owners and owned, transitively).
+fn tree_of<'a>(spec: &'a Spec, s: &'a Semantic) -> (&'a Semantic, Vec<&'a str>) {
+    let mut root = s;
+    for _ in 0..spec.semantics.len() {
+        match root.owner.as_ref().and_then(|o| spec.semantics.get(&o.owner.name)) {
+            Some(o) if o.sharded => root = o,
+            _ => break,
+        }
+    }
+    let members = spec
+        .semantics
+        .values()
+        .filter(|m| m.sharded && std::ptr::eq(tree_of_root(spec, m), root))
+        .map(|m| m.name.as_str())
+        .collect();
+    (root, members)
+}
+
+fn tree_of_root<'a>(spec: &'a Spec, s: &'a Semantic) -> &'a Semantic {
+    let mut root = s;
+    for _ in 0..spec.semantics.len() {
+        match root.owner.as_ref().and_then(|o| spec.semantics.get(&o.owner.name)) {
+            Some(o) if o.sharded => root = o,
+            _ => break,
+        }
+    }
+    root
+}
+
+fn padding(spec: &Spec, s: &Semantic, sharded_on: &BTreeMap<&str, BTreeSet<usize>>) -> Padding {
+    if !s.sharded {
+        return Padding::None;
+    }
+    let (root, members) = tree_of(spec, s);
+    let mesh_axes: Vec<usize> = members
+        .iter()
+        .filter_map(|m| sharded_on.get(m))
+        .flatten()
+        .copied()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if mesh_axes.is_empty() {
+        return Padding::None;
+    }
+    match &s.owner {
+        Some(o) if !std::ptr::eq(root, s) => Padding::OwnerBlocks {
+            owner: o.owner.name.clone(),
+            root: root.name.clone(),
+            source: o.source.clone(),
+            mesh_axes,
+        },
+        _ => Padding::Multiple { mesh_axes },
+    }
+}
+
+fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
+    let Role::Index(ix) = &t.role else {
+        return Remap::None;
+    };
+    match (ix.one_hot, ix.scope) {
+        (_, IndexScope::Serial) => Remap::None,
+        // Moving one-hot columns with their axis is the padded layout already.
+        (Some(_), IndexScope::PaddedGlobal) => Remap::None,
+        (Some(axis), IndexScope::ShardLocal) => Remap::DiagonalBlock {
+            of: ix.of.clone(),
+            axis,
+            mesh_axis: splits.get(axis).and_then(|s| s.mesh_axis()).unwrap_or(0),
+        },
+        (None, IndexScope::PaddedGlobal) => Remap::ToPaddedLayout {
+            of: ix.of.clone(),
+            repad: spec
+                .semantics
+                .get(&ix.of)
+                .is_some_and(|s| s.sharded && s.owner.is_some()),
+        },
+        (None, IndexScope::ShardLocal) => Remap::ShardLocal {
+            of: ix.of.clone(),
+            mesh_axis: splits.iter().find_map(|s| s.mesh_axis()).unwrap_or(0),
+        },
+    }
+}
+
+/// Run-time sizes of one sample.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lengths {
+    /// Length of every semantic's axes (unpadded).
+    pub sizes: BTreeMap<String, usize>,
+    /// For each owner-partitioned semantic: its item count per root owner, in order.
+    pub counts: BTreeMap<String, Vec<usize>>,
+}
+
+/// A plan evaluated for one mesh and one sample's lengths.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct Resolved {
+    pub mesh: [usize; CP_AXES],
+    /// Padded length of every semantic that was given a length.
+    pub padded: BTreeMap<String, usize>,
+    /// Block layout of every owner-partitioned semantic.
+    pub blocks: BTreeMap<String, BlockLayout>,
+    pub features: BTreeMap<String, FeatureShapes>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+pub struct FeatureShapes {
+    /// The serial shape (run-time lengths, unpadded).
+    pub serial_shape: Vec<usize>,
+    /// Every semantic axis at its padded length.
+    pub padded_shape: Vec<usize>,
+    /// The DTensor's global shape: co-sharded (diagonal-block) axes count one block.
+    pub global_shape: Vec<usize>,
+    /// Each rank's local block.
+    pub local_shape: Vec<usize>,
+    pub pad_value: PadValue,
+}
+
+/// Why a plan could not be resolved for a sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolveError {
+    BadMesh { mesh: Vec<usize> },
+    MissingLength { semantic: String, feature: String, axis: usize },
+    MissingCounts { semantic: String },
+    CountsLength { semantic: String, owner: String, expected: usize, got: usize },
+    CountsSum { semantic: String, expected: usize, got: usize },
+    UnknownWorkflow { workflow: String },
+}
+
+impl fmt::Display for ResolveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResolveError::BadMesh { mesh } => write!(f, "mesh sizes {mesh:?}: every CP mesh axis needs size at least 1"),
+            ResolveError::MissingLength { semantic, feature, axis } => write!(
+                f,
+                "feature `{feature}`, axis {axis} ({semantic}): no run-time length given for semantic `{semantic}`"
+            ),
+            ResolveError::MissingCounts { semantic } => write!(
+                f,
+                "semantic `{semantic}`: owner-partitioned, but no per-owner counts were given"
+            ),
+            ResolveError::CountsLength { semantic, owner, expected, got } => write!(
+                f,
+                "semantic `{semantic}`: {got} owner counts given, but `{owner}` has length {expected}"
+            ),
+            ResolveError::CountsSum { semantic, expected, got } => write!(
+                f,
+                "semantic `{semantic}`: owner counts sum to {got}, but its length is {expected}"
+            ),
+            ResolveError::UnknownWorkflow { workflow } => write!(f, "workflow `{workflow}` is not declared"),
+        }
+    }
+}
+
+impl std::error::Error for ResolveError {}
+
+impl Plan {
+    /// Tensor features, sorted by name.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &TensorPlan)> {
+        self.features.iter().filter_map(|(n, f)| match f {
+            FeaturePlan::Tensor(t) => Some((n.as_str(), t.as_ref())),
+            FeaturePlan::Metadata { .. } => None,
+        })
+    }
+
+    /// Feature names of a workflow, or of the whole spec for `None`.
+    pub fn feature_names(&self, workflow: Option<&str>) -> Result<Vec<&str>, ResolveError> {
+        match workflow {
+            None => Ok(self.features.keys().map(String::as_str).collect()),
+            Some(w) => self
+                .workflows
+                .get(w)
+                .map(|fs| fs.iter().map(String::as_str).collect())
+                .ok_or_else(|| ResolveError::UnknownWorkflow {
+                    workflow: w.to_owned(),
+                }),
+        }
+    }
+
+    /// The padding multiple of a semantic on this mesh (1 when never padded).
+    pub fn pad_multiple(&self, semantic: &str, mesh: [usize; CP_AXES]) -> usize {
+        match self.semantics.get(semantic).map(|s| &s.padding) {
+            Some(Padding::Multiple { mesh_axes }) | Some(Padding::OwnerBlocks { mesh_axes, .. }) => {
+                lcm_of(mesh_axes.iter().map(|&m| mesh[m]))
+            }
+            _ => 1,
+        }
+    }
+
+    /// Evaluates the plan for a mesh and one sample's lengths, for the features of
+    /// `workflow` (all features for `None`).
+    pub fn resolve(
+        &self,
+        mesh: [usize; CP_AXES],
+        lengths: &Lengths,
+        workflow: Option<&str>,
+    ) -> Result<Resolved, ResolveError> {
+        if mesh.contains(&0) {
+            return Err(ResolveError::BadMesh { mesh: mesh.to_vec() });
+        }
+        let names = self.feature_names(workflow)?;
+        // Non-owned semantics first: owned ones need their root's padded length.
+        let mut padded = BTreeMap::new();
+        let mut blocks = BTreeMap::new();
+        for (name, s) in &self.semantics {
+            let Some(&len) = lengths.sizes.get(name) else { continue };
+            if !matches!(s.padding, Padding::OwnerBlocks { .. }) {
+                padded.insert(name.clone(), round_up(len, self.pad_multiple(name, mesh)));
+            }
+        }
+        for (name, s) in &self.semantics {
+            let Padding::OwnerBlocks { root, mesh_axes, .. } = &s.padding else { continue };
+            let Some(&len) = lengths.sizes.get(name) else { continue };
+            let counts = lengths
+                .counts
+                .get(name)
+                .ok_or_else(|| ResolveError::MissingCounts { semantic: name.clone() })?;
+            let root_len = lengths.sizes.get(root).copied();
+            let root_padded = padded.get(root).copied();
+            let (Some(root_len), Some(root_padded)) = (root_len, root_padded) else {
+                return Err(ResolveError::MissingLength {
+                    semantic: root.clone(),
+                    feature: format!("(owner of {name})"),
+                    axis: 0,
+                });
+            };
+            if counts.len() != root_len {
+                return Err(ResolveError::CountsLength {
+                    semantic: name.clone(),
+                    owner: root.clone(),
+                    expected: root_len,
+                    got: counts.len(),
+                });
+            }
+            let sum: usize = counts.iter().sum();
+            if sum != len {
+                return Err(ResolveError::CountsSum {
+                    semantic: name.clone(),
+                    expected: len,
+                    got: sum,
+                });
+            }
+            let l = BlockLayout::from_counts(
+                counts,
+                root_padded,
+                lcm_of(mesh_axes.iter().map(|&m| mesh[m])),
+            );
+            padded.insert(name.clone(), l.padded());
+            blocks.insert(name.clone(), l);
+        }
+
+        let mut features = BTreeMap::new();
+        for name in names {
+            let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else { continue };
+            let mut shapes = FeatureShapes {
+                serial_shape: Vec::new(),
+                padded_shape: Vec::new(),
+                global_shape: Vec::new(),
+                local_shape: Vec::new(),
+                pad_value: t.pad_value,
+            };
+            for (i, a) in t.axes.iter().enumerate() {
+                let (serial, full) = match (&a.semantic, a.size) {
+                    (Some(s), _) => {
+                        let missing = || ResolveError::MissingLength {
+                            semantic: s.clone(),
+                            feature: name.to_owned(),
+                            axis: i,
+                        };
+                        let serial = *lengths.sizes.get(s).ok_or_else(missing)?;
+                        (serial, *padded.get(s).ok_or_else(missing)?)
+                    }
+                    (None, Some(n)) => {
+                        let n = usize::try_from(n).unwrap_or(usize::MAX);
+                        (n, n)
+                    }
+                    (None, None) => (0, 0),
+                };
+                let (global, local) = match a.split {
+                    Split::Whole => (full, full),
+                    Split::Mesh { mesh_axis } => (full, full / mesh[mesh_axis]),
+                    Split::Follows { mesh_axis, .. } => {
+                        let block = full / mesh[mesh_axis];
+                        (block, block)
+                    }
+                };
+                shapes.serial_shape.push(serial);
+                shapes.padded_shape.push(full);
+                shapes.global_shape.push(global);
+                shapes.local_shape.push(local);
+            }
+            features.insert(name.to_owned(), shapes);
+        }
+        Ok(Resolved {
+            mesh,
+            padded,
+            blocks,
+            features,
+        })
+    }
+}
+
+/// The JSON Schema (draft-07) of plan.json.
+pub fn json_schema() -> serde_json::Value {
+    let generator = schemars::generate::SchemaSettings::draft07().into_generator();
+    let schema = generator.into_root_schema_for::<Plan>();
+    serde_json::to_value(schema).unwrap_or(serde_json::Value::Null)
+}
+
+impl Plan {
+    /// Semantics with every owner before what it owns, ties in name order.
+    pub fn semantic_order(&self) -> Vec<&str> {
+        let depth = |name: &str| -> usize {
+            let mut d = 0;
+            let mut cur = name;
+            while let Some(SemanticPlan {
+                padding: Padding::OwnerBlocks { owner, .. },
+                ..
+            }) = self.semantics.get(cur)
+            {
+                d += 1;
+                cur = owner;
+                if d > self.semantics.len() {
+                    break;
+                }
+            }
+            d
+        };
+        let mut order: Vec<&str> = self.semantics.keys().map(String::as_str).collect();
+        order.sort_by_key(|s| (depth(s), *s));
+        order
+    }
+}

@@ -1,0 +1,240 @@
+//! The YAML surface syntax: serde types that keep the location of every value.
+//!
+//! These types are the spec file as written; [`crate::lower`] turns them into the
+//! [`crate::ir`] Spec IR. Their JSON Schema ([`json_schema`]) is what editors use to
+//! complete and check spec files.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_saphyr::Spanned;
+
+/// A featshard spec file.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "featshard spec")]
+pub struct RawSpec {
+    /// Spec format version; `1`.
+    #[schemars(with = "u32")]
+    pub version: Spanned<u32>,
+    /// Name of the generated modules (a Python/Rust identifier).
+    #[schemars(with = "String")]
+    pub module: Spanned<String>,
+    #[schemars(with = "RawMesh")]
+    pub mesh: Spanned<RawMesh>,
+    /// Axis semantics, declared once: what an axis counts and whether it shards.
+    pub semantics: SpannedMap<RawSemantic>,
+    /// Named feature subsets, e.g. `[training, inference]`. Features without `only`
+    /// belong to every workflow.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub workflows: Vec<Spanned<String>>,
+    /// The model's input features, by name.
+    pub features: SpannedMap<RawFeature>,
+}
+
+/// Mesh axis names; sizes are chosen at run time.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawMesh {
+    /// The two context-parallel mesh axes, in order: `[cp0, cp1]`.
+    #[schemars(with = "Vec<String>", length(equal = 2))]
+    pub cp: Spanned<Vec<Spanned<String>>>,
+    /// Optional data-parallel axis name, prepended to the CP sub-mesh.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub dp: Option<Spanned<String>>,
+}
+
+/// One axis semantic.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawSemantic {
+    /// Whether axes of this semantic are split over a CP mesh axis.
+    #[schemars(with = "bool")]
+    pub shard: Spanned<bool>,
+    /// Owning semantic: items are partitioned by the shard of their owner.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub owner: Option<Spanned<String>>,
+    /// Integer `[owner]` feature giving how many items each owner holds.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub counts: Option<Spanned<String>>,
+    /// One-hot `[items, owner]` feature giving each item's owner.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub map: Option<Spanned<String>>,
+    /// Window `W` of windowed attention over this axis (packing pads to `W x cp0`).
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub window: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub doc: Option<String>,
+}
+
+/// One feature.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawFeature {
+    /// Ordered axes: a semantic name, or an integer for a fixed-size channel axis.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<RawAxis>>")]
+    pub axes: Option<Spanned<Vec<Spanned<RawAxis>>>>,
+    /// Element type, as named in torch (`float32`, `int64`, `bool`, ...).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub dtype: Option<Spanned<String>>,
+    /// Value at pad positions (default 0).
+    #[serde(default)]
+    #[schemars(with = "Option<RawScalar>")]
+    pub pad: Option<Spanned<RawScalar>>,
+    /// A validity mask (1 = valid) over these semantics.
+    #[serde(default)]
+    #[schemars(with = "Option<OneOrMany>")]
+    pub mask: Option<Spanned<OneOrMany>>,
+    /// Index-valued feature.
+    #[serde(default)]
+    #[schemars(with = "Option<RawIndex>")]
+    pub index: Option<Spanned<RawIndex>>,
+    /// Co-sharded axes: `{axis: 1, follows: 0}` makes axis 1 take axis 0's shard.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<RawCoShard>>")]
+    pub coshard: Option<Spanned<Vec<Spanned<RawCoShard>>>>,
+    /// Axes of a sharded semantic kept whole (when there are more than mesh axes).
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<usize>>")]
+    pub replicate_axes: Option<Spanned<Vec<Spanned<usize>>>>,
+    /// Never sharded: `Replicate()` on every mesh axis.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub replicated: Option<Spanned<bool>>,
+    /// Non-tensor metadata passed through untouched (no axes, no dtype).
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub metadata: Option<Spanned<bool>>,
+    /// Expected placement on `(cp0, cp1)`, e.g. `[Shard(0), Replicate()]`; must agree
+    /// with the inferred one.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub placement: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Workflows this feature belongs to (default: all).
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub only: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    pub doc: Option<String>,
+}
+
+/// An axis entry: a semantic name or a channel size.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawAxis {
+    Size(u64),
+    Name(String),
+}
+
+/// A pad value.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum RawScalar {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawIndex {
+    /// The semantic whose items the values point at.
+    pub of: String,
+    /// `serial`, `shard_local` or `padded_global`.
+    pub scope: String,
+    /// One-hot encoding along this axis, instead of index values.
+    #[serde(default)]
+    pub one_hot: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCoShard {
+    /// The follower axis.
+    pub axis: usize,
+    /// The leader axis whose shard the follower takes.
+    pub follows: usize,
+}
+
+/// A YAML mapping kept in source order, each key with its location.
+#[derive(Debug)]
+pub struct SpannedMap<V>(pub Vec<(Spanned<String>, Option<V>)>);
+
+impl<V> Default for SpannedMap<V> {
+    fn default() -> Self {
+        SpannedMap(Vec::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for SpannedMap<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct MapVisitor<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for MapVisitor<V> {
+            type Value = SpannedMap<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping of names")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    // `name:` with no body is kept as `None`; lowering reports what it lacks.
+                    out.push((key, map.next_value::<Option<V>>()?));
+                }
+                Ok(SpannedMap(out))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(SpannedMap(Vec::new()))
+            }
+        }
+        d.deserialize_map(MapVisitor(PhantomData))
+    }
+}
+
+impl<V: JsonSchema> JsonSchema for SpannedMap<V> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        format!("Map_of_{}", V::schema_name()).into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let value = generator.subschema_for::<V>();
+        schemars::json_schema!({
+            "type": "object",
+            "propertyNames": { "pattern": "^[a-z][a-z0-9_]*$" },
+            "additionalProperties": value,
+        })
+    }
+}
+
+/// The JSON Schema (draft-07) of spec files.
+pub fn json_schema() -> serde_json::Value {
+    let generator = schemars::generate::SchemaSettings::draft07().into_generator();
+    let schema = generator.into_root_schema_for::<RawSpec>();
+    serde_json::to_value(schema).unwrap_or(serde_json::Value::Null)
+}

@@ -1,0 +1,346 @@
+//! The CLI commands, as functions returning what they print, so tests call them too.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use featshard_codegen::GeneratedFile;
+use featshard_spec::infer::CP_AXES;
+use featshard_spec::plan::{FeaturePlan, Lengths, Padding, Plan, TensorPlan};
+use featshard_spec::{Diagnostics, Spec};
+
+/// A command failure and the exit code it maps to.
+#[derive(Debug)]
+pub enum Failure {
+    /// The spec is invalid (exit 1).
+    Spec(Diagnostics),
+    /// Generated files are missing or stale (exit 1).
+    Drift(String),
+    /// Anything else: I/O, bad run-time input (exit 1).
+    Other(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Spec(d) => write!(f, "{}", d.render_plain().trim_end()),
+            Failure::Drift(s) | Failure::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Loads and plans a spec file. Generated headers name the file, not its path, so
+/// output does not depend on the working directory.
+pub fn load(path: &Path) -> Result<(Spec, Plan), Failure> {
+    let (spec, mut plan) = featshard_spec::compile_file(path).map_err(Failure::Spec)?;
+    if let Some(file) = path.file_name() {
+        plan.source.name = file.to_string_lossy().into_owned();
+    }
+    Ok((spec, plan))
+}
+
+/// `featshard validate`: a one-line summary of a valid spec.
+pub fn validate(path: &Path) -> Result<String, Failure> {
+    let (spec, plan) = load(path)?;
+    let workflows: Vec<&str> = plan.workflows.keys().map(String::as_str).collect();
+    Ok(format!(
+        "{}: ok ({} features, {} semantics, workflows: {})",
+        path.display(),
+        spec.features.len(),
+        spec.semantics.len(),
+        if workflows.is_empty() {
+            "none".to_owned()
+        } else {
+            workflows.join(", ")
+        }
+    ))
+}
+
+/// Every file generated for a spec.
+pub fn render(path: &Path) -> Result<Vec<GeneratedFile>, Failure> {
+    let (_, plan) = load(path)?;
+    featshard_codegen::generate(&plan).map_err(|e| Failure::Other(e.to_string()))
+}
+
+/// `featshard generate`: writes every generated file into `out`, each one atomically
+/// (a temporary file renamed into place). Returns the paths written.
+pub fn generate(path: &Path, out: &Path) -> Result<Vec<PathBuf>, Failure> {
+    let files = render(path)?;
+    std::fs::create_dir_all(out)
+        .map_err(|e| Failure::Other(format!("cannot create {}: {e}", out.display())))?;
+    let mut written = Vec::new();
+    for f in files {
+        let dest = out.join(&f.name);
+        let tmp = out.join(format!(".{}.tmp", f.name));
+        std::fs::write(&tmp, &f.contents)
+            .and_then(|()| std::fs::rename(&tmp, &dest))
+            .map_err(|e| Failure::Other(format!("cannot write {}: {e}", dest.display())))?;
+        written.push(dest);
+    }
+    Ok(written)
+}
+
+/// `featshard check`: fails naming every generated file that is missing or stale.
+pub fn check(path: &Path, out: &Path) -> Result<String, Failure> {
+    let files = render(path)?;
+    let mut problems = Vec::new();
+    for f in &files {
+        let dest = out.join(&f.name);
+        match std::fs::read_to_string(&dest) {
+            Ok(text) if text == f.contents => {}
+            Ok(_) => problems.push(format!("stale: {}", dest.display())),
+            Err(_) => problems.push(format!("missing: {}", dest.display())),
+        }
+    }
+    if problems.is_empty() {
+        Ok(format!(
+            "{}: {} generated files up to date",
+            out.display(),
+            files.len()
+        ))
+    } else {
+        Err(Failure::Drift(format!(
+            "{}\nrun `featshard generate {} --out {}` and commit the result",
+            problems.join("\n"),
+            path.display(),
+            out.display()
+        )))
+    }
+}
+
+/// Parses `3x3` into CP mesh sizes.
+pub fn parse_mesh(s: &str) -> Result<[usize; CP_AXES], String> {
+    let parts: Vec<&str> = s.split(['x', 'X']).collect();
+    let [a, b] = parts.as_slice() else {
+        return Err(format!("mesh `{s}`: expected CP0xCP1, e.g. 3x3 or 2x3"));
+    };
+    let parse = |p: &str| -> Result<usize, String> {
+        match p.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!("mesh `{s}`: `{p}` is not a size of at least 1")),
+        }
+    };
+    Ok([parse(a)?, parse(b)?])
+}
+
+/// Parses `tokens=2048,atoms=20000` into semantic lengths.
+pub fn parse_lengths(s: &str) -> Result<Vec<(String, usize)>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| format!("length `{p}`: expected SEMANTIC=N"))?;
+            let n = v
+                .trim()
+                .parse::<usize>()
+                .map_err(|_| format!("length `{p}`: `{v}` is not a non-negative integer"))?;
+            Ok((k.trim().to_owned(), n))
+        })
+        .collect()
+}
+
+/// `featshard explain`: a table of every feature's layout on a mesh. With `lengths`,
+/// shapes are numbers; without, they are written in terms of the semantics.
+pub fn explain(
+    path: &Path,
+    mesh: [usize; CP_AXES],
+    lengths: Option<&[(String, usize)]>,
+    workflow: Option<&str>,
+) -> Result<String, Failure> {
+    let (_, plan) = load(path)?;
+    let names = plan
+        .feature_names(workflow)
+        .map_err(|e| Failure::Other(e.to_string()))?;
+    let mut notes = Vec::new();
+    let resolved = match lengths {
+        None => None,
+        Some(given) => {
+            let l = explain_lengths(&plan, given, &mut notes)?;
+            Some(
+                plan.resolve(mesh, &l, workflow)
+                    .map_err(|e| Failure::Other(format!("{e} (pass it with --lengths)")))?,
+            )
+        }
+    };
+    let mut rows = vec![[
+        "feature".to_owned(),
+        "axes".to_owned(),
+        "placement".to_owned(),
+        "padded global shape".to_owned(),
+        "local shape".to_owned(),
+    ]];
+    for name in names {
+        let Some(f) = plan.features.get(name) else { continue };
+        let FeaturePlan::Tensor(t) = f else {
+            rows.push([
+                name.to_owned(),
+                "metadata".into(),
+                "passed through".into(),
+                "-".into(),
+                "-".into(),
+            ]);
+            continue;
+        };
+        let (global, local) = match &resolved {
+            Some(r) => {
+                let s = &r.features[name];
+                (shape(&s.global_shape), shape(&s.local_shape))
+            }
+            None => symbolic_shapes(&plan, t, mesh),
+        };
+        rows.push([
+            name.to_owned(),
+            axes_text(t),
+            t.placements
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            global,
+            local,
+        ]);
+    }
+    let mut out = format!(
+        "mesh ({}) = ({}, {}): {} CP ranks{}\n\n",
+        plan.mesh.cp.join(", "),
+        mesh[0],
+        mesh[1],
+        mesh[0] * mesh[1],
+        workflow.map(|w| format!(", workflow {w}")).unwrap_or_default()
+    );
+    out.push_str(&table(&rows));
+    if let Some(r) = &resolved {
+        out.push('\n');
+        for (s, p) in &r.padded {
+            let _ = writeln!(out, "{s}: padded to {p}");
+        }
+    }
+    for n in notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    Ok(out)
+}
+
+fn explain_lengths(
+    plan: &Plan,
+    given: &[(String, usize)],
+    notes: &mut Vec<String>,
+) -> Result<Lengths, Failure> {
+    let mut l = Lengths::default();
+    for (k, v) in given {
+        if !plan.semantics.contains_key(k) {
+            return Err(Failure::Other(format!(
+                "--lengths: semantic `{k}` is not declared in the spec"
+            )));
+        }
+        l.sizes.insert(k.clone(), *v);
+    }
+    // Owner counts are per sample; explain spreads items evenly over their root owners.
+    for (name, s) in &plan.semantics {
+        let Padding::OwnerBlocks { root, .. } = &s.padding else { continue };
+        let (Some(&n), Some(&owners)) = (l.sizes.get(name), l.sizes.get(root)) else {
+            continue;
+        };
+        if owners == 0 {
+            continue;
+        }
+        let counts = (0..owners)
+            .map(|i| n / owners + usize::from(i < n % owners))
+            .collect();
+        l.counts.insert(name.clone(), counts);
+        notes.push(format!(
+            "{name} assumed spread evenly over {root}; real samples pad to their largest block"
+        ));
+    }
+    Ok(l)
+}
+
+fn shape(s: &[usize]) -> String {
+    format!(
+        "[{}]",
+        s.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )
+}
+
+fn axes_text(t: &TensorPlan) -> String {
+    let items: Vec<String> = t
+        .axes
+        .iter()
+        .map(|a| match (&a.semantic, a.size) {
+            (Some(s), _) => s.clone(),
+            (None, Some(n)) => n.to_string(),
+            (None, None) => "?".into(),
+        })
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// Shapes in terms of semantics: `pad6(tokens)` is tokens rounded up to a multiple of 6,
+/// `blocks6(atoms)` the owner-block layout of atoms in 6 blocks.
+fn symbolic_shapes(plan: &Plan, t: &TensorPlan, mesh: [usize; CP_AXES]) -> (String, String) {
+    let mut global = Vec::new();
+    let mut local = Vec::new();
+    for a in &t.axes {
+        let full = match (&a.semantic, a.size) {
+            (Some(s), _) => {
+                let m = plan.pad_multiple(s, mesh);
+                match plan.semantics.get(s).map(|p| &p.padding) {
+                    Some(Padding::OwnerBlocks { .. }) => format!("blocks{m}({s})"),
+                    _ if m > 1 => format!("pad{m}({s})"),
+                    _ => s.clone(),
+                }
+            }
+            (None, Some(n)) => n.to_string(),
+            (None, None) => "?".into(),
+        };
+        let div = a.split.mesh_axis().map(|m| mesh[m]).filter(|&d| d > 1);
+        let part = match div {
+            Some(d) => format!("{full}/{d}"),
+            None => full.clone(),
+        };
+        match a.split {
+            featshard_spec::infer::Split::Follows { .. } => global.push(part.clone()),
+            _ => global.push(full),
+        }
+        local.push(part);
+    }
+    (
+        format!("[{}]", global.join(", ")),
+        format!("[{}]", local.join(", ")),
+    )
+}
+
+fn table(rows: &[[String; 5]]) -> String {
+    let mut widths = [0usize; 5];
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for (i, r) in rows.iter().enumerate() {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            let _ = writeln!(out, "{}", rule.join("  "));
+        }
+    }
+    out
+}
+
+/// `featshard schema`: the JSON Schema of spec files (or of plan.json).
+pub fn schema(plan: bool) -> String {
+    let value = if plan {
+        featshard_spec::plan::json_schema()
+    } else {
+        featshard_spec::syntax::json_schema()
+    };
+    let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
+    s.push('\n');
+    s
+}

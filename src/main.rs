@@ -1,0 +1,102 @@
+//! The `featshard` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use featshard::commands::{self, Failure};
+
+/// One YAML spec for every context-parallel feature placement, padding plan and
+/// generated module.
+#[derive(Parser)]
+#[command(name = "featshard", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write <module>.py, <module>.pyi, <module>.rs and <module>.plan.json into DIR.
+    Generate {
+        spec: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Exit 1 naming every generated file in DIR that is missing or stale.
+    Check {
+        spec: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Validate a spec and print a summary.
+    Validate { spec: PathBuf },
+    /// Print every feature's placement, padded global shape and local shape on a mesh.
+    Explain {
+        spec: PathBuf,
+        /// CP mesh sizes, e.g. 3x3 or 2x3.
+        #[arg(long, value_parser = commands::parse_mesh)]
+        mesh: [usize; 2],
+        /// Run-time lengths, e.g. tokens=2048,atoms=20000,msa=4096.
+        #[arg(long, value_parser = parse_lengths)]
+        lengths: Option<LengthArg>,
+        /// Only the features of this workflow.
+        #[arg(long)]
+        workflow: Option<String>,
+    },
+    /// Print the JSON Schema (draft-07) of spec files, for editor completion.
+    Schema {
+        /// The schema of plan.json instead.
+        #[arg(long)]
+        plan: bool,
+    },
+}
+
+/// `--lengths` as one value (clap would read a `Vec` as repeated values).
+#[derive(Clone)]
+struct LengthArg(Vec<(String, usize)>);
+
+fn parse_lengths(s: &str) -> Result<LengthArg, String> {
+    commands::parse_lengths(s).map(LengthArg)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate { spec, out } => commands::generate(&spec, &out).map(|written| {
+            written
+                .iter()
+                .map(|p| format!("wrote {}", p.display()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }),
+        Command::Check { spec, out } => commands::check(&spec, &out),
+        Command::Validate { spec } => commands::validate(&spec),
+        Command::Explain {
+            spec,
+            mesh,
+            lengths,
+            workflow,
+        } => commands::explain(
+            &spec,
+            mesh,
+            lengths.as_ref().map(|l| l.0.as_slice()),
+            workflow.as_deref(),
+        ),
+        Command::Schema { plan } => Ok(commands::schema(plan)),
+    };
+    match result {
+        Ok(text) => {
+            println!("{}", text.trim_end());
+            ExitCode::SUCCESS
+        }
+        Err(Failure::Spec(d)) => {
+            eprintln!("{:?}", miette::Report::new(d));
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
