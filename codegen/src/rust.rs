@@ -6,7 +6,7 @@
 use featshard_spec::ir::{DType, IndexScope, PadValue, Placement, Role};
 use featshard_spec::names::upper_camel;
 use featshard_spec::plan::{FeaturePlan, Plan};
-use proc_macro2::{Ident, Span, TokenStream};
+use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
 
 use crate::{header_lines, CodegenError};
@@ -30,7 +30,10 @@ fn ident(name: &str) -> Ident {
 
 fn placement(p: &Placement) -> TokenStream {
     match p {
-        Placement::Shard(d) => quote!(Placement::Shard(#d)),
+        Placement::Shard(d) => {
+            let d = Literal::usize_unsuffixed(*d);
+            quote!(Placement::Shard(#d))
+        }
         Placement::Replicate => quote!(Placement::Replicate),
     }
 }
@@ -43,11 +46,17 @@ fn dtype(d: DType) -> TokenStream {
 fn pad(p: PadValue) -> TokenStream {
     match p {
         PadValue::Bool(b) => quote!(PadValue::Bool(#b)),
-        PadValue::Int(i) => quote!(PadValue::Int(#i)),
+        PadValue::Int(i) => {
+            let i = Literal::i64_unsuffixed(i);
+            quote!(PadValue::Int(#i))
+        }
         PadValue::Float(x) if x.is_nan() => quote!(PadValue::Float(f64::NAN)),
         PadValue::Float(x) if x.is_infinite() && x > 0.0 => quote!(PadValue::Float(f64::INFINITY)),
         PadValue::Float(x) if x.is_infinite() => quote!(PadValue::Float(f64::NEG_INFINITY)),
-        PadValue::Float(x) => quote!(PadValue::Float(#x)),
+        PadValue::Float(x) => {
+            let x = Literal::f64_unsuffixed(x);
+            quote!(PadValue::Float(#x))
+        }
     }
 }
 
@@ -120,7 +129,10 @@ fn module_tokens(plan: &Plan) -> TokenStream {
         });
         axes.push(quote!(&[#(#a),*]));
         let c = t.axes.iter().map(|a| match a.size {
-            Some(n) => quote!(Some(#n)),
+            Some(n) => {
+                let n = Literal::u64_unsuffixed(n);
+                quote!(Some(#n))
+            }
             None => quote!(None),
         });
         channels.push(quote!(&[#(#c),*]));
@@ -145,7 +157,10 @@ fn module_tokens(plan: &Plan) -> TokenStream {
                     IndexScope::PaddedGlobal => quote!(IndexScope::PaddedGlobal),
                 };
                 let one_hot = match ix.one_hot {
-                    Some(a) => quote!(Some(#a)),
+                    Some(a) => {
+                        let a = Literal::usize_unsuffixed(a);
+                        quote!(Some(#a))
+                    }
                     None => quote!(None),
                 };
                 indices.push(quote!(Some(IndexRole {

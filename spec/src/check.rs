@@ -178,7 +178,7 @@ impl Checker<'_> {
         let Some(f) = spec.features.get(fname) else {
             let mut e = SpecError::new(
                 format!("owner feature `{fname}` is not declared"),
-                owner.owner.loc,
+                owner.source_loc,
             )
             .semantic(&s.name);
             if let Some(h) = did_you_mean(fname, spec.features.keys().map(String::as_str)) {

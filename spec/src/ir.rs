@@ -82,6 +82,8 @@ pub struct Owner {
     pub owner: Named,
     /// How the relation is given by the sample.
     pub source: OwnerSource,
+    /// Where the `counts` / `map` feature is named.
+    pub source_loc: Loc,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -38,8 +38,21 @@ pub fn parse_str(name: &str, text: &str) -> Result<Spec, Diagnostics> {
             },
         )]));
     }
-    let raw: RawSpec = match serde_saphyr::from_str_with_options(text, limits::yaml_options()) {
-        Ok(raw) => raw,
+    let parsed: Result<Option<RawSpec>, _> =
+        serde_saphyr::from_str_with_options(text, limits::yaml_options());
+    let raw = match parsed {
+        Ok(Some(raw)) => raw,
+        Ok(None) => {
+            return Err(fail(vec![SpecError::new(
+                "spec is empty: expected `version`, `module`, `mesh`, `semantics` and `features`",
+                Loc {
+                    line: 1,
+                    column: 1,
+                    offset: 0,
+                    len: 1,
+                },
+            )]))
+        }
         Err(e) => return Err(fail(vec![yaml_error(&e, text)])),
     };
     let mut lower = Lower::default();
@@ -192,12 +205,14 @@ impl Lower {
                 (None, None, None) => None,
                 (Some(owner), Some(counts), None) => Some(Owner {
                     owner: Named::new(owner.value.clone(), loc(&owner)),
+                    source_loc: loc(&counts),
                     source: OwnerSource::Counts {
                         feature: counts.value,
                     },
                 }),
                 (Some(owner), None, Some(map)) => Some(Owner {
                     owner: Named::new(owner.value.clone(), loc(&owner)),
+                    source_loc: loc(&map),
                     source: OwnerSource::Map { feature: map.value },
                 }),
                 (Some(owner), None, None) => {
@@ -272,7 +287,8 @@ impl Lower {
         out
     }
 
-    fn features(&mut self, raw: SpannedMap<RawFeature>) -> BTreeMap<String, Feature> {
+    fn features(&mut self, raw: Option<SpannedMap<RawFeature>>) -> BTreeMap<String, Feature> {
+        let raw = raw.unwrap_or_default();
         if raw.0.is_empty() {
             self.err(SpecError::new("the spec declares no features", Loc::UNKNOWN));
         }

@@ -33,7 +33,8 @@ pub struct RawSpec {
     #[schemars(with = "Vec<String>")]
     pub workflows: Vec<Spanned<String>>,
     /// The model's input features, by name.
-    pub features: SpannedMap<RawFeature>,
+    #[serde(default)]
+    pub features: Option<SpannedMap<RawFeature>>,
 }
 
 /// Mesh axis names; sizes are chosen at run time.

@@ -1,0 +1,112 @@
+//! Golden files: every generated output of `examples/boltz2.yaml`, byte for byte.
+//!
+//! Run with `FEATSHARD_BLESS=1` to rewrite the goldens after an intended change, then
+//! review the diff in git.
+
+use std::path::{Path, PathBuf};
+
+use featshard::commands;
+
+// Compiled here as well, so a golden that stops compiling fails the build.
+#[allow(dead_code)]
+#[path = "golden/boltz2/boltz2_placements.rs"]
+mod boltz2_placements;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn first_difference(expected: &str, actual: &str) -> String {
+    for (i, (e, a)) in expected.lines().zip(actual.lines()).enumerate() {
+        if e != a {
+            return format!("line {}:\n  golden:    {e}\n  generated: {a}", i + 1);
+        }
+    }
+    format!(
+        "lengths differ: golden has {} lines, generated {}",
+        expected.lines().count(),
+        actual.lines().count()
+    )
+}
+
+fn check_goldens(spec: &Path, golden_dir: &Path) {
+    let files = commands::render(spec).expect("example spec must compile");
+    let bless = std::env::var_os("FEATSHARD_BLESS").is_some();
+    let mut failures = Vec::new();
+    for f in &files {
+        let path = golden_dir.join(&f.name);
+        let golden = std::fs::read_to_string(&path).unwrap_or_default();
+        if golden == f.contents {
+            continue;
+        }
+        if bless {
+            std::fs::create_dir_all(golden_dir).expect("create golden dir");
+            std::fs::write(&path, &f.contents).expect("write golden");
+        } else {
+            failures.push(format!(
+                "{} differs from the generated output ({})",
+                path.display(),
+                first_difference(&golden, &f.contents)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\nrerun with FEATSHARD_BLESS=1 to accept the new output",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn boltz2_generated_files_match_the_goldens() {
+    check_goldens(
+        &root().join("examples/boltz2.yaml"),
+        &root().join("tests/golden/boltz2"),
+    );
+}
+
+#[test]
+fn golden_rust_module_compiles_and_holds_the_inferred_tables() {
+    use boltz2_placements::{Feature, IndexScope, Placement, Semantic, Workflow};
+    assert_eq!(
+        Feature::AtomToToken.placements(),
+        &[Placement::Shard(0), Placement::Replicate]
+    );
+    assert_eq!(
+        Feature::TokenPairPadMask.placements(),
+        &[Placement::Shard(0), Placement::Shard(1)]
+    );
+    assert_eq!(
+        Feature::FramesIdx.placements_dp(),
+        &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
+    );
+    assert_eq!(
+        Feature::AtomToToken.axis_semantics(),
+        &[Some(Semantic::Atoms), Some(Semantic::Tokens)]
+    );
+    assert_eq!(Feature::from_name("msa"), Some(Feature::Msa));
+    assert_eq!(Feature::from_name("nope"), None);
+    let index = Feature::FramesIdx.index().expect("frames_idx is an index");
+    assert_eq!(
+        (index.of, index.scope),
+        (Semantic::Atoms, IndexScope::PaddedGlobal)
+    );
+    assert!(Workflow::Inference.features().contains(&Feature::AffinityTokenMask));
+    assert!(!Workflow::Training.features().contains(&Feature::AffinityTokenMask));
+    for f in Feature::ALL {
+        assert_eq!(Feature::from_name(f.name()), Some(f));
+    }
+}
+
+#[test]
+fn golden_rust_module_compiles_alone_with_rustc() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = tempfile::tempdir().expect("tempdir");
+    let status = std::process::Command::new(rustc)
+        .args(["--edition", "2021", "--crate-type", "lib", "-D", "warnings", "-o"])
+        .arg(out.path().join("libboltz2_placements.rlib"))
+        .arg(root().join("tests/golden/boltz2/boltz2_placements.rs"))
+        .status()
+        .expect("run rustc");
+    assert!(status.success(), "generated Rust module does not compile on its own");
+}

@@ -1,0 +1,514 @@
+//! Malformed specs: each error names the right feature or axis and the right line:col.
+
+use featshard_spec::compile_str;
+
+/// Lines 1-12 of every feature-level case; case features start on line 13.
+const BASE: &str = "\
+version: 1
+module: demo
+mesh:
+  cp: [cp0, cp1]
+  dp: dp
+semantics:
+  tokens: {shard: true}
+  atoms: {shard: true, owner: tokens, counts: atom_counts}
+  ensemble: {shard: false}
+workflows: [training, inference]
+features:
+  atom_counts: {axes: [tokens], dtype: int64}
+";
+
+fn errors_of(text: &str) -> String {
+    match compile_str("spec.yaml", text) {
+        Ok(_) => panic!("spec was accepted:\n{text}"),
+        Err(d) => d.render_plain(),
+    }
+}
+
+/// Asserts that some error line holds every `needle`.
+fn assert_error(text: &str, needles: &[&str]) {
+    let rendered = errors_of(text);
+    assert!(
+        rendered
+            .lines()
+            .any(|line| needles.iter().all(|n| line.contains(n))),
+        "no error line holds all of {needles:?}; errors were:\n{rendered}"
+    );
+}
+
+fn with_features(features: &str) -> String {
+    format!("{BASE}{features}")
+}
+
+#[test]
+fn the_base_spec_is_valid() {
+    compile_str("spec.yaml", BASE).expect("base spec must be valid");
+}
+
+#[test]
+fn yaml_syntax_error() {
+    assert_error(
+        &with_features("  x: {axes: [tokens, dtype: int64}\n"),
+        &["spec.yaml:13:", "invalid YAML"],
+    );
+}
+
+#[test]
+fn tab_indentation_is_a_syntax_error() {
+    assert_error(
+        &with_features("  x:\n\taxes: [tokens]\n"),
+        &["spec.yaml:14:", "invalid YAML"],
+    );
+}
+
+#[test]
+fn unknown_feature_key() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtyp: int64}\n"),
+        &["spec.yaml:13:23", "unknown field `dtyp`"],
+    );
+}
+
+#[test]
+fn unknown_top_level_key() {
+    let text = BASE.replace("workflows:", "workflow:");
+    assert_error(&text, &["spec.yaml:10:1", "unknown field `workflow`"]);
+}
+
+#[test]
+fn undeclared_semantic_on_an_axis() {
+    assert_error(
+        &with_features("  x: {axes: [tokens, residues], dtype: int64}\n"),
+        &[
+            "spec.yaml:13:22",
+            "feature `x`",
+            "axis 1 (residues)",
+            "semantic `residues` is not declared",
+        ],
+    );
+}
+
+#[test]
+fn undeclared_semantic_suggests_the_closest() {
+    assert_error(
+        &with_features("  x: {axes: [token], dtype: int64}\n"),
+        &["spec.yaml:13:14", "feature `x`", "axis 0 (token)", "did you mean `tokens`?"],
+    );
+}
+
+#[test]
+fn unknown_dtype() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtype: float128}\n"),
+        &["spec.yaml:13:30", "feature `x`", "unknown dtype `float128`"],
+    );
+}
+
+#[test]
+fn missing_dtype() {
+    assert_error(
+        &with_features("  x: {axes: [tokens]}\n"),
+        &["spec.yaml:13:3", "feature `x`", "needs `dtype`"],
+    );
+}
+
+#[test]
+fn feature_without_body() {
+    assert_error(
+        &with_features("  x:\n"),
+        &["spec.yaml:13:3", "feature `x`", "needs `axes` and `dtype`"],
+    );
+}
+
+#[test]
+fn empty_spec() {
+    assert_error("", &["spec.yaml:1:1", "spec is empty"]);
+    assert_error("# only a comment\n", &["spec.yaml:1:1", "spec is empty"]);
+}
+
+#[test]
+fn spec_without_features() {
+    let text = BASE.replace("  atom_counts: {axes: [tokens], dtype: int64}\n", "");
+    assert_error(&text, &["declares no features"]);
+}
+
+#[test]
+fn duplicate_feature_name() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtype: int64}\n  x: {axes: [atoms], dtype: int64}\n"),
+        &["spec.yaml:14:3", "duplicate", "x"],
+    );
+}
+
+#[test]
+fn duplicate_semantic_name() {
+    let text = BASE.replace(
+        "  ensemble: {shard: false}\n",
+        "  ensemble: {shard: false}\n  tokens: {shard: false}\n",
+    );
+    assert_error(&text, &["spec.yaml:10:3", "duplicate", "tokens"]);
+}
+
+#[test]
+fn duplicate_workflow_name() {
+    let text = BASE.replace(
+        "workflows: [training, inference]",
+        "workflows: [training, training]",
+    );
+    assert_error(&text, &["spec.yaml:10:23", "workflow `training` is declared twice"]);
+}
+
+#[test]
+fn alias_bomb_is_refused() {
+    // Untagged values (here `pad`) buffer whatever YAML they are given, so an alias
+    // bomb there would expand in memory without the parser's node budget.
+    let mut bomb = String::from("[&a0 [x, x, x, x, x, x, x, x, x, x]");
+    for i in 1..9 {
+        let p = i - 1;
+        bomb.push_str(&format!(
+            ", &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]"
+        ));
+    }
+    bomb.push(']');
+    let text = with_features(&format!("  x: {{axes: [tokens], dtype: int64, pad: {bomb}}}\n"));
+    let start = std::time::Instant::now();
+    let rendered = errors_of(&text);
+    assert!(
+        rendered.contains("budget"),
+        "expected the alias budget to be breached, got:\n{rendered}"
+    );
+    assert!(rendered.contains("spec.yaml:13:"), "{rendered}");
+    assert!(start.elapsed().as_secs() < 5, "alias bomb took {:?}", start.elapsed());
+}
+
+#[test]
+fn deeply_nested_yaml_is_refused() {
+    let text = format!("version: 1\nmodule: demo\nx: {}{}\n", "[".repeat(200), "]".repeat(200));
+    assert_error(&text, &["spec.yaml:3:", "invalid YAML"]);
+}
+
+#[test]
+fn cosharded_with_an_unsharded_leader() {
+    assert_error(
+        &with_features(
+            "  x:\n    axes: [ensemble, tokens]\n    dtype: int64\n    coshard: [{axis: 1, follows: 0}]\n",
+        ),
+        &[
+            "spec.yaml:16:15",
+            "feature `x`",
+            "axis 0 (ensemble)",
+            "co-sharded with something that is not sharded",
+        ],
+    );
+}
+
+#[test]
+fn cosharded_axes_without_ownership() {
+    let text = BASE.replace(
+        "  ensemble: {shard: false}\n",
+        "  ensemble: {shard: false}\n  msa: {shard: true}\n",
+    );
+    let text = format!(
+        "{text}  x:\n    axes: [msa, atoms]\n    dtype: int64\n    coshard: [{{axis: 1, follows: 0}}]\n"
+    );
+    assert_error(
+        &text,
+        &["spec.yaml:17:15", "feature `x`", "axis 1 (atoms)", "cannot follow `msa`"],
+    );
+}
+
+#[test]
+fn coshard_axis_out_of_range() {
+    assert_error(
+        &with_features(
+            "  x:\n    axes: [atoms, tokens]\n    dtype: int64\n    coshard: [{axis: 2, follows: 0}]\n",
+        ),
+        &["spec.yaml:16:15", "feature `x`", "co-shard axis 2 is out of range"],
+    );
+}
+
+#[test]
+fn coshard_axis_follows_itself() {
+    assert_error(
+        &with_features(
+            "  x:\n    axes: [atoms, tokens]\n    dtype: int64\n    coshard: [{axis: 0, follows: 0}]\n",
+        ),
+        &["spec.yaml:16:15", "feature `x`", "axis 0 (atoms)", "cannot follow itself"],
+    );
+}
+
+#[test]
+fn coshard_of_a_channel_axis() {
+    assert_error(
+        &with_features(
+            "  x:\n    axes: [atoms, 3]\n    dtype: int64\n    coshard: [{axis: 1, follows: 0}]\n",
+        ),
+        &["spec.yaml:16:15", "feature `x`", "axis 1 (3)", "not channel axes"],
+    );
+}
+
+#[test]
+fn explicit_placement_contradicts_inference() {
+    assert_error(
+        &with_features(
+            "  x:\n    axes: [ensemble, tokens]\n    dtype: float32\n    placement: [Shard(0), Replicate()]\n",
+        ),
+        &[
+            "spec.yaml:16:16",
+            "feature `x`",
+            "axis 0 (ensemble)",
+            "contradicts the inferred (Shard(1), Replicate())",
+        ],
+    );
+}
+
+#[test]
+fn explicit_placement_of_wrong_length() {
+    assert_error(
+        &with_features(
+            "  x:\n    axes: [tokens]\n    dtype: float32\n    placement: [Shard(0)]\n",
+        ),
+        &["spec.yaml:16:16", "feature `x`", "contradicts"],
+    );
+}
+
+#[test]
+fn explicit_placement_that_does_not_parse() {
+    assert_error(
+        &with_features(
+            "  x:\n    axes: [tokens]\n    dtype: float32\n    placement: [Shard(x), Replicate()]\n",
+        ),
+        &["spec.yaml:16:17", "feature `x`", "`Shard(x)` is not a placement"],
+    );
+}
+
+#[test]
+fn more_sharded_axes_than_mesh_axes() {
+    assert_error(
+        &with_features("  x: {axes: [tokens, tokens, tokens], dtype: float32}\n"),
+        &[
+            "spec.yaml:13:30",
+            "feature `x`",
+            "axis 2 (tokens)",
+            "more sharded axes than the 2 CP mesh axes",
+            "replicate_axes: [2]",
+        ],
+    );
+}
+
+#[test]
+fn replicate_axes_resolves_too_many_sharded_axes() {
+    let text = with_features(
+        "  x: {axes: [tokens, tokens, tokens], dtype: float32, replicate_axes: [2]}\n",
+    );
+    compile_str("spec.yaml", &text).expect("declared resolution must be accepted");
+}
+
+#[test]
+fn replicate_axis_on_an_unsharded_axis() {
+    assert_error(
+        &with_features("  x: {axes: [ensemble, tokens], dtype: float32, replicate_axes: [0]}\n"),
+        &["spec.yaml:13:66", "feature `x`", "axis 0 (ensemble)", "never sharded"],
+    );
+}
+
+#[test]
+fn mask_with_nonzero_pad() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtype: float32, mask: tokens, pad: 1}\n"),
+        &["spec.yaml:13:58", "feature `x`", "a mask is 0 at pads"],
+    );
+}
+
+#[test]
+fn mask_of_a_semantic_the_feature_lacks() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtype: float32, mask: atoms}\n"),
+        &["spec.yaml:13:45", "feature `x`", "masks `atoms` but has no `atoms` axis"],
+    );
+}
+
+#[test]
+fn index_of_an_undeclared_semantic() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtype: int64, index: {of: residues, scope: serial}}\n"),
+        &["spec.yaml:13:44", "feature `x`", "semantic `residues` is not declared"],
+    );
+}
+
+#[test]
+fn unknown_index_scope() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtype: int64, index: {of: atoms, scope: global}}\n"),
+        &["spec.yaml:13:44", "feature `x`", "unknown index scope `global`"],
+    );
+}
+
+#[test]
+fn index_values_need_an_integer_dtype() {
+    assert_error(
+        &with_features(
+            "  x: {axes: [tokens], dtype: float32, index: {of: atoms, scope: padded_global}}\n",
+        ),
+        &["spec.yaml:13:30", "feature `x`", "integer dtype"],
+    );
+}
+
+#[test]
+fn shard_local_one_hot_needs_a_cosharded_axis() {
+    assert_error(
+        &with_features(
+            "  x: {axes: [atoms, tokens], dtype: int64, index: {of: tokens, scope: shard_local, one_hot: 1}}\n",
+        ),
+        &["spec.yaml:13:51", "feature `x`", "axis 1 (tokens)", "co-sharded"],
+    );
+}
+
+#[test]
+fn shard_local_index_of_unsharded_feature() {
+    assert_error(
+        &with_features(
+            "  x: {axes: [ensemble], dtype: int64, index: {of: tokens, scope: shard_local}}\n",
+        ),
+        &["spec.yaml:13:46", "feature `x`", "need the feature itself to be sharded"],
+    );
+}
+
+#[test]
+fn pad_value_that_does_not_fit_the_dtype() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtype: int64, pad: 1.5}\n"),
+        &["spec.yaml:13:42", "feature `x`", "pad value 1.5 does not fit dtype int64"],
+    );
+    assert_error(
+        &with_features("  y: {axes: [tokens], dtype: uint8, pad: 300}\n"),
+        &["spec.yaml:13:42", "feature `y`", "pad value 300 does not fit dtype uint8"],
+    );
+}
+
+#[test]
+fn channel_axis_of_size_zero() {
+    assert_error(
+        &with_features("  x: {axes: [tokens, 0], dtype: int64}\n"),
+        &["spec.yaml:13:22", "feature `x`", "axis 1 (channel)", "at least 1"],
+    );
+}
+
+#[test]
+fn workflow_that_is_not_declared() {
+    assert_error(
+        &with_features("  x: {axes: [tokens], dtype: int64, only: [trainig]}\n"),
+        &["spec.yaml:13:44", "feature `x`", "workflow `trainig` is not declared", "did you mean `training`?"],
+    );
+}
+
+#[test]
+fn owner_counts_feature_missing() {
+    let text = BASE.replace("counts: atom_counts", "counts: atoms_per_token");
+    assert_error(
+        &text,
+        &["spec.yaml:8:47", "semantic `atoms`", "owner feature `atoms_per_token` is not declared"],
+    );
+}
+
+#[test]
+fn owner_counts_of_the_wrong_shape_and_dtype() {
+    let text = BASE.replace(
+        "  atom_counts: {axes: [tokens], dtype: int64}\n",
+        "  atom_counts: {axes: [atoms], dtype: float32}\n",
+    );
+    assert_error(&text, &["spec.yaml:12:23", "feature `atom_counts`", "must have axes `[tokens]`"]);
+    assert_error(&text, &["spec.yaml:12:39", "feature `atom_counts`", "integer dtype"]);
+}
+
+#[test]
+fn owner_that_is_not_declared() {
+    let text = BASE.replace("owner: tokens", "owner: residues");
+    assert_error(&text, &["spec.yaml:8:31", "semantic `atoms`", "`residues` is not declared"]);
+}
+
+#[test]
+fn sharded_items_of_an_unsharded_owner() {
+    let text = BASE.replace("  tokens: {shard: true}", "  tokens: {shard: false}");
+    assert_error(&text, &["spec.yaml:8:31", "semantic `atoms`", "its owner `tokens` is not"]);
+}
+
+#[test]
+fn ownership_cycle() {
+    let text = BASE.replace(
+        "  tokens: {shard: true}",
+        "  tokens: {shard: true, owner: atoms, counts: atom_counts}",
+    );
+    assert_error(&text, &["semantic `atoms`", "ownership cycle"]);
+}
+
+#[test]
+fn owner_without_counts_or_map() {
+    let text = BASE.replace(", counts: atom_counts", "");
+    assert_error(&text, &["spec.yaml:8:31", "semantic `atoms`", "needs `counts: <feature>` or `map: <feature>`"]);
+}
+
+#[test]
+fn semantic_without_shard_flag() {
+    let text = BASE.replace("  ensemble: {shard: false}", "  ensemble: {}");
+    assert_error(&text, &["spec.yaml:9:13", "missing field `shard`"]);
+}
+
+#[test]
+fn cp_mesh_needs_two_axes() {
+    let text = BASE.replace("cp: [cp0, cp1]", "cp: [cp0, cp1, cp2]");
+    assert_error(&text, &["spec.yaml:4:7", "exactly two axes"]);
+}
+
+#[test]
+fn mesh_axis_names_must_differ() {
+    let text = BASE.replace("  dp: dp", "  dp: cp0");
+    assert_error(&text, &["spec.yaml:5:7", "mesh axis name `cp0` is used twice"]);
+}
+
+#[test]
+fn feature_names_must_be_snake_case() {
+    assert_error(
+        &with_features("  Bad-Name: {axes: [tokens], dtype: int64}\n"),
+        &["spec.yaml:13:3", "feature `Bad-Name`", "snake_case"],
+    );
+}
+
+#[test]
+fn module_name_must_be_an_identifier() {
+    let text = BASE.replace("module: demo", "module: class");
+    assert_error(&text, &["spec.yaml:2:9", "module name `class`"]);
+}
+
+#[test]
+fn unsupported_version() {
+    let text = BASE.replace("version: 1", "version: 7");
+    assert_error(&text, &["spec.yaml:1:10", "unsupported spec version 7"]);
+}
+
+#[test]
+fn metadata_with_tensor_keys() {
+    assert_error(
+        &with_features("  record: {metadata: true, dtype: int64}\n"),
+        &["spec.yaml:13:35", "feature `record`", "`dtype` does not apply"],
+    );
+}
+
+#[test]
+fn one_hot_serial_index_is_refused() {
+    assert_error(
+        &with_features(
+            "  x:\n    axes: [atoms, tokens]\n    dtype: int64\n    coshard: [{axis: 1, follows: 0}]\n    index: {of: tokens, scope: serial, one_hot: 1}\n",
+        ),
+        &["spec.yaml:17:12", "feature `x`", "axis 1 (tokens)", "cannot stay serial"],
+    );
+}
+
+#[test]
+fn every_error_is_reported_not_just_the_first() {
+    let rendered = errors_of(&with_features(
+        "  x: {axes: [residues], dtype: int64}\n  y: {axes: [tokens], dtype: int64, pad: 1.5}\n",
+    ));
+    assert!(rendered.contains("feature `x`"), "{rendered}");
+    assert!(rendered.contains("feature `y`"), "{rendered}");
+}
