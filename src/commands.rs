@@ -170,7 +170,9 @@ pub fn explain(
         "local shape".to_owned(),
     ]];
     for name in names {
-        let Some(f) = plan.features.get(name) else { continue };
+        let Some(f) = plan.features.get(name) else {
+            continue;
+        };
         let FeaturePlan::Tensor(t) = f else {
             rows.push([
                 name.to_owned(),
@@ -206,7 +208,9 @@ pub fn explain(
         mesh[0],
         mesh[1],
         mesh[0] * mesh[1],
-        workflow.map(|w| format!(", workflow {w}")).unwrap_or_default()
+        workflow
+            .map(|w| format!(", workflow {w}"))
+            .unwrap_or_default()
     );
     out.push_str(&table(&rows));
     if let Some(r) = &resolved {
@@ -237,7 +241,9 @@ fn explain_lengths(
     }
     // Owner counts are per sample; explain spreads items evenly over their root owners.
     for (name, s) in &plan.semantics {
-        let Padding::OwnerBlocks { root, .. } = &s.padding else { continue };
+        let Padding::OwnerBlocks { root, .. } = &s.padding else {
+            continue;
+        };
         let (Some(&n), Some(&owners)) = (l.sizes.get(name), l.sizes.get(root)) else {
             continue;
         };
@@ -258,7 +264,10 @@ fn explain_lengths(
 fn shape(s: &[usize]) -> String {
     format!(
         "[{}]",
-        s.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        s.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 

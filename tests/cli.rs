@@ -32,7 +32,12 @@ fn generate_into(dir: &Path) {
 fn generate_then_check_passes() {
     let dir = tempfile::tempdir().unwrap();
     generate_into(dir.path());
-    let out = featshard(&["check", &boltz2(), "--out", &dir.path().display().to_string()]);
+    let out = featshard(&[
+        "check",
+        &boltz2(),
+        "--out",
+        &dir.path().display().to_string(),
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("4 generated files up to date"));
 }
@@ -42,12 +47,22 @@ fn check_names_a_stale_file_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     generate_into(dir.path());
     let py = dir.path().join("boltz2_placements.py");
-    let edited = std::fs::read_to_string(&py).unwrap().replace("Shard(1)", "Shard(0)");
+    let edited = std::fs::read_to_string(&py)
+        .unwrap()
+        .replace("Shard(1)", "Shard(0)");
     std::fs::write(&py, edited).unwrap();
-    let out = featshard(&["check", &boltz2(), "--out", &dir.path().display().to_string()]);
+    let out = featshard(&[
+        "check",
+        &boltz2(),
+        "--out",
+        &dir.path().display().to_string(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains("stale:") && err.contains("boltz2_placements.py"), "{err}");
+    assert!(
+        err.contains("stale:") && err.contains("boltz2_placements.py"),
+        "{err}"
+    );
     assert!(!err.contains("boltz2_placements.rs"), "{err}");
 }
 
@@ -56,17 +71,27 @@ fn check_names_a_missing_file_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     generate_into(dir.path());
     std::fs::remove_file(dir.path().join("boltz2_placements.plan.json")).unwrap();
-    let out = featshard(&["check", &boltz2(), "--out", &dir.path().display().to_string()]);
+    let out = featshard(&[
+        "check",
+        &boltz2(),
+        "--out",
+        &dir.path().display().to_string(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains("missing:") && err.contains("boltz2_placements.plan.json"), "{err}");
+    assert!(
+        err.contains("missing:") && err.contains("boltz2_placements.plan.json"),
+        "{err}"
+    );
 }
 
 #[test]
 fn validate_reports_a_valid_spec() {
     let out = featshard(&["validate", &boltz2()]);
     assert_eq!(out.status.code(), Some(0));
-    assert!(text(&out.stdout).contains("ok (60 features, 7 semantics, workflows: inference, training)"));
+    assert!(
+        text(&out.stdout).contains("ok (60 features, 7 semantics, workflows: inference, training)")
+    );
 }
 
 #[test]
@@ -94,12 +119,23 @@ fn several_errors_are_all_rendered() {
         "version: 1\nmodule: demo\nmesh: {cp: [cp0, cp1]}\nsemantics:\n  tokens: {shard: true}\nfeatures:\n  x: {axes: [residues], dtype: int64}\n  y: {axes: [tokens], dtype: int8, pad: 1000}\n",
     )
     .unwrap();
-    let out = featshard(&["generate", &spec.display().to_string(), "--out", &dir.path().join("o").display().to_string()]);
+    let out = featshard(&[
+        "generate",
+        &spec.display().to_string(),
+        "--out",
+        &dir.path().join("o").display().to_string(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("2 errors"), "{err}");
-    assert!(err.contains("feature `x`") && err.contains("feature `y`"), "{err}");
-    assert!(!dir.path().join("o").exists(), "nothing is written for an invalid spec");
+    assert!(
+        err.contains("feature `x`") && err.contains("feature `y`"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("o").exists(),
+        "nothing is written for an invalid spec"
+    );
 }
 
 #[test]
@@ -112,7 +148,11 @@ fn missing_and_non_utf8_specs_fail_cleanly() {
     std::fs::write(&spec, [0xff, 0xfe, 0x00, 0x9f]).unwrap();
     let out = featshard(&["validate", &spec.display().to_string()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("not UTF-8"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not UTF-8"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -121,7 +161,14 @@ fn usage_errors_exit_2() {
     let out = featshard(&["explain", &boltz2(), "--mesh", "3x0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("not a size of at least 1"));
-    let out = featshard(&["explain", &boltz2(), "--mesh", "3x3", "--lengths", "tokens=many"]);
+    let out = featshard(&[
+        "explain",
+        &boltz2(),
+        "--mesh",
+        "3x3",
+        "--lengths",
+        "tokens=many",
+    ]);
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -149,9 +196,18 @@ fn explain_prints_placements_and_shapes() {
             .join(" ")
     };
     // tokens 100 -> 102 (multiple of 3); pair tiles are 34 x 34 on 3x3.
-    assert_eq!(row("token_pair_pad_mask"), "token_pair_pad_mask [tokens, tokens] Shard(0), Shard(1) [102, 102] [34, 34]");
-    assert_eq!(row("frames_idx"), "frames_idx [ensemble, tokens, 3] Shard(1), Replicate() [2, 102, 3] [2, 34, 3]");
-    assert!(!table.contains("temp_feature"), "training-only feature listed for inference");
+    assert_eq!(
+        row("token_pair_pad_mask"),
+        "token_pair_pad_mask [tokens, tokens] Shard(0), Shard(1) [102, 102] [34, 34]"
+    );
+    assert_eq!(
+        row("frames_idx"),
+        "frames_idx [ensemble, tokens, 3] Shard(1), Replicate() [2, 102, 3] [2, 34, 3]"
+    );
+    assert!(
+        !table.contains("temp_feature"),
+        "training-only feature listed for inference"
+    );
 }
 
 #[test]
@@ -159,7 +215,10 @@ fn explain_without_lengths_is_symbolic() {
     let out = featshard(&["explain", &boltz2(), "--mesh", "2x3"]);
     assert_eq!(out.status.code(), Some(0));
     let table = text(&out.stdout);
-    assert!(table.contains("[blocks6(atoms), pad6(tokens)/2]"), "{table}");
+    assert!(
+        table.contains("[blocks6(atoms), pad6(tokens)/2]"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -191,8 +250,12 @@ fn generating_twice_in_separate_processes_gives_the_same_bytes() {
 fn feature_order_in_the_yaml_does_not_change_the_output() {
     let original = std::fs::read_to_string(root().join("examples/boltz2.yaml")).unwrap();
     // Reverse the one-line feature entries; output is sorted, so only the hash moves.
-    let (head, body) = original.split_at(original.find("features:\n").unwrap() + "features:\n".len());
-    let mut entries: Vec<&str> = body.lines().filter(|l| l.starts_with("  ") && !l.starts_with("    ") && l.contains(": {")).collect();
+    let (head, body) =
+        original.split_at(original.find("features:\n").unwrap() + "features:\n".len());
+    let mut entries: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("    ") && l.contains(": {"))
+        .collect();
     let rest: Vec<&str> = body.lines().filter(|l| !entries.contains(l)).collect();
     entries.reverse();
     let shuffled = format!("{head}{}\n{}\n", entries.join("\n"), rest.join("\n"));
@@ -200,14 +263,33 @@ fn feature_order_in_the_yaml_does_not_change_the_output() {
     let spec = dir.path().join("boltz2.yaml");
     std::fs::write(&spec, &shuffled).unwrap();
     let out_a = dir.path().join("a");
-    let out = featshard(&["generate", &spec.display().to_string(), "--out", &out_a.display().to_string()]);
+    let out = featshard(&[
+        "generate",
+        &spec.display().to_string(),
+        "--out",
+        &out_a.display().to_string(),
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let golden = root().join("tests/golden/boltz2");
     let strip = |s: String, sha: &str| s.replace(sha, "<sha>");
     let sha_of = |t: &str| featshard::spec::lower::sha256_hex(t);
-    for name in ["boltz2_placements.py", "boltz2_placements.pyi", "boltz2_placements.rs", "boltz2_placements.plan.json"] {
-        let a = strip(std::fs::read_to_string(out_a.join(name)).unwrap(), &sha_of(&shuffled));
-        let g = strip(std::fs::read_to_string(golden.join(name)).unwrap(), &sha_of(&original));
-        assert!(a == g, "{name} depends on the order of features in the YAML");
+    for name in [
+        "boltz2_placements.py",
+        "boltz2_placements.pyi",
+        "boltz2_placements.rs",
+        "boltz2_placements.plan.json",
+    ] {
+        let a = strip(
+            std::fs::read_to_string(out_a.join(name)).unwrap(),
+            &sha_of(&shuffled),
+        );
+        let g = strip(
+            std::fs::read_to_string(golden.join(name)).unwrap(),
+            &sha_of(&original),
+        );
+        assert!(
+            a == g,
+            "{name} depends on the order of features in the YAML"
+        );
     }
 }

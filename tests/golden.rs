@@ -9,6 +9,7 @@ use featshard::commands;
 
 // Compiled here as well, so a golden that stops compiling fails the build.
 #[allow(dead_code)]
+#[rustfmt::skip]
 #[path = "golden/boltz2/boltz2_placements.rs"]
 mod boltz2_placements;
 
@@ -78,7 +79,11 @@ fn golden_rust_module_compiles_and_holds_the_inferred_tables() {
     );
     assert_eq!(
         Feature::FramesIdx.placements_dp(),
-        &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
+        &[
+            Placement::Shard(0),
+            Placement::Shard(2),
+            Placement::Replicate
+        ]
     );
     assert_eq!(
         Feature::AtomToToken.axis_semantics(),
@@ -91,8 +96,12 @@ fn golden_rust_module_compiles_and_holds_the_inferred_tables() {
         (index.of, index.scope),
         (Semantic::Atoms, IndexScope::PaddedGlobal)
     );
-    assert!(Workflow::Inference.features().contains(&Feature::AffinityTokenMask));
-    assert!(!Workflow::Training.features().contains(&Feature::AffinityTokenMask));
+    assert!(Workflow::Inference
+        .features()
+        .contains(&Feature::AffinityTokenMask));
+    assert!(!Workflow::Training
+        .features()
+        .contains(&Feature::AffinityTokenMask));
     for f in Feature::ALL {
         assert_eq!(Feature::from_name(f.name()), Some(f));
     }
@@ -103,10 +112,21 @@ fn golden_rust_module_compiles_alone_with_rustc() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let out = tempfile::tempdir().expect("tempdir");
     let status = std::process::Command::new(rustc)
-        .args(["--edition", "2021", "--crate-type", "lib", "-D", "warnings", "-o"])
+        .args([
+            "--edition",
+            "2021",
+            "--crate-type",
+            "lib",
+            "-D",
+            "warnings",
+            "-o",
+        ])
         .arg(out.path().join("libboltz2_placements.rlib"))
         .arg(root().join("tests/golden/boltz2/boltz2_placements.rs"))
         .status()
         .expect("run rustc");
-    assert!(status.success(), "generated Rust module does not compile on its own");
+    assert!(
+        status.success(),
+        "generated Rust module does not compile on its own"
+    );
 }

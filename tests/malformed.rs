@@ -92,7 +92,12 @@ fn undeclared_semantic_on_an_axis() {
 fn undeclared_semantic_suggests_the_closest() {
     assert_error(
         &with_features("  x: {axes: [token], dtype: int64}\n"),
-        &["spec.yaml:13:14", "feature `x`", "axis 0 (token)", "did you mean `tokens`?"],
+        &[
+            "spec.yaml:13:14",
+            "feature `x`",
+            "axis 0 (token)",
+            "did you mean `tokens`?",
+        ],
     );
 }
 
@@ -155,7 +160,10 @@ fn duplicate_workflow_name() {
         "workflows: [training, inference]",
         "workflows: [training, training]",
     );
-    assert_error(&text, &["spec.yaml:10:23", "workflow `training` is declared twice"]);
+    assert_error(
+        &text,
+        &["spec.yaml:10:23", "workflow `training` is declared twice"],
+    );
 }
 
 #[test]
@@ -170,7 +178,9 @@ fn alias_bomb_is_refused() {
         ));
     }
     bomb.push(']');
-    let text = with_features(&format!("  x: {{axes: [tokens], dtype: int64, pad: {bomb}}}\n"));
+    let text = with_features(&format!(
+        "  x: {{axes: [tokens], dtype: int64, pad: {bomb}}}\n"
+    ));
     let start = std::time::Instant::now();
     let rendered = errors_of(&text);
     assert!(
@@ -178,12 +188,20 @@ fn alias_bomb_is_refused() {
         "expected the alias budget to be breached, got:\n{rendered}"
     );
     assert!(rendered.contains("spec.yaml:13:"), "{rendered}");
-    assert!(start.elapsed().as_secs() < 5, "alias bomb took {:?}", start.elapsed());
+    assert!(
+        start.elapsed().as_secs() < 5,
+        "alias bomb took {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
 fn deeply_nested_yaml_is_refused() {
-    let text = format!("version: 1\nmodule: demo\nx: {}{}\n", "[".repeat(200), "]".repeat(200));
+    let text = format!(
+        "version: 1\nmodule: demo\nx: {}{}\n",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
     assert_error(&text, &["spec.yaml:3:", "invalid YAML"]);
 }
 
@@ -213,7 +231,12 @@ fn cosharded_axes_without_ownership() {
     );
     assert_error(
         &text,
-        &["spec.yaml:17:15", "feature `x`", "axis 1 (atoms)", "cannot follow `msa`"],
+        &[
+            "spec.yaml:17:15",
+            "feature `x`",
+            "axis 1 (atoms)",
+            "cannot follow `msa`",
+        ],
     );
 }
 
@@ -243,7 +266,12 @@ fn coshard_of_a_channel_axis() {
         &with_features(
             "  x:\n    axes: [atoms, 3]\n    dtype: int64\n    coshard: [{axis: 1, follows: 0}]\n",
         ),
-        &["spec.yaml:16:15", "feature `x`", "axis 1 (3)", "not channel axes"],
+        &[
+            "spec.yaml:16:15",
+            "feature `x`",
+            "axis 1 (3)",
+            "not channel axes",
+        ],
     );
 }
 
@@ -265,9 +293,7 @@ fn explicit_placement_contradicts_inference() {
 #[test]
 fn explicit_placement_of_wrong_length() {
     assert_error(
-        &with_features(
-            "  x:\n    axes: [tokens]\n    dtype: float32\n    placement: [Shard(0)]\n",
-        ),
+        &with_features("  x:\n    axes: [tokens]\n    dtype: float32\n    placement: [Shard(0)]\n"),
         &["spec.yaml:16:16", "feature `x`", "contradicts"],
     );
 }
@@ -308,7 +334,12 @@ fn replicate_axes_resolves_too_many_sharded_axes() {
 fn replicate_axis_on_an_unsharded_axis() {
     assert_error(
         &with_features("  x: {axes: [ensemble, tokens], dtype: float32, replicate_axes: [0]}\n"),
-        &["spec.yaml:13:66", "feature `x`", "axis 0 (ensemble)", "never sharded"],
+        &[
+            "spec.yaml:13:66",
+            "feature `x`",
+            "axis 0 (ensemble)",
+            "never sharded",
+        ],
     );
 }
 
@@ -324,15 +355,25 @@ fn mask_with_nonzero_pad() {
 fn mask_of_a_semantic_the_feature_lacks() {
     assert_error(
         &with_features("  x: {axes: [tokens], dtype: float32, mask: atoms}\n"),
-        &["spec.yaml:13:45", "feature `x`", "masks `atoms` but has no `atoms` axis"],
+        &[
+            "spec.yaml:13:45",
+            "feature `x`",
+            "masks `atoms` but has no `atoms` axis",
+        ],
     );
 }
 
 #[test]
 fn index_of_an_undeclared_semantic() {
     assert_error(
-        &with_features("  x: {axes: [tokens], dtype: int64, index: {of: residues, scope: serial}}\n"),
-        &["spec.yaml:13:44", "feature `x`", "semantic `residues` is not declared"],
+        &with_features(
+            "  x: {axes: [tokens], dtype: int64, index: {of: residues, scope: serial}}\n",
+        ),
+        &[
+            "spec.yaml:13:44",
+            "feature `x`",
+            "semantic `residues` is not declared",
+        ],
     );
 }
 
@@ -340,7 +381,11 @@ fn index_of_an_undeclared_semantic() {
 fn unknown_index_scope() {
     assert_error(
         &with_features("  x: {axes: [tokens], dtype: int64, index: {of: atoms, scope: global}}\n"),
-        &["spec.yaml:13:44", "feature `x`", "unknown index scope `global`"],
+        &[
+            "spec.yaml:13:44",
+            "feature `x`",
+            "unknown index scope `global`",
+        ],
     );
 }
 
@@ -370,7 +415,11 @@ fn shard_local_index_of_unsharded_feature() {
         &with_features(
             "  x: {axes: [ensemble], dtype: int64, index: {of: tokens, scope: shard_local}}\n",
         ),
-        &["spec.yaml:13:46", "feature `x`", "need the feature itself to be sharded"],
+        &[
+            "spec.yaml:13:46",
+            "feature `x`",
+            "need the feature itself to be sharded",
+        ],
     );
 }
 
@@ -378,11 +427,19 @@ fn shard_local_index_of_unsharded_feature() {
 fn pad_value_that_does_not_fit_the_dtype() {
     assert_error(
         &with_features("  x: {axes: [tokens], dtype: int64, pad: 1.5}\n"),
-        &["spec.yaml:13:42", "feature `x`", "pad value 1.5 does not fit dtype int64"],
+        &[
+            "spec.yaml:13:42",
+            "feature `x`",
+            "pad value 1.5 does not fit dtype int64",
+        ],
     );
     assert_error(
         &with_features("  y: {axes: [tokens], dtype: uint8, pad: 300}\n"),
-        &["spec.yaml:13:42", "feature `y`", "pad value 300 does not fit dtype uint8"],
+        &[
+            "spec.yaml:13:42",
+            "feature `y`",
+            "pad value 300 does not fit dtype uint8",
+        ],
     );
 }
 
@@ -390,7 +447,12 @@ fn pad_value_that_does_not_fit_the_dtype() {
 fn channel_axis_of_size_zero() {
     assert_error(
         &with_features("  x: {axes: [tokens, 0], dtype: int64}\n"),
-        &["spec.yaml:13:22", "feature `x`", "axis 1 (channel)", "at least 1"],
+        &[
+            "spec.yaml:13:22",
+            "feature `x`",
+            "axis 1 (channel)",
+            "at least 1",
+        ],
     );
 }
 
@@ -398,7 +460,12 @@ fn channel_axis_of_size_zero() {
 fn workflow_that_is_not_declared() {
     assert_error(
         &with_features("  x: {axes: [tokens], dtype: int64, only: [trainig]}\n"),
-        &["spec.yaml:13:44", "feature `x`", "workflow `trainig` is not declared", "did you mean `training`?"],
+        &[
+            "spec.yaml:13:44",
+            "feature `x`",
+            "workflow `trainig` is not declared",
+            "did you mean `training`?",
+        ],
     );
 }
 
@@ -407,7 +474,11 @@ fn owner_counts_feature_missing() {
     let text = BASE.replace("counts: atom_counts", "counts: atoms_per_token");
     assert_error(
         &text,
-        &["spec.yaml:8:47", "semantic `atoms`", "owner feature `atoms_per_token` is not declared"],
+        &[
+            "spec.yaml:8:47",
+            "semantic `atoms`",
+            "owner feature `atoms_per_token` is not declared",
+        ],
     );
 }
 
@@ -417,20 +488,44 @@ fn owner_counts_of_the_wrong_shape_and_dtype() {
         "  atom_counts: {axes: [tokens], dtype: int64}\n",
         "  atom_counts: {axes: [atoms], dtype: float32}\n",
     );
-    assert_error(&text, &["spec.yaml:12:23", "feature `atom_counts`", "must have axes `[tokens]`"]);
-    assert_error(&text, &["spec.yaml:12:39", "feature `atom_counts`", "integer dtype"]);
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:12:23",
+            "feature `atom_counts`",
+            "must have axes `[tokens]`",
+        ],
+    );
+    assert_error(
+        &text,
+        &["spec.yaml:12:39", "feature `atom_counts`", "integer dtype"],
+    );
 }
 
 #[test]
 fn owner_that_is_not_declared() {
     let text = BASE.replace("owner: tokens", "owner: residues");
-    assert_error(&text, &["spec.yaml:8:31", "semantic `atoms`", "`residues` is not declared"]);
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:8:31",
+            "semantic `atoms`",
+            "`residues` is not declared",
+        ],
+    );
 }
 
 #[test]
 fn sharded_items_of_an_unsharded_owner() {
     let text = BASE.replace("  tokens: {shard: true}", "  tokens: {shard: false}");
-    assert_error(&text, &["spec.yaml:8:31", "semantic `atoms`", "its owner `tokens` is not"]);
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:8:31",
+            "semantic `atoms`",
+            "its owner `tokens` is not",
+        ],
+    );
 }
 
 #[test]
@@ -445,7 +540,14 @@ fn ownership_cycle() {
 #[test]
 fn owner_without_counts_or_map() {
     let text = BASE.replace(", counts: atom_counts", "");
-    assert_error(&text, &["spec.yaml:8:31", "semantic `atoms`", "needs `counts: <feature>` or `map: <feature>`"]);
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:8:31",
+            "semantic `atoms`",
+            "needs `counts: <feature>` or `map: <feature>`",
+        ],
+    );
 }
 
 #[test]
@@ -463,7 +565,10 @@ fn cp_mesh_needs_two_axes() {
 #[test]
 fn mesh_axis_names_must_differ() {
     let text = BASE.replace("  dp: dp", "  dp: cp0");
-    assert_error(&text, &["spec.yaml:5:7", "mesh axis name `cp0` is used twice"]);
+    assert_error(
+        &text,
+        &["spec.yaml:5:7", "mesh axis name `cp0` is used twice"],
+    );
 }
 
 #[test]
@@ -490,7 +595,11 @@ fn unsupported_version() {
 fn metadata_with_tensor_keys() {
     assert_error(
         &with_features("  record: {metadata: true, dtype: int64}\n"),
-        &["spec.yaml:13:35", "feature `record`", "`dtype` does not apply"],
+        &[
+            "spec.yaml:13:35",
+            "feature `record`",
+            "`dtype` does not apply",
+        ],
     );
 }
 

@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
+use featshard::spec::compile_str;
 use featshard::spec::infer::Split;
 use featshard::spec::plan::{FeaturePlan, Lengths, Padding};
-use featshard::spec::compile_str;
 use proptest::prelude::*;
 
 /// A random spec: sharded and unsharded semantics, an owner tree (`items` owned by
@@ -83,11 +83,7 @@ fn random_spec() -> impl Strategy<Value = RandomSpec> {
         })
 }
 
-fn lengths_for(
-    spec: &RandomSpec,
-    base: &[usize],
-    counts_seed: &[usize],
-) -> Lengths {
+fn lengths_for(spec: &RandomSpec, base: &[usize], counts_seed: &[usize]) -> Lengths {
     let mut l = Lengths::default();
     for (i, s) in spec.semantics.iter().enumerate() {
         if s != "items" {
@@ -96,7 +92,9 @@ fn lengths_for(
     }
     if spec.semantics.iter().any(|s| s == "items") {
         let owners = l.sizes["s0"];
-        let counts: Vec<usize> = (0..owners).map(|i| counts_seed[i % counts_seed.len()]).collect();
+        let counts: Vec<usize> = (0..owners)
+            .map(|i| counts_seed[i % counts_seed.len()])
+            .collect();
         l.sizes.insert("items".into(), counts.iter().sum());
         l.counts.insert("items".into(), counts);
     }

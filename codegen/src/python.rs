@@ -123,7 +123,11 @@ fn context(plan: &Plan) -> Ctx {
                     root,
                     source,
                     mesh_axes,
-                } => ("owner_blocks", mesh_axes.clone(), Some((owner, root, source))),
+                } => (
+                    "owner_blocks",
+                    mesh_axes.clone(),
+                    Some((owner, root, source)),
+                ),
             };
             let (o, r, src, feat) = match owner {
                 Some((o, r, src)) => {

@@ -13,8 +13,8 @@ use crate::{header_lines, CodegenError};
 
 pub fn rust_module(plan: &Plan) -> Result<String, CodegenError> {
     let tokens = module_tokens(plan);
-    let file: syn::File =
-        syn::parse2(tokens).map_err(|e| CodegenError(format!("generated Rust does not parse: {e}")))?;
+    let file: syn::File = syn::parse2(tokens)
+        .map_err(|e| CodegenError(format!("generated Rust does not parse: {e}")))?;
     let mut out: String = header_lines(plan)
         .iter()
         .map(|l| format!("// {l}\n"))
@@ -58,6 +58,23 @@ fn pad(p: PadValue) -> TokenStream {
             quote!(PadValue::Float(#x))
         }
     }
+}
+
+/// `match self { A | B => v1, C => v2 }`: features that share a value share an arm, so
+/// the tables read as "which features are placed this way" and stay small for big specs.
+fn grouped_arms(idents: &[Ident], values: Vec<TokenStream>) -> TokenStream {
+    let mut groups: Vec<(String, TokenStream, Vec<&Ident>)> = Vec::new();
+    for (ident, value) in idents.iter().zip(values) {
+        let key = value.to_string();
+        match groups.iter_mut().find(|(k, _, _)| *k == key) {
+            Some((_, _, members)) => members.push(ident),
+            None => groups.push((key, value, vec![ident])),
+        }
+    }
+    let arms = groups
+        .into_iter()
+        .map(|(_, value, members)| quote!(#(Feature::#members)|* => #value));
+    quote!(match self { #(#arms),* })
 }
 
 fn module_tokens(plan: &Plan) -> TokenStream {
@@ -176,6 +193,18 @@ fn module_tokens(plan: &Plan) -> TokenStream {
         }
     }
 
+    let is_meta: Vec<TokenStream> = is_meta.iter().map(|b| quote!(#b)).collect();
+    let is_meta_arms = grouped_arms(&idents, is_meta);
+    let dtypes_arms = grouped_arms(&idents, dtypes);
+    let axes_arms = grouped_arms(&idents, axes);
+    let channels_arms = grouped_arms(&idents, channels);
+    let placements_arms = grouped_arms(&idents, placements);
+    let placements_dp_arms = grouped_arms(&idents, placements_dp);
+    let pads_arms = grouped_arms(&idents, pads);
+    let masks_arms = grouped_arms(&idents, masks);
+    let indices_arms = grouped_arms(&idents, indices);
+    let workflows_arms = grouped_arms(&idents, workflows);
+
     quote! {
         #![doc = #doc]
 
@@ -225,6 +254,8 @@ fn module_tokens(plan: &Plan) -> TokenStream {
         }
 
         /// Axis semantics of the spec.
+        // Variants are the spec's names; a name may repeat the enum's (`method_feature`).
+        #[allow(clippy::enum_variant_names)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum Semantic {
             #(#sem_idents),*
@@ -248,6 +279,8 @@ fn module_tokens(plan: &Plan) -> TokenStream {
         }
 
         /// Workflows of the spec.
+        // Variants are the spec's names; a name may repeat the enum's (`method_feature`).
+        #[allow(clippy::enum_variant_names)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum Workflow {
             #(#wf_idents),*
@@ -271,6 +304,8 @@ fn module_tokens(plan: &Plan) -> TokenStream {
         }
 
         /// Features of the spec, in sorted name order.
+        // Variants are the spec's names; a name may repeat the enum's (`method_feature`).
+        #[allow(clippy::enum_variant_names)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum Feature {
             #(#idents),*
@@ -279,83 +314,62 @@ fn module_tokens(plan: &Plan) -> TokenStream {
         impl Feature {
             pub const ALL: [Feature; #count] = [#(Feature::#idents),*];
 
+            /// Feature names, sorted; `Feature::ALL[i]` is named `NAMES[i]`.
+            pub const NAMES: [&'static str; #count] = [#(#names),*];
+
             pub const fn name(self) -> &'static str {
-                match self {
-                    #(Feature::#idents => #names),*
-                }
+                Feature::NAMES[self as usize]
             }
 
             pub fn from_name(name: &str) -> Option<Feature> {
-                match name {
-                    #(#names => Some(Feature::#idents),)*
-                    _ => None,
-                }
+                let i = Feature::NAMES.binary_search(&name).ok()?;
+                Some(Feature::ALL[i])
             }
 
             /// Non-tensor metadata, passed through untouched.
             pub const fn is_metadata(self) -> bool {
-                match self {
-                    #(Feature::#idents => #is_meta),*
-                }
+                #is_meta_arms
             }
 
             pub const fn dtype(self) -> Option<DType> {
-                match self {
-                    #(Feature::#idents => #dtypes),*
-                }
+                #dtypes_arms
             }
 
             /// The semantic of every axis, `None` for channel axes.
             pub const fn axis_semantics(self) -> &'static [Option<Semantic>] {
-                match self {
-                    #(Feature::#idents => #axes),*
-                }
+                #axes_arms
             }
 
             /// The fixed size of every channel axis, `None` for semantic axes.
             pub const fn channel_sizes(self) -> &'static [Option<u64>] {
-                match self {
-                    #(Feature::#idents => #channels),*
-                }
+                #channels_arms
             }
 
             /// Placements on the CP sub-mesh `(cp0, cp1)`.
             pub const fn placements(self) -> &'static [Placement] {
-                match self {
-                    #(Feature::#idents => #placements),*
-                }
+                #placements_arms
             }
 
             /// Placements on `(dp, cp0, cp1)`.
             pub const fn placements_dp(self) -> &'static [Placement] {
-                match self {
-                    #(Feature::#idents => #placements_dp),*
-                }
+                #placements_dp_arms
             }
 
             pub const fn pad_value(self) -> Option<PadValue> {
-                match self {
-                    #(Feature::#idents => #pads),*
-                }
+                #pads_arms
             }
 
             /// For mask features (1 = valid): the semantics whose pads they zero.
             pub const fn mask_of(self) -> &'static [Semantic] {
-                match self {
-                    #(Feature::#idents => #masks),*
-                }
+                #masks_arms
             }
 
             pub const fn index(self) -> Option<IndexRole> {
-                match self {
-                    #(Feature::#idents => #indices),*
-                }
+                #indices_arms
             }
 
             pub const fn workflows(self) -> &'static [Workflow] {
-                match self {
-                    #(Feature::#idents => #workflows),*
-                }
+                #workflows_arms
             }
         }
     }

@@ -46,7 +46,9 @@ impl Checker<'_> {
                     format!("module name `{}` is not a usable identifier", m.name),
                     m.loc,
                 )
-                .help("use snake_case that is not a Python or Rust keyword, e.g. `boltz2_placements`"),
+                .help(
+                    "use snake_case that is not a Python or Rust keyword, e.g. `boltz2_placements`",
+                ),
             );
         }
         let mut mesh_names: Vec<&Named> = spec.mesh.cp.iter().collect();
@@ -86,8 +88,11 @@ impl Checker<'_> {
         for f in spec.features.values() {
             if !is_snake_case(&f.name) {
                 self.err(
-                    SpecError::new("feature names must be snake_case (`[a-z][a-z0-9_]*`)", f.loc)
-                        .feature(&f.name),
+                    SpecError::new(
+                        "feature names must be snake_case (`[a-z][a-z0-9_]*`)",
+                        f.loc,
+                    )
+                    .feature(&f.name),
                 );
                 continue;
             }
@@ -344,7 +349,10 @@ impl Checker<'_> {
                         let Some(a) = t.axes.get(axis) else {
                             self.err(
                                 SpecError::new(
-                                    format!("one-hot axis {axis} is out of range ({} axes)", t.axes.len()),
+                                    format!(
+                                        "one-hot axis {axis} is out of range ({} axes)",
+                                        t.axes.len()
+                                    ),
                                     t.role_loc,
                                 )
                                 .feature(name),
@@ -354,7 +362,10 @@ impl Checker<'_> {
                         if a.semantic() != Some(ix.of.as_str()) {
                             self.err(
                                 SpecError::new(
-                                    format!("one-hot over `{}` needs a `{}` axis here", ix.of, ix.of),
+                                    format!(
+                                        "one-hot over `{}` needs a `{}` axis here",
+                                        ix.of, ix.of
+                                    ),
                                     t.role_loc,
                                 )
                                 .feature(name)
@@ -460,9 +471,12 @@ impl Checker<'_> {
                     (c.follows, la)
                 };
                 self.err(
-                    SpecError::new("only semantic axes can be co-sharded, not channel axes", c.loc)
-                        .feature(name)
-                        .axis(i, &a.kind),
+                    SpecError::new(
+                        "only semantic axes can be co-sharded, not channel axes",
+                        c.loc,
+                    )
+                    .feature(name)
+                    .axis(i, &a.kind),
                 );
                 continue;
             };
@@ -506,7 +520,10 @@ impl Checker<'_> {
             let Some(a) = t.axes.get(*axis) else {
                 self.err(
                     SpecError::new(
-                        format!("replicate axis {axis} is out of range ({} axes)", t.axes.len()),
+                        format!(
+                            "replicate axis {axis} is out of range ({} axes)",
+                            t.axes.len()
+                        ),
                         *loc,
                     )
                     .feature(name),
@@ -526,9 +543,12 @@ impl Checker<'_> {
                 .is_some_and(|s| s.sharded);
             if !sharded {
                 self.err(
-                    SpecError::new("this axis is never sharded; `replicate_axes` does not apply", *loc)
-                        .feature(name)
-                        .axis(*axis, &a.kind),
+                    SpecError::new(
+                        "this axis is never sharded; `replicate_axes` does not apply",
+                        *loc,
+                    )
+                    .feature(name)
+                    .axis(*axis, &a.kind),
                 );
             }
         }

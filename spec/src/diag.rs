@@ -100,7 +100,8 @@ impl Diagnostic for SpecError {
         if !self.loc.is_known() {
             return None;
         }
-        let label = LabeledSpan::new_with_span(Some("here".into()), (self.loc.offset, self.loc.len));
+        let label =
+            LabeledSpan::new_with_span(Some("here".into()), (self.loc.offset, self.loc.len));
         Some(Box::new(std::iter::once(label)))
     }
 }
@@ -148,12 +149,7 @@ impl fmt::Display for Diagnostics {
                 write!(f, "{}:{}: {one}", self.source_name, one.loc)
             }
             [one] => write!(f, "{}: {one}", self.source_name),
-            many => write!(
-                f,
-                "{}: {} errors in the spec",
-                self.source_name,
-                many.len()
-            ),
+            many => write!(f, "{}: {} errors in the spec", self.source_name, many.len()),
         }
     }
 }
@@ -167,7 +163,10 @@ impl Diagnostic for Diagnostics {
 
     fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
         match self.errors.as_slice() {
-            [one] => one.help.as_ref().map(|h| Box::new(h) as Box<dyn fmt::Display>),
+            [one] => one
+                .help
+                .as_ref()
+                .map(|h| Box::new(h) as Box<dyn fmt::Display>),
             _ => None,
         }
     }
@@ -194,7 +193,10 @@ impl SourceCode for Diagnostics {
         context_lines_before: usize,
         context_lines_after: usize,
     ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
-        let contents = self.source.as_str().read_span(span, context_lines_before, context_lines_after)?;
+        let contents =
+            self.source
+                .as_str()
+                .read_span(span, context_lines_before, context_lines_after)?;
         Ok(Box::new(miette::MietteSpanContents::new_named(
             self.source_name.clone(),
             contents.data(),

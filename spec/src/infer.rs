@@ -45,7 +45,7 @@ pub struct Inferred {
 }
 
 /// Infers one tensor feature's placement, checking an explicit placement against it.
-pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, SpecError> {
+pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box<SpecError>> {
     let mut splits = vec![Split::Whole; t.axes.len()];
     let mut next_free = 0;
     for (i, axis) in t.axes.iter().enumerate() {
@@ -59,7 +59,7 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Spe
             continue;
         }
         if next_free == CP_AXES {
-            return Err(SpecError::new(
+            return Err(Box::new(SpecError::new(
                 format!(
                     "more sharded axes than the {CP_AXES} CP mesh axes: no mesh axis is left for this one"
                 ),
@@ -69,7 +69,7 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Spe
             .axis(i, &axis.kind)
             .help(format!(
                 "keep it whole with `replicate_axes: [{i}]` (or another sharded axis)"
-            )));
+            ))));
         }
         splits[i] = Split::Mesh {
             mesh_axis: next_free,
@@ -99,12 +99,14 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Spe
     }) = &t.role
     {
         if splits.iter().all(|s| *s == Split::Whole) {
-            return Err(SpecError::new(
-                format!("shard-local ids of `{of}` need the feature itself to be sharded"),
-                t.role_loc,
-            )
-            .feature(name)
-            .help("use `scope: padded_global` for a feature every rank holds whole"));
+            return Err(Box::new(
+                SpecError::new(
+                    format!("shard-local ids of `{of}` need the feature itself to be sharded"),
+                    t.role_loc,
+                )
+                .feature(name)
+                .help("use `scope: padded_global` for a feature every rank holds whole"),
+            ));
         }
     }
     if let Some((explicit, loc)) = &t.placement {
@@ -128,13 +130,13 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Spe
                 e = e.help(format!(
                     "a CP placement has {CP_AXES} entries, one per mesh axis (cp0, cp1)"
                 ));
-            } else if let Some((i, axis)) = explicit.iter().find_map(|p| match p {
-                Placement::Shard(d) => t.axes.get(*d).map(|a| (*d, a)).or(None),
+            } else if let Some((d, axis)) = explicit.iter().find_map(|p| match p {
+                Placement::Shard(d) => t.axes.get(*d).map(|a| (*d, a)),
                 Placement::Replicate => None,
-            }).map(|(i, a)| (i, a)) {
-                e = e.axis(i, &axis.kind);
+            }) {
+                e = e.axis(d, &axis.kind);
             }
-            return Err(e);
+            return Err(Box::new(e));
         }
     }
     Ok(Inferred { splits, placements })

@@ -76,13 +76,9 @@ pub fn repad_index(idx: usize, old: usize, new: usize) -> usize {
 
 /// Least common multiple of mesh axis sizes (1 for none).
 pub fn lcm_of(sizes: impl IntoIterator<Item = usize>) -> usize {
-    sizes.into_iter().fold(1, |acc, s| {
-        if s == 0 {
-            acc
-        } else {
-            acc / gcd(acc, s) * s
-        }
-    })
+    sizes
+        .into_iter()
+        .fold(1, |acc, s| if s == 0 { acc } else { acc / gcd(acc, s) * s })
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -114,7 +110,10 @@ mod tests {
         assert_eq!(l.per_block, 4);
         assert_eq!(l.padded(), 12);
         let blocks = [0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2];
-        assert_eq!(l.positions(&blocks), vec![0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(
+            l.positions(&blocks),
+            vec![0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11]
+        );
     }
 
     #[test]

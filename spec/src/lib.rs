@@ -36,9 +36,8 @@ pub fn compile_str(name: &str, text: &str) -> Result<(Spec, Plan), Diagnostics> 
 /// Reads a spec file and compiles it; I/O errors come back as a diagnostic too.
 pub fn compile_file(path: &std::path::Path) -> Result<(Spec, Plan), Diagnostics> {
     let name = path.display().to_string();
-    let text = read_spec(path).map_err(|e| {
-        Diagnostics::new(&name, "", vec![SpecError::new(e, loc::Loc::UNKNOWN)])
-    })?;
+    let text = read_spec(path)
+        .map_err(|e| Diagnostics::new(&name, "", vec![SpecError::new(e, loc::Loc::UNKNOWN)]))?;
     compile_str(&name, &text)
 }
 

@@ -71,16 +71,19 @@ pub fn sha256_hex(text: &str) -> String {
 }
 
 fn yaml_error(e: &serde_saphyr::Error, text: &str) -> SpecError {
-    let loc = e.location().map(|l| Loc::from_saphyr(&l)).unwrap_or_else(|| {
-        // Errors past the end (e.g. an unclosed bracket) have no location: point at the end.
-        let line = u32::try_from(text.lines().count().max(1)).unwrap_or(u32::MAX);
-        Loc {
-            line,
-            column: 1,
-            offset: text.len().saturating_sub(1),
-            len: 1,
-        }
-    });
+    let loc = e
+        .location()
+        .map(|l| Loc::from_saphyr(&l))
+        .unwrap_or_else(|| {
+            // Errors past the end (e.g. an unclosed bracket) have no location: point at the end.
+            let line = u32::try_from(text.lines().count().max(1)).unwrap_or(u32::MAX);
+            Loc {
+                line,
+                column: 1,
+                offset: text.len().saturating_sub(1),
+                len: 1,
+            }
+        });
     // The saphyr message starts with its own "line L column C: " prefix; ours adds it back.
     let message = e.without_snippet().to_string();
     let message = message
@@ -175,7 +178,11 @@ impl Lower {
         };
         Mesh {
             cp: cp_pair,
-            dp: raw.value.dp.as_ref().map(|d| Named::new(d.value.clone(), loc(d))),
+            dp: raw
+                .value
+                .dp
+                .as_ref()
+                .map(|d| Named::new(d.value.clone(), loc(d))),
             loc: loc(raw),
         }
     }
@@ -255,9 +262,7 @@ impl Lower {
             };
             if let Some(w) = &body.window {
                 if w.value == 0 {
-                    self.err(
-                        SpecError::new("window must be at least 1", loc(w)).semantic(&name),
-                    );
+                    self.err(SpecError::new("window must be at least 1", loc(w)).semantic(&name));
                 }
             }
             out.insert(
@@ -290,7 +295,10 @@ impl Lower {
     fn features(&mut self, raw: Option<SpannedMap<RawFeature>>) -> BTreeMap<String, Feature> {
         let raw = raw.unwrap_or_default();
         if raw.0.is_empty() {
-            self.err(SpecError::new("the spec declares no features", Loc::UNKNOWN));
+            self.err(SpecError::new(
+                "the spec declares no features",
+                Loc::UNKNOWN,
+            ));
         }
         if raw.0.len() > limits::MAX_FEATURES {
             self.err(SpecError::new(
@@ -373,9 +381,12 @@ impl Lower {
             Some(d) => d,
             None => {
                 self.err(
-                    SpecError::new(format!("unknown dtype `{}`", dtype_raw.value), loc(&dtype_raw))
-                        .feature(name)
-                        .help(dtype_help()),
+                    SpecError::new(
+                        format!("unknown dtype `{}`", dtype_raw.value),
+                        loc(&dtype_raw),
+                    )
+                    .feature(name)
+                    .help(dtype_help()),
                 );
                 DType::Float32
             }
@@ -401,7 +412,12 @@ impl Lower {
             }
             (Some(m), None) => {
                 let l = loc(&m);
-                (Role::Mask { of: m.value.into_vec() }, l)
+                (
+                    Role::Mask {
+                        of: m.value.into_vec(),
+                    },
+                    l,
+                )
             }
             (None, Some(i)) => {
                 let l = loc(&i);
@@ -435,12 +451,9 @@ impl Lower {
                 match Placement::parse(&item.value) {
                     Some(pl) => parsed.push(pl),
                     None => self.err(
-                        SpecError::new(
-                            format!("`{}` is not a placement", item.value),
-                            loc(item),
-                        )
-                        .feature(name)
-                        .help("write `Shard(<dim>)` or `Replicate()`"),
+                        SpecError::new(format!("`{}` is not a placement", item.value), loc(item))
+                            .feature(name)
+                            .help("write `Shard(<dim>)` or `Replicate()`"),
                     ),
                 }
             }

@@ -84,7 +84,9 @@ pub enum Padding {
 pub enum FeaturePlan {
     Tensor(Box<TensorPlan>),
     /// Passed through untouched.
-    Metadata { workflows: Vec<String> },
+    Metadata {
+        workflows: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -120,12 +122,22 @@ pub enum Remap {
     /// Values become positions in the padded layout of `of`. When `repad` is true the
     /// layout is owner-partitioned and a larger per-block stride at collate remaps
     /// `new = (idx // old) * new_stride + idx % old`.
-    ToPaddedLayout { of: String, repad: bool },
+    ToPaddedLayout {
+        of: String,
+        repad: bool,
+    },
     /// Values become ids local to the shard along `mesh_axis` that holds the row.
-    ShardLocal { of: String, mesh_axis: usize },
+    ShardLocal {
+        of: String,
+        mesh_axis: usize,
+    },
     /// One-hot along co-sharded `axis`: each rank keeps its diagonal block, so column
     /// ids are local to the shard along `mesh_axis`.
-    DiagonalBlock { of: String, axis: usize, mesh_axis: usize },
+    DiagonalBlock {
+        of: String,
+        axis: usize,
+        mesh_axis: usize,
+    },
 }
 
 /// Validates a spec and builds its plan; every error is returned, none is dropped.
@@ -162,7 +174,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
         let inferred = match infer::infer(spec, name, t) {
             Ok(i) => i,
             Err(e) => {
-                errors.push(e);
+                errors.push(*e);
                 continue;
             }
         };
@@ -249,7 +261,11 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
 fn tree_of<'a>(spec: &'a Spec, s: &'a Semantic) -> (&'a Semantic, Vec<&'a str>) {
     let mut root = s;
     for _ in 0..spec.semantics.len() {
-        match root.owner.as_ref().and_then(|o| spec.semantics.get(&o.owner.name)) {
+        match root
+            .owner
+            .as_ref()
+            .and_then(|o| spec.semantics.get(&o.owner.name))
+        {
             Some(o) if o.sharded => root = o,
             _ => break,
         }
@@ -266,7 +282,11 @@ fn tree_of<'a>(spec: &'a Spec, s: &'a Semantic) -> (&'a Semantic, Vec<&'a str>) 
 fn tree_of_root<'a>(spec: &'a Spec, s: &'a Semantic) -> &'a Semantic {
     let mut root = s;
     for _ in 0..spec.semantics.len() {
-        match root.owner.as_ref().and_then(|o| spec.semantics.get(&o.owner.name)) {
+        match root
+            .owner
+            .as_ref()
+            .and_then(|o| spec.semantics.get(&o.owner.name))
+        {
             Some(o) if o.sharded => root = o,
             _ => break,
         }
@@ -364,12 +384,31 @@ pub struct FeatureShapes {
 /// Why a plan could not be resolved for a sample.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResolveError {
-    BadMesh { mesh: Vec<usize> },
-    MissingLength { semantic: String, feature: String, axis: usize },
-    MissingCounts { semantic: String },
-    CountsLength { semantic: String, owner: String, expected: usize, got: usize },
-    CountsSum { semantic: String, expected: usize, got: usize },
-    UnknownWorkflow { workflow: String },
+    BadMesh {
+        mesh: Vec<usize>,
+    },
+    MissingLength {
+        semantic: String,
+        feature: String,
+        axis: usize,
+    },
+    MissingCounts {
+        semantic: String,
+    },
+    CountsLength {
+        semantic: String,
+        owner: String,
+        expected: usize,
+        got: usize,
+    },
+    CountsSum {
+        semantic: String,
+        expected: usize,
+        got: usize,
+    },
+    UnknownWorkflow {
+        workflow: String,
+    },
 }
 
 impl fmt::Display for ResolveError {
@@ -425,7 +464,8 @@ impl Plan {
     /// The padding multiple of a semantic on this mesh (1 when never padded).
     pub fn pad_multiple(&self, semantic: &str, mesh: [usize; CP_AXES]) -> usize {
         match self.semantics.get(semantic).map(|s| &s.padding) {
-            Some(Padding::Multiple { mesh_axes }) | Some(Padding::OwnerBlocks { mesh_axes, .. }) => {
+            Some(Padding::Multiple { mesh_axes })
+            | Some(Padding::OwnerBlocks { mesh_axes, .. }) => {
                 lcm_of(mesh_axes.iter().map(|&m| mesh[m]))
             }
             _ => 1,
@@ -441,25 +481,38 @@ impl Plan {
         workflow: Option<&str>,
     ) -> Result<Resolved, ResolveError> {
         if mesh.contains(&0) {
-            return Err(ResolveError::BadMesh { mesh: mesh.to_vec() });
+            return Err(ResolveError::BadMesh {
+                mesh: mesh.to_vec(),
+            });
         }
         let names = self.feature_names(workflow)?;
         // Non-owned semantics first: owned ones need their root's padded length.
         let mut padded = BTreeMap::new();
         let mut blocks = BTreeMap::new();
         for (name, s) in &self.semantics {
-            let Some(&len) = lengths.sizes.get(name) else { continue };
+            let Some(&len) = lengths.sizes.get(name) else {
+                continue;
+            };
             if !matches!(s.padding, Padding::OwnerBlocks { .. }) {
                 padded.insert(name.clone(), round_up(len, self.pad_multiple(name, mesh)));
             }
         }
         for (name, s) in &self.semantics {
-            let Padding::OwnerBlocks { root, mesh_axes, .. } = &s.padding else { continue };
-            let Some(&len) = lengths.sizes.get(name) else { continue };
+            let Padding::OwnerBlocks {
+                root, mesh_axes, ..
+            } = &s.padding
+            else {
+                continue;
+            };
+            let Some(&len) = lengths.sizes.get(name) else {
+                continue;
+            };
             let counts = lengths
                 .counts
                 .get(name)
-                .ok_or_else(|| ResolveError::MissingCounts { semantic: name.clone() })?;
+                .ok_or_else(|| ResolveError::MissingCounts {
+                    semantic: name.clone(),
+                })?;
             let root_len = lengths.sizes.get(root).copied();
             let root_padded = padded.get(root).copied();
             let (Some(root_len), Some(root_padded)) = (root_len, root_padded) else {
@@ -496,7 +549,9 @@ impl Plan {
 
         let mut features = BTreeMap::new();
         for name in names {
-            let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else { continue };
+            let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else {
+                continue;
+            };
             let mut shapes = FeatureShapes {
                 serial_shape: Vec::new(),
                 padded_shape: Vec::new(),

@@ -748,7 +748,10 @@ def layouts(features: Mapping[str, Any], mesh: tuple[int, int]) -> dict[str, Lay
                 raise ValueError(
                     f"feature `{info.owner_feature}`, axis 1 ({info.owner}): every row must be one-hot"
                 )
-            root = root_of[info.owner][src.argmax(dim=1).cpu()]
+            if src.shape[0] == 0:
+                root = torch.zeros(0, dtype=torch.int64)
+            else:
+                root = root_of[info.owner][src.argmax(dim=1).cpu()]
         root_of[sem] = root
         out[sem] = _owner_blocks(sem, root, out[info.root].padded, mesh)
     return out

@@ -51,6 +51,7 @@ pub struct IndexRole {
     pub one_hot: Option<usize>,
 }
 /// Axis semantics of the spec.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Semantic {
     Atoms,
@@ -96,6 +97,7 @@ impl Semantic {
     }
 }
 /// Workflows of the spec.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Workflow {
     Inference,
@@ -241,6 +243,7 @@ impl Workflow {
     }
 }
 /// Features of the spec, in sorted name order.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Feature {
     AffinityTokenMask,
@@ -367,287 +370,252 @@ impl Feature {
         Feature::TypeBonds,
         Feature::VisibilityIds,
     ];
+    /// Feature names, sorted; `Feature::ALL[i]` is named `NAMES[i]`.
+    pub const NAMES: [&'static str; 60usize] = [
+        "affinity_token_mask",
+        "asym_id",
+        "atom_backbone_feat",
+        "atom_counts_per_token",
+        "atom_pad_mask",
+        "atom_resolved_mask",
+        "atom_to_token",
+        "bfactor",
+        "contact_conditioning",
+        "contact_threshold",
+        "coords",
+        "cyclic_period",
+        "deletion_mean",
+        "deletion_value",
+        "disto_center",
+        "disto_coords_ensemble",
+        "disto_target",
+        "entity_id",
+        "frame_resolved_mask",
+        "frames_idx",
+        "has_deletion",
+        "method_feature",
+        "modified",
+        "mol_type",
+        "msa",
+        "msa_mask",
+        "msa_paired",
+        "pair_mask",
+        "ph_feature",
+        "plddt",
+        "profile",
+        "query_to_template",
+        "r_set_to_rep_atom",
+        "ref_atom_name_chars",
+        "ref_charge",
+        "ref_chirality",
+        "ref_element",
+        "ref_pos",
+        "ref_space_uid",
+        "res_type",
+        "residue_index",
+        "sym_id",
+        "temp_feature",
+        "template_ca",
+        "template_cb",
+        "template_frame_rot",
+        "template_frame_t",
+        "template_mask",
+        "template_mask_cb",
+        "template_mask_frame",
+        "template_restype",
+        "token_bonds",
+        "token_disto_mask",
+        "token_index",
+        "token_pad_mask",
+        "token_pair_pad_mask",
+        "token_resolved_mask",
+        "token_to_rep_atom",
+        "type_bonds",
+        "visibility_ids",
+    ];
     pub const fn name(self) -> &'static str {
-        match self {
-            Feature::AffinityTokenMask => "affinity_token_mask",
-            Feature::AsymId => "asym_id",
-            Feature::AtomBackboneFeat => "atom_backbone_feat",
-            Feature::AtomCountsPerToken => "atom_counts_per_token",
-            Feature::AtomPadMask => "atom_pad_mask",
-            Feature::AtomResolvedMask => "atom_resolved_mask",
-            Feature::AtomToToken => "atom_to_token",
-            Feature::Bfactor => "bfactor",
-            Feature::ContactConditioning => "contact_conditioning",
-            Feature::ContactThreshold => "contact_threshold",
-            Feature::Coords => "coords",
-            Feature::CyclicPeriod => "cyclic_period",
-            Feature::DeletionMean => "deletion_mean",
-            Feature::DeletionValue => "deletion_value",
-            Feature::DistoCenter => "disto_center",
-            Feature::DistoCoordsEnsemble => "disto_coords_ensemble",
-            Feature::DistoTarget => "disto_target",
-            Feature::EntityId => "entity_id",
-            Feature::FrameResolvedMask => "frame_resolved_mask",
-            Feature::FramesIdx => "frames_idx",
-            Feature::HasDeletion => "has_deletion",
-            Feature::MethodFeature => "method_feature",
-            Feature::Modified => "modified",
-            Feature::MolType => "mol_type",
-            Feature::Msa => "msa",
-            Feature::MsaMask => "msa_mask",
-            Feature::MsaPaired => "msa_paired",
-            Feature::PairMask => "pair_mask",
-            Feature::PhFeature => "ph_feature",
-            Feature::Plddt => "plddt",
-            Feature::Profile => "profile",
-            Feature::QueryToTemplate => "query_to_template",
-            Feature::RSetToRepAtom => "r_set_to_rep_atom",
-            Feature::RefAtomNameChars => "ref_atom_name_chars",
-            Feature::RefCharge => "ref_charge",
-            Feature::RefChirality => "ref_chirality",
-            Feature::RefElement => "ref_element",
-            Feature::RefPos => "ref_pos",
-            Feature::RefSpaceUid => "ref_space_uid",
-            Feature::ResType => "res_type",
-            Feature::ResidueIndex => "residue_index",
-            Feature::SymId => "sym_id",
-            Feature::TempFeature => "temp_feature",
-            Feature::TemplateCa => "template_ca",
-            Feature::TemplateCb => "template_cb",
-            Feature::TemplateFrameRot => "template_frame_rot",
-            Feature::TemplateFrameT => "template_frame_t",
-            Feature::TemplateMask => "template_mask",
-            Feature::TemplateMaskCb => "template_mask_cb",
-            Feature::TemplateMaskFrame => "template_mask_frame",
-            Feature::TemplateRestype => "template_restype",
-            Feature::TokenBonds => "token_bonds",
-            Feature::TokenDistoMask => "token_disto_mask",
-            Feature::TokenIndex => "token_index",
-            Feature::TokenPadMask => "token_pad_mask",
-            Feature::TokenPairPadMask => "token_pair_pad_mask",
-            Feature::TokenResolvedMask => "token_resolved_mask",
-            Feature::TokenToRepAtom => "token_to_rep_atom",
-            Feature::TypeBonds => "type_bonds",
-            Feature::VisibilityIds => "visibility_ids",
-        }
+        Feature::NAMES[self as usize]
     }
     pub fn from_name(name: &str) -> Option<Feature> {
-        match name {
-            "affinity_token_mask" => Some(Feature::AffinityTokenMask),
-            "asym_id" => Some(Feature::AsymId),
-            "atom_backbone_feat" => Some(Feature::AtomBackboneFeat),
-            "atom_counts_per_token" => Some(Feature::AtomCountsPerToken),
-            "atom_pad_mask" => Some(Feature::AtomPadMask),
-            "atom_resolved_mask" => Some(Feature::AtomResolvedMask),
-            "atom_to_token" => Some(Feature::AtomToToken),
-            "bfactor" => Some(Feature::Bfactor),
-            "contact_conditioning" => Some(Feature::ContactConditioning),
-            "contact_threshold" => Some(Feature::ContactThreshold),
-            "coords" => Some(Feature::Coords),
-            "cyclic_period" => Some(Feature::CyclicPeriod),
-            "deletion_mean" => Some(Feature::DeletionMean),
-            "deletion_value" => Some(Feature::DeletionValue),
-            "disto_center" => Some(Feature::DistoCenter),
-            "disto_coords_ensemble" => Some(Feature::DistoCoordsEnsemble),
-            "disto_target" => Some(Feature::DistoTarget),
-            "entity_id" => Some(Feature::EntityId),
-            "frame_resolved_mask" => Some(Feature::FrameResolvedMask),
-            "frames_idx" => Some(Feature::FramesIdx),
-            "has_deletion" => Some(Feature::HasDeletion),
-            "method_feature" => Some(Feature::MethodFeature),
-            "modified" => Some(Feature::Modified),
-            "mol_type" => Some(Feature::MolType),
-            "msa" => Some(Feature::Msa),
-            "msa_mask" => Some(Feature::MsaMask),
-            "msa_paired" => Some(Feature::MsaPaired),
-            "pair_mask" => Some(Feature::PairMask),
-            "ph_feature" => Some(Feature::PhFeature),
-            "plddt" => Some(Feature::Plddt),
-            "profile" => Some(Feature::Profile),
-            "query_to_template" => Some(Feature::QueryToTemplate),
-            "r_set_to_rep_atom" => Some(Feature::RSetToRepAtom),
-            "ref_atom_name_chars" => Some(Feature::RefAtomNameChars),
-            "ref_charge" => Some(Feature::RefCharge),
-            "ref_chirality" => Some(Feature::RefChirality),
-            "ref_element" => Some(Feature::RefElement),
-            "ref_pos" => Some(Feature::RefPos),
-            "ref_space_uid" => Some(Feature::RefSpaceUid),
-            "res_type" => Some(Feature::ResType),
-            "residue_index" => Some(Feature::ResidueIndex),
-            "sym_id" => Some(Feature::SymId),
-            "temp_feature" => Some(Feature::TempFeature),
-            "template_ca" => Some(Feature::TemplateCa),
-            "template_cb" => Some(Feature::TemplateCb),
-            "template_frame_rot" => Some(Feature::TemplateFrameRot),
-            "template_frame_t" => Some(Feature::TemplateFrameT),
-            "template_mask" => Some(Feature::TemplateMask),
-            "template_mask_cb" => Some(Feature::TemplateMaskCb),
-            "template_mask_frame" => Some(Feature::TemplateMaskFrame),
-            "template_restype" => Some(Feature::TemplateRestype),
-            "token_bonds" => Some(Feature::TokenBonds),
-            "token_disto_mask" => Some(Feature::TokenDistoMask),
-            "token_index" => Some(Feature::TokenIndex),
-            "token_pad_mask" => Some(Feature::TokenPadMask),
-            "token_pair_pad_mask" => Some(Feature::TokenPairPadMask),
-            "token_resolved_mask" => Some(Feature::TokenResolvedMask),
-            "token_to_rep_atom" => Some(Feature::TokenToRepAtom),
-            "type_bonds" => Some(Feature::TypeBonds),
-            "visibility_ids" => Some(Feature::VisibilityIds),
-            _ => None,
-        }
+        let i = Feature::NAMES.binary_search(&name).ok()?;
+        Some(Feature::ALL[i])
     }
     /// Non-tensor metadata, passed through untouched.
     pub const fn is_metadata(self) -> bool {
         match self {
-            Feature::AffinityTokenMask => false,
-            Feature::AsymId => false,
-            Feature::AtomBackboneFeat => false,
-            Feature::AtomCountsPerToken => false,
-            Feature::AtomPadMask => false,
-            Feature::AtomResolvedMask => false,
-            Feature::AtomToToken => false,
-            Feature::Bfactor => false,
-            Feature::ContactConditioning => false,
-            Feature::ContactThreshold => false,
-            Feature::Coords => false,
-            Feature::CyclicPeriod => false,
-            Feature::DeletionMean => false,
-            Feature::DeletionValue => false,
-            Feature::DistoCenter => false,
-            Feature::DistoCoordsEnsemble => false,
-            Feature::DistoTarget => false,
-            Feature::EntityId => false,
-            Feature::FrameResolvedMask => false,
-            Feature::FramesIdx => false,
-            Feature::HasDeletion => false,
-            Feature::MethodFeature => false,
-            Feature::Modified => false,
-            Feature::MolType => false,
-            Feature::Msa => false,
-            Feature::MsaMask => false,
-            Feature::MsaPaired => false,
-            Feature::PairMask => false,
-            Feature::PhFeature => false,
-            Feature::Plddt => false,
-            Feature::Profile => false,
-            Feature::QueryToTemplate => false,
-            Feature::RSetToRepAtom => false,
-            Feature::RefAtomNameChars => false,
-            Feature::RefCharge => false,
-            Feature::RefChirality => false,
-            Feature::RefElement => false,
-            Feature::RefPos => false,
-            Feature::RefSpaceUid => false,
-            Feature::ResType => false,
-            Feature::ResidueIndex => false,
-            Feature::SymId => false,
-            Feature::TempFeature => false,
-            Feature::TemplateCa => false,
-            Feature::TemplateCb => false,
-            Feature::TemplateFrameRot => false,
-            Feature::TemplateFrameT => false,
-            Feature::TemplateMask => false,
-            Feature::TemplateMaskCb => false,
-            Feature::TemplateMaskFrame => false,
-            Feature::TemplateRestype => false,
-            Feature::TokenBonds => false,
-            Feature::TokenDistoMask => false,
-            Feature::TokenIndex => false,
-            Feature::TokenPadMask => false,
-            Feature::TokenPairPadMask => false,
-            Feature::TokenResolvedMask => false,
-            Feature::TokenToRepAtom => false,
-            Feature::TypeBonds => false,
-            Feature::VisibilityIds => false,
+            Feature::AffinityTokenMask
+            | Feature::AsymId
+            | Feature::AtomBackboneFeat
+            | Feature::AtomCountsPerToken
+            | Feature::AtomPadMask
+            | Feature::AtomResolvedMask
+            | Feature::AtomToToken
+            | Feature::Bfactor
+            | Feature::ContactConditioning
+            | Feature::ContactThreshold
+            | Feature::Coords
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::DeletionValue
+            | Feature::DistoCenter
+            | Feature::DistoCoordsEnsemble
+            | Feature::DistoTarget
+            | Feature::EntityId
+            | Feature::FrameResolvedMask
+            | Feature::FramesIdx
+            | Feature::HasDeletion
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::Msa
+            | Feature::MsaMask
+            | Feature::MsaPaired
+            | Feature::PairMask
+            | Feature::PhFeature
+            | Feature::Plddt
+            | Feature::Profile
+            | Feature::QueryToTemplate
+            | Feature::RSetToRepAtom
+            | Feature::RefAtomNameChars
+            | Feature::RefCharge
+            | Feature::RefChirality
+            | Feature::RefElement
+            | Feature::RefPos
+            | Feature::RefSpaceUid
+            | Feature::ResType
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameRot
+            | Feature::TemplateFrameT
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TemplateRestype
+            | Feature::TokenBonds
+            | Feature::TokenDistoMask
+            | Feature::TokenIndex
+            | Feature::TokenPadMask
+            | Feature::TokenPairPadMask
+            | Feature::TokenResolvedMask
+            | Feature::TokenToRepAtom
+            | Feature::TypeBonds
+            | Feature::VisibilityIds => false,
         }
     }
     pub const fn dtype(self) -> Option<DType> {
         match self {
-            Feature::AffinityTokenMask => Some(DType::Float32),
-            Feature::AsymId => Some(DType::Int64),
-            Feature::AtomBackboneFeat => Some(DType::Int64),
-            Feature::AtomCountsPerToken => Some(DType::Int64),
-            Feature::AtomPadMask => Some(DType::Float32),
-            Feature::AtomResolvedMask => Some(DType::Bool),
-            Feature::AtomToToken => Some(DType::Int64),
-            Feature::Bfactor => Some(DType::Float32),
-            Feature::ContactConditioning => Some(DType::Int64),
-            Feature::ContactThreshold => Some(DType::Float32),
-            Feature::Coords => Some(DType::Float32),
-            Feature::CyclicPeriod => Some(DType::Float32),
-            Feature::DeletionMean => Some(DType::Float32),
-            Feature::DeletionValue => Some(DType::Float32),
-            Feature::DistoCenter => Some(DType::Float32),
-            Feature::DistoCoordsEnsemble => Some(DType::Float32),
-            Feature::DistoTarget => Some(DType::Float32),
-            Feature::EntityId => Some(DType::Int64),
-            Feature::FrameResolvedMask => Some(DType::Bool),
-            Feature::FramesIdx => Some(DType::Int64),
-            Feature::HasDeletion => Some(DType::Bool),
-            Feature::MethodFeature => Some(DType::Int64),
-            Feature::Modified => Some(DType::Int64),
-            Feature::MolType => Some(DType::Int64),
-            Feature::Msa => Some(DType::Int64),
-            Feature::MsaMask => Some(DType::Int64),
-            Feature::MsaPaired => Some(DType::Float32),
-            Feature::PairMask => Some(DType::Float32),
-            Feature::PhFeature => Some(DType::Int64),
-            Feature::Plddt => Some(DType::Float32),
-            Feature::Profile => Some(DType::Float32),
-            Feature::QueryToTemplate => Some(DType::Int64),
-            Feature::RSetToRepAtom => Some(DType::Int64),
-            Feature::RefAtomNameChars => Some(DType::Int64),
-            Feature::RefCharge => Some(DType::Float32),
-            Feature::RefChirality => Some(DType::Int64),
-            Feature::RefElement => Some(DType::Int64),
-            Feature::RefPos => Some(DType::Float32),
-            Feature::RefSpaceUid => Some(DType::Int64),
-            Feature::ResType => Some(DType::Int64),
-            Feature::ResidueIndex => Some(DType::Int64),
-            Feature::SymId => Some(DType::Int64),
-            Feature::TempFeature => Some(DType::Int64),
-            Feature::TemplateCa => Some(DType::Float32),
-            Feature::TemplateCb => Some(DType::Float32),
-            Feature::TemplateFrameRot => Some(DType::Float32),
-            Feature::TemplateFrameT => Some(DType::Float32),
-            Feature::TemplateMask => Some(DType::Float32),
-            Feature::TemplateMaskCb => Some(DType::Float32),
-            Feature::TemplateMaskFrame => Some(DType::Float32),
-            Feature::TemplateRestype => Some(DType::Int64),
-            Feature::TokenBonds => Some(DType::Float32),
-            Feature::TokenDistoMask => Some(DType::Float32),
-            Feature::TokenIndex => Some(DType::Int64),
-            Feature::TokenPadMask => Some(DType::Float32),
-            Feature::TokenPairPadMask => Some(DType::Float32),
-            Feature::TokenResolvedMask => Some(DType::Float32),
-            Feature::TokenToRepAtom => Some(DType::Int64),
-            Feature::TypeBonds => Some(DType::Int64),
-            Feature::VisibilityIds => Some(DType::Float32),
+            Feature::AffinityTokenMask
+            | Feature::AtomPadMask
+            | Feature::Bfactor
+            | Feature::ContactThreshold
+            | Feature::Coords
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::DeletionValue
+            | Feature::DistoCenter
+            | Feature::DistoCoordsEnsemble
+            | Feature::DistoTarget
+            | Feature::MsaPaired
+            | Feature::PairMask
+            | Feature::Plddt
+            | Feature::Profile
+            | Feature::RefCharge
+            | Feature::RefPos
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameRot
+            | Feature::TemplateFrameT
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TokenBonds
+            | Feature::TokenDistoMask
+            | Feature::TokenPadMask
+            | Feature::TokenPairPadMask
+            | Feature::TokenResolvedMask
+            | Feature::VisibilityIds => Some(DType::Float32),
+            Feature::AsymId
+            | Feature::AtomBackboneFeat
+            | Feature::AtomCountsPerToken
+            | Feature::AtomToToken
+            | Feature::ContactConditioning
+            | Feature::EntityId
+            | Feature::FramesIdx
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::Msa
+            | Feature::MsaMask
+            | Feature::PhFeature
+            | Feature::QueryToTemplate
+            | Feature::RSetToRepAtom
+            | Feature::RefAtomNameChars
+            | Feature::RefChirality
+            | Feature::RefElement
+            | Feature::RefSpaceUid
+            | Feature::ResType
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TemplateRestype
+            | Feature::TokenIndex
+            | Feature::TokenToRepAtom
+            | Feature::TypeBonds => Some(DType::Int64),
+            Feature::AtomResolvedMask
+            | Feature::FrameResolvedMask
+            | Feature::HasDeletion => Some(DType::Bool),
         }
     }
     /// The semantic of every axis, `None` for channel axes.
     pub const fn axis_semantics(self) -> &'static [Option<Semantic>] {
         match self {
-            Feature::AffinityTokenMask => &[Some(Semantic::Tokens)],
-            Feature::AsymId => &[Some(Semantic::Tokens)],
-            Feature::AtomBackboneFeat => &[Some(Semantic::Atoms), None],
-            Feature::AtomCountsPerToken => &[Some(Semantic::Tokens)],
-            Feature::AtomPadMask => &[Some(Semantic::Atoms)],
-            Feature::AtomResolvedMask => &[Some(Semantic::Atoms)],
+            Feature::AffinityTokenMask
+            | Feature::AsymId
+            | Feature::AtomCountsPerToken
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::EntityId
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::PhFeature
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TokenDistoMask
+            | Feature::TokenIndex
+            | Feature::TokenPadMask
+            | Feature::TokenResolvedMask => &[Some(Semantic::Tokens)],
+            Feature::AtomBackboneFeat | Feature::RefElement | Feature::RefPos => {
+                &[Some(Semantic::Atoms), None]
+            }
+            Feature::AtomPadMask
+            | Feature::AtomResolvedMask
+            | Feature::Bfactor
+            | Feature::Plddt
+            | Feature::RefCharge
+            | Feature::RefChirality
+            | Feature::RefSpaceUid => &[Some(Semantic::Atoms)],
             Feature::AtomToToken => &[Some(Semantic::Atoms), Some(Semantic::Tokens)],
-            Feature::Bfactor => &[Some(Semantic::Atoms)],
-            Feature::ContactConditioning => {
+            Feature::ContactConditioning | Feature::TokenBonds => {
                 &[Some(Semantic::Tokens), Some(Semantic::Tokens), None]
             }
-            Feature::ContactThreshold => {
-                &[Some(Semantic::Tokens), Some(Semantic::Tokens)]
-            }
+            Feature::ContactThreshold
+            | Feature::TokenPairPadMask
+            | Feature::TypeBonds => &[Some(Semantic::Tokens), Some(Semantic::Tokens)],
             Feature::Coords => &[Some(Semantic::Ensemble), Some(Semantic::Atoms), None],
-            Feature::CyclicPeriod => &[Some(Semantic::Tokens)],
-            Feature::DeletionMean => &[Some(Semantic::Tokens)],
-            Feature::DeletionValue => &[Some(Semantic::Msa), Some(Semantic::Tokens)],
-            Feature::DistoCenter => &[Some(Semantic::Tokens), None],
-            Feature::DistoCoordsEnsemble => {
+            Feature::DeletionValue
+            | Feature::HasDeletion
+            | Feature::Msa
+            | Feature::MsaMask
+            | Feature::MsaPaired => &[Some(Semantic::Msa), Some(Semantic::Tokens)],
+            Feature::DistoCenter | Feature::Profile | Feature::ResType => {
+                &[Some(Semantic::Tokens), None]
+            }
+            Feature::DistoCoordsEnsemble | Feature::FramesIdx => {
                 &[Some(Semantic::Ensemble), Some(Semantic::Tokens), None]
             }
             Feature::DistoTarget => {
@@ -658,529 +626,415 @@ impl Feature {
                     None,
                 ]
             }
-            Feature::EntityId => &[Some(Semantic::Tokens)],
             Feature::FrameResolvedMask => {
                 &[Some(Semantic::Ensemble), Some(Semantic::Tokens)]
             }
-            Feature::FramesIdx => {
-                &[Some(Semantic::Ensemble), Some(Semantic::Tokens), None]
-            }
-            Feature::HasDeletion => &[Some(Semantic::Msa), Some(Semantic::Tokens)],
-            Feature::MethodFeature => &[Some(Semantic::Tokens)],
-            Feature::Modified => &[Some(Semantic::Tokens)],
-            Feature::MolType => &[Some(Semantic::Tokens)],
-            Feature::Msa => &[Some(Semantic::Msa), Some(Semantic::Tokens)],
-            Feature::MsaMask => &[Some(Semantic::Msa), Some(Semantic::Tokens)],
-            Feature::MsaPaired => &[Some(Semantic::Msa), Some(Semantic::Tokens)],
             Feature::PairMask => &[Some(Semantic::Atoms), Some(Semantic::Atoms)],
-            Feature::PhFeature => &[Some(Semantic::Tokens)],
-            Feature::Plddt => &[Some(Semantic::Atoms)],
-            Feature::Profile => &[Some(Semantic::Tokens), None],
-            Feature::QueryToTemplate => {
+            Feature::QueryToTemplate
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::VisibilityIds => {
                 &[Some(Semantic::Templates), Some(Semantic::Tokens)]
             }
             Feature::RSetToRepAtom => &[Some(Semantic::Rset), Some(Semantic::Atoms)],
             Feature::RefAtomNameChars => &[Some(Semantic::Atoms), None, None],
-            Feature::RefCharge => &[Some(Semantic::Atoms)],
-            Feature::RefChirality => &[Some(Semantic::Atoms)],
-            Feature::RefElement => &[Some(Semantic::Atoms), None],
-            Feature::RefPos => &[Some(Semantic::Atoms), None],
-            Feature::RefSpaceUid => &[Some(Semantic::Atoms)],
-            Feature::ResType => &[Some(Semantic::Tokens), None],
-            Feature::ResidueIndex => &[Some(Semantic::Tokens)],
-            Feature::SymId => &[Some(Semantic::Tokens)],
-            Feature::TempFeature => &[Some(Semantic::Tokens)],
-            Feature::TemplateCa => {
-                &[Some(Semantic::Templates), Some(Semantic::Tokens), None]
-            }
-            Feature::TemplateCb => {
+            Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameT
+            | Feature::TemplateRestype => {
                 &[Some(Semantic::Templates), Some(Semantic::Tokens), None]
             }
             Feature::TemplateFrameRot => {
                 &[Some(Semantic::Templates), Some(Semantic::Tokens), None, None]
             }
-            Feature::TemplateFrameT => {
-                &[Some(Semantic::Templates), Some(Semantic::Tokens), None]
-            }
-            Feature::TemplateMask => &[Some(Semantic::Templates), Some(Semantic::Tokens)],
-            Feature::TemplateMaskCb => {
-                &[Some(Semantic::Templates), Some(Semantic::Tokens)]
-            }
-            Feature::TemplateMaskFrame => {
-                &[Some(Semantic::Templates), Some(Semantic::Tokens)]
-            }
-            Feature::TemplateRestype => {
-                &[Some(Semantic::Templates), Some(Semantic::Tokens), None]
-            }
-            Feature::TokenBonds => {
-                &[Some(Semantic::Tokens), Some(Semantic::Tokens), None]
-            }
-            Feature::TokenDistoMask => &[Some(Semantic::Tokens)],
-            Feature::TokenIndex => &[Some(Semantic::Tokens)],
-            Feature::TokenPadMask => &[Some(Semantic::Tokens)],
-            Feature::TokenPairPadMask => {
-                &[Some(Semantic::Tokens), Some(Semantic::Tokens)]
-            }
-            Feature::TokenResolvedMask => &[Some(Semantic::Tokens)],
             Feature::TokenToRepAtom => &[Some(Semantic::Tokens), Some(Semantic::Atoms)],
-            Feature::TypeBonds => &[Some(Semantic::Tokens), Some(Semantic::Tokens)],
-            Feature::VisibilityIds => {
-                &[Some(Semantic::Templates), Some(Semantic::Tokens)]
-            }
         }
     }
     /// The fixed size of every channel axis, `None` for semantic axes.
     pub const fn channel_sizes(self) -> &'static [Option<u64>] {
         match self {
-            Feature::AffinityTokenMask => &[None],
-            Feature::AsymId => &[None],
+            Feature::AffinityTokenMask
+            | Feature::AsymId
+            | Feature::AtomCountsPerToken
+            | Feature::AtomPadMask
+            | Feature::AtomResolvedMask
+            | Feature::Bfactor
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::EntityId
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::PhFeature
+            | Feature::Plddt
+            | Feature::RefCharge
+            | Feature::RefChirality
+            | Feature::RefSpaceUid
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TokenDistoMask
+            | Feature::TokenIndex
+            | Feature::TokenPadMask
+            | Feature::TokenResolvedMask => &[None],
             Feature::AtomBackboneFeat => &[None, Some(17)],
-            Feature::AtomCountsPerToken => &[None],
-            Feature::AtomPadMask => &[None],
-            Feature::AtomResolvedMask => &[None],
-            Feature::AtomToToken => &[None, None],
-            Feature::Bfactor => &[None],
+            Feature::AtomToToken
+            | Feature::ContactThreshold
+            | Feature::DeletionValue
+            | Feature::FrameResolvedMask
+            | Feature::HasDeletion
+            | Feature::Msa
+            | Feature::MsaMask
+            | Feature::MsaPaired
+            | Feature::PairMask
+            | Feature::QueryToTemplate
+            | Feature::RSetToRepAtom
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TokenPairPadMask
+            | Feature::TokenToRepAtom
+            | Feature::TypeBonds
+            | Feature::VisibilityIds => &[None, None],
             Feature::ContactConditioning => &[None, None, Some(5)],
-            Feature::ContactThreshold => &[None, None],
-            Feature::Coords => &[None, None, Some(3)],
-            Feature::CyclicPeriod => &[None],
-            Feature::DeletionMean => &[None],
-            Feature::DeletionValue => &[None, None],
-            Feature::DistoCenter => &[None, Some(3)],
-            Feature::DistoCoordsEnsemble => &[None, None, Some(3)],
+            Feature::Coords
+            | Feature::DistoCoordsEnsemble
+            | Feature::FramesIdx
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameT => &[None, None, Some(3)],
+            Feature::DistoCenter | Feature::RefPos => &[None, Some(3)],
             Feature::DistoTarget => &[None, None, None, Some(64)],
-            Feature::EntityId => &[None],
-            Feature::FrameResolvedMask => &[None, None],
-            Feature::FramesIdx => &[None, None, Some(3)],
-            Feature::HasDeletion => &[None, None],
-            Feature::MethodFeature => &[None],
-            Feature::Modified => &[None],
-            Feature::MolType => &[None],
-            Feature::Msa => &[None, None],
-            Feature::MsaMask => &[None, None],
-            Feature::MsaPaired => &[None, None],
-            Feature::PairMask => &[None, None],
-            Feature::PhFeature => &[None],
-            Feature::Plddt => &[None],
-            Feature::Profile => &[None, Some(33)],
-            Feature::QueryToTemplate => &[None, None],
-            Feature::RSetToRepAtom => &[None, None],
+            Feature::Profile | Feature::ResType => &[None, Some(33)],
             Feature::RefAtomNameChars => &[None, Some(4), Some(64)],
-            Feature::RefCharge => &[None],
-            Feature::RefChirality => &[None],
             Feature::RefElement => &[None, Some(128)],
-            Feature::RefPos => &[None, Some(3)],
-            Feature::RefSpaceUid => &[None],
-            Feature::ResType => &[None, Some(33)],
-            Feature::ResidueIndex => &[None],
-            Feature::SymId => &[None],
-            Feature::TempFeature => &[None],
-            Feature::TemplateCa => &[None, None, Some(3)],
-            Feature::TemplateCb => &[None, None, Some(3)],
             Feature::TemplateFrameRot => &[None, None, Some(3), Some(3)],
-            Feature::TemplateFrameT => &[None, None, Some(3)],
-            Feature::TemplateMask => &[None, None],
-            Feature::TemplateMaskCb => &[None, None],
-            Feature::TemplateMaskFrame => &[None, None],
             Feature::TemplateRestype => &[None, None, Some(33)],
             Feature::TokenBonds => &[None, None, Some(1)],
-            Feature::TokenDistoMask => &[None],
-            Feature::TokenIndex => &[None],
-            Feature::TokenPadMask => &[None],
-            Feature::TokenPairPadMask => &[None, None],
-            Feature::TokenResolvedMask => &[None],
-            Feature::TokenToRepAtom => &[None, None],
-            Feature::TypeBonds => &[None, None],
-            Feature::VisibilityIds => &[None, None],
         }
     }
     /// Placements on the CP sub-mesh `(cp0, cp1)`.
     pub const fn placements(self) -> &'static [Placement] {
         match self {
-            Feature::AffinityTokenMask => &[Placement::Shard(0), Placement::Replicate],
-            Feature::AsymId => &[Placement::Shard(0), Placement::Replicate],
-            Feature::AtomBackboneFeat => &[Placement::Shard(0), Placement::Replicate],
-            Feature::AtomCountsPerToken => &[Placement::Shard(0), Placement::Replicate],
-            Feature::AtomPadMask => &[Placement::Shard(0), Placement::Replicate],
-            Feature::AtomResolvedMask => &[Placement::Shard(0), Placement::Replicate],
-            Feature::AtomToToken => &[Placement::Shard(0), Placement::Replicate],
-            Feature::Bfactor => &[Placement::Shard(0), Placement::Replicate],
-            Feature::ContactConditioning => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::ContactThreshold => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::Coords => &[Placement::Shard(1), Placement::Replicate],
-            Feature::CyclicPeriod => &[Placement::Shard(0), Placement::Replicate],
-            Feature::DeletionMean => &[Placement::Shard(0), Placement::Replicate],
-            Feature::DeletionValue => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::DistoCenter => &[Placement::Shard(0), Placement::Replicate],
-            Feature::DistoCoordsEnsemble => &[Placement::Shard(1), Placement::Replicate],
-            Feature::DistoTarget => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::EntityId => &[Placement::Shard(0), Placement::Replicate],
-            Feature::FrameResolvedMask => &[Placement::Shard(1), Placement::Replicate],
-            Feature::FramesIdx => &[Placement::Shard(1), Placement::Replicate],
-            Feature::HasDeletion => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::MethodFeature => &[Placement::Shard(0), Placement::Replicate],
-            Feature::Modified => &[Placement::Shard(0), Placement::Replicate],
-            Feature::MolType => &[Placement::Shard(0), Placement::Replicate],
-            Feature::Msa => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::MsaMask => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::MsaPaired => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::PairMask => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::PhFeature => &[Placement::Shard(0), Placement::Replicate],
-            Feature::Plddt => &[Placement::Shard(0), Placement::Replicate],
-            Feature::Profile => &[Placement::Shard(0), Placement::Replicate],
-            Feature::QueryToTemplate => &[Placement::Shard(1), Placement::Replicate],
-            Feature::RSetToRepAtom => &[Placement::Shard(0), Placement::Replicate],
-            Feature::RefAtomNameChars => &[Placement::Shard(0), Placement::Replicate],
-            Feature::RefCharge => &[Placement::Shard(0), Placement::Replicate],
-            Feature::RefChirality => &[Placement::Shard(0), Placement::Replicate],
-            Feature::RefElement => &[Placement::Shard(0), Placement::Replicate],
-            Feature::RefPos => &[Placement::Shard(0), Placement::Replicate],
-            Feature::RefSpaceUid => &[Placement::Shard(0), Placement::Replicate],
-            Feature::ResType => &[Placement::Shard(0), Placement::Replicate],
-            Feature::ResidueIndex => &[Placement::Shard(0), Placement::Replicate],
-            Feature::SymId => &[Placement::Shard(0), Placement::Replicate],
-            Feature::TempFeature => &[Placement::Shard(0), Placement::Replicate],
-            Feature::TemplateCa => &[Placement::Shard(1), Placement::Replicate],
-            Feature::TemplateCb => &[Placement::Shard(1), Placement::Replicate],
-            Feature::TemplateFrameRot => &[Placement::Shard(1), Placement::Replicate],
-            Feature::TemplateFrameT => &[Placement::Shard(1), Placement::Replicate],
-            Feature::TemplateMask => &[Placement::Shard(1), Placement::Replicate],
-            Feature::TemplateMaskCb => &[Placement::Shard(1), Placement::Replicate],
-            Feature::TemplateMaskFrame => &[Placement::Shard(1), Placement::Replicate],
-            Feature::TemplateRestype => &[Placement::Shard(1), Placement::Replicate],
-            Feature::TokenBonds => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::TokenDistoMask => &[Placement::Shard(0), Placement::Replicate],
-            Feature::TokenIndex => &[Placement::Shard(0), Placement::Replicate],
-            Feature::TokenPadMask => &[Placement::Shard(0), Placement::Replicate],
-            Feature::TokenPairPadMask => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::TokenResolvedMask => &[Placement::Shard(0), Placement::Replicate],
-            Feature::TokenToRepAtom => &[Placement::Shard(0), Placement::Replicate],
-            Feature::TypeBonds => &[Placement::Shard(0), Placement::Shard(1)],
-            Feature::VisibilityIds => &[Placement::Shard(1), Placement::Replicate],
+            Feature::AffinityTokenMask
+            | Feature::AsymId
+            | Feature::AtomBackboneFeat
+            | Feature::AtomCountsPerToken
+            | Feature::AtomPadMask
+            | Feature::AtomResolvedMask
+            | Feature::AtomToToken
+            | Feature::Bfactor
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::DistoCenter
+            | Feature::EntityId
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::PhFeature
+            | Feature::Plddt
+            | Feature::Profile
+            | Feature::RSetToRepAtom
+            | Feature::RefAtomNameChars
+            | Feature::RefCharge
+            | Feature::RefChirality
+            | Feature::RefElement
+            | Feature::RefPos
+            | Feature::RefSpaceUid
+            | Feature::ResType
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TokenDistoMask
+            | Feature::TokenIndex
+            | Feature::TokenPadMask
+            | Feature::TokenResolvedMask
+            | Feature::TokenToRepAtom => &[Placement::Shard(0), Placement::Replicate],
+            Feature::ContactConditioning
+            | Feature::ContactThreshold
+            | Feature::DeletionValue
+            | Feature::DistoTarget
+            | Feature::HasDeletion
+            | Feature::Msa
+            | Feature::MsaMask
+            | Feature::MsaPaired
+            | Feature::PairMask
+            | Feature::TokenBonds
+            | Feature::TokenPairPadMask
+            | Feature::TypeBonds => &[Placement::Shard(0), Placement::Shard(1)],
+            Feature::Coords
+            | Feature::DistoCoordsEnsemble
+            | Feature::FrameResolvedMask
+            | Feature::FramesIdx
+            | Feature::QueryToTemplate
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameRot
+            | Feature::TemplateFrameT
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TemplateRestype
+            | Feature::VisibilityIds => &[Placement::Shard(1), Placement::Replicate],
         }
     }
     /// Placements on `(dp, cp0, cp1)`.
     pub const fn placements_dp(self) -> &'static [Placement] {
         match self {
-            Feature::AffinityTokenMask => {
+            Feature::AffinityTokenMask
+            | Feature::AsymId
+            | Feature::AtomBackboneFeat
+            | Feature::AtomCountsPerToken
+            | Feature::AtomPadMask
+            | Feature::AtomResolvedMask
+            | Feature::AtomToToken
+            | Feature::Bfactor
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::DistoCenter
+            | Feature::EntityId
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::PhFeature
+            | Feature::Plddt
+            | Feature::Profile
+            | Feature::RSetToRepAtom
+            | Feature::RefAtomNameChars
+            | Feature::RefCharge
+            | Feature::RefChirality
+            | Feature::RefElement
+            | Feature::RefPos
+            | Feature::RefSpaceUid
+            | Feature::ResType
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TokenDistoMask
+            | Feature::TokenIndex
+            | Feature::TokenPadMask
+            | Feature::TokenResolvedMask
+            | Feature::TokenToRepAtom => {
                 &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
             }
-            Feature::AsymId => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::AtomBackboneFeat => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::AtomCountsPerToken => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::AtomPadMask => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::AtomResolvedMask => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::AtomToToken => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::Bfactor => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::ContactConditioning => {
+            Feature::ContactConditioning
+            | Feature::ContactThreshold
+            | Feature::DeletionValue
+            | Feature::DistoTarget
+            | Feature::HasDeletion
+            | Feature::Msa
+            | Feature::MsaMask
+            | Feature::MsaPaired
+            | Feature::PairMask
+            | Feature::TokenBonds
+            | Feature::TokenPairPadMask
+            | Feature::TypeBonds => {
                 &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
             }
-            Feature::ContactThreshold => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::Coords => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::CyclicPeriod => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::DeletionMean => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::DeletionValue => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::DistoCenter => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::DistoCoordsEnsemble => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::DistoTarget => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::EntityId => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::FrameResolvedMask => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::FramesIdx => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::HasDeletion => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::MethodFeature => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::Modified => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::MolType => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::Msa => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::MsaMask => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::MsaPaired => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::PairMask => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::PhFeature => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::Plddt => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::Profile => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::QueryToTemplate => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::RSetToRepAtom => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::RefAtomNameChars => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::RefCharge => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::RefChirality => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::RefElement => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::RefPos => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::RefSpaceUid => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::ResType => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::ResidueIndex => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::SymId => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::TempFeature => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::TemplateCa => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::TemplateCb => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::TemplateFrameRot => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::TemplateFrameT => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::TemplateMask => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::TemplateMaskCb => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::TemplateMaskFrame => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::TemplateRestype => {
-                &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
-            }
-            Feature::TokenBonds => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::TokenDistoMask => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::TokenIndex => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::TokenPadMask => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::TokenPairPadMask => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::TokenResolvedMask => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::TokenToRepAtom => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Replicate]
-            }
-            Feature::TypeBonds => {
-                &[Placement::Shard(0), Placement::Shard(1), Placement::Shard(2)]
-            }
-            Feature::VisibilityIds => {
+            Feature::Coords
+            | Feature::DistoCoordsEnsemble
+            | Feature::FrameResolvedMask
+            | Feature::FramesIdx
+            | Feature::QueryToTemplate
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameRot
+            | Feature::TemplateFrameT
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TemplateRestype
+            | Feature::VisibilityIds => {
                 &[Placement::Shard(0), Placement::Shard(2), Placement::Replicate]
             }
         }
     }
     pub const fn pad_value(self) -> Option<PadValue> {
         match self {
-            Feature::AffinityTokenMask => Some(PadValue::Float(0.0)),
-            Feature::AsymId => Some(PadValue::Int(0)),
-            Feature::AtomBackboneFeat => Some(PadValue::Int(0)),
-            Feature::AtomCountsPerToken => Some(PadValue::Int(0)),
-            Feature::AtomPadMask => Some(PadValue::Float(0.0)),
-            Feature::AtomResolvedMask => Some(PadValue::Bool(false)),
-            Feature::AtomToToken => Some(PadValue::Int(0)),
-            Feature::Bfactor => Some(PadValue::Float(0.0)),
-            Feature::ContactConditioning => Some(PadValue::Int(0)),
-            Feature::ContactThreshold => Some(PadValue::Float(0.0)),
-            Feature::Coords => Some(PadValue::Float(0.0)),
-            Feature::CyclicPeriod => Some(PadValue::Float(0.0)),
-            Feature::DeletionMean => Some(PadValue::Float(0.0)),
-            Feature::DeletionValue => Some(PadValue::Float(0.0)),
-            Feature::DistoCenter => Some(PadValue::Float(0.0)),
-            Feature::DistoCoordsEnsemble => Some(PadValue::Float(0.0)),
-            Feature::DistoTarget => Some(PadValue::Float(0.0)),
-            Feature::EntityId => Some(PadValue::Int(0)),
-            Feature::FrameResolvedMask => Some(PadValue::Bool(false)),
-            Feature::FramesIdx => Some(PadValue::Int(0)),
-            Feature::HasDeletion => Some(PadValue::Bool(false)),
-            Feature::MethodFeature => Some(PadValue::Int(0)),
-            Feature::Modified => Some(PadValue::Int(0)),
-            Feature::MolType => Some(PadValue::Int(0)),
+            Feature::AffinityTokenMask
+            | Feature::AtomPadMask
+            | Feature::Bfactor
+            | Feature::ContactThreshold
+            | Feature::Coords
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::DeletionValue
+            | Feature::DistoCenter
+            | Feature::DistoCoordsEnsemble
+            | Feature::DistoTarget
+            | Feature::MsaPaired
+            | Feature::PairMask
+            | Feature::Plddt
+            | Feature::Profile
+            | Feature::RefCharge
+            | Feature::RefPos
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameRot
+            | Feature::TemplateFrameT
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TokenBonds
+            | Feature::TokenDistoMask
+            | Feature::TokenPadMask
+            | Feature::TokenPairPadMask
+            | Feature::TokenResolvedMask
+            | Feature::VisibilityIds => Some(PadValue::Float(0.0)),
+            Feature::AsymId
+            | Feature::AtomBackboneFeat
+            | Feature::AtomCountsPerToken
+            | Feature::AtomToToken
+            | Feature::ContactConditioning
+            | Feature::EntityId
+            | Feature::FramesIdx
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::MsaMask
+            | Feature::PhFeature
+            | Feature::QueryToTemplate
+            | Feature::RSetToRepAtom
+            | Feature::RefAtomNameChars
+            | Feature::RefChirality
+            | Feature::RefElement
+            | Feature::RefSpaceUid
+            | Feature::ResType
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TemplateRestype
+            | Feature::TokenIndex
+            | Feature::TokenToRepAtom
+            | Feature::TypeBonds => Some(PadValue::Int(0)),
+            Feature::AtomResolvedMask
+            | Feature::FrameResolvedMask
+            | Feature::HasDeletion => Some(PadValue::Bool(false)),
             Feature::Msa => Some(PadValue::Int(1)),
-            Feature::MsaMask => Some(PadValue::Int(0)),
-            Feature::MsaPaired => Some(PadValue::Float(0.0)),
-            Feature::PairMask => Some(PadValue::Float(0.0)),
-            Feature::PhFeature => Some(PadValue::Int(0)),
-            Feature::Plddt => Some(PadValue::Float(0.0)),
-            Feature::Profile => Some(PadValue::Float(0.0)),
-            Feature::QueryToTemplate => Some(PadValue::Int(0)),
-            Feature::RSetToRepAtom => Some(PadValue::Int(0)),
-            Feature::RefAtomNameChars => Some(PadValue::Int(0)),
-            Feature::RefCharge => Some(PadValue::Float(0.0)),
-            Feature::RefChirality => Some(PadValue::Int(0)),
-            Feature::RefElement => Some(PadValue::Int(0)),
-            Feature::RefPos => Some(PadValue::Float(0.0)),
-            Feature::RefSpaceUid => Some(PadValue::Int(0)),
-            Feature::ResType => Some(PadValue::Int(0)),
-            Feature::ResidueIndex => Some(PadValue::Int(0)),
-            Feature::SymId => Some(PadValue::Int(0)),
-            Feature::TempFeature => Some(PadValue::Int(0)),
-            Feature::TemplateCa => Some(PadValue::Float(0.0)),
-            Feature::TemplateCb => Some(PadValue::Float(0.0)),
-            Feature::TemplateFrameRot => Some(PadValue::Float(0.0)),
-            Feature::TemplateFrameT => Some(PadValue::Float(0.0)),
-            Feature::TemplateMask => Some(PadValue::Float(0.0)),
-            Feature::TemplateMaskCb => Some(PadValue::Float(0.0)),
-            Feature::TemplateMaskFrame => Some(PadValue::Float(0.0)),
-            Feature::TemplateRestype => Some(PadValue::Int(0)),
-            Feature::TokenBonds => Some(PadValue::Float(0.0)),
-            Feature::TokenDistoMask => Some(PadValue::Float(0.0)),
-            Feature::TokenIndex => Some(PadValue::Int(0)),
-            Feature::TokenPadMask => Some(PadValue::Float(0.0)),
-            Feature::TokenPairPadMask => Some(PadValue::Float(0.0)),
-            Feature::TokenResolvedMask => Some(PadValue::Float(0.0)),
-            Feature::TokenToRepAtom => Some(PadValue::Int(0)),
-            Feature::TypeBonds => Some(PadValue::Int(0)),
-            Feature::VisibilityIds => Some(PadValue::Float(0.0)),
         }
     }
     /// For mask features (1 = valid): the semantics whose pads they zero.
     pub const fn mask_of(self) -> &'static [Semantic] {
         match self {
-            Feature::AffinityTokenMask => &[Semantic::Tokens],
-            Feature::AsymId => &[],
-            Feature::AtomBackboneFeat => &[],
-            Feature::AtomCountsPerToken => &[],
-            Feature::AtomPadMask => &[Semantic::Atoms],
-            Feature::AtomResolvedMask => &[Semantic::Atoms],
-            Feature::AtomToToken => &[],
-            Feature::Bfactor => &[],
-            Feature::ContactConditioning => &[],
-            Feature::ContactThreshold => &[],
-            Feature::Coords => &[],
-            Feature::CyclicPeriod => &[],
-            Feature::DeletionMean => &[],
-            Feature::DeletionValue => &[],
-            Feature::DistoCenter => &[],
-            Feature::DistoCoordsEnsemble => &[],
-            Feature::DistoTarget => &[],
-            Feature::EntityId => &[],
-            Feature::FrameResolvedMask => &[Semantic::Tokens],
-            Feature::FramesIdx => &[],
-            Feature::HasDeletion => &[],
-            Feature::MethodFeature => &[],
-            Feature::Modified => &[],
-            Feature::MolType => &[],
-            Feature::Msa => &[],
+            Feature::AffinityTokenMask
+            | Feature::FrameResolvedMask
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TokenDistoMask
+            | Feature::TokenPadMask
+            | Feature::TokenPairPadMask
+            | Feature::TokenResolvedMask => &[Semantic::Tokens],
+            Feature::AsymId
+            | Feature::AtomBackboneFeat
+            | Feature::AtomCountsPerToken
+            | Feature::AtomToToken
+            | Feature::Bfactor
+            | Feature::ContactConditioning
+            | Feature::ContactThreshold
+            | Feature::Coords
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::DeletionValue
+            | Feature::DistoCenter
+            | Feature::DistoCoordsEnsemble
+            | Feature::DistoTarget
+            | Feature::EntityId
+            | Feature::FramesIdx
+            | Feature::HasDeletion
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::Msa
+            | Feature::MsaPaired
+            | Feature::PhFeature
+            | Feature::Plddt
+            | Feature::Profile
+            | Feature::QueryToTemplate
+            | Feature::RSetToRepAtom
+            | Feature::RefAtomNameChars
+            | Feature::RefCharge
+            | Feature::RefChirality
+            | Feature::RefElement
+            | Feature::RefPos
+            | Feature::RefSpaceUid
+            | Feature::ResType
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameRot
+            | Feature::TemplateFrameT
+            | Feature::TemplateRestype
+            | Feature::TokenBonds
+            | Feature::TokenIndex
+            | Feature::TokenToRepAtom
+            | Feature::TypeBonds
+            | Feature::VisibilityIds => &[],
+            Feature::AtomPadMask | Feature::AtomResolvedMask | Feature::PairMask => {
+                &[Semantic::Atoms]
+            }
             Feature::MsaMask => &[Semantic::Msa, Semantic::Tokens],
-            Feature::MsaPaired => &[],
-            Feature::PairMask => &[Semantic::Atoms],
-            Feature::PhFeature => &[],
-            Feature::Plddt => &[],
-            Feature::Profile => &[],
-            Feature::QueryToTemplate => &[],
-            Feature::RSetToRepAtom => &[],
-            Feature::RefAtomNameChars => &[],
-            Feature::RefCharge => &[],
-            Feature::RefChirality => &[],
-            Feature::RefElement => &[],
-            Feature::RefPos => &[],
-            Feature::RefSpaceUid => &[],
-            Feature::ResType => &[],
-            Feature::ResidueIndex => &[],
-            Feature::SymId => &[],
-            Feature::TempFeature => &[],
-            Feature::TemplateCa => &[],
-            Feature::TemplateCb => &[],
-            Feature::TemplateFrameRot => &[],
-            Feature::TemplateFrameT => &[],
-            Feature::TemplateMask => &[Semantic::Tokens],
-            Feature::TemplateMaskCb => &[Semantic::Tokens],
-            Feature::TemplateMaskFrame => &[Semantic::Tokens],
-            Feature::TemplateRestype => &[],
-            Feature::TokenBonds => &[],
-            Feature::TokenDistoMask => &[Semantic::Tokens],
-            Feature::TokenIndex => &[],
-            Feature::TokenPadMask => &[Semantic::Tokens],
-            Feature::TokenPairPadMask => &[Semantic::Tokens],
-            Feature::TokenResolvedMask => &[Semantic::Tokens],
-            Feature::TokenToRepAtom => &[],
-            Feature::TypeBonds => &[],
-            Feature::VisibilityIds => &[],
         }
     }
     pub const fn index(self) -> Option<IndexRole> {
         match self {
-            Feature::AffinityTokenMask => None,
-            Feature::AsymId => None,
-            Feature::AtomBackboneFeat => None,
-            Feature::AtomCountsPerToken => None,
-            Feature::AtomPadMask => None,
-            Feature::AtomResolvedMask => None,
+            Feature::AffinityTokenMask
+            | Feature::AsymId
+            | Feature::AtomBackboneFeat
+            | Feature::AtomCountsPerToken
+            | Feature::AtomPadMask
+            | Feature::AtomResolvedMask
+            | Feature::Bfactor
+            | Feature::ContactConditioning
+            | Feature::ContactThreshold
+            | Feature::Coords
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::DeletionValue
+            | Feature::DistoCenter
+            | Feature::DistoCoordsEnsemble
+            | Feature::DistoTarget
+            | Feature::EntityId
+            | Feature::FrameResolvedMask
+            | Feature::HasDeletion
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::Msa
+            | Feature::MsaMask
+            | Feature::MsaPaired
+            | Feature::PairMask
+            | Feature::PhFeature
+            | Feature::Plddt
+            | Feature::Profile
+            | Feature::QueryToTemplate
+            | Feature::RefAtomNameChars
+            | Feature::RefCharge
+            | Feature::RefChirality
+            | Feature::RefElement
+            | Feature::RefPos
+            | Feature::RefSpaceUid
+            | Feature::ResType
+            | Feature::SymId
+            | Feature::TempFeature
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameRot
+            | Feature::TemplateFrameT
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TemplateRestype
+            | Feature::TokenBonds
+            | Feature::TokenDistoMask
+            | Feature::TokenPadMask
+            | Feature::TokenPairPadMask
+            | Feature::TokenResolvedMask
+            | Feature::TypeBonds
+            | Feature::VisibilityIds => None,
             Feature::AtomToToken => {
                 Some(IndexRole {
                     of: Semantic::Tokens,
@@ -1188,18 +1042,6 @@ impl Feature {
                     one_hot: Some(1),
                 })
             }
-            Feature::Bfactor => None,
-            Feature::ContactConditioning => None,
-            Feature::ContactThreshold => None,
-            Feature::Coords => None,
-            Feature::CyclicPeriod => None,
-            Feature::DeletionMean => None,
-            Feature::DeletionValue => None,
-            Feature::DistoCenter => None,
-            Feature::DistoCoordsEnsemble => None,
-            Feature::DistoTarget => None,
-            Feature::EntityId => None,
-            Feature::FrameResolvedMask => None,
             Feature::FramesIdx => {
                 Some(IndexRole {
                     of: Semantic::Atoms,
@@ -1207,134 +1049,83 @@ impl Feature {
                     one_hot: None,
                 })
             }
-            Feature::HasDeletion => None,
-            Feature::MethodFeature => None,
-            Feature::Modified => None,
-            Feature::MolType => None,
-            Feature::Msa => None,
-            Feature::MsaMask => None,
-            Feature::MsaPaired => None,
-            Feature::PairMask => None,
-            Feature::PhFeature => None,
-            Feature::Plddt => None,
-            Feature::Profile => None,
-            Feature::QueryToTemplate => None,
-            Feature::RSetToRepAtom => {
+            Feature::RSetToRepAtom | Feature::TokenToRepAtom => {
                 Some(IndexRole {
                     of: Semantic::Atoms,
                     scope: IndexScope::ShardLocal,
                     one_hot: Some(1),
                 })
             }
-            Feature::RefAtomNameChars => None,
-            Feature::RefCharge => None,
-            Feature::RefChirality => None,
-            Feature::RefElement => None,
-            Feature::RefPos => None,
-            Feature::RefSpaceUid => None,
-            Feature::ResType => None,
-            Feature::ResidueIndex => {
+            Feature::ResidueIndex | Feature::TokenIndex => {
                 Some(IndexRole {
                     of: Semantic::Tokens,
                     scope: IndexScope::Serial,
                     one_hot: None,
                 })
             }
-            Feature::SymId => None,
-            Feature::TempFeature => None,
-            Feature::TemplateCa => None,
-            Feature::TemplateCb => None,
-            Feature::TemplateFrameRot => None,
-            Feature::TemplateFrameT => None,
-            Feature::TemplateMask => None,
-            Feature::TemplateMaskCb => None,
-            Feature::TemplateMaskFrame => None,
-            Feature::TemplateRestype => None,
-            Feature::TokenBonds => None,
-            Feature::TokenDistoMask => None,
-            Feature::TokenIndex => {
-                Some(IndexRole {
-                    of: Semantic::Tokens,
-                    scope: IndexScope::Serial,
-                    one_hot: None,
-                })
-            }
-            Feature::TokenPadMask => None,
-            Feature::TokenPairPadMask => None,
-            Feature::TokenResolvedMask => None,
-            Feature::TokenToRepAtom => {
-                Some(IndexRole {
-                    of: Semantic::Atoms,
-                    scope: IndexScope::ShardLocal,
-                    one_hot: Some(1),
-                })
-            }
-            Feature::TypeBonds => None,
-            Feature::VisibilityIds => None,
         }
     }
     pub const fn workflows(self) -> &'static [Workflow] {
         match self {
             Feature::AffinityTokenMask => &[Workflow::Inference],
-            Feature::AsymId => &[Workflow::Inference, Workflow::Training],
-            Feature::AtomBackboneFeat => &[Workflow::Inference, Workflow::Training],
-            Feature::AtomCountsPerToken => &[Workflow::Inference, Workflow::Training],
-            Feature::AtomPadMask => &[Workflow::Inference, Workflow::Training],
-            Feature::AtomResolvedMask => &[Workflow::Inference, Workflow::Training],
-            Feature::AtomToToken => &[Workflow::Inference, Workflow::Training],
-            Feature::Bfactor => &[Workflow::Inference, Workflow::Training],
-            Feature::ContactConditioning => &[Workflow::Inference, Workflow::Training],
-            Feature::ContactThreshold => &[Workflow::Inference, Workflow::Training],
-            Feature::Coords => &[Workflow::Inference, Workflow::Training],
-            Feature::CyclicPeriod => &[Workflow::Inference, Workflow::Training],
-            Feature::DeletionMean => &[Workflow::Inference, Workflow::Training],
-            Feature::DeletionValue => &[Workflow::Inference, Workflow::Training],
-            Feature::DistoCenter => &[Workflow::Inference, Workflow::Training],
-            Feature::DistoCoordsEnsemble => &[Workflow::Inference, Workflow::Training],
-            Feature::DistoTarget => &[Workflow::Inference, Workflow::Training],
-            Feature::EntityId => &[Workflow::Inference, Workflow::Training],
-            Feature::FrameResolvedMask => &[Workflow::Inference, Workflow::Training],
-            Feature::FramesIdx => &[Workflow::Inference, Workflow::Training],
-            Feature::HasDeletion => &[Workflow::Inference, Workflow::Training],
-            Feature::MethodFeature => &[Workflow::Inference, Workflow::Training],
-            Feature::Modified => &[Workflow::Inference, Workflow::Training],
-            Feature::MolType => &[Workflow::Inference, Workflow::Training],
-            Feature::Msa => &[Workflow::Inference, Workflow::Training],
-            Feature::MsaMask => &[Workflow::Inference, Workflow::Training],
-            Feature::MsaPaired => &[Workflow::Inference, Workflow::Training],
-            Feature::PairMask => &[Workflow::Inference, Workflow::Training],
-            Feature::PhFeature => &[Workflow::Training],
-            Feature::Plddt => &[Workflow::Inference, Workflow::Training],
-            Feature::Profile => &[Workflow::Inference, Workflow::Training],
-            Feature::QueryToTemplate => &[Workflow::Inference, Workflow::Training],
-            Feature::RSetToRepAtom => &[Workflow::Inference, Workflow::Training],
-            Feature::RefAtomNameChars => &[Workflow::Inference, Workflow::Training],
-            Feature::RefCharge => &[Workflow::Inference, Workflow::Training],
-            Feature::RefChirality => &[Workflow::Inference, Workflow::Training],
-            Feature::RefElement => &[Workflow::Inference, Workflow::Training],
-            Feature::RefPos => &[Workflow::Inference, Workflow::Training],
-            Feature::RefSpaceUid => &[Workflow::Inference, Workflow::Training],
-            Feature::ResType => &[Workflow::Inference, Workflow::Training],
-            Feature::ResidueIndex => &[Workflow::Inference, Workflow::Training],
-            Feature::SymId => &[Workflow::Inference, Workflow::Training],
-            Feature::TempFeature => &[Workflow::Training],
-            Feature::TemplateCa => &[Workflow::Inference, Workflow::Training],
-            Feature::TemplateCb => &[Workflow::Inference, Workflow::Training],
-            Feature::TemplateFrameRot => &[Workflow::Inference, Workflow::Training],
-            Feature::TemplateFrameT => &[Workflow::Inference, Workflow::Training],
-            Feature::TemplateMask => &[Workflow::Inference, Workflow::Training],
-            Feature::TemplateMaskCb => &[Workflow::Inference, Workflow::Training],
-            Feature::TemplateMaskFrame => &[Workflow::Inference, Workflow::Training],
-            Feature::TemplateRestype => &[Workflow::Inference, Workflow::Training],
-            Feature::TokenBonds => &[Workflow::Inference, Workflow::Training],
-            Feature::TokenDistoMask => &[Workflow::Inference, Workflow::Training],
-            Feature::TokenIndex => &[Workflow::Inference, Workflow::Training],
-            Feature::TokenPadMask => &[Workflow::Inference, Workflow::Training],
-            Feature::TokenPairPadMask => &[Workflow::Inference, Workflow::Training],
-            Feature::TokenResolvedMask => &[Workflow::Inference, Workflow::Training],
-            Feature::TokenToRepAtom => &[Workflow::Inference, Workflow::Training],
-            Feature::TypeBonds => &[Workflow::Inference, Workflow::Training],
-            Feature::VisibilityIds => &[Workflow::Inference, Workflow::Training],
+            Feature::AsymId
+            | Feature::AtomBackboneFeat
+            | Feature::AtomCountsPerToken
+            | Feature::AtomPadMask
+            | Feature::AtomResolvedMask
+            | Feature::AtomToToken
+            | Feature::Bfactor
+            | Feature::ContactConditioning
+            | Feature::ContactThreshold
+            | Feature::Coords
+            | Feature::CyclicPeriod
+            | Feature::DeletionMean
+            | Feature::DeletionValue
+            | Feature::DistoCenter
+            | Feature::DistoCoordsEnsemble
+            | Feature::DistoTarget
+            | Feature::EntityId
+            | Feature::FrameResolvedMask
+            | Feature::FramesIdx
+            | Feature::HasDeletion
+            | Feature::MethodFeature
+            | Feature::Modified
+            | Feature::MolType
+            | Feature::Msa
+            | Feature::MsaMask
+            | Feature::MsaPaired
+            | Feature::PairMask
+            | Feature::Plddt
+            | Feature::Profile
+            | Feature::QueryToTemplate
+            | Feature::RSetToRepAtom
+            | Feature::RefAtomNameChars
+            | Feature::RefCharge
+            | Feature::RefChirality
+            | Feature::RefElement
+            | Feature::RefPos
+            | Feature::RefSpaceUid
+            | Feature::ResType
+            | Feature::ResidueIndex
+            | Feature::SymId
+            | Feature::TemplateCa
+            | Feature::TemplateCb
+            | Feature::TemplateFrameRot
+            | Feature::TemplateFrameT
+            | Feature::TemplateMask
+            | Feature::TemplateMaskCb
+            | Feature::TemplateMaskFrame
+            | Feature::TemplateRestype
+            | Feature::TokenBonds
+            | Feature::TokenDistoMask
+            | Feature::TokenIndex
+            | Feature::TokenPadMask
+            | Feature::TokenPairPadMask
+            | Feature::TokenResolvedMask
+            | Feature::TokenToRepAtom
+            | Feature::TypeBonds
+            | Feature::VisibilityIds => &[Workflow::Inference, Workflow::Training],
+            Feature::PhFeature | Feature::TempFeature => &[Workflow::Training],
         }
     }
 }
