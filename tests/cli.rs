@@ -293,3 +293,28 @@ fn feature_order_in_the_yaml_does_not_change_the_output() {
         );
     }
 }
+
+#[test]
+fn the_readme_spec_example_is_valid_and_places_as_its_comments_say() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = readme.find("```yaml\n").expect("README has a yaml example") + "```yaml\n".len();
+    let yaml = &readme[start..start + readme[start..].find("```").unwrap()];
+    let (_, plan) = featshard::spec::compile_str("README.md", yaml)
+        .unwrap_or_else(|d| panic!("README example is invalid:\n{}", d.render_plain()));
+    for line in yaml.lines() {
+        // `  name: {...}   # (Shard(0), Replicate())`
+        let Some((code, comment)) = line.split_once("# (") else {
+            continue;
+        };
+        let name = code.trim().split(':').next().unwrap();
+        let featshard::spec::plan::FeaturePlan::Tensor(t) = &plan.features[name] else {
+            panic!("{name} is not a tensor")
+        };
+        let shown: Vec<String> = t.placements.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            format!("({})", shown.join(", ")),
+            format!("({}", comment.trim()),
+            "{name}"
+        );
+    }
+}

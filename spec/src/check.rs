@@ -18,8 +18,8 @@ pub fn check(spec: &Spec) -> Vec<SpecError> {
     };
     c.names();
     c.semantics();
-    for (name, f, t) in spec.tensors() {
-        c.tensor(name, f, t);
+    for (name, _, t) in spec.tensors() {
+        c.tensor(name, t);
     }
     for f in spec.features.values() {
         c.workflows_of(f);
@@ -254,7 +254,7 @@ impl Checker<'_> {
         }
     }
 
-    fn tensor(&mut self, name: &str, f: &Feature, t: &TensorFeature) {
+    fn tensor(&mut self, name: &str, t: &TensorFeature) {
         let spec = self.spec;
         if t.axes.len() > limits::MAX_AXES {
             self.err(
@@ -296,7 +296,6 @@ impl Checker<'_> {
         self.role(name, t);
         self.coshard(name, t);
         self.replicate_axes(name, t);
-        let _ = f;
     }
 
     fn axis_label(t: &TensorFeature, i: usize) -> String {

@@ -90,7 +90,12 @@ fn yaml_error(e: &serde_saphyr::Error, text: &str) -> SpecError {
         .strip_prefix("error: ")
         .unwrap_or(&message)
         .to_owned();
-    let message = strip_location_prefix(&message).to_owned();
+    let message = strip_location_prefix(&message);
+    // ... and may end with " at line L, column C", which our prefix already says.
+    let message = match message.rfind(" at line ") {
+        Some(i) if message[i..].contains(", column ") => &message[..i],
+        _ => message,
+    };
     SpecError::new(format!("invalid YAML: {message}"), loc)
 }
 

@@ -257,30 +257,10 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
     })
 }
 
-/// The sharded semantics of `s`'s ownership tree (owners and owned, transitively).
-fn tree_of<'a>(spec: &'a Spec, s: &'a Semantic) -> (&'a Semantic, Vec<&'a str>) {
+/// The root of `s`'s ownership tree, following sharded owners.
+fn root_of<'a>(spec: &'a Spec, s: &'a Semantic) -> &'a Semantic {
     let mut root = s;
-    for _ in 0..spec.semantics.len() {
-        match root
-            .owner
-            .as_ref()
-            .and_then(|o| spec.semantics.get(&o.owner.name))
-        {
-            Some(o) if o.sharded => root = o,
-            _ => break,
-        }
-    }
-    let members = spec
-        .semantics
-        .values()
-        .filter(|m| m.sharded && std::ptr::eq(tree_of_root(spec, m), root))
-        .map(|m| m.name.as_str())
-        .collect();
-    (root, members)
-}
-
-fn tree_of_root<'a>(spec: &'a Spec, s: &'a Semantic) -> &'a Semantic {
-    let mut root = s;
+    // Bounded: check() has rejected cycles, and a tree is never deeper than its size.
     for _ in 0..spec.semantics.len() {
         match root
             .owner
@@ -298,10 +278,13 @@ fn padding(spec: &Spec, s: &Semantic, sharded_on: &BTreeMap<&str, BTreeSet<usize
     if !s.sharded {
         return Padding::None;
     }
-    let (root, members) = tree_of(spec, s);
+    let root = root_of(spec, s);
+    let members = spec
+        .semantics
+        .values()
+        .filter(|m| m.sharded && std::ptr::eq(root_of(spec, m), root));
     let mesh_axes: Vec<usize> = members
-        .iter()
-        .filter_map(|m| sharded_on.get(m))
+        .filter_map(|m| sharded_on.get(m.name.as_str()))
         .flatten()
         .copied()
         .collect::<BTreeSet<_>>()
