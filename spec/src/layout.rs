@@ -20,15 +20,12 @@ pub struct BlockLayout {
 }
 
 impl BlockLayout {
-    /// Builds the layout from each owner's item count. `owner_padded` (the padded owner
-    /// length) must be a multiple of `blocks`; owners past `counts.len()` are pads.
-    pub fn from_counts(counts: &[usize], owner_padded: usize, blocks: usize) -> BlockLayout {
+    /// Builds the layout from the block of every item.
+    pub fn from_item_blocks(item_blocks: &[usize], blocks: usize) -> BlockLayout {
         let blocks = blocks.max(1);
-        let owners_per_block = (owner_padded / blocks).max(1);
         let mut block_counts = vec![0usize; blocks];
-        for (owner, &c) in counts.iter().enumerate() {
-            let b = (owner / owners_per_block).min(blocks - 1);
-            block_counts[b] += c;
+        for &b in item_blocks {
+            block_counts[b.min(blocks - 1)] += 1;
         }
         let per_block = block_counts.iter().copied().max().unwrap_or(0);
         BlockLayout {
@@ -105,11 +102,13 @@ mod tests {
     #[test]
     fn uneven_owners_pad_every_block_to_the_largest() {
         // 6 tokens in 3 blocks of 2: atoms 1+2 | 0+4 | 3+1.
-        let l = BlockLayout::from_counts(&[1, 2, 0, 4, 3, 1], 6, 3);
+        let owners = [0, 1, 1, 3, 3, 3, 3, 4, 4, 4, 5];
+        let blocks: Vec<usize> = owners.iter().map(|&o| owner_block(o, 6, 3)).collect();
+        assert_eq!(blocks, vec![0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
+        let l = BlockLayout::from_item_blocks(&blocks, 3);
         assert_eq!(l.block_counts, vec![3, 4, 4]);
         assert_eq!(l.per_block, 4);
         assert_eq!(l.padded(), 12);
-        let blocks = [0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2];
         assert_eq!(
             l.positions(&blocks),
             vec![0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11]

@@ -14,7 +14,7 @@ use crate::check;
 use crate::diag::SpecError;
 use crate::infer::{self, Split, CP_AXES};
 use crate::ir::*;
-use crate::layout::{lcm_of, round_up, BlockLayout};
+use crate::layout::{lcm_of, owner_block, round_up, BlockLayout};
 
 /// Version of the plan.json format.
 pub const PLAN_VERSION: u32 = 1;
@@ -392,6 +392,12 @@ pub enum ResolveError {
     UnknownWorkflow {
         workflow: String,
     },
+    OwnerOutOfRange {
+        semantic: String,
+        owner: String,
+        index: usize,
+        len: usize,
+    },
 }
 
 impl fmt::Display for ResolveError {
@@ -415,6 +421,10 @@ impl fmt::Display for ResolveError {
                 "semantic `{semantic}`: owner counts sum to {got}, but its length is {expected}"
             ),
             ResolveError::UnknownWorkflow { workflow } => write!(f, "workflow `{workflow}` is not declared"),
+            ResolveError::OwnerOutOfRange { semantic, owner, index, len } => write!(
+                f,
+                "semantic `{semantic}`: an item is owned by `{owner}` {index}, but `{owner}` has length {len}"
+            ),
         }
     }
 }
@@ -456,35 +466,16 @@ impl Plan {
     }
 
     /// Evaluates the plan for a mesh and one sample's lengths, for the features of
-    /// `workflow` (all features for `None`).
+    /// `workflow` (all features for `None`). Owner counts are per root owner.
     pub fn resolve(
         &self,
         mesh: [usize; CP_AXES],
         lengths: &Lengths,
         workflow: Option<&str>,
     ) -> Result<Resolved, ResolveError> {
-        if mesh.contains(&0) {
-            return Err(ResolveError::BadMesh {
-                mesh: mesh.to_vec(),
-            });
-        }
-        let names = self.feature_names(workflow)?;
-        // Non-owned semantics first: owned ones need their root's padded length.
-        let mut padded = BTreeMap::new();
-        let mut blocks = BTreeMap::new();
+        let mut roots = BTreeMap::new();
         for (name, s) in &self.semantics {
-            let Some(&len) = lengths.sizes.get(name) else {
-                continue;
-            };
-            if !matches!(s.padding, Padding::OwnerBlocks { .. }) {
-                padded.insert(name.clone(), round_up(len, self.pad_multiple(name, mesh)));
-            }
-        }
-        for (name, s) in &self.semantics {
-            let Padding::OwnerBlocks {
-                root, mesh_axes, ..
-            } = &s.padding
-            else {
+            let Padding::OwnerBlocks { root, .. } = &s.padding else {
                 continue;
             };
             let Some(&len) = lengths.sizes.get(name) else {
@@ -496,15 +487,16 @@ impl Plan {
                 .ok_or_else(|| ResolveError::MissingCounts {
                     semantic: name.clone(),
                 })?;
-            let root_len = lengths.sizes.get(root).copied();
-            let root_padded = padded.get(root).copied();
-            let (Some(root_len), Some(root_padded)) = (root_len, root_padded) else {
-                return Err(ResolveError::MissingLength {
-                    semantic: root.clone(),
-                    feature: format!("(owner of {name})"),
-                    axis: 0,
-                });
-            };
+            let root_len =
+                lengths
+                    .sizes
+                    .get(root)
+                    .copied()
+                    .ok_or_else(|| ResolveError::MissingLength {
+                        semantic: root.clone(),
+                        feature: format!("(owner of {name})"),
+                        axis: 0,
+                    })?;
             if counts.len() != root_len {
                 return Err(ResolveError::CountsLength {
                     semantic: name.clone(),
@@ -521,17 +513,175 @@ impl Plan {
                     got: sum,
                 });
             }
-            let l = BlockLayout::from_counts(
-                counts,
-                root_padded,
-                lcm_of(mesh_axes.iter().map(|&m| mesh[m])),
-            );
-            padded.insert(name.clone(), l.padded());
-            blocks.insert(name.clone(), l);
+            let of_items: Vec<usize> = counts
+                .iter()
+                .enumerate()
+                .flat_map(|(owner, &c)| std::iter::repeat_n(owner, c))
+                .collect();
+            roots.insert(name.clone(), of_items);
         }
+        let layout = self.layout_from_roots(mesh, &lengths.sizes, roots)?;
+        let features = self.shapes(&layout, workflow)?;
+        Ok(Resolved {
+            mesh,
+            padded: layout.padded,
+            blocks: layout.blocks,
+            features,
+        })
+    }
 
+    /// The padded layout of one sample: its lengths and, for every owner-partitioned
+    /// semantic, who owns each item (as the spec's owner source gives it).
+    pub fn layout(
+        &self,
+        mesh: [usize; CP_AXES],
+        sizes: &BTreeMap<String, usize>,
+        owners: &BTreeMap<String, Ownership>,
+    ) -> Result<SampleLayout, ResolveError> {
+        // Chain each owned semantic to its root: owners before what they own.
+        let mut roots: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for name in self.semantic_order() {
+            let Some(SemanticPlan {
+                padding: Padding::OwnerBlocks { owner, .. },
+                ..
+            }) = self.semantics.get(name)
+            else {
+                continue;
+            };
+            let Some(&len) = sizes.get(name) else {
+                continue;
+            };
+            let owner_len = *sizes
+                .get(owner)
+                .ok_or_else(|| ResolveError::MissingLength {
+                    semantic: owner.clone(),
+                    feature: format!("(owner of {name})"),
+                    axis: 0,
+                })?;
+            let direct: Vec<usize> = match owners.get(name) {
+                None => {
+                    return Err(ResolveError::MissingCounts {
+                        semantic: name.to_owned(),
+                    })
+                }
+                Some(Ownership::Counts(counts)) => {
+                    if counts.len() != owner_len {
+                        return Err(ResolveError::CountsLength {
+                            semantic: name.to_owned(),
+                            owner: owner.clone(),
+                            expected: owner_len,
+                            got: counts.len(),
+                        });
+                    }
+                    let sum: usize = counts.iter().sum();
+                    if sum != len {
+                        return Err(ResolveError::CountsSum {
+                            semantic: name.to_owned(),
+                            expected: len,
+                            got: sum,
+                        });
+                    }
+                    counts
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(o, &c)| std::iter::repeat_n(o, c))
+                        .collect()
+                }
+                Some(Ownership::Owners(of_items)) => {
+                    if of_items.len() != len {
+                        return Err(ResolveError::CountsSum {
+                            semantic: name.to_owned(),
+                            expected: len,
+                            got: of_items.len(),
+                        });
+                    }
+                    if let Some(&bad) = of_items.iter().find(|&&o| o >= owner_len) {
+                        return Err(ResolveError::OwnerOutOfRange {
+                            semantic: name.to_owned(),
+                            owner: owner.clone(),
+                            index: bad,
+                            len: owner_len,
+                        });
+                    }
+                    of_items.clone()
+                }
+            };
+            let root_of_items = match roots.get(owner.as_str()) {
+                Some(owner_roots) => direct.iter().map(|&o| owner_roots[o]).collect(),
+                None => direct,
+            };
+            roots.insert(name.to_owned(), root_of_items);
+        }
+        self.layout_from_roots(mesh, sizes, roots)
+    }
+
+    fn layout_from_roots(
+        &self,
+        mesh: [usize; CP_AXES],
+        sizes: &BTreeMap<String, usize>,
+        roots: BTreeMap<String, Vec<usize>>,
+    ) -> Result<SampleLayout, ResolveError> {
+        if mesh.contains(&0) {
+            return Err(ResolveError::BadMesh {
+                mesh: mesh.to_vec(),
+            });
+        }
+        let mut layout = SampleLayout {
+            mesh,
+            sizes: sizes.clone(),
+            padded: BTreeMap::new(),
+            positions: BTreeMap::new(),
+            blocks: BTreeMap::new(),
+        };
+        for (name, s) in &self.semantics {
+            let Some(&len) = sizes.get(name) else {
+                continue;
+            };
+            if !matches!(s.padding, Padding::OwnerBlocks { .. }) {
+                layout
+                    .padded
+                    .insert(name.clone(), round_up(len, self.pad_multiple(name, mesh)));
+            }
+        }
+        for (name, of_items) in roots {
+            let Some(Padding::OwnerBlocks { root, .. }) =
+                self.semantics.get(&name).map(|s| &s.padding)
+            else {
+                continue;
+            };
+            let root_padded =
+                *layout
+                    .padded
+                    .get(root)
+                    .ok_or_else(|| ResolveError::MissingLength {
+                        semantic: root.clone(),
+                        feature: format!("(owner of {name})"),
+                        axis: 0,
+                    })?;
+            let blocks = self.pad_multiple(&name, mesh);
+            let item_blocks: Vec<usize> = of_items
+                .iter()
+                .map(|&o| owner_block(o, root_padded, blocks))
+                .collect();
+            let l = BlockLayout::from_item_blocks(&item_blocks, blocks);
+            layout
+                .positions
+                .insert(name.clone(), l.positions(&item_blocks));
+            layout.padded.insert(name.clone(), l.padded());
+            layout.blocks.insert(name, l);
+        }
+        Ok(layout)
+    }
+
+    /// Every feature's shapes (of `workflow`, or all) under a sample layout.
+    pub fn shapes(
+        &self,
+        layout: &SampleLayout,
+        workflow: Option<&str>,
+    ) -> Result<BTreeMap<String, FeatureShapes>, ResolveError> {
+        let mesh = layout.mesh;
         let mut features = BTreeMap::new();
-        for name in names {
+        for name in self.feature_names(workflow)? {
             let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else {
                 continue;
             };
@@ -550,8 +700,8 @@ impl Plan {
                             feature: name.to_owned(),
                             axis: i,
                         };
-                        let serial = *lengths.sizes.get(s).ok_or_else(missing)?;
-                        (serial, *padded.get(s).ok_or_else(missing)?)
+                        let serial = *layout.sizes.get(s).ok_or_else(missing)?;
+                        (serial, *layout.padded.get(s).ok_or_else(missing)?)
                     }
                     (None, Some(n)) => {
                         let n = usize::try_from(n).unwrap_or(usize::MAX);
@@ -574,13 +724,30 @@ impl Plan {
             }
             features.insert(name.to_owned(), shapes);
         }
-        Ok(Resolved {
-            mesh,
-            padded,
-            blocks,
-            features,
-        })
+        Ok(features)
     }
+}
+
+/// Who owns each item of an owner-partitioned semantic, as a sample gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// Items per direct owner, in owner order (from a `counts` feature).
+    Counts(Vec<usize>),
+    /// The direct owner of every item (from a one-hot `map` feature).
+    Owners(Vec<usize>),
+}
+
+/// One sample laid out on one mesh.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampleLayout {
+    pub mesh: [usize; CP_AXES],
+    /// Serial length of every semantic present.
+    pub sizes: BTreeMap<String, usize>,
+    /// Padded length of every semantic present.
+    pub padded: BTreeMap<String, usize>,
+    /// Owner-partitioned semantics: the padded position of every item, in serial order.
+    pub positions: BTreeMap<String, Vec<usize>>,
+    pub blocks: BTreeMap<String, BlockLayout>,
 }
 
 /// The JSON Schema (draft-07) of plan.json.
