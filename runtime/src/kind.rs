@@ -1,0 +1,36 @@
+//! Spec dtypes as tch kinds, and pad values as scalars.
+
+use featshard_spec::ir::{DType, PadValue};
+use tch::{Kind, Scalar};
+
+pub fn kind_of(d: DType) -> Kind {
+    match d {
+        DType::Bool => Kind::Bool,
+        DType::Uint8 => Kind::Uint8,
+        DType::Int8 => Kind::Int8,
+        DType::Int16 => Kind::Int16,
+        DType::Int32 => Kind::Int,
+        DType::Int64 => Kind::Int64,
+        DType::Float16 => Kind::Half,
+        DType::Bfloat16 => Kind::BFloat16,
+        DType::Float32 => Kind::Float,
+        DType::Float64 => Kind::Double,
+    }
+}
+
+/// The spec's name of a tch kind, for messages.
+pub fn kind_name(k: Kind) -> String {
+    DType::ALL
+        .into_iter()
+        .find(|d| kind_of(*d) == k)
+        .map(|d| d.name().to_owned())
+        .unwrap_or_else(|| format!("{k:?}"))
+}
+
+pub fn scalar(p: PadValue) -> Scalar {
+    match p {
+        PadValue::Bool(b) => Scalar::int(i64::from(b)),
+        PadValue::Int(i) => Scalar::int(i),
+        PadValue::Float(x) => Scalar::float(x),
+    }
+}

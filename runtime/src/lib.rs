@@ -1,0 +1,21 @@
+//! featshard's runtime: executes a [`Plan`](featshard_spec::Plan) on tch tensors.
+//!
+//! ```text
+//! serial sample --check--> lengths, owners --Plan::layout--> SampleLayout
+//!               --pad--> padded global tensors --block(rank)--> local views + DTensor metadata
+//! blocks of every rank --assemble--> padded global --unpad--> serial sample
+//! ```
+//!
+//! Every rule (placements, padded lengths, owner-block positions, remaps) comes from
+//! the plan; this crate only moves tensors accordingly.
+
+pub mod error;
+pub mod kind;
+pub mod pad;
+pub mod sample;
+pub mod shard;
+
+pub use error::RuntimeError;
+pub use pad::{pad, unpad, Padded};
+pub use sample::{Features, Options};
+pub use shard::{assemble, coords, DTensorMeta, LocalBlock};

@@ -1,0 +1,287 @@
+//! Validation of one serial sample against the plan, before any tensor is touched.
+//!
+//! Yields the run-time lengths and the ownership data the layout needs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use featshard_spec::ir::Role;
+use featshard_spec::plan::{FeaturePlan, Ownership, Padding, Plan, TensorPlan};
+use featshard_spec::ir::OwnerSource;
+use tch::{Kind, Tensor};
+
+use crate::error::{RuntimeError, TorchContext};
+use crate::kind::{kind_name, kind_of};
+
+/// One sample: feature name -> tensor.
+pub type Features = BTreeMap<String, Tensor>;
+
+/// What to process and what to let through.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Only the features of this workflow (all features of the spec for `None`).
+    pub workflow: Option<String>,
+    /// Features not in the spec (or workflow) that are carried along untouched
+    /// instead of being an error.
+    pub passthrough: BTreeSet<String>,
+}
+
+/// A sample that passed validation.
+#[derive(Debug)]
+pub struct Checked {
+    /// Tensor features to lay out, sorted.
+    pub names: Vec<String>,
+    /// Features carried along untouched, sorted.
+    pub passthrough: Vec<String>,
+    pub sizes: BTreeMap<String, usize>,
+    pub owners: BTreeMap<String, Ownership>,
+}
+
+/// Checks a sample: every feature present, no unknown ones, ranks, dtypes, channel
+/// sizes, equal lengths per semantic, ownership data and index ranges.
+pub fn check(plan: &Plan, features: &Features, opts: &Options) -> Result<Checked, RuntimeError> {
+    let wanted: BTreeSet<&str> = plan
+        .feature_names(opts.workflow.as_deref())?
+        .into_iter()
+        .collect();
+    let mut names = Vec::new();
+    let mut passthrough = Vec::new();
+    for name in &wanted {
+        match plan.features.get(*name) {
+            Some(FeaturePlan::Tensor(_)) if features.contains_key(*name) => {
+                names.push((*name).to_owned())
+            }
+            Some(FeaturePlan::Tensor(_)) => {
+                return Err(RuntimeError::Missing {
+                    feature: (*name).to_owned(),
+                })
+            }
+            // Metadata is optional in a tensor sample; when present it passes through.
+            _ if features.contains_key(*name) => passthrough.push((*name).to_owned()),
+            _ => {}
+        }
+    }
+    let unknown: Vec<String> = features
+        .keys()
+        .filter(|n| !wanted.contains(n.as_str()))
+        .filter(|n| {
+            if opts.passthrough.contains(*n) {
+                passthrough.push((*n).clone());
+                false
+            } else {
+                true
+            }
+        })
+        .cloned()
+        .collect();
+    if !unknown.is_empty() {
+        return Err(RuntimeError::Unknown { features: unknown });
+    }
+    passthrough.sort();
+
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut first: BTreeMap<String, String> = BTreeMap::new();
+    for name in &names {
+        let t = tensor_plan(plan, name)?;
+        let x = &features[name];
+        let shape = x.size();
+        if shape.len() != t.axes.len() {
+            return Err(RuntimeError::Rank {
+                feature: name.clone(),
+                expected: t.axes.len(),
+                got: shape,
+            });
+        }
+        if x.kind() != kind_of(t.dtype) {
+            return Err(RuntimeError::DType {
+                feature: name.clone(),
+                expected: t.dtype.name().to_owned(),
+                got: kind_name(x.kind()),
+            });
+        }
+        for (axis, (a, &n)) in t.axes.iter().zip(&shape).enumerate() {
+            match (&a.semantic, a.size) {
+                (None, Some(size)) => {
+                    if u64::try_from(n).ok() != Some(size) {
+                        return Err(RuntimeError::ChannelSize {
+                            feature: name.clone(),
+                            axis,
+                            expected: size,
+                            got: n,
+                        });
+                    }
+                }
+                (Some(s), _) => {
+                    let n_usize = usize::try_from(n).unwrap_or(0);
+                    match sizes.get(s) {
+                        Some(&expected) if expected != n_usize => {
+                            return Err(RuntimeError::Length {
+                                feature: name.clone(),
+                                axis,
+                                semantic: s.clone(),
+                                got: n,
+                                expected,
+                                first: first[s].clone(),
+                            })
+                        }
+                        Some(_) => {}
+                        None => {
+                            sizes.insert(s.clone(), n_usize);
+                            first.insert(s.clone(), name.clone());
+                        }
+                    }
+                }
+                (None, None) => {}
+            }
+        }
+    }
+
+    let owners = ownership(plan, features, &sizes)?;
+    for name in &names {
+        check_index(plan, name, &features[name], &sizes)?;
+    }
+    Ok(Checked {
+        names,
+        passthrough,
+        sizes,
+        owners,
+    })
+}
+
+pub(crate) fn tensor_plan<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, RuntimeError> {
+    match plan.features.get(name) {
+        Some(FeaturePlan::Tensor(t)) => Ok(t),
+        _ => Err(RuntimeError::Missing {
+            feature: name.to_owned(),
+        }),
+    }
+}
+
+/// Reads a small integer tensor into a vector.
+pub(crate) fn to_vec_i64(x: &Tensor, name: &str) -> Result<Vec<i64>, RuntimeError> {
+    let flat = x.f_to_kind(Kind::Int64).feature(name)?.f_flatten(0, -1).feature(name)?;
+    Vec::<i64>::try_from(&flat).feature(name)
+}
+
+fn ownership(
+    plan: &Plan,
+    features: &Features,
+    sizes: &BTreeMap<String, usize>,
+) -> Result<BTreeMap<String, Ownership>, RuntimeError> {
+    let mut owners = BTreeMap::new();
+    for (sem, s) in &plan.semantics {
+        let Padding::OwnerBlocks { owner, source, .. } = &s.padding else { continue };
+        let Some(&len) = sizes.get(sem) else { continue };
+        let fname = source.feature();
+        let x = features.get(fname).ok_or_else(|| RuntimeError::Missing {
+            feature: fname.to_owned(),
+        })?;
+        let owner_len = sizes.get(owner).copied().unwrap_or(0);
+        match source {
+            OwnerSource::Counts { .. } => {
+                let counts = to_vec_i64(x, fname)?;
+                let bad = |message: String| RuntimeError::Ownership {
+                    feature: fname.to_owned(),
+                    axis: 0,
+                    semantic: owner.clone(),
+                    message,
+                };
+                if let Some(c) = counts.iter().find(|&&c| c < 0) {
+                    return Err(bad(format!("negative count {c} of `{sem}`")));
+                }
+                let sum: i64 = counts.iter().sum();
+                if usize::try_from(sum).ok() != Some(len) {
+                    return Err(bad(format!(
+                        "counts of `{sem}` sum to {sum}, but the sample has {len} {sem}"
+                    )));
+                }
+                let counts = counts.into_iter().map(|c| c as usize).collect();
+                owners.insert(sem.clone(), Ownership::Counts(counts));
+            }
+            OwnerSource::Map { .. } => {
+                let rows = x.f_sum_dim_intlist(1, false, Kind::Int64).feature(fname)?;
+                let rows = to_vec_i64(&rows, fname)?;
+                if let Some((r, n)) = rows.iter().enumerate().find(|(_, &n)| n != 1) {
+                    return Err(RuntimeError::Ownership {
+                        feature: fname.to_owned(),
+                        axis: 1,
+                        semantic: owner.clone(),
+                        message: format!("row {r} of `{sem}` must have exactly one owner, has {n}"),
+                    });
+                }
+                let of = if rows.is_empty() || owner_len == 0 {
+                    Vec::new()
+                } else {
+                    to_vec_i64(&x.f_argmax(1, false).feature(fname)?, fname)?
+                };
+                owners.insert(
+                    sem.clone(),
+                    Ownership::Owners(of.into_iter().map(|o| o as usize).collect()),
+                );
+            }
+        }
+    }
+    Ok(owners)
+}
+
+fn check_index(
+    plan: &Plan,
+    name: &str,
+    x: &Tensor,
+    sizes: &BTreeMap<String, usize>,
+) -> Result<(), RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    let Role::Index(ix) = &t.role else { return Ok(()) };
+    if x.numel() == 0 {
+        return Ok(());
+    }
+    match ix.one_hot {
+        None => {
+            let len = sizes.get(&ix.of).copied().ok_or_else(|| {
+                RuntimeError::Plan(featshard_spec::plan::ResolveError::MissingLength {
+                    semantic: ix.of.clone(),
+                    feature: name.to_owned(),
+                    axis: 0,
+                })
+            })?;
+            let min = x.f_min().feature(name)?.f_int64_value(&[]).feature(name)?;
+            let max = x.f_max().feature(name)?.f_int64_value(&[]).feature(name)?;
+            if min < 0 || usize::try_from(max).map_or(true, |m| m >= len) {
+                return Err(RuntimeError::IndexRange {
+                    feature: name.to_owned(),
+                    semantic: ix.of.clone(),
+                    min,
+                    max,
+                    len,
+                });
+            }
+        }
+        Some(axis) => {
+            let bad_values = x
+                .f_ne(0)
+                .and_then(|nz| nz.f_logical_and(&x.f_ne(1)?))
+                .and_then(|b| b.f_any())
+                .and_then(|b| b.f_int64_value(&[]))
+                .feature(name)?;
+            if bad_values != 0 {
+                return Err(RuntimeError::OneHot {
+                    feature: name.to_owned(),
+                    axis,
+                    message: "values must be 0 or 1".into(),
+                });
+            }
+            let per_row = x
+                .f_sum_dim_intlist(axis as i64, false, Kind::Int64)
+                .and_then(|s| s.f_max())
+                .and_then(|m| m.f_int64_value(&[]))
+                .feature(name)?;
+            if per_row > 1 {
+                return Err(RuntimeError::OneHot {
+                    feature: name.to_owned(),
+                    axis,
+                    message: format!("a row points at {per_row} items; one-hot rows hold at most one 1"),
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! Per-rank blocks of a padded sample, their DTensor metadata, and assembly back.
+//!
+//! A rank at CP mesh coordinate `(i, j)` (rank `i * cp1 + j`) holds, for each feature,
+//! the narrow of the padded tensor along every split axis: a view, not a copy. A
+//! co-sharded (follower) axis is narrowed with its leader's coordinate, which keeps the
+//! diagonal block and makes its one-hot ids shard-local.
+
+use std::collections::BTreeMap;
+
+use featshard_spec::infer::CP_AXES;
+use featshard_spec::ir::Placement;
+use featshard_spec::plan::{Plan, Remap, SampleLayout, TensorPlan};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{RuntimeError, TorchContext};
+use crate::kind::{kind_of, scalar};
+use crate::pad::{dims, position_tensors, Padded};
+use crate::sample::{tensor_plan, Features};
+
+/// What `DTensor.from_local` needs besides the local tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DTensorMeta {
+    pub global_shape: Vec<usize>,
+    /// Contiguous strides of the global shape.
+    pub stride: Vec<usize>,
+    /// Placements on the CP sub-mesh `(cp0, cp1)`.
+    pub placements: Vec<Placement>,
+}
+
+/// One rank's block of one feature.
+#[derive(Debug)]
+pub struct LocalBlock {
+    pub tensor: Tensor,
+    pub meta: DTensorMeta,
+}
+
+/// The CP mesh coordinate of a rank, `rank = i * cp1 + j`.
+pub fn coords(mesh: [usize; CP_AXES], rank: usize) -> [usize; CP_AXES] {
+    [rank / mesh[1], rank % mesh[1]]
+}
+
+pub fn contiguous_stride(shape: &[usize]) -> Vec<usize> {
+    let mut stride = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        stride[d] = stride[d + 1] * shape[d + 1];
+    }
+    stride
+}
+
+impl Padded {
+    pub fn mesh(&self) -> [usize; CP_AXES] {
+        self.layout.mesh
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.layout.mesh.iter().product()
+    }
+
+    /// One feature's block on the rank at `coord`.
+    pub fn block(
+        &self,
+        plan: &Plan,
+        name: &str,
+        coord: [usize; CP_AXES],
+    ) -> Result<LocalBlock, RuntimeError> {
+        let t = tensor_plan(plan, name)?;
+        let x = self.tensors.get(name).ok_or_else(|| RuntimeError::Missing {
+            feature: name.to_owned(),
+        })?;
+        let shapes = &self.shapes[name];
+        let mut view = narrow_to_block(name, t, x, &shapes.local_shape, coord)?;
+        if let Remap::ShardLocal { of, mesh_axis } = &t.remap {
+            view = shift_ids(name, t, &view, of, *mesh_axis, coord, &self.layout, -1)?;
+        }
+        Ok(LocalBlock {
+            tensor: view,
+            meta: DTensorMeta {
+                global_shape: shapes.global_shape.clone(),
+                stride: contiguous_stride(&shapes.global_shape),
+                placements: t.placements.clone(),
+            },
+        })
+    }
+
+    /// Every feature's block on one rank, sorted by name.
+    pub fn rank_blocks(
+        &self,
+        plan: &Plan,
+        rank: usize,
+    ) -> Result<BTreeMap<String, LocalBlock>, RuntimeError> {
+        let coord = coords(self.mesh(), rank);
+        self.tensors
+            .keys()
+            .map(|n| Ok((n.clone(), self.block(plan, n, coord)?)))
+            .collect()
+    }
+}
+
+fn narrow_to_block(
+    name: &str,
+    t: &TensorPlan,
+    x: &Tensor,
+    local: &[usize],
+    coord: [usize; CP_AXES],
+) -> Result<Tensor, RuntimeError> {
+    let mut view = x.shallow_clone();
+    for (d, a) in t.axes.iter().enumerate() {
+        if let Some(m) = a.split.mesh_axis() {
+            let n = local[d] as i64;
+            view = view.f_narrow(d as i64, coord[m] as i64 * n, n).feature(name)?;
+        }
+    }
+    Ok(view)
+}
+
+/// Shard-local index values: subtract (`sign = -1`) or add back (`+1`) the start of the
+/// holding shard in the padded layout of `of`, at real positions only.
+fn shift_ids(
+    name: &str,
+    t: &TensorPlan,
+    block: &Tensor,
+    of: &str,
+    mesh_axis: usize,
+    coord: [usize; CP_AXES],
+    layout: &SampleLayout,
+    sign: i64,
+) -> Result<Tensor, RuntimeError> {
+    let padded = *layout.padded.get(of).ok_or_else(|| RuntimeError::Blocks {
+        feature: name.to_owned(),
+        message: format!("the layout has no length for `{of}`"),
+    })?;
+    let start = (coord[mesh_axis] * (padded / layout.mesh[mesh_axis])) as i64;
+    let real = real_mask(name, t, layout, block.size().as_slice(), coord)?;
+    let shift = real
+        .f_to_kind(block.kind())
+        .and_then(|r| r.f_mul_scalar(sign * start))
+        .feature(name)?;
+    block.f_add(&shift).feature(name)
+}
+
+/// True at the real (non-pad) entries of a feature's block at `coord`.
+fn real_mask(
+    name: &str,
+    t: &TensorPlan,
+    layout: &SampleLayout,
+    block_shape: &[i64],
+    coord: [usize; CP_AXES],
+) -> Result<Tensor, RuntimeError> {
+    let positions = position_tensors(layout);
+    let rank = t.axes.len();
+    let mut mask = Tensor::f_ones([1i64], (Kind::Bool, Device::Cpu)).feature(name)?;
+    for (d, a) in t.axes.iter().enumerate() {
+        let Some(s) = &a.semantic else { continue };
+        let padded = layout.padded.get(s).copied().unwrap_or(0) as i64;
+        let len = layout.sizes.get(s).copied().unwrap_or(0) as i64;
+        let mut axis = match positions.get(s) {
+            Some(pos) => {
+                let mut m = Tensor::f_zeros([padded], (Kind::Bool, Device::Cpu)).feature(name)?;
+                let ones = Tensor::f_ones([pos.size()[0]], (Kind::Bool, Device::Cpu)).feature(name)?;
+                let _ = m.f_index_copy_(0, pos, &ones).feature(name)?;
+                m
+            }
+            None => Tensor::f_arange(padded, (Kind::Int64, Device::Cpu))
+                .and_then(|r| r.f_lt(len))
+                .feature(name)?,
+        };
+        if let Some(m) = a.split.mesh_axis() {
+            let n = block_shape[d];
+            axis = axis.f_narrow(0, coord[m] as i64 * n, n).feature(name)?;
+        }
+        let mut view_shape = vec![1i64; rank];
+        view_shape[d] = -1;
+        mask = mask
+            .f_logical_and(&axis.f_view(view_shape.as_slice()).feature(name)?)
+            .feature(name)?;
+    }
+    Ok(mask)
+}
+
+/// Every rank's blocks (rank-ordered) back into the padded global features.
+///
+/// Ranks that hold the same region of a replicated axis must hold the same values.
+pub fn assemble(
+    plan: &Plan,
+    layout: &SampleLayout,
+    workflow: Option<&str>,
+    ranks: &[Features],
+) -> Result<Features, RuntimeError> {
+    let mesh = layout.mesh;
+    let world: usize = mesh.iter().product();
+    if ranks.len() != world {
+        return Err(RuntimeError::Blocks {
+            feature: "*".into(),
+            message: format!("{} ranks given for a {}x{} mesh", ranks.len(), mesh[0], mesh[1]),
+        });
+    }
+    let shapes = plan.shapes(layout, workflow)?;
+    let mut out = BTreeMap::new();
+    for (name, s) in &shapes {
+        let t = tensor_plan(plan, name)?;
+        let full = Tensor::f_full(
+            dims(&s.padded_shape).as_slice(),
+            scalar(t.pad_value),
+            (kind_of(t.dtype), Device::Cpu),
+        )
+        .feature(name)?;
+        let mut written: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+        for (r, blocks) in ranks.iter().enumerate() {
+            let coord = coords(mesh, r);
+            let block = blocks.get(name).ok_or_else(|| RuntimeError::Blocks {
+                feature: name.clone(),
+                message: format!("rank {r} has no block"),
+            })?;
+            if block.size() != dims(&s.local_shape) || block.kind() != kind_of(t.dtype) {
+                return Err(RuntimeError::Blocks {
+                    feature: name.clone(),
+                    message: format!(
+                        "rank {r} holds {:?} {:?}, the plan says {:?} {}",
+                        block.size(),
+                        block.kind(),
+                        s.local_shape,
+                        t.dtype
+                    ),
+                });
+            }
+            let block = match &t.remap {
+                Remap::ShardLocal { of, mesh_axis } => {
+                    shift_ids(name, t, block, of, *mesh_axis, coord, layout, 1)?
+                }
+                _ => block.shallow_clone(),
+            };
+            let mut region = narrow_to_block(name, t, &full, &s.local_shape, coord)?;
+            // The region a rank holds is identified by its coordinates on split axes.
+            let key: Vec<usize> = t
+                .axes
+                .iter()
+                .filter_map(|a| a.split.mesh_axis().map(|m| coord[m]))
+                .collect();
+            match written.get(&key) {
+                Some(&first) => {
+                    if !region.equal(&block) {
+                        return Err(RuntimeError::Blocks {
+                            feature: name.clone(),
+                            message: format!(
+                                "ranks {first} and {r} hold different copies of a replicated block"
+                            ),
+                        });
+                    }
+                }
+                None => {
+                    region.f_copy_(&block).feature(name)?;
+                    written.insert(key, r);
+                }
+            }
+        }
+        out.insert(name.clone(), full);
+    }
+    Ok(out)
+}
