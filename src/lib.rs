@@ -8,3 +8,5 @@ pub use featshard_codegen as codegen;
 pub use featshard_spec as spec;
 
 pub mod commands;
+#[cfg(feature = "runtime")]
+pub mod shards;

@@ -44,6 +44,35 @@ enum Command {
         #[arg(long)]
         workflow: Option<String>,
     },
+    /// Shard one serial sample (safetensors) into DIR/rank-<r>.safetensors + manifest.json.
+    Shard {
+        spec: PathBuf,
+        /// The serial sample, a safetensors file of feature name -> tensor.
+        #[arg(long, value_name = "FILE")]
+        features: PathBuf,
+        /// CP mesh sizes, e.g. 3x3 or 2x3.
+        #[arg(long, value_parser = commands::parse_mesh)]
+        mesh: [usize; 2],
+        /// Only the features of this workflow.
+        #[arg(long)]
+        workflow: Option<String>,
+        /// Tensors not in the spec to carry along untouched (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        passthrough: Vec<String>,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Assemble DIR's rank files back into one sample (serial, or --padded).
+    Assemble {
+        spec: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        shards: PathBuf,
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Keep the padded global layout instead of un-padding.
+        #[arg(long)]
+        padded: bool,
+    },
     /// Print the JSON Schema (draft-07) of spec files, for editor completion.
     Schema {
         /// The schema of plan.json instead.
@@ -58,6 +87,59 @@ struct LengthArg(Vec<(String, usize)>);
 
 fn parse_lengths(s: &str) -> Result<LengthArg, String> {
     commands::parse_lengths(s).map(LengthArg)
+}
+
+#[cfg(feature = "runtime")]
+fn shard(
+    spec: &std::path::Path,
+    features: &std::path::Path,
+    mesh: [usize; 2],
+    workflow: Option<&str>,
+    passthrough: &[String],
+    out: &std::path::Path,
+) -> Result<String, Failure> {
+    featshard::shards::shard(spec, features, mesh, workflow, passthrough, out)
+}
+
+#[cfg(feature = "runtime")]
+fn assemble(
+    spec: &std::path::Path,
+    shards: &std::path::Path,
+    out: &std::path::Path,
+    padded: bool,
+) -> Result<String, Failure> {
+    featshard::shards::assemble_files(spec, shards, out, padded)
+}
+
+#[cfg(not(feature = "runtime"))]
+fn shard(
+    _: &std::path::Path,
+    _: &std::path::Path,
+    _: [usize; 2],
+    _: Option<&str>,
+    _: &[String],
+    _: &std::path::Path,
+) -> Result<String, Failure> {
+    Err(no_runtime())
+}
+
+#[cfg(not(feature = "runtime"))]
+fn assemble(
+    _: &std::path::Path,
+    _: &std::path::Path,
+    _: &std::path::Path,
+    _: bool,
+) -> Result<String, Failure> {
+    Err(no_runtime())
+}
+
+#[cfg(not(feature = "runtime"))]
+fn no_runtime() -> Failure {
+    Failure::Other(
+        "this featshard was built without the tch runtime; rebuild with `--features runtime` \
+         (after `. scripts/env.sh`)"
+            .into(),
+    )
 }
 
 fn main() -> ExitCode {
@@ -84,6 +166,27 @@ fn main() -> ExitCode {
             workflow.as_deref(),
         ),
         Command::Schema { plan } => Ok(commands::schema(plan)),
+        Command::Shard {
+            spec,
+            features,
+            mesh,
+            workflow,
+            passthrough,
+            out,
+        } => shard(
+            &spec,
+            &features,
+            mesh,
+            workflow.as_deref(),
+            &passthrough,
+            &out,
+        ),
+        Command::Assemble {
+            spec,
+            shards,
+            out,
+            padded,
+        } => assemble(&spec, &shards, &out, padded),
     };
     match result {
         Ok(text) => {

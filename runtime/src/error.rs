@@ -7,13 +7,30 @@ use featshard_spec::plan::ResolveError;
 #[derive(Debug, Clone, PartialEq)]
 pub enum RuntimeError {
     /// A feature of the spec (or workflow) is not in the sample.
-    Missing { feature: String },
+    Missing {
+        feature: String,
+    },
     /// Features in the sample that the spec does not declare (and that were not
     /// passed through explicitly).
-    Unknown { features: Vec<String> },
-    Rank { feature: String, expected: usize, got: Vec<i64> },
-    DType { feature: String, expected: String, got: String },
-    ChannelSize { feature: String, axis: usize, expected: u64, got: i64 },
+    Unknown {
+        features: Vec<String>,
+    },
+    Rank {
+        feature: String,
+        expected: usize,
+        got: Vec<i64>,
+    },
+    DType {
+        feature: String,
+        expected: String,
+        got: String,
+    },
+    ChannelSize {
+        feature: String,
+        axis: usize,
+        expected: u64,
+        got: i64,
+    },
     /// Two axes of one semantic disagree on its length.
     Length {
         feature: String,
@@ -24,21 +41,49 @@ pub enum RuntimeError {
         first: String,
     },
     /// An owner count or owner map is inconsistent with the owned axis.
-    Ownership { feature: String, axis: usize, semantic: String, message: String },
+    Ownership {
+        feature: String,
+        axis: usize,
+        semantic: String,
+        message: String,
+    },
     /// Index values outside the indexed semantic.
-    IndexRange { feature: String, semantic: String, min: i64, max: i64, len: usize },
+    IndexRange {
+        feature: String,
+        semantic: String,
+        min: i64,
+        max: i64,
+        len: usize,
+    },
     /// A one-hot feature with values other than 0/1 or rows with several ones.
-    OneHot { feature: String, axis: usize, message: String },
+    OneHot {
+        feature: String,
+        axis: usize,
+        message: String,
+    },
     /// A block-diagonal feature with entries outside the diagonal blocks: sharding
     /// would drop them.
-    OffDiagonal { feature: String, axis: usize, semantic: String },
+    OffDiagonal {
+        feature: String,
+        axis: usize,
+        semantic: String,
+    },
     /// The sample does not fit the plan's rules for this mesh.
     Plan(ResolveError),
     /// Blocks given to `assemble` do not match the plan.
-    Blocks { feature: String, message: String },
+    Blocks {
+        feature: String,
+        message: String,
+    },
     /// A failure inside libtorch (a bug if it happens after validation).
-    Torch { feature: String, message: String },
-    Io { path: String, message: String },
+    Torch {
+        feature: String,
+        message: String,
+    },
+    Io {
+        path: String,
+        message: String,
+    },
 }
 
 impl fmt::Display for RuntimeError {

@@ -14,6 +14,7 @@ pub mod kind;
 pub mod pad;
 pub mod sample;
 pub mod shard;
+pub mod synthetic;
 
 pub use error::RuntimeError;
 pub use pad::{pad, unpad, Padded};

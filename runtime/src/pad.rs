@@ -101,8 +101,12 @@ fn pad_one(
     positions: &BTreeMap<String, Tensor>,
 ) -> Result<Tensor, RuntimeError> {
     let padded = dims(&shapes.padded_shape);
-    let out = Tensor::f_full(padded.as_slice(), scalar(t.pad_value), (kind_of(t.dtype), x.device()))
-        .feature(name)?;
+    let out = Tensor::f_full(
+        padded.as_slice(),
+        scalar(t.pad_value),
+        (kind_of(t.dtype), x.device()),
+    )
+    .feature(name)?;
     // Owner-partitioned axes scatter by position; the others keep their prefix.
     let owned: Vec<(usize, &Tensor)> = t
         .axes
@@ -118,8 +122,12 @@ fn pad_one(
     for &(d, pos) in owned.iter().take(owned.len().saturating_sub(1)) {
         let mut shape = src.size();
         shape[d] = padded[d];
-        let mut tmp = Tensor::f_full(shape.as_slice(), scalar(t.pad_value), (src.kind(), src.device()))
-            .feature(name)?;
+        let mut tmp = Tensor::f_full(
+            shape.as_slice(),
+            scalar(t.pad_value),
+            (src.kind(), src.device()),
+        )
+        .feature(name)?;
         let _ = tmp.f_index_copy_(d as i64, pos, &src).feature(name)?;
         src = tmp;
     }
@@ -149,7 +157,9 @@ fn check_diagonal(
 ) -> Result<(), RuntimeError> {
     use featshard_spec::infer::Split;
     for (axis, a) in t.axes.iter().enumerate() {
-        let Split::Follows { leader, mesh_axis } = a.split else { continue };
+        let Split::Follows { leader, mesh_axis } = a.split else {
+            continue;
+        };
         let parts = layout.mesh[mesh_axis] as i64;
         if parts == 1 {
             continue;
@@ -215,9 +225,18 @@ pub fn unpad(
                         Ok(inv)
                     })
                     .feature(name)?;
-                let flat = y.f_flatten(0, -1).and_then(|f| f.f_to_kind(Kind::Int64)).feature(name)?;
+                let flat = y
+                    .f_flatten(0, -1)
+                    .and_then(|f| f.f_to_kind(Kind::Int64))
+                    .feature(name)?;
                 let serial = inverse.f_index_select(0, &flat).feature(name)?;
-                if serial.numel() > 0 && serial.f_min().and_then(|m| m.f_int64_value(&[])).feature(name)? < 0 {
+                if serial.numel() > 0
+                    && serial
+                        .f_min()
+                        .and_then(|m| m.f_int64_value(&[]))
+                        .feature(name)?
+                        < 0
+                {
                     return Err(RuntimeError::Blocks {
                         feature: name.clone(),
                         message: format!("an index points at a pad position of `{of}`"),

@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use featshard_spec::ir::OwnerSource;
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeaturePlan, Ownership, Padding, Plan, TensorPlan};
-use featshard_spec::ir::OwnerSource;
 use tch::{Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
@@ -147,7 +147,8 @@ pub fn check(plan: &Plan, features: &Features, opts: &Options) -> Result<Checked
     })
 }
 
-pub(crate) fn tensor_plan<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, RuntimeError> {
+/// The tensor plan of a feature; metadata and unknown names are `Missing`.
+pub fn tensor_plan<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, RuntimeError> {
     match plan.features.get(name) {
         Some(FeaturePlan::Tensor(t)) => Ok(t),
         _ => Err(RuntimeError::Missing {
@@ -158,7 +159,11 @@ pub(crate) fn tensor_plan<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPl
 
 /// Reads a small integer tensor into a vector.
 pub(crate) fn to_vec_i64(x: &Tensor, name: &str) -> Result<Vec<i64>, RuntimeError> {
-    let flat = x.f_to_kind(Kind::Int64).feature(name)?.f_flatten(0, -1).feature(name)?;
+    let flat = x
+        .f_to_kind(Kind::Int64)
+        .feature(name)?
+        .f_flatten(0, -1)
+        .feature(name)?;
     Vec::<i64>::try_from(&flat).feature(name)
 }
 
@@ -169,7 +174,9 @@ fn ownership(
 ) -> Result<BTreeMap<String, Ownership>, RuntimeError> {
     let mut owners = BTreeMap::new();
     for (sem, s) in &plan.semantics {
-        let Padding::OwnerBlocks { owner, source, .. } = &s.padding else { continue };
+        let Padding::OwnerBlocks { owner, source, .. } = &s.padding else {
+            continue;
+        };
         let Some(&len) = sizes.get(sem) else { continue };
         let fname = source.feature();
         let x = features.get(fname).ok_or_else(|| RuntimeError::Missing {
@@ -230,7 +237,9 @@ fn check_index(
     sizes: &BTreeMap<String, usize>,
 ) -> Result<(), RuntimeError> {
     let t = tensor_plan(plan, name)?;
-    let Role::Index(ix) = &t.role else { return Ok(()) };
+    let Role::Index(ix) = &t.role else {
+        return Ok(());
+    };
     if x.numel() == 0 {
         return Ok(());
     }
@@ -278,7 +287,9 @@ fn check_index(
                 return Err(RuntimeError::OneHot {
                     feature: name.to_owned(),
                     axis,
-                    message: format!("a row points at {per_row} items; one-hot rows hold at most one 1"),
+                    message: format!(
+                        "a row points at {per_row} items; one-hot rows hold at most one 1"
+                    ),
                 });
             }
         }

@@ -65,9 +65,12 @@ impl Padded {
         coord: [usize; CP_AXES],
     ) -> Result<LocalBlock, RuntimeError> {
         let t = tensor_plan(plan, name)?;
-        let x = self.tensors.get(name).ok_or_else(|| RuntimeError::Missing {
-            feature: name.to_owned(),
-        })?;
+        let x = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| RuntimeError::Missing {
+                feature: name.to_owned(),
+            })?;
         let shapes = &self.shapes[name];
         let mut view = narrow_to_block(name, t, x, &shapes.local_shape, coord)?;
         if let Remap::ShardLocal { of, mesh_axis } = &t.remap {
@@ -108,7 +111,9 @@ fn narrow_to_block(
     for (d, a) in t.axes.iter().enumerate() {
         if let Some(m) = a.split.mesh_axis() {
             let n = local[d] as i64;
-            view = view.f_narrow(d as i64, coord[m] as i64 * n, n).feature(name)?;
+            view = view
+                .f_narrow(d as i64, coord[m] as i64 * n, n)
+                .feature(name)?;
         }
     }
     Ok(view)
@@ -157,7 +162,8 @@ fn real_mask(
         let mut axis = match positions.get(s) {
             Some(pos) => {
                 let mut m = Tensor::f_zeros([padded], (Kind::Bool, Device::Cpu)).feature(name)?;
-                let ones = Tensor::f_ones([pos.size()[0]], (Kind::Bool, Device::Cpu)).feature(name)?;
+                let ones =
+                    Tensor::f_ones([pos.size()[0]], (Kind::Bool, Device::Cpu)).feature(name)?;
                 let _ = m.f_index_copy_(0, pos, &ones).feature(name)?;
                 m
             }
@@ -192,7 +198,12 @@ pub fn assemble(
     if ranks.len() != world {
         return Err(RuntimeError::Blocks {
             feature: "*".into(),
-            message: format!("{} ranks given for a {}x{} mesh", ranks.len(), mesh[0], mesh[1]),
+            message: format!(
+                "{} ranks given for a {}x{} mesh",
+                ranks.len(),
+                mesh[0],
+                mesh[1]
+            ),
         });
     }
     let shapes = plan.shapes(layout, workflow)?;

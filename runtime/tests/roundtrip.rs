@@ -44,7 +44,13 @@ fn assert_same(a: &Features, b: &Features, what: &str) -> Result<(), TestCaseErr
 /// Atom counts with zero-atom tokens, a run of empty tokens (a shard with no atoms)
 /// and sometimes one giant token.
 fn counts_strategy() -> impl Strategy<Value = Vec<i64>> {
-    (1usize..24, prop::collection::vec(0i64..5, 24), 0usize..24, 0usize..8, any::<bool>())
+    (
+        1usize..24,
+        prop::collection::vec(0i64..5, 24),
+        0usize..24,
+        0usize..8,
+        any::<bool>(),
+    )
         .prop_map(|(n, c, empty_from, empty_len, giant)| {
             let mut counts: Vec<i64> = c[..n].to_vec();
             for t in empty_from.min(n)..(empty_from + empty_len).min(n) {
@@ -141,12 +147,19 @@ fn check_index_meaning(mesh: [usize; 2]) {
             let global_atom = i as i64 * a_loc + row;
             let owner = owner_at[global_atom as usize];
             if r.sum(tch::Kind::Int64).int64_value(&[]) == 0 {
-                assert_eq!(owner, -1, "real atom {global_atom} lost its token on rank {rank}");
+                assert_eq!(
+                    owner, -1,
+                    "real atom {global_atom} lost its token on rank {rank}"
+                );
                 continue;
             }
             let local = r.argmax(0, false).int64_value(&[]);
             assert!(local < n_loc, "column ids are shard-local");
-            assert_eq!(i as i64 * n_loc + local, owner, "rank {rank} atom row {row}");
+            assert_eq!(
+                i as i64 * n_loc + local,
+                owner,
+                "rank {rank} atom row {row}"
+            );
         }
         // r_set_to_rep_atom: every real row ends on the shard owning its token.
         let r2a = &blocks["r_set_to_rep_atom"].tensor;
@@ -158,7 +171,11 @@ fn check_index_meaning(mesh: [usize; 2]) {
             let atom = i as i64 * a_loc + r.argmax(0, false).int64_value(&[]);
             let token = owner_at[atom as usize];
             assert!(token >= 0, "R row points at a pad atom");
-            assert_eq!(token / n_loc, i as i64, "R row on rank {rank} belongs to another shard");
+            assert_eq!(
+                token / n_loc,
+                i as i64,
+                "R row on rank {rank} belongs to another shard"
+            );
         }
     }
     // frames_idx points at the same atoms as serially (ref_pos is per atom).
@@ -170,8 +187,13 @@ fn check_index_meaning(mesh: [usize; 2]) {
     let padded_coords = ref_pos
         .index_select(0, &frames.narrow(1, 0, n).flatten(0, -1))
         .view([2, n, 3, 3]);
-    let serial_coords = serial_ref.index_select(0, &serial_frames.flatten(0, -1)).view([2, n, 3, 3]);
-    assert!(padded_coords.equal(&serial_coords), "frames_idx points at other atoms");
+    let serial_coords = serial_ref
+        .index_select(0, &serial_frames.flatten(0, -1))
+        .view([2, n, 3, 3]);
+    assert!(
+        padded_coords.equal(&serial_coords),
+        "frames_idx points at other atoms"
+    );
 }
 
 #[test]
@@ -189,13 +211,24 @@ fn dtensor_metadata_matches_the_plan() {
     let plan = common::boltz2_plan();
     let sample = common::boltz_sample(&plan, &[2, 1, 3, 0, 2], 1);
     let padded = pad(&plan, [2, 3], &sample, &inference()).expect("pad");
-    let b = padded.block(&plan, "token_pair_pad_mask", [1, 2]).expect("block");
-    assert_eq!(b.meta.placements, vec![featshard_spec::Placement::Shard(0), featshard_spec::Placement::Shard(1)]);
+    let b = padded
+        .block(&plan, "token_pair_pad_mask", [1, 2])
+        .expect("block");
+    assert_eq!(
+        b.meta.placements,
+        vec![
+            featshard_spec::Placement::Shard(0),
+            featshard_spec::Placement::Shard(1)
+        ]
+    );
     assert_eq!(b.meta.global_shape, vec![6, 6]);
     assert_eq!(b.meta.stride, vec![6, 1]);
     assert_eq!(b.tensor.size(), vec![3, 2]);
     let b = padded.block(&plan, "atom_to_token", [1, 0]).expect("block");
-    assert_eq!(b.meta.global_shape[1], 3, "co-sharded axis counts one block");
+    assert_eq!(
+        b.meta.global_shape[1], 3,
+        "co-sharded axis counts one block"
+    );
 }
 
 #[test]
@@ -206,5 +239,8 @@ fn a_block_on_a_leading_axis_is_a_view_of_the_padded_tensor() {
     let b = padded.block(&plan, "ref_pos", [1, 0]).expect("block");
     let base = padded.tensors["ref_pos"].data_ptr() as usize;
     let ptr = b.tensor.data_ptr() as usize;
-    assert!(ptr > base, "block of rank 1 must alias the padded tensor, not copy it");
+    assert!(
+        ptr > base,
+        "block of rank 1 must alias the padded tensor, not copy it"
+    );
 }

@@ -738,7 +738,7 @@ pub enum Ownership {
 }
 
 /// One sample laid out on one mesh.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SampleLayout {
     pub mesh: [usize; CP_AXES],
     /// Serial length of every semantic present.

@@ -1,0 +1,219 @@
+//! Synthetic serial samples for any plan: random values with consistent structure
+//! (owner counts, owner maps, one-hot maps and index values that point at real items).
+//!
+//! For tests, benchmarks and examples; a real pipeline reads its featurizer's output.
+
+use std::collections::BTreeMap;
+
+use featshard_spec::ir::{OwnerSource, Role};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{RuntimeError, TorchContext};
+use crate::kind::kind_of;
+use crate::sample::Features;
+
+/// The shape of a synthetic sample.
+#[derive(Clone, Debug, Default)]
+pub struct Shape {
+    /// Length of every semantic that is not owner-partitioned.
+    pub sizes: BTreeMap<String, usize>,
+    /// For owner-partitioned semantics with a `counts` source: items per direct owner.
+    pub counts: BTreeMap<String, Vec<usize>>,
+    /// For owner-partitioned semantics with a `map` source: how many items (each owned
+    /// by an owner item spread evenly over the owner axis).
+    pub mapped: BTreeMap<String, usize>,
+}
+
+/// A random serial sample of `workflow` (all features for `None`) with this shape.
+pub fn sample(
+    plan: &Plan,
+    workflow: Option<&str>,
+    shape: &Shape,
+    seed: i64,
+) -> Result<Features, RuntimeError> {
+    tch::manual_seed(seed);
+    let mut sizes = shape.sizes.clone();
+    // Direct owner of every item of each owned semantic.
+    let mut owner_of: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for sem in plan.semantic_order() {
+        let Some(Padding::OwnerBlocks { owner, source, .. }) =
+            plan.semantics.get(sem).map(|s| &s.padding)
+        else {
+            continue;
+        };
+        let owners = match source {
+            OwnerSource::Counts { .. } => {
+                let counts = shape.counts.get(sem).cloned().unwrap_or_default();
+                counts
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(o, &c)| std::iter::repeat_n(o, c))
+                    .collect::<Vec<_>>()
+            }
+            OwnerSource::Map { .. } => {
+                let n = shape.mapped.get(sem).copied().unwrap_or(0);
+                let owner_len = sizes.get(owner).copied().unwrap_or(0);
+                if owner_len == 0 {
+                    Vec::new()
+                } else {
+                    (0..n).map(|r| r * owner_len / n.max(1)).collect()
+                }
+            }
+        };
+        sizes.insert(sem.to_owned(), owners.len());
+        owner_of.insert(sem.to_owned(), owners);
+    }
+    let names = plan.feature_names(workflow)?;
+    let mut out = Features::new();
+    for name in names {
+        let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
+            continue;
+        };
+        let dims: Vec<i64> = t
+            .axes
+            .iter()
+            .map(|a| match (&a.semantic, a.size) {
+                (Some(s), _) => sizes.get(s).copied().unwrap_or(0) as i64,
+                (None, Some(n)) => n as i64,
+                (None, None) => 0,
+            })
+            .collect();
+        let kind = kind_of(t.dtype);
+        let x = match structured(plan, name, &dims, &owner_of, &sizes, kind)? {
+            Some(x) => x,
+            None => random(name, &t.role, &dims, kind, &sizes)?,
+        };
+        out.insert(name.to_owned(), x);
+    }
+    Ok(out)
+}
+
+/// Owner counts, owner maps and one-hot maps between an owner and its items.
+fn structured(
+    plan: &Plan,
+    name: &str,
+    dims: &[i64],
+    owner_of: &BTreeMap<String, Vec<usize>>,
+    sizes: &BTreeMap<String, usize>,
+    kind: Kind,
+) -> Result<Option<Tensor>, RuntimeError> {
+    for (sem, s) in &plan.semantics {
+        let Padding::OwnerBlocks { owner, source, .. } = &s.padding else {
+            continue;
+        };
+        if source.feature() != name {
+            continue;
+        }
+        let owners = &owner_of[sem];
+        return Ok(Some(match source {
+            OwnerSource::Counts { .. } => {
+                let mut counts = vec![0i64; sizes.get(owner).copied().unwrap_or(0)];
+                for &o in owners {
+                    counts[o] += 1;
+                }
+                Tensor::from_slice(&counts).f_to_kind(kind).feature(name)?
+            }
+            OwnerSource::Map { .. } => {
+                one_hot(name, dims, owners.iter().copied().enumerate(), kind)?
+            }
+        }));
+    }
+    let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
+        return Ok(None);
+    };
+    let Role::Index(ix) = &t.role else {
+        return Ok(None);
+    };
+    let (Some(hot), 2) = (ix.one_hot, t.axes.len()) else {
+        return Ok(None);
+    };
+    let row_sem = t.axes[1 - hot].semantic.as_deref().unwrap_or_default();
+    // Rows owned by the indexed semantic: each row points at its owner.
+    if let Some(chain) = owner_chain(plan, row_sem, &ix.of, owner_of) {
+        let pairs = chain.into_iter().enumerate();
+        return one_hot(name, dims, pairs, kind).map(Some);
+    }
+    // Rows that own the indexed items: each row points at its first item, if any.
+    if let Some(chain) = owner_chain(plan, &ix.of, row_sem, owner_of) {
+        let mut first: BTreeMap<usize, usize> = BTreeMap::new();
+        for (item, &o) in chain.iter().enumerate() {
+            first.entry(o).or_insert(item);
+        }
+        return one_hot(name, dims, first.into_iter(), kind).map(Some);
+    }
+    Ok(None)
+}
+
+/// For every item of `item`, its (transitive) owner in `owner`, if `owner` owns `item`.
+fn owner_chain(
+    plan: &Plan,
+    item: &str,
+    owner: &str,
+    owner_of: &BTreeMap<String, Vec<usize>>,
+) -> Option<Vec<usize>> {
+    let mut map: Vec<usize> = owner_of.get(item)?.clone();
+    let mut cur = item;
+    loop {
+        let Some(Padding::OwnerBlocks { owner: next, .. }) =
+            plan.semantics.get(cur).map(|s| &s.padding)
+        else {
+            return None;
+        };
+        if next == owner {
+            return Some(map);
+        }
+        let up = owner_of.get(next.as_str())?;
+        map = map.iter().map(|&o| up[o]).collect();
+        cur = next;
+    }
+}
+
+fn one_hot(
+    name: &str,
+    dims: &[i64],
+    hot: impl Iterator<Item = (usize, usize)>,
+    kind: Kind,
+) -> Result<Tensor, RuntimeError> {
+    let (rows, cols): (Vec<i64>, Vec<i64>) = hot.map(|(r, c)| (r as i64, c as i64)).unzip();
+    let mut m = Tensor::f_zeros(dims, (kind, Device::Cpu)).feature(name)?;
+    if !rows.is_empty() {
+        let ones = Tensor::f_ones([rows.len() as i64], (kind, Device::Cpu)).feature(name)?;
+        let idx = [
+            Some(Tensor::from_slice(&rows)),
+            Some(Tensor::from_slice(&cols)),
+        ];
+        let _ = m.f_index_put_(&idx, &ones, false).feature(name)?;
+    }
+    Ok(m)
+}
+
+fn random(
+    name: &str,
+    role: &Role,
+    dims: &[i64],
+    kind: Kind,
+    sizes: &BTreeMap<String, usize>,
+) -> Result<Tensor, RuntimeError> {
+    let opts = (Kind::Float, Device::Cpu);
+    match role {
+        Role::Index(ix) if ix.one_hot.is_none() => {
+            let n = sizes.get(&ix.of).copied().unwrap_or(0).max(1) as i64;
+            Tensor::f_randint_low(0, n, dims, (kind, Device::Cpu)).feature(name)
+        }
+        Role::Mask { .. } | Role::Index(_) => Tensor::f_rand(dims, opts)
+            .and_then(|r| r.f_gt(0.3))
+            .and_then(|b| b.f_to_kind(kind))
+            .feature(name),
+        Role::Data => match kind {
+            Kind::Bool => Tensor::f_rand(dims, opts)
+                .and_then(|r| r.f_gt(0.5))
+                .feature(name),
+            Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double => Tensor::f_rand(dims, opts)
+                .and_then(|r| r.f_add_scalar(0.5))
+                .and_then(|r| r.f_to_kind(kind))
+                .feature(name),
+            _ => Tensor::f_randint_low(1, 7, dims, (kind, Device::Cpu)).feature(name),
+        },
+    }
+}

@@ -1,0 +1,202 @@
+//! Every class of bad sample gives its own error, naming the feature (and axis).
+
+mod common;
+
+use featshard_runtime::{pad, Features, Options, RuntimeError};
+use tch::{Kind, Tensor};
+
+const COUNTS: [i64; 6] = [2, 1, 0, 3, 2, 1];
+
+fn sample() -> (featshard_spec::Plan, Features) {
+    let plan = common::boltz2_plan();
+    let s = common::boltz_sample(&plan, &COUNTS, 3);
+    (plan, s)
+}
+
+fn inference() -> Options {
+    Options {
+        workflow: Some("inference".into()),
+        ..Options::default()
+    }
+}
+
+fn error(plan: &featshard_spec::Plan, s: &Features) -> RuntimeError {
+    pad(plan, [2, 3], s, &inference()).expect_err("bad sample was accepted")
+}
+
+#[test]
+fn the_unmodified_sample_is_accepted() {
+    let (plan, s) = sample();
+    pad(&plan, [2, 3], &s, &inference()).expect("valid sample");
+}
+
+#[test]
+fn a_missing_feature() {
+    let (plan, mut s) = sample();
+    s.remove("ref_pos");
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::Missing { feature } if feature == "ref_pos"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("feature `ref_pos`"));
+}
+
+#[test]
+fn an_unknown_feature_unless_passed_through() {
+    let (plan, mut s) = sample();
+    s.insert("record_id".into(), Tensor::from_slice(&[7i64]));
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::Unknown { features } if features == &["record_id".to_string()]),
+        "{e}"
+    );
+    let opts = Options {
+        passthrough: ["record_id".to_string()].into(),
+        ..inference()
+    };
+    let padded = pad(&plan, [2, 3], &s, &opts).expect("passed through");
+    assert!(padded.passthrough.contains_key("record_id"));
+}
+
+#[test]
+fn a_feature_of_another_workflow() {
+    let (plan, mut s) = sample();
+    s.insert(
+        "temp_feature".into(),
+        Tensor::zeros([6], (Kind::Int64, tch::Device::Cpu)),
+    );
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::Unknown { features } if features == &["temp_feature".to_string()]),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_wrong_rank() {
+    let (plan, mut s) = sample();
+    s.insert("res_type".into(), s["res_type"].flatten(0, -1));
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::Rank { feature, expected: 2, .. } if feature == "res_type"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_wrong_dtype() {
+    let (plan, mut s) = sample();
+    s.insert("ref_pos".into(), s["ref_pos"].to_kind(Kind::Double));
+    let e = error(&plan, &s);
+    assert_eq!(
+        e.to_string(),
+        "feature `ref_pos`: expected dtype float32, got float64"
+    );
+}
+
+#[test]
+fn a_wrong_channel_size() {
+    let (plan, mut s) = sample();
+    s.insert("ref_pos".into(), s["ref_pos"].narrow(1, 0, 2));
+    let e = error(&plan, &s);
+    assert_eq!(
+        e.to_string(),
+        "feature `ref_pos`, axis 1 (channel): expected size 3, got 2"
+    );
+}
+
+#[test]
+fn unequal_lengths_of_one_semantic() {
+    let (plan, mut s) = sample();
+    s.insert("token_bonds".into(), s["token_bonds"].narrow(1, 0, 5));
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::Length { feature, axis: 1, semantic, .. } if feature == "token_bonds" && semantic == "tokens"),
+        "{e}"
+    );
+}
+
+#[test]
+fn owner_counts_that_do_not_sum_to_the_atoms() {
+    let (plan, mut s) = sample();
+    s.insert(
+        "atom_counts_per_token".into(),
+        Tensor::from_slice(&[2i64, 1, 0, 3, 2, 2]),
+    );
+    let e = error(&plan, &s);
+    assert!(
+        e.to_string().starts_with(
+            "feature `atom_counts_per_token`, axis 0 (tokens): counts of `atoms` sum to 10"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn negative_owner_counts() {
+    let (plan, mut s) = sample();
+    s.insert(
+        "atom_counts_per_token".into(),
+        Tensor::from_slice(&[3i64, 1, -1, 3, 2, 1]),
+    );
+    let e = error(&plan, &s);
+    assert!(e.to_string().contains("negative count -1"), "{e}");
+}
+
+#[test]
+fn an_owner_map_row_without_an_owner() {
+    let (plan, mut s) = sample();
+    let m = s["r_set_to_rep_atom"].copy();
+    let _ = m.get(0).fill_(0);
+    s.insert("r_set_to_rep_atom".into(), m);
+    let e = error(&plan, &s);
+    assert!(
+        e.to_string().starts_with("feature `r_set_to_rep_atom`, axis 1 (atoms): row 0 of `rset` must have exactly one owner"),
+        "{e}"
+    );
+}
+
+#[test]
+fn index_values_out_of_range() {
+    let (plan, mut s) = sample();
+    let f = s["frames_idx"].copy();
+    let _ = f.get(0).get(0).get(0).fill_(9); // 9 atoms: valid ids are 0..8
+    s.insert("frames_idx".into(), f);
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::IndexRange { feature, semantic, max: 9, len: 9, .. } if feature == "frames_idx" && semantic == "atoms"),
+        "{e}"
+    );
+    assert!(e
+        .to_string()
+        .starts_with("feature `frames_idx`: index values must lie in [0, 9) of `atoms`"));
+}
+
+#[test]
+fn a_one_hot_that_is_not_one_hot() {
+    let (plan, mut s) = sample();
+    let m = s["token_to_rep_atom"].copy();
+    let _ = m.get(0).get(1).fill_(1); // token 0 now has two representative atoms
+    s.insert("token_to_rep_atom".into(), m);
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::OneHot { feature, axis: 1, .. } if feature == "token_to_rep_atom"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_map_entry_outside_its_diagonal_block() {
+    let (plan, mut s) = sample();
+    // Atom 0 (token 0, first shard) claims token 5 (last shard) as its owner.
+    let m = s["atom_to_token"].copy();
+    let _ = m.get(0).fill_(0);
+    let _ = m.get(0).get(5).fill_(1);
+    s.insert("atom_to_token".into(), m);
+    let e = error(&plan, &s);
+    assert_eq!(
+        e.to_string(),
+        "feature `atom_to_token`, axis 1 (tokens): nonzero entries outside the diagonal blocks; each item must point at an item of its own shard"
+    );
+}
