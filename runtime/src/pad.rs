@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::infer::CP_AXES;
+use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 use tch::{Device, Kind, Tensor};
 
@@ -40,7 +41,7 @@ pub fn pad(
     for name in &checked.names {
         let t = tensor_plan(plan, name)?;
         let x = remap_to_padded(name, t, &features[name], &positions)?;
-        let out = pad_one(name, t, &x, &shapes[name], &positions)?;
+        let out = pad_one(name, t, &x, &shapes[name], &layout, &positions)?;
         check_diagonal(name, t, &out, &layout)?;
         tensors.insert(name.clone(), out);
     }
@@ -72,6 +73,60 @@ pub(crate) fn dims(v: &[usize]) -> Vec<i64> {
     v.iter().map(|&d| d as i64).collect()
 }
 
+/// A stretch of consecutive items copied as one: serial `src..src+len` lands at
+/// padded `dst..dst+len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    src: i64,
+    dst: i64,
+    len: i64,
+}
+
+/// More block copies than this per feature and the copy falls back to `index_copy_`.
+const MAX_RUN_COPIES: usize = 4096;
+
+/// The runs of one axis: one for an end-padded axis, one per owner block (when items
+/// are in owner order, as counts give them) for an owner-partitioned axis.
+fn runs_of(positions: Option<&Vec<usize>>, len: usize) -> Vec<Run> {
+    let Some(pos) = positions else {
+        return vec![Run {
+            src: 0,
+            dst: 0,
+            len: len as i64,
+        }];
+    };
+    let mut runs: Vec<Run> = Vec::new();
+    for (i, &p) in pos.iter().enumerate() {
+        match runs.last_mut() {
+            Some(r) if r.src + r.len == i as i64 && r.dst + r.len == p as i64 => r.len += 1,
+            _ => runs.push(Run {
+                src: i as i64,
+                dst: p as i64,
+                len: 1,
+            }),
+        }
+    }
+    runs
+}
+
+/// The pad ranges `(start, len)` of an axis: everything its runs do not cover.
+fn gaps(runs: &[Run], padded: i64) -> Vec<(i64, i64)> {
+    let mut covered: Vec<(i64, i64)> = runs.iter().map(|r| (r.dst, r.dst + r.len)).collect();
+    covered.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (a, b) in covered {
+        if a > at {
+            out.push((at, a - at));
+        }
+        at = at.max(b);
+    }
+    if at < padded {
+        out.push((at, padded - at));
+    }
+    out
+}
+
 /// Index values that point into an owner-partitioned layout move with their items.
 fn remap_to_padded(
     name: &str,
@@ -93,29 +148,86 @@ fn remap_to_padded(
         .feature(name)
 }
 
+/// Writes one feature in its padded layout with one pass over its bytes: serial data
+/// is copied block by block into an uninitialised tensor, then only the pad regions
+/// are filled.
 fn pad_one(
     name: &str,
     t: &TensorPlan,
     x: &Tensor,
     shapes: &FeatureShapes,
+    layout: &SampleLayout,
     positions: &BTreeMap<String, Tensor>,
 ) -> Result<Tensor, RuntimeError> {
     let padded = dims(&shapes.padded_shape);
-    let out = Tensor::f_full(
-        padded.as_slice(),
-        scalar(t.pad_value),
-        (kind_of(t.dtype), x.device()),
-    )
-    .feature(name)?;
-    // Owner-partitioned axes scatter by position; the others keep their prefix.
+    let axis_runs: Vec<Vec<Run>> = t
+        .axes
+        .iter()
+        .zip(&shapes.serial_shape)
+        .map(|(a, &len)| {
+            runs_of(
+                a.semantic.as_ref().and_then(|s| layout.positions.get(s)),
+                len,
+            )
+        })
+        .collect();
+    let copies: usize = axis_runs.iter().map(Vec::len).product();
+    if copies > MAX_RUN_COPIES {
+        return pad_by_index(name, t, x, &padded, positions);
+    }
+    let out = Tensor::f_empty(padded.as_slice(), (kind_of(t.dtype), x.device())).feature(name)?;
+    // Every combination of one run per axis is one rectangular block copy.
+    let mut pick = vec![0usize; axis_runs.len()];
+    'blocks: while copies > 0 {
+        let (mut src, mut dst) = (x.shallow_clone(), out.shallow_clone());
+        for (d, (runs, &k)) in axis_runs.iter().zip(&pick).enumerate() {
+            let r = runs[k];
+            if r.len == 0 {
+                src = Tensor::new();
+                break;
+            }
+            src = src.f_narrow(d as i64, r.src, r.len).feature(name)?;
+            dst = dst.f_narrow(d as i64, r.dst, r.len).feature(name)?;
+        }
+        if src.defined() {
+            dst.f_copy_(&src).feature(name)?;
+        }
+        for d in (0..pick.len()).rev() {
+            pick[d] += 1;
+            if pick[d] < axis_runs[d].len() {
+                continue 'blocks;
+            }
+            pick[d] = 0;
+        }
+        break;
+    }
+    for (d, runs) in axis_runs.iter().enumerate() {
+        for (start, len) in gaps(runs, padded[d]) {
+            let _ = out
+                .f_narrow(d as i64, start, len)
+                .and_then(|mut region| region.f_fill_(scalar(t.pad_value)))
+                .feature(name)?;
+        }
+    }
+    Ok(out)
+}
+
+/// The general path, for axes whose items are scattered (an owner map out of owner
+/// order): `index_copy_` along each owner-partitioned axis.
+fn pad_by_index(
+    name: &str,
+    t: &TensorPlan,
+    x: &Tensor,
+    padded: &[i64],
+    positions: &BTreeMap<String, Tensor>,
+) -> Result<Tensor, RuntimeError> {
+    let out = Tensor::f_full(padded, scalar(t.pad_value), (kind_of(t.dtype), x.device()))
+        .feature(name)?;
     let owned: Vec<(usize, &Tensor)> = t
         .axes
         .iter()
         .enumerate()
-        .filter_map(|(d, a)| {
-            let s = a.semantic.as_ref()?;
-            positions.get(s).map(|p| (d, p))
-        })
+        .filter_map(|(d, a)| positions.get(a.semantic.as_ref()?).map(|p| (d, p)))
         .collect();
     let mut src = x.shallow_clone();
     // With several owned axes, all but the last are scattered into intermediates.
@@ -131,9 +243,9 @@ fn pad_one(
         let _ = tmp.f_index_copy_(d as i64, pos, &src).feature(name)?;
         src = tmp;
     }
+    let last_owned = owned.last().map(|(o, _)| *o);
     let mut view = out.shallow_clone();
     for (d, &n) in src.size().iter().enumerate() {
-        let last_owned = owned.last().map(|(o, _)| *o);
         if Some(d) != last_owned && n != padded[d] {
             view = view.f_narrow(d as i64, 0, n).feature(name)?;
         }
@@ -164,11 +276,17 @@ fn check_diagonal(
         if parts == 1 {
             continue;
         }
+        // One-hot values are 0/1 (checked), so a sum counts the ones without a
+        // temporary the size of the tensor; other features compare with the pad value.
+        let one_hot = matches!(&t.role, Role::Index(ix) if ix.one_hot.is_some());
         let count = |x: &Tensor| -> Result<i64, RuntimeError> {
-            let ne = x.f_ne(scalar(t.pad_value)).feature(name)?;
-            ne.f_sum(Kind::Int64)
-                .and_then(|s| s.f_int64_value(&[]))
-                .feature(name)
+            let s = if one_hot {
+                x.f_sum(Kind::Int64)
+            } else {
+                x.f_ne(scalar(t.pad_value))
+                    .and_then(|ne| ne.f_sum(Kind::Int64))
+            };
+            s.and_then(|s| s.f_int64_value(&[])).feature(name)
         };
         let total = count(out)?;
         let (lead_len, follow_len) = (out.size()[leader] / parts, out.size()[axis] / parts);
@@ -251,4 +369,72 @@ pub fn unpad(
         out.insert(name.clone(), y.f_contiguous().feature(name)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &str = "\
+version: 1
+module: t
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true}
+  atoms: {shard: true, owner: tokens, counts: counts}
+features:
+  counts: {axes: [tokens], dtype: int64}
+  pair: {axes: [atoms, 2, atoms], dtype: float32, pad: -1.0}
+";
+
+    #[test]
+    fn block_copies_and_index_copies_give_the_same_padded_tensor() {
+        let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
+        let counts = [2i64, 0, 3, 1, 4];
+        let a: i64 = counts.iter().sum();
+        let x = Tensor::rand([a, 2, a], (Kind::Float, Device::Cpu));
+        let features: Features = [
+            ("counts".to_owned(), Tensor::from_slice(&counts)),
+            ("pair".to_owned(), x.shallow_clone()),
+        ]
+        .into();
+        let padded = pad(&plan, [2, 3], &features, &Options::default()).expect("pad");
+        let t = tensor_plan(&plan, "pair").expect("pair");
+        let positions = position_tensors(&padded.layout);
+        let shape = dims(&padded.shapes["pair"].padded_shape);
+        let by_index = pad_by_index("pair", t, &x, &shape, &positions).expect("index path");
+        assert!(padded.tensors["pair"].equal(&by_index));
+        // Pads hold the pad value, real entries the serial ones.
+        let real =
+            padded.layout.positions["atoms"].len() * 2 * padded.layout.positions["atoms"].len();
+        let pads = by_index.eq(-1.0).sum(Kind::Int64).int64_value(&[]) as usize;
+        assert_eq!(pads + real, by_index.numel());
+    }
+
+    #[test]
+    fn runs_follow_consecutive_positions_and_gaps_cover_the_rest() {
+        let runs = runs_of(Some(&vec![0, 1, 4, 5, 6, 9]), 6);
+        assert_eq!(
+            runs,
+            vec![
+                Run {
+                    src: 0,
+                    dst: 0,
+                    len: 2
+                },
+                Run {
+                    src: 2,
+                    dst: 4,
+                    len: 3
+                },
+                Run {
+                    src: 5,
+                    dst: 9,
+                    len: 1
+                }
+            ]
+        );
+        assert_eq!(gaps(&runs, 12), vec![(2, 2), (7, 2), (10, 2)]);
+        assert_eq!(gaps(&runs_of(None, 0), 3), vec![(0, 3)]);
+    }
 }

@@ -265,13 +265,26 @@ fn check_index(
             }
         }
         Some(axis) => {
-            let bad_values = x
-                .f_ne(0)
-                .and_then(|nz| nz.f_logical_and(&x.f_ne(1)?))
-                .and_then(|b| b.f_any())
-                .and_then(|b| b.f_int64_value(&[]))
+            // min/max are reductions: no temporary the size of the tensor.
+            let lo = x
+                .f_min()
+                .and_then(|m| m.f_double_value(&[]))
                 .feature(name)?;
-            if bad_values != 0 {
+            let hi = x
+                .f_max()
+                .and_then(|m| m.f_double_value(&[]))
+                .feature(name)?;
+            let mut bad_values = lo < 0.0 || hi > 1.0;
+            if !bad_values && x.is_floating_point() {
+                bad_values = x
+                    .f_ne(0)
+                    .and_then(|nz| nz.f_logical_and(&x.f_ne(1)?))
+                    .and_then(|b| b.f_any())
+                    .and_then(|b| b.f_int64_value(&[]))
+                    .feature(name)?
+                    != 0;
+            }
+            if bad_values {
                 return Err(RuntimeError::OneHot {
                     feature: name.to_owned(),
                     axis,

@@ -72,10 +72,8 @@ impl Padded {
                 feature: name.to_owned(),
             })?;
         let shapes = &self.shapes[name];
-        let mut view = narrow_to_block(name, t, x, &shapes.local_shape, coord)?;
-        if let Remap::ShardLocal { of, mesh_axis } = &t.remap {
-            view = shift_ids(name, t, &view, of, *mesh_axis, coord, &self.layout, -1)?;
-        }
+        let view = narrow_to_block(name, t, x, &shapes.local_shape, coord)?;
+        let view = shift_ids(name, t, &view, coord, &self.layout, -1)?;
         Ok(LocalBlock {
             tensor: view,
             meta: DTensorMeta {
@@ -119,18 +117,21 @@ fn narrow_to_block(
     Ok(view)
 }
 
-/// Shard-local index values: subtract (`sign = -1`) or add back (`+1`) the start of the
-/// holding shard in the padded layout of `of`, at real positions only.
+/// Shard-local index values (`Remap::ShardLocal`): subtract (`sign = -1`) or add back
+/// (`+1`) the start of the holding shard in the padded layout, at real positions only.
+/// Other features are returned as they are.
 fn shift_ids(
     name: &str,
     t: &TensorPlan,
     block: &Tensor,
-    of: &str,
-    mesh_axis: usize,
     coord: [usize; CP_AXES],
     layout: &SampleLayout,
     sign: i64,
 ) -> Result<Tensor, RuntimeError> {
+    let Remap::ShardLocal { of, mesh_axis } = &t.remap else {
+        return Ok(block.shallow_clone());
+    };
+    let mesh_axis = *mesh_axis;
     let padded = *layout.padded.get(of).ok_or_else(|| RuntimeError::Blocks {
         feature: name.to_owned(),
         message: format!("the layout has no length for `{of}`"),
@@ -235,12 +236,7 @@ pub fn assemble(
                     ),
                 });
             }
-            let block = match &t.remap {
-                Remap::ShardLocal { of, mesh_axis } => {
-                    shift_ids(name, t, block, of, *mesh_axis, coord, layout, 1)?
-                }
-                _ => block.shallow_clone(),
-            };
+            let block = shift_ids(name, t, block, coord, layout, 1)?;
             let mut region = narrow_to_block(name, t, &full, &s.local_shape, coord)?;
             // The region a rank holds is identified by its coordinates on split axes.
             let key: Vec<usize> = t

@@ -53,9 +53,8 @@ fn counts_strategy() -> impl Strategy<Value = Vec<i64>> {
     )
         .prop_map(|(n, c, empty_from, empty_len, giant)| {
             let mut counts: Vec<i64> = c[..n].to_vec();
-            for t in empty_from.min(n)..(empty_from + empty_len).min(n) {
-                counts[t] = 0;
-            }
+            let empty = empty_from.min(n)..(empty_from + empty_len).min(n);
+            counts[empty].fill(0);
             if giant {
                 counts[n / 2] = 40;
             }

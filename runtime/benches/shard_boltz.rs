@@ -1,0 +1,185 @@
+//! Benchmark: pad and produce all 9 ranks' blocks of a Boltz-2-sized sample on cp=(3,3).
+//!
+//! Run with `. scripts/env.sh && cargo bench -p featshard-runtime --bench shard_boltz`.
+//! Prints bytes, time and GB/s of featshard, and of a plain tensor copy of the same
+//! bytes measured in the same run (the memory-bandwidth bound), with their ratio; and
+//! the peak memory above the serial sample, against the padded bytes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use featshard_runtime::synthetic::{self, Shape};
+use featshard_runtime::{pad, Options};
+use tch::{Kind, Tensor};
+
+const TOKENS: usize = 2048;
+const MSA: usize = 4096;
+const MESH: [usize; 2] = [3, 3];
+
+fn bytes(t: &Tensor) -> usize {
+    t.numel() * t.kind().elt_size_in_bytes()
+}
+
+/// Peak resident memory since the last reset, in bytes (Linux).
+fn peak_rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn reset_peak_rss() {
+    // "5" resets the peak resident set size (Linux >= 4.0).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn gb(b: usize) -> f64 {
+    b as f64 / 1e9
+}
+
+fn main() {
+    tch::set_num_threads(1);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/boltz2.yaml");
+    let (_, plan) = featshard_spec::compile_file(&path).expect("example spec");
+    // ~20k atoms, unevenly spread (0..19 per token), some zero-atom tokens.
+    let counts: Vec<usize> = (0..TOKENS).map(|t| (t * 7919 + 13) % 20).collect();
+    let shape = Shape {
+        sizes: [
+            ("tokens", TOKENS),
+            ("msa", MSA),
+            ("ensemble", 1),
+            ("disto_ensemble", 1),
+            ("templates", 4),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect(),
+        counts: [("atoms".to_owned(), counts.clone())].into(),
+        mapped: [("rset".to_owned(), TOKENS / 2)].into(),
+    };
+    let sample = synthetic::sample(&plan, Some("inference"), &shape, 1).expect("sample");
+    let serial_bytes: usize = sample.values().map(bytes).sum();
+    println!(
+        "sample: {} tokens, {} atoms, {} MSA rows, {} features, {:.2} GB serial; mesh {}x{}; 1 thread",
+        TOKENS,
+        counts.iter().sum::<usize>(),
+        MSA,
+        sample.len(),
+        gb(serial_bytes),
+        MESH[0],
+        MESH[1]
+    );
+    let opts = Options {
+        workflow: Some("inference".into()),
+        ..Options::default()
+    };
+
+    // featshard: validate, pad once, then every rank's block (views of the padded
+    // tensors). Then, separately, the blocks that are not contiguous views are
+    // materialised, as a scatter must send them.
+    reset_peak_rss();
+    let base_rss = peak_rss();
+    let start = Instant::now();
+    let padded = pad(&plan, MESH, &sample, &opts).expect("pad");
+    let ranks: Vec<_> = (0..MESH[0] * MESH[1])
+        .map(|r| padded.rank_blocks(&plan, r).expect("blocks"))
+        .collect();
+    let t_views = start.elapsed();
+    let peak_views = peak_rss().saturating_sub(base_rss);
+    let padded_bytes: usize = padded.tensors.values().map(bytes).sum();
+    let block_bytes: usize = ranks
+        .iter()
+        .flat_map(|r| r.values())
+        .map(|b| bytes(&b.tensor))
+        .sum();
+
+    let start = Instant::now();
+    let mut copied_bytes = 0;
+    let materialised: Vec<BTreeMap<String, Tensor>> = ranks
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|(n, b)| {
+                    if !b.tensor.is_contiguous() {
+                        copied_bytes += bytes(&b.tensor);
+                    }
+                    (n.clone(), b.tensor.contiguous())
+                })
+                .collect()
+        })
+        .collect();
+    let t_materialise = start.elapsed();
+    let peak_all = peak_rss().saturating_sub(base_rss);
+    drop(materialised);
+    drop(ranks);
+    drop(padded);
+
+    // Baselines, in the same run: the same bytes through one plain tensor copy into new
+    // memory (allocated as producing blocks must), and into memory that is already
+    // faulted in (the pure bandwidth bound).
+    let copy_new = |n: usize| {
+        let src = Tensor::ones([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
+        let start = Instant::now();
+        let mut dst = Tensor::empty([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
+        dst.copy_(&src);
+        let t = start.elapsed();
+        drop(dst);
+        t
+    };
+    let copy_warm = |n: usize| {
+        let src = Tensor::ones([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
+        let mut dst = Tensor::zeros([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
+        let start = Instant::now();
+        dst.copy_(&src);
+        start.elapsed()
+    };
+    let (c_new, c_warm) = (copy_new(padded_bytes), copy_warm(padded_bytes));
+    let (m_new, m_warm) = (copy_new(copied_bytes), copy_warm(copied_bytes));
+
+    let rate = |b: usize, t: std::time::Duration| gb(b) / t.as_secs_f64();
+    let ratio = |base: std::time::Duration, ours: std::time::Duration| {
+        base.as_secs_f64() / ours.as_secs_f64()
+    };
+    println!(
+        "padded bytes                       {:>7.3} GB",
+        gb(padded_bytes)
+    );
+    println!(
+        "bytes of all 9 ranks' blocks       {:>7.3} GB (views of the padded tensors)",
+        gb(block_bytes)
+    );
+    println!(
+        "pad + 9 ranks' blocks              {:>7.3} s  {:>6.2} GB/s  ratio to copy into new memory {:.2}, to warm copy {:.2}",
+        t_views.as_secs_f64(),
+        rate(padded_bytes, t_views),
+        ratio(c_new, t_views),
+        ratio(c_warm, t_views)
+    );
+    println!(
+        "  plain copy, new memory           {:>7.3} s  {:>6.2} GB/s",
+        c_new.as_secs_f64(),
+        rate(padded_bytes, c_new)
+    );
+    println!(
+        "  plain copy, warm memory          {:>7.3} s  {:>6.2} GB/s",
+        c_warm.as_secs_f64(),
+        rate(padded_bytes, c_warm)
+    );
+    println!(
+        "materialise non-contiguous blocks  {:>7.3} s  {:>6.2} GB/s  ({:.3} GB) ratio to copy into new memory {:.2}, to warm copy {:.2}",
+        t_materialise.as_secs_f64(),
+        rate(copied_bytes, t_materialise),
+        gb(copied_bytes),
+        ratio(m_new, t_materialise),
+        ratio(m_warm, t_materialise)
+    );
+    println!(
+        "peak memory above the serial sample: {:.3} GB = {:.2} x padded bytes with views (goal <= 1.2); {:.2} x once materialised",
+        gb(peak_views),
+        peak_views as f64 / padded_bytes as f64,
+        peak_all as f64 / padded_bytes as f64
+    );
+}
