@@ -177,30 +177,19 @@ fn pad_one(
     }
     let out = Tensor::f_empty(padded.as_slice(), (kind_of(t.dtype), x.device())).feature(name)?;
     // Every combination of one run per axis is one rectangular block copy.
-    let mut pick = vec![0usize; axis_runs.len()];
-    'blocks: while copies > 0 {
+    let counts: Vec<usize> = axis_runs.iter().map(Vec::len).collect();
+    for_each_combination(&counts, |pick| {
         let (mut src, mut dst) = (x.shallow_clone(), out.shallow_clone());
-        for (d, (runs, &k)) in axis_runs.iter().zip(&pick).enumerate() {
+        for (d, (runs, &k)) in axis_runs.iter().zip(pick).enumerate() {
             let r = runs[k];
             if r.len == 0 {
-                src = Tensor::new();
-                break;
+                return Ok(());
             }
             src = src.f_narrow(d as i64, r.src, r.len).feature(name)?;
             dst = dst.f_narrow(d as i64, r.dst, r.len).feature(name)?;
         }
-        if src.defined() {
-            dst.f_copy_(&src).feature(name)?;
-        }
-        for d in (0..pick.len()).rev() {
-            pick[d] += 1;
-            if pick[d] < axis_runs[d].len() {
-                continue 'blocks;
-            }
-            pick[d] = 0;
-        }
-        break;
-    }
+        dst.f_copy_(&src).feature(name)
+    })?;
     for (d, runs) in axis_runs.iter().enumerate() {
         for (start, len) in gaps(runs, padded[d]) {
             let _ = out
@@ -210,6 +199,25 @@ fn pad_one(
         }
     }
     Ok(out)
+}
+
+/// Calls `f` with every index combination `pick[d] < counts[d]` (none if any count is 0).
+fn for_each_combination<E>(
+    counts: &[usize],
+    mut f: impl FnMut(&[usize]) -> Result<(), E>,
+) -> Result<(), E> {
+    if counts.contains(&0) {
+        return Ok(());
+    }
+    let mut pick = vec![0usize; counts.len()];
+    loop {
+        f(&pick)?;
+        let Some(d) = (0..pick.len()).rev().find(|&d| pick[d] + 1 < counts[d]) else {
+            return Ok(());
+        };
+        pick[d] += 1;
+        pick[d + 1..].fill(0);
+    }
 }
 
 /// The general path, for axes whose items are scattered (an owner map out of owner
