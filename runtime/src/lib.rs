@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod kind;
+pub mod pack;
 pub mod pad;
 pub mod sample;
 pub mod shard;

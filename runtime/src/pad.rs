@@ -7,12 +7,13 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::infer::CP_AXES;
+use featshard_spec::ir::PadValue;
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
-use crate::kind::{kind_of, scalar};
+use crate::kind::scalar;
 use crate::sample::{check, tensor_plan, Features, Options};
 
 /// One sample in the padded global layout of one mesh.
@@ -39,10 +40,14 @@ pub fn pad(
     let positions = position_tensors(&layout);
     let mut tensors = BTreeMap::new();
     for name in &checked.names {
-        let t = tensor_plan(plan, name)?;
-        let x = remap_to_padded(name, t, &features[name], &positions)?;
-        let out = pad_one(name, t, &x, &shapes[name], &layout, &positions)?;
-        check_diagonal(name, t, &out, &layout)?;
+        let out = pad_feature(
+            plan,
+            name,
+            &features[name],
+            &layout,
+            &shapes[name],
+            &positions,
+        )?;
         tensors.insert(name.clone(), out);
     }
     let passthrough = checked
@@ -56,6 +61,22 @@ pub fn pad(
         tensors,
         passthrough,
     })
+}
+
+/// One feature in the plan's padded layout (index values remapped, diagonal checked).
+pub(crate) fn pad_feature(
+    plan: &Plan,
+    name: &str,
+    x: &Tensor,
+    layout: &SampleLayout,
+    shapes: &FeatureShapes,
+    positions: &BTreeMap<String, Tensor>,
+) -> Result<Tensor, RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    let x = remap_to_padded(name, t, x, positions)?;
+    let out = write_padded(name, &x, t.pad_value, &plan_axes(t, shapes, layout))?;
+    check_diagonal(name, t, &out, layout)?;
+    Ok(out)
 }
 
 pub(crate) fn position_tensors(layout: &SampleLayout) -> BTreeMap<String, Tensor> {
@@ -87,7 +108,7 @@ const MAX_RUN_COPIES: usize = 4096;
 
 /// The runs of one axis: one for an end-padded axis, one per owner block (when items
 /// are in owner order, as counts give them) for an owner-partitioned axis.
-fn runs_of(positions: Option<&Vec<usize>>, len: usize) -> Vec<Run> {
+fn runs_of(positions: Option<&[usize]>, len: usize) -> Vec<Run> {
     let Some(pos) = positions else {
         return vec![Run {
             src: 0,
@@ -148,34 +169,53 @@ fn remap_to_padded(
         .feature(name)
 }
 
-/// Writes one feature in its padded layout with one pass over its bytes: serial data
-/// is copied block by block into an uninitialised tensor, then only the pad regions
-/// are filled.
-fn pad_one(
-    name: &str,
+/// Where one axis' serial items go in the padded tensor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AxisMap<'a> {
+    pub padded: i64,
+    /// Position of every item; `None`: items keep their place and the end is padded.
+    pub positions: Option<&'a [usize]>,
+}
+
+/// The axis maps of a feature under the plan's layout.
+fn plan_axes<'a>(
     t: &TensorPlan,
-    x: &Tensor,
     shapes: &FeatureShapes,
-    layout: &SampleLayout,
-    positions: &BTreeMap<String, Tensor>,
-) -> Result<Tensor, RuntimeError> {
-    let padded = dims(&shapes.padded_shape);
-    let axis_runs: Vec<Vec<Run>> = t
-        .axes
+    layout: &'a SampleLayout,
+) -> Vec<AxisMap<'a>> {
+    t.axes
         .iter()
-        .zip(&shapes.serial_shape)
-        .map(|(a, &len)| {
-            runs_of(
-                a.semantic.as_ref().and_then(|s| layout.positions.get(s)),
-                len,
-            )
+        .zip(&shapes.padded_shape)
+        .map(|(a, &padded)| AxisMap {
+            padded: padded as i64,
+            positions: a
+                .semantic
+                .as_ref()
+                .and_then(|s| layout.positions.get(s))
+                .map(Vec::as_slice),
         })
+        .collect()
+}
+
+/// Writes `x` in a padded layout with one pass over its bytes: serial data is copied
+/// block by block into an uninitialised tensor, then only the pad regions are filled.
+pub(crate) fn write_padded(
+    name: &str,
+    x: &Tensor,
+    pad: PadValue,
+    axes: &[AxisMap],
+) -> Result<Tensor, RuntimeError> {
+    let padded: Vec<i64> = axes.iter().map(|a| a.padded).collect();
+    let axis_runs: Vec<Vec<Run>> = axes
+        .iter()
+        .zip(x.size())
+        .map(|(a, len)| runs_of(a.positions, len as usize))
         .collect();
     let copies: usize = axis_runs.iter().map(Vec::len).product();
     if copies > MAX_RUN_COPIES {
-        return pad_by_index(name, t, x, &padded, positions);
+        return pad_by_index(name, x, pad, axes);
     }
-    let out = Tensor::f_empty(padded.as_slice(), (kind_of(t.dtype), x.device())).feature(name)?;
+    let out = Tensor::f_empty(padded.as_slice(), (x.kind(), x.device())).feature(name)?;
     // Every combination of one run per axis is one rectangular block copy.
     let counts: Vec<usize> = axis_runs.iter().map(Vec::len).collect();
     for_each_combination(&counts, |pick| {
@@ -194,7 +234,7 @@ fn pad_one(
         for (start, len) in gaps(runs, padded[d]) {
             let _ = out
                 .f_narrow(d as i64, start, len)
-                .and_then(|mut region| region.f_fill_(scalar(t.pad_value)))
+                .and_then(|mut region| region.f_fill_(scalar(pad)))
                 .feature(name)?;
         }
     }
@@ -221,34 +261,32 @@ fn for_each_combination<E>(
 }
 
 /// The general path, for axes whose items are scattered (an owner map out of owner
-/// order): `index_copy_` along each owner-partitioned axis.
+/// order): `index_copy_` along each axis with positions.
 fn pad_by_index(
     name: &str,
-    t: &TensorPlan,
     x: &Tensor,
-    padded: &[i64],
-    positions: &BTreeMap<String, Tensor>,
+    pad: PadValue,
+    axes: &[AxisMap],
 ) -> Result<Tensor, RuntimeError> {
-    let out = Tensor::f_full(padded, scalar(t.pad_value), (kind_of(t.dtype), x.device()))
-        .feature(name)?;
-    let owned: Vec<(usize, &Tensor)> = t
-        .axes
+    let padded: Vec<i64> = axes.iter().map(|a| a.padded).collect();
+    let out =
+        Tensor::f_full(padded.as_slice(), scalar(pad), (x.kind(), x.device())).feature(name)?;
+    let owned: Vec<(usize, Tensor)> = axes
         .iter()
         .enumerate()
-        .filter_map(|(d, a)| positions.get(a.semantic.as_ref()?).map(|p| (d, p)))
+        .filter_map(|(d, a)| {
+            let p: Vec<i64> = a.positions?.iter().map(|&v| v as i64).collect();
+            Some((d, Tensor::from_slice(&p)))
+        })
         .collect();
     let mut src = x.shallow_clone();
     // With several owned axes, all but the last are scattered into intermediates.
-    for &(d, pos) in owned.iter().take(owned.len().saturating_sub(1)) {
+    for (d, pos) in owned.iter().take(owned.len().saturating_sub(1)) {
         let mut shape = src.size();
-        shape[d] = padded[d];
-        let mut tmp = Tensor::f_full(
-            shape.as_slice(),
-            scalar(t.pad_value),
-            (src.kind(), src.device()),
-        )
-        .feature(name)?;
-        let _ = tmp.f_index_copy_(d as i64, pos, &src).feature(name)?;
+        shape[*d] = padded[*d];
+        let mut tmp = Tensor::f_full(shape.as_slice(), scalar(pad), (src.kind(), src.device()))
+            .feature(name)?;
+        let _ = tmp.f_index_copy_(*d as i64, pos, &src).feature(name)?;
         src = tmp;
     }
     let last_owned = owned.last().map(|(o, _)| *o);
@@ -259,8 +297,8 @@ fn pad_by_index(
         }
     }
     match owned.last() {
-        Some(&(d, pos)) => {
-            let _ = view.f_index_copy_(d as i64, pos, &src).feature(name)?;
+        Some((d, pos)) => {
+            let _ = view.f_index_copy_(*d as i64, pos, &src).feature(name)?;
         }
         None => view.f_copy_(&src).feature(name)?,
     }
@@ -408,9 +446,8 @@ features:
         .into();
         let padded = pad(&plan, [2, 3], &features, &Options::default()).expect("pad");
         let t = tensor_plan(&plan, "pair").expect("pair");
-        let positions = position_tensors(&padded.layout);
-        let shape = dims(&padded.shapes["pair"].padded_shape);
-        let by_index = pad_by_index("pair", t, &x, &shape, &positions).expect("index path");
+        let axes = plan_axes(t, &padded.shapes["pair"], &padded.layout);
+        let by_index = pad_by_index("pair", &x, t.pad_value, &axes).expect("index path");
         assert!(padded.tensors["pair"].equal(&by_index));
         // Pads hold the pad value, real entries the serial ones.
         let real =
@@ -421,7 +458,7 @@ features:
 
     #[test]
     fn runs_follow_consecutive_positions_and_gaps_cover_the_rest() {
-        let runs = runs_of(Some(&vec![0, 1, 4, 5, 6, 9]), 6);
+        let runs = runs_of(Some(&[0, 1, 4, 5, 6, 9]), 6);
         assert_eq!(
             runs,
             vec![

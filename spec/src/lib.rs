@@ -17,6 +17,7 @@ pub mod limits;
 pub mod loc;
 pub mod lower;
 pub mod names;
+pub mod pack;
 pub mod plan;
 pub mod syntax;
 
