@@ -159,7 +159,10 @@ fn main() {
         start.elapsed()
     };
     let runs = |f: &dyn Fn() -> std::time::Duration| median((0..RUNS).map(|_| f()).collect());
-    let (c_new, c_warm) = (runs(&|| copy_new(padded_bytes)), runs(&|| copy_warm(padded_bytes)));
+    let (c_new, c_warm) = (
+        runs(&|| copy_new(padded_bytes)),
+        runs(&|| copy_warm(padded_bytes)),
+    );
     // And feature by feature: one new tensor per feature, as padding allocates them.
     let c_features = runs(&|| {
         let start = Instant::now();
@@ -175,7 +178,10 @@ fn main() {
         drop(copies);
         t
     });
-    let (m_new, m_warm) = (runs(&|| copy_new(copied_bytes)), runs(&|| copy_warm(copied_bytes)));
+    let (m_new, m_warm) = (
+        runs(&|| copy_new(copied_bytes)),
+        runs(&|| copy_warm(copied_bytes)),
+    );
 
     let rate = |b: usize, t: std::time::Duration| gb(b) / t.as_secs_f64();
     let ratio = |base: std::time::Duration, ours: std::time::Duration| {
