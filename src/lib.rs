@@ -8,5 +8,18 @@ pub use featshard_codegen as codegen;
 pub use featshard_spec as spec;
 
 pub mod commands;
+
+#[cfg(feature = "derive")]
+pub use featshard_macros::Features;
+#[cfg(feature = "runtime")]
+pub use featshard_runtime as runtime;
+#[cfg(feature = "runtime")]
+pub use tch;
+
+/// Used by the code `#[derive(Features)]` writes; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use serde_json;
+}
 #[cfg(feature = "runtime")]
 pub mod shards;

@@ -13,7 +13,7 @@ use featshard_spec::plan::Plan;
 
 pub use json::plan_json;
 pub use python::{python_module, python_stub};
-pub use rust::rust_module;
+pub use rust::{module_tokens, rust_module};
 
 /// One generated file: its name inside the output folder and its contents.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -77,7 +77,8 @@ fn grouped_arms(idents: &[Ident], values: Vec<TokenStream>) -> TokenStream {
     quote!(match self { #(#arms),* })
 }
 
-fn module_tokens(plan: &Plan) -> TokenStream {
+/// The Rust module's items as tokens (for the derive macro, which emits them inline).
+pub fn module_tokens(plan: &Plan) -> TokenStream {
     let doc = format!(
         " Placements and padding plan of the `{}` feature spec.",
         plan.module

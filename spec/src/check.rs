@@ -114,8 +114,8 @@ impl Checker<'_> {
     fn undeclared_semantic(&self, name: &str, loc: crate::loc::Loc) -> SpecError {
         let e = SpecError::new(format!("semantic `{name}` is not declared"), loc);
         match did_you_mean(name, self.spec.semantics.keys().map(String::as_str)) {
-            Some(h) => e.help(format!("{h} (declared under `semantics:`)")),
-            None => e.help("declare it under `semantics:` with `shard: true` or `shard: false`"),
+            Some(h) => e.help(format!("{h} (a declared semantic)")),
+            None => e.help("declare it as a semantic, sharded or not"),
         }
     }
 

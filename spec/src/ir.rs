@@ -389,6 +389,20 @@ impl Spec {
         })
     }
 
+    /// The spec of one workflow: only its features, all in the base set, and that
+    /// workflow alone. `None` if the workflow is not declared.
+    pub fn for_workflow(&self, workflow: &str) -> Option<Spec> {
+        let loc = *self.workflows.get(workflow)?;
+        let names = self.workflow_features().remove(workflow)?;
+        let mut spec = self.clone();
+        spec.workflows = [(workflow.to_owned(), loc)].into();
+        spec.features.retain(|n, _| names.contains(n));
+        for f in spec.features.values_mut() {
+            f.only = None;
+        }
+        Some(spec)
+    }
+
     /// The feature names of each workflow (base set plus the features limited to it).
     pub fn workflow_features(&self) -> BTreeMap<String, BTreeSet<String>> {
         self.workflows

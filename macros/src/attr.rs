@@ -1,0 +1,368 @@
+//! The attribute grammar, in one place: `#[featshard(...)]` on the struct and its fields.
+//!
+//! ```text
+//! struct: module = "name" | spec = "path.yaml" | workflow = "name"
+//!         | mesh(cp0, cp1, dp = dp) | workflows(training, inference)
+//!         | semantic(NAME [, shard] [, owner = SEM, counts = FEATURE | map = FEATURE] [, window = N])
+//! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
+//!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS])
+//!         | coshard(axis = A, follows = L) | replicate_axes(A, ...) | replicated
+//!         | placement("Shard(0)", "Replicate()") | only(WORKFLOW, ...) | name = "feature"
+//! ```
+
+use proc_macro2::Span;
+use syn::meta::ParseNestedMeta;
+use syn::{Attribute, Expr, ExprLit, ExprUnary, Ident, Lit, LitInt, LitStr, UnOp};
+
+/// A value with the span it was written at.
+#[derive(Clone, Debug)]
+pub struct At<T> {
+    pub value: T,
+    pub span: Span,
+}
+
+impl<T> At<T> {
+    fn new(value: T, span: Span) -> Self {
+        At { value, span }
+    }
+}
+
+#[derive(Default)]
+pub struct StructAttrs {
+    pub module: Option<At<String>>,
+    pub spec: Option<At<String>>,
+    pub workflow: Option<At<String>>,
+    pub mesh: Option<MeshAttr>,
+    pub workflows: Vec<At<String>>,
+    pub semantics: Vec<SemanticAttr>,
+}
+
+/// `mesh(cp0, cp1, dp = dp)`.
+pub struct MeshAttr {
+    pub cp: Vec<At<String>>,
+    pub dp: Option<At<String>>,
+    pub span: Span,
+}
+
+pub struct SemanticAttr {
+    pub name: At<String>,
+    pub shard: bool,
+    pub owner: Option<At<String>>,
+    pub counts: Option<At<String>>,
+    pub map: Option<At<String>>,
+    pub window: Option<u32>,
+}
+
+#[derive(Default)]
+pub struct FieldAttrs {
+    pub axes: Option<At<Vec<AxisAttr>>>,
+    pub dtype: Option<At<String>>,
+    pub pad: Option<At<PadLit>>,
+    pub mask: Option<At<Vec<String>>>,
+    pub index: Option<At<IndexAttr>>,
+    pub coshard: Vec<At<(usize, usize)>>,
+    pub replicate_axes: Vec<At<usize>>,
+    pub replicated: bool,
+    pub placement: Option<At<Vec<String>>>,
+    pub only: Option<Vec<At<String>>>,
+    /// The feature's name, when it differs from the field's.
+    pub name: Option<At<String>>,
+    /// Whether any `#[featshard]` attribute was present.
+    pub present: bool,
+}
+
+#[derive(Clone, Debug)]
+pub enum AxisAttr {
+    Semantic(String),
+    Channel(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum PadLit {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+}
+
+#[derive(Clone, Debug)]
+pub struct IndexAttr {
+    pub of: String,
+    pub scope: At<String>,
+    pub one_hot: Option<usize>,
+}
+
+fn is_featshard(a: &Attribute) -> bool {
+    a.path().is_ident("featshard")
+}
+
+fn ident_string(meta: &ParseNestedMeta) -> syn::Result<At<String>> {
+    let value = meta.value()?;
+    if value.peek(LitStr) {
+        let s: LitStr = value.parse()?;
+        Ok(At::new(s.value(), s.span()))
+    } else {
+        let i: Ident = value.parse()?;
+        Ok(At::new(i.to_string(), i.span()))
+    }
+}
+
+fn name_list(meta: &ParseNestedMeta) -> syn::Result<Vec<At<String>>> {
+    let mut out = Vec::new();
+    meta.parse_nested_meta(|m| {
+        let i = m
+            .path
+            .get_ident()
+            .ok_or_else(|| m.error("expected a name"))?;
+        out.push(At::new(i.to_string(), i.span()));
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn int<T: std::str::FromStr>(meta: &ParseNestedMeta) -> syn::Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    let lit: LitInt = meta.value()?.parse()?;
+    lit.base10_parse()
+}
+
+fn unknown(meta: &ParseNestedMeta, what: &str, known: &str) -> syn::Error {
+    let name = meta
+        .path
+        .get_ident()
+        .map(ToString::to_string)
+        .unwrap_or_else(|| "?".into());
+    meta.error(format!(
+        "unknown {what} attribute `{name}`; expected one of {known}"
+    ))
+}
+
+/// Reads every struct-level `#[featshard(...)]`, collecting all errors.
+pub fn struct_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> StructAttrs {
+    let mut out = StructAttrs::default();
+    for attr in attrs.iter().filter(|a| is_featshard(a)) {
+        let result = attr.parse_nested_meta(|meta| {
+            let p = &meta.path;
+            if p.is_ident("module") {
+                out.module = Some(ident_string(&meta)?);
+            } else if p.is_ident("spec") {
+                out.spec = Some(ident_string(&meta)?);
+            } else if p.is_ident("workflow") {
+                out.workflow = Some(ident_string(&meta)?);
+            } else if p.is_ident("workflows") {
+                out.workflows.extend(name_list(&meta)?);
+            } else if p.is_ident("mesh") {
+                let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
+                let mut cp = Vec::new();
+                let mut dp = None;
+                meta.parse_nested_meta(|m| {
+                    if m.path.is_ident("dp") {
+                        dp = Some(ident_string(&m)?);
+                    } else {
+                        let i = m
+                            .path
+                            .get_ident()
+                            .ok_or_else(|| m.error("expected a mesh axis name"))?;
+                        cp.push(At::new(i.to_string(), i.span()));
+                    }
+                    Ok(())
+                })?;
+                out.mesh = Some(MeshAttr { cp, dp, span });
+            } else if p.is_ident("semantic") {
+                out.semantics.push(semantic(&meta)?);
+            } else {
+                return Err(unknown(
+                    &meta,
+                    "struct",
+                    "`module`, `spec`, `workflow`, `workflows`, `mesh`, `semantic`",
+                ));
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            errors.push(e);
+        }
+    }
+    out
+}
+
+fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
+    let mut name = None;
+    let mut s = SemanticAttr {
+        name: At::new(String::new(), Span::call_site()),
+        shard: false,
+        owner: None,
+        counts: None,
+        map: None,
+        window: None,
+    };
+    meta.parse_nested_meta(|m| {
+        let p = &m.path;
+        if p.is_ident("shard") {
+            s.shard = true;
+        } else if p.is_ident("owner") {
+            s.owner = Some(ident_string(&m)?);
+        } else if p.is_ident("counts") {
+            s.counts = Some(ident_string(&m)?);
+        } else if p.is_ident("map") {
+            s.map = Some(ident_string(&m)?);
+        } else if p.is_ident("window") {
+            s.window = Some(int(&m)?);
+        } else if name.is_none()
+            && !m.input.peek(syn::Token![=])
+            && !m.input.peek(syn::token::Paren)
+        {
+            let i = p
+                .get_ident()
+                .ok_or_else(|| m.error("expected the semantic's name"))?;
+            name = Some(At::new(i.to_string(), i.span()));
+        } else {
+            return Err(unknown(
+                &m,
+                "semantic",
+                "`shard`, `owner`, `counts`, `map`, `window`",
+            ));
+        }
+        Ok(())
+    })?;
+    s.name = name.ok_or_else(|| {
+        meta.error("`semantic(...)` needs a name first, e.g. `semantic(tokens, shard)`")
+    })?;
+    Ok(s)
+}
+
+/// Reads a field's `#[featshard(...)]`, collecting all errors.
+pub fn field_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> FieldAttrs {
+    let mut out = FieldAttrs::default();
+    for attr in attrs.iter().filter(|a| is_featshard(a)) {
+        out.present = true;
+        let result = attr.parse_nested_meta(|meta| {
+            let p = &meta.path;
+            let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
+            if p.is_ident("axes") {
+                let mut axes = Vec::new();
+                let content;
+                syn::parenthesized!(content in meta.input);
+                while !content.is_empty() {
+                    if content.peek(LitInt) {
+                        let n: LitInt = content.parse()?;
+                        axes.push(AxisAttr::Channel(n.base10_parse()?));
+                    } else {
+                        let i: Ident = content.parse()?;
+                        axes.push(AxisAttr::Semantic(i.to_string()));
+                    }
+                    if !content.is_empty() {
+                        content.parse::<syn::Token![,]>()?;
+                    }
+                }
+                out.axes = Some(At::new(axes, span));
+            } else if p.is_ident("dtype") {
+                out.dtype = Some(ident_string(&meta)?);
+            } else if p.is_ident("pad") {
+                let e: Expr = meta.value()?.parse()?;
+                out.pad = Some(At::new(pad_literal(&e)?, span));
+            } else if p.is_ident("mask") {
+                let names = name_list(&meta)?.into_iter().map(|n| n.value).collect();
+                out.mask = Some(At::new(names, span));
+            } else if p.is_ident("index") {
+                out.index = Some(At::new(index(&meta)?, span));
+            } else if p.is_ident("coshard") {
+                let (mut axis, mut follows) = (None, None);
+                meta.parse_nested_meta(|m| {
+                    if m.path.is_ident("axis") {
+                        axis = Some(int(&m)?);
+                    } else if m.path.is_ident("follows") {
+                        follows = Some(int(&m)?);
+                    } else {
+                        return Err(unknown(&m, "coshard", "`axis`, `follows`"));
+                    }
+                    Ok(())
+                })?;
+                match (axis, follows) {
+                    (Some(a), Some(f)) => out.coshard.push(At::new((a, f), span)),
+                    _ => return Err(meta.error("`coshard` needs `axis = A, follows = L`")),
+                }
+            } else if p.is_ident("replicate_axes") {
+                let content;
+                syn::parenthesized!(content in meta.input);
+                let list = content.parse_terminated(LitInt::parse, syn::Token![,])?;
+                for n in list {
+                    out.replicate_axes.push(At::new(n.base10_parse()?, n.span()));
+                }
+            } else if p.is_ident("replicated") {
+                out.replicated = true;
+            } else if p.is_ident("placement") {
+                let content;
+                syn::parenthesized!(content in meta.input);
+                let list = content.parse_terminated(<LitStr as syn::parse::Parse>::parse, syn::Token![,])?;
+                out.placement = Some(At::new(list.iter().map(LitStr::value).collect(), span));
+            } else if p.is_ident("only") {
+                out.only = Some(name_list(&meta)?);
+            } else if p.is_ident("name") {
+                out.name = Some(ident_string(&meta)?);
+            } else {
+                return Err(unknown(
+                    &meta,
+                    "field",
+                    "`axes`, `dtype`, `pad`, `mask`, `index`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`",
+                ));
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            errors.push(e);
+        }
+    }
+    out
+}
+
+use syn::parse::Parse as _;
+
+fn pad_literal(e: &Expr) -> syn::Result<PadLit> {
+    match e {
+        Expr::Lit(ExprLit {
+            lit: Lit::Bool(b), ..
+        }) => Ok(PadLit::Bool(b.value)),
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => Ok(PadLit::Int(i.base10_parse()?)),
+        Expr::Lit(ExprLit {
+            lit: Lit::Float(f), ..
+        }) => Ok(PadLit::Float(f.base10_parse()?)),
+        Expr::Unary(ExprUnary {
+            op: UnOp::Neg(_),
+            expr,
+            ..
+        }) => match pad_literal(expr)? {
+            PadLit::Int(i) => Ok(PadLit::Int(-i)),
+            PadLit::Float(x) => Ok(PadLit::Float(-x)),
+            PadLit::Bool(_) => Err(syn::Error::new_spanned(e, "a bool pad cannot be negated")),
+        },
+        _ => Err(syn::Error::new_spanned(
+            e,
+            "`pad` takes a literal: a number or a bool",
+        )),
+    }
+}
+
+fn index(meta: &ParseNestedMeta) -> syn::Result<IndexAttr> {
+    let (mut of, mut scope, mut one_hot) = (None, None, None);
+    meta.parse_nested_meta(|m| {
+        if m.path.is_ident("of") {
+            of = Some(ident_string(&m)?.value);
+        } else if m.path.is_ident("scope") {
+            scope = Some(ident_string(&m)?);
+        } else if m.path.is_ident("one_hot") {
+            one_hot = Some(int(&m)?);
+        } else {
+            return Err(unknown(&m, "index", "`of`, `scope`, `one_hot`"));
+        }
+        Ok(())
+    })?;
+    match (of, scope) {
+        (Some(of), Some(scope)) => Ok(IndexAttr { of, scope, one_hot }),
+        _ => Err(meta
+            .error("`index` needs `of = SEMANTIC, scope = serial | shard_local | padded_global`")),
+    }
+}

@@ -1,0 +1,36 @@
+//! `#[derive(Features)]`: a feature struct as a featshard spec.
+//!
+//! A thin shim: attributes become the Spec IR (see [`attr`] for the grammar), the spec
+//! crate checks it and infers the plan, and codegen's Rust emitter writes the tables.
+//! Or `#[featshard(spec = "path.yaml", workflow = "inference")]` checks the struct
+//! against a YAML spec at compile time. Every error of a struct is reported at once,
+//! each on the field or attribute it is about.
+
+mod attr;
+mod expand;
+mod model;
+
+use proc_macro::TokenStream;
+
+#[proc_macro_derive(Features, attributes(featshard))]
+pub fn derive_features(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    let mut errors = Vec::new();
+    let model = model::model(&input, &mut errors);
+    let result = match (model, errors.is_empty()) {
+        (Some(m), true) => expand::expand(&input, &m),
+        _ => Err(combine(errors)),
+    };
+    result.unwrap_or_else(syn::Error::into_compile_error).into()
+}
+
+fn combine(errors: Vec<syn::Error>) -> syn::Error {
+    let mut iter = errors.into_iter();
+    let mut first = iter.next().unwrap_or_else(|| {
+        syn::Error::new(proc_macro2::Span::call_site(), "invalid featshard struct")
+    });
+    for e in iter {
+        first.combine(e);
+    }
+    first
+}

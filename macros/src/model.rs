@@ -1,0 +1,545 @@
+//! From the struct and its attributes to the Spec IR, and from there to the Plan with
+//! the spec crate's own checks and inference (the derive never decides a placement).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use featshard_spec::diag::SpecError;
+use featshard_spec::ir::*;
+use featshard_spec::loc::Loc;
+use featshard_spec::plan::{self, Plan};
+use proc_macro2::Span;
+use syn::{Field, GenericArgument, Ident, PathArguments, Type};
+
+use crate::attr::{self, AxisAttr, FieldAttrs, PadLit, StructAttrs};
+
+/// A field the derive moves to and from the runtime.
+pub struct TensorField {
+    pub ident: Ident,
+    /// The feature name (the field's, unless renamed).
+    pub feature: String,
+    pub optional: bool,
+    pub span: Span,
+}
+
+/// What the derive expands from.
+pub struct Model {
+    pub plan: Plan,
+    pub fields: Vec<TensorField>,
+    /// The workflow the runtime methods use.
+    pub workflow: Option<String>,
+    /// The spec file to track for rebuilds (spec-file mode).
+    pub spec_file: Option<PathBuf>,
+}
+
+pub fn model(input: &syn::DeriveInput, errors: &mut Vec<syn::Error>) -> Option<Model> {
+    let syn::Data::Struct(data) = &input.data else {
+        errors.push(syn::Error::new_spanned(
+            &input.ident,
+            "#[derive(Features)] works on structs with named fields",
+        ));
+        return None;
+    };
+    let syn::Fields::Named(named) = &data.fields else {
+        errors.push(syn::Error::new_spanned(
+            &input.ident,
+            "#[derive(Features)] works on structs with named fields",
+        ));
+        return None;
+    };
+    let sattrs = attr::struct_attrs(&input.attrs, errors);
+    let mut fields = Vec::new();
+    let mut fattrs = Vec::new();
+    for f in &named.named {
+        let a = attr::field_attrs(&f.attrs, errors);
+        let Some(ident) = f.ident.clone() else {
+            continue;
+        };
+        let optional = match tensor_type(&f.ty) {
+            Some(optional) => optional,
+            None => {
+                errors.push(syn::Error::new_spanned(
+                    &f.ty,
+                    "unsupported field type: featshard fields are `tch::Tensor` or `Option<tch::Tensor>`",
+                ));
+                continue;
+            }
+        };
+        let feature = a
+            .name
+            .as_ref()
+            .map_or_else(|| ident.to_string(), |n| n.value.clone());
+        fields.push(TensorField {
+            ident,
+            feature,
+            optional,
+            span: field_span(f),
+        });
+        fattrs.push(a);
+    }
+    // Two fields naming one feature.
+    let mut seen: BTreeMap<&str, &TensorField> = BTreeMap::new();
+    for f in &fields {
+        if let Some(first) = seen.insert(&f.feature, f) {
+            errors.push(syn::Error::new(
+                f.span,
+                format!(
+                    "duplicate feature `{}`: field `{}` already is it",
+                    f.feature, first.ident
+                ),
+            ));
+        }
+    }
+    if !errors.is_empty() {
+        return None;
+    }
+    match &sattrs.spec {
+        Some(path) => from_spec_file(input, &sattrs, path, fields, &fattrs, errors),
+        None => from_attributes(input, &sattrs, fields, &fattrs, errors),
+    }
+}
+
+fn field_span(f: &Field) -> Span {
+    f.ident.as_ref().map_or_else(Span::call_site, Ident::span)
+}
+
+/// `Some(false)` for `Tensor`, `Some(true)` for `Option<Tensor>`, `None` otherwise.
+fn tensor_type(ty: &Type) -> Option<bool> {
+    let Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last()?;
+    if last.ident == "Tensor" && last.arguments.is_none() {
+        return Some(false);
+    }
+    if last.ident == "Option" {
+        if let PathArguments::AngleBracketed(args) = &last.arguments {
+            if let Some(GenericArgument::Type(inner)) = args.args.first() {
+                return (tensor_type(inner) == Some(false)).then_some(true);
+            }
+        }
+    }
+    None
+}
+
+fn snake(ident: &Ident) -> String {
+    let mut out = String::new();
+    for (i, c) in ident.to_string().chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Inline mode: the attributes are the spec.
+fn from_attributes(
+    input: &syn::DeriveInput,
+    sattrs: &StructAttrs,
+    fields: Vec<TensorField>,
+    fattrs: &[FieldAttrs],
+    errors: &mut Vec<syn::Error>,
+) -> Option<Model> {
+    let struct_span = input.ident.span();
+    let (cp, dp) = match &sattrs.mesh {
+        Some(attr::MeshAttr { cp, dp, span }) => {
+            if cp.len() != 2 {
+                errors.push(syn::Error::new(
+                    *span,
+                    format!(
+                        "the CP mesh has exactly two axes `mesh(cp0, cp1)`, {} given",
+                        cp.len()
+                    ),
+                ));
+                return None;
+            }
+            (
+                [named(&cp[0].value), named(&cp[1].value)],
+                dp.as_ref().map(|d| named(&d.value)),
+            )
+        }
+        None => ([named("cp0"), named("cp1")], None),
+    };
+    let mut semantics = BTreeMap::new();
+    let mut semantic_spans: BTreeMap<String, Span> = BTreeMap::new();
+    for s in &sattrs.semantics {
+        let owner = match (&s.owner, &s.counts, &s.map) {
+            (Some(o), Some(c), None) => Some(Owner {
+                owner: named(&o.value),
+                source: OwnerSource::Counts {
+                    feature: c.value.clone(),
+                },
+                source_loc: Loc::UNKNOWN,
+            }),
+            (Some(o), None, Some(m)) => Some(Owner {
+                owner: named(&o.value),
+                source: OwnerSource::Map {
+                    feature: m.value.clone(),
+                },
+                source_loc: Loc::UNKNOWN,
+            }),
+            (None, None, None) => None,
+            _ => {
+                errors.push(syn::Error::new(
+                    s.name.span,
+                    format!(
+                        "semantic `{}`: `owner = SEM` goes with exactly one of `counts = FEATURE` or `map = FEATURE`",
+                        s.name.value
+                    ),
+                ));
+                None
+            }
+        };
+        if semantic_spans
+            .insert(s.name.value.clone(), s.name.span)
+            .is_some()
+        {
+            errors.push(syn::Error::new(
+                s.name.span,
+                format!("semantic `{}` is declared twice", s.name.value),
+            ));
+        }
+        semantics.insert(
+            s.name.value.clone(),
+            Semantic {
+                name: s.name.value.clone(),
+                sharded: s.shard,
+                owner,
+                window: s.window,
+                loc: Loc::UNKNOWN,
+            },
+        );
+    }
+    let mut features = BTreeMap::new();
+    for (f, a) in fields.iter().zip(fattrs) {
+        match feature_of(f, a) {
+            Ok(feat) => {
+                features.insert(f.feature.clone(), feat);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        return None;
+    }
+    let spec = Spec {
+        source: Source {
+            name: input.ident.to_string(),
+            sha256: featshard_spec::lower::sha256_hex(&quote::quote!(#input).to_string()),
+        },
+        module: named(&sattrs.module.as_ref().map_or_else(
+            || format!("{}_placements", snake(&input.ident)),
+            |m| m.value.clone(),
+        )),
+        mesh: Mesh {
+            cp,
+            dp,
+            loc: Loc::UNKNOWN,
+        },
+        semantics,
+        workflows: sattrs
+            .workflows
+            .iter()
+            .map(|w| (w.value.clone(), Loc::UNKNOWN))
+            .collect(),
+        features,
+    };
+    match plan::plan(&spec) {
+        Ok(plan) => Some(Model {
+            plan,
+            fields,
+            workflow: sattrs.workflow.as_ref().map(|w| w.value.clone()),
+            spec_file: None,
+        }),
+        Err(spec_errors) => {
+            for e in spec_errors {
+                let span = e
+                    .feature
+                    .as_ref()
+                    .and_then(|n| fields.iter().find(|f| &f.feature == n).map(|f| f.span))
+                    .or_else(|| {
+                        e.semantic
+                            .as_ref()
+                            .and_then(|s| semantic_spans.get(s).copied())
+                    })
+                    .unwrap_or(struct_span);
+                errors.push(syn::Error::new(span, spec_message(&e)));
+            }
+            None
+        }
+    }
+}
+
+fn named(s: &str) -> Named {
+    Named::new(s, Loc::UNKNOWN)
+}
+
+fn spec_message(e: &SpecError) -> String {
+    match &e.help {
+        Some(h) => format!("{e}\nhelp: {h}"),
+        None => e.to_string(),
+    }
+}
+
+fn feature_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Feature> {
+    let Some(axes) = &a.axes else {
+        return Err(syn::Error::new(
+            f.span,
+            format!(
+                "feature `{}`: needs `#[featshard(axes(...), dtype = ...)]`",
+                f.feature
+            ),
+        ));
+    };
+    let Some(dtype) = &a.dtype else {
+        return Err(syn::Error::new(
+            f.span,
+            format!("feature `{}`: needs `dtype = ...`", f.feature),
+        ));
+    };
+    let dtype_value = DType::parse(&dtype.value).ok_or_else(|| {
+        syn::Error::new(
+            dtype.span,
+            format!("feature `{}`: unknown dtype `{}`", f.feature, dtype.value),
+        )
+    })?;
+    let role = match (&a.mask, &a.index) {
+        (Some(_), Some(i)) => {
+            return Err(syn::Error::new(
+                i.span,
+                format!("feature `{}`: a mask or an index, not both", f.feature),
+            ))
+        }
+        (Some(m), None) => Role::Mask {
+            of: m.value.clone(),
+        },
+        (None, Some(i)) => Role::Index(IndexRole {
+            of: i.value.of.clone(),
+            scope: match i.value.scope.value.as_str() {
+                "serial" => IndexScope::Serial,
+                "shard_local" => IndexScope::ShardLocal,
+                "padded_global" => IndexScope::PaddedGlobal,
+                other => {
+                    return Err(syn::Error::new(
+                        i.value.scope.span,
+                        format!("feature `{}`: unknown index scope `{other}`", f.feature),
+                    ))
+                }
+            },
+            one_hot: i.value.one_hot,
+        }),
+        (None, None) => Role::Data,
+    };
+    let placement = match &a.placement {
+        Some(p) => {
+            let mut out = Vec::new();
+            for s in &p.value {
+                out.push(Placement::parse(s).ok_or_else(|| {
+                    syn::Error::new(
+                        p.span,
+                        format!("feature `{}`: `{s}` is not a placement", f.feature),
+                    )
+                })?);
+            }
+            Some((out, Loc::UNKNOWN))
+        }
+        None => None,
+    };
+    Ok(Feature {
+        name: f.feature.clone(),
+        kind: FeatureKind::Tensor(Box::new(TensorFeature {
+            axes: axes
+                .value
+                .iter()
+                .map(|a| Axis {
+                    kind: match a {
+                        AxisAttr::Semantic(s) => AxisKind::Semantic(s.clone()),
+                        AxisAttr::Channel(n) => AxisKind::Channel(*n),
+                    },
+                    loc: Loc::UNKNOWN,
+                })
+                .collect(),
+            axes_loc: Loc::UNKNOWN,
+            dtype: dtype_value,
+            dtype_loc: Loc::UNKNOWN,
+            pad: match a.pad.as_ref().map(|p| p.value) {
+                Some(PadLit::Bool(b)) => PadValue::Bool(b),
+                Some(PadLit::Int(i)) => PadValue::Int(i),
+                Some(PadLit::Float(x)) => PadValue::Float(x),
+                None => PadValue::default(),
+            },
+            pad_loc: Loc::UNKNOWN,
+            role,
+            role_loc: Loc::UNKNOWN,
+            coshard: a
+                .coshard
+                .iter()
+                .map(|c| CoShard {
+                    axis: c.value.0,
+                    follows: c.value.1,
+                    loc: Loc::UNKNOWN,
+                })
+                .collect(),
+            replicate_axes: a
+                .replicate_axes
+                .iter()
+                .map(|r| (r.value, Loc::UNKNOWN))
+                .collect(),
+            replicated: a.replicated,
+            placement,
+        })),
+        only: a
+            .only
+            .as_ref()
+            .map(|o| o.iter().map(|w| named(&w.value)).collect()),
+        doc: None,
+        loc: Loc::UNKNOWN,
+    })
+}
+
+/// Spec-file mode: the struct is checked against a YAML spec.
+fn from_spec_file(
+    input: &syn::DeriveInput,
+    sattrs: &StructAttrs,
+    path: &attr::At<String>,
+    fields: Vec<TensorField>,
+    fattrs: &[FieldAttrs],
+    errors: &mut Vec<syn::Error>,
+) -> Option<Model> {
+    let root = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let file = root.join(&path.value);
+    let text = match featshard_spec::read_spec(&file) {
+        Ok(t) => t,
+        Err(e) => {
+            errors.push(syn::Error::new(
+                path.span,
+                format!("spec file `{}` ({}): {e}", path.value, file.display()),
+            ));
+            return None;
+        }
+    };
+    let mut spec = match featshard_spec::lower::parse_str(&path.value, &text) {
+        Ok(s) => s,
+        Err(d) => {
+            errors.push(syn::Error::new(
+                path.span,
+                d.render_plain().trim_end().to_owned(),
+            ));
+            return None;
+        }
+    };
+    if let Some(w) = &sattrs.workflow {
+        match spec.for_workflow(&w.value) {
+            Some(s) => spec = s,
+            None => {
+                errors.push(syn::Error::new(
+                    w.span,
+                    format!("workflow `{}` is not declared in `{}`", w.value, path.value),
+                ));
+                return None;
+            }
+        }
+    }
+    let plan = match plan::plan(&spec) {
+        Ok(p) => p,
+        Err(e) => {
+            let d = featshard_spec::Diagnostics::new(&path.value, &text, e);
+            errors.push(syn::Error::new(
+                path.span,
+                d.render_plain().trim_end().to_owned(),
+            ));
+            return None;
+        }
+    };
+    let at = |l: Loc| format!("{}:{}:{}", path.value, l.line, l.column);
+    for (f, a) in fields.iter().zip(fattrs) {
+        let Some(feat) = spec.features.get(&f.feature) else {
+            let scope = sattrs
+                .workflow
+                .as_ref()
+                .map(|w| format!(" (workflow `{}`)", w.value))
+                .unwrap_or_default();
+            errors.push(syn::Error::new(
+                f.span,
+                format!("feature `{}` is not in `{}`{scope}", f.feature, path.value),
+            ));
+            continue;
+        };
+        let FeatureKind::Tensor(t) = &feat.kind else {
+            errors.push(syn::Error::new(
+                f.span,
+                format!(
+                    "feature `{}` is metadata (at {}), not a tensor",
+                    f.feature,
+                    at(feat.loc)
+                ),
+            ));
+            continue;
+        };
+        if let Some(d) = &a.dtype {
+            if DType::parse(&d.value) != Some(t.dtype) {
+                errors.push(syn::Error::new(
+                    d.span,
+                    format!(
+                        "feature `{}`: dtype `{}` disagrees with `{}` at {}",
+                        f.feature,
+                        d.value,
+                        t.dtype,
+                        at(t.dtype_loc)
+                    ),
+                ));
+            }
+        }
+        if let Some(axes) = &a.axes {
+            let spec_axes: Vec<String> = t.axes.iter().map(|x| x.kind.to_string()).collect();
+            let ours: Vec<String> = axes
+                .value
+                .iter()
+                .map(|x| match x {
+                    AxisAttr::Semantic(s) => s.clone(),
+                    AxisAttr::Channel(n) => n.to_string(),
+                })
+                .collect();
+            if ours != spec_axes {
+                errors.push(syn::Error::new(
+                    axes.span,
+                    format!(
+                        "feature `{}`: axes [{}] (rank {}) disagree with [{}] (rank {}) at {}",
+                        f.feature,
+                        ours.join(", "),
+                        ours.len(),
+                        spec_axes.join(", "),
+                        spec_axes.len(),
+                        at(t.axes_loc)
+                    ),
+                ));
+            }
+        }
+    }
+    for (name, feat) in &spec.features {
+        if matches!(feat.kind, FeatureKind::Tensor(_)) && !fields.iter().any(|f| &f.feature == name)
+        {
+            errors.push(syn::Error::new(
+                input.ident.span(),
+                format!(
+                    "feature `{name}` (declared at {}) has no field; add `{name}: Tensor`",
+                    at(feat.loc)
+                ),
+            ));
+        }
+    }
+    if !errors.is_empty() {
+        return None;
+    }
+    Some(Model {
+        plan,
+        fields,
+        workflow: sattrs.workflow.as_ref().map(|w| w.value.clone()),
+        spec_file: Some(file),
+    })
+}

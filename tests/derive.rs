@@ -1,0 +1,314 @@
+//! `#[derive(Features)]`: the same plan and tables as the YAML, and a runtime round
+//! trip through the derived methods.
+#![cfg(feature = "derive")]
+
+use std::path::PathBuf;
+
+use featshard::runtime::synthetic::{self, Shape};
+use featshard::tch::Tensor;
+use featshard::Features;
+
+/// `examples/boltz2.yaml`'s inference workflow, written with field attributes only.
+#[derive(Features)]
+#[featshard(module = "boltz2_placements", mesh(cp0, cp1, dp = dp), workflows(inference))]
+#[featshard(
+    semantic(tokens, shard),
+    semantic(atoms, shard, owner = tokens, counts = atom_counts_per_token, window = 32),
+    semantic(rset, shard, owner = atoms, map = r_set_to_rep_atom),
+    semantic(msa, shard),
+    semantic(ensemble),
+    semantic(disto_ensemble),
+    semantic(templates)
+)]
+struct Boltz2Inference {
+    #[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = serial))]
+    token_index: Tensor,
+    #[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = serial))]
+    residue_index: Tensor,
+    #[featshard(axes(tokens), dtype = int64)]
+    asym_id: Tensor,
+    #[featshard(axes(tokens), dtype = int64)]
+    entity_id: Tensor,
+    #[featshard(axes(tokens), dtype = int64)]
+    sym_id: Tensor,
+    #[featshard(axes(tokens), dtype = int64)]
+    mol_type: Tensor,
+    #[featshard(axes(tokens, 33), dtype = int64)]
+    res_type: Tensor,
+    #[featshard(axes(tokens, 3), dtype = float32)]
+    disto_center: Tensor,
+    #[featshard(axes(tokens), dtype = float32, mask(tokens))]
+    token_pad_mask: Tensor,
+    #[featshard(axes(tokens), dtype = float32, mask(tokens))]
+    token_resolved_mask: Tensor,
+    #[featshard(axes(tokens), dtype = float32, mask(tokens))]
+    token_disto_mask: Tensor,
+    #[featshard(axes(tokens), dtype = float32)]
+    cyclic_period: Tensor,
+    #[featshard(axes(tokens), dtype = int64)]
+    method_feature: Tensor,
+    #[featshard(axes(tokens), dtype = int64)]
+    modified: Tensor,
+    #[featshard(axes(tokens), dtype = int64)]
+    atom_counts_per_token: Tensor,
+    #[featshard(axes(tokens), dtype = float32)]
+    deletion_mean: Tensor,
+    #[featshard(axes(tokens, 33), dtype = float32)]
+    profile: Tensor,
+    #[featshard(axes(tokens), dtype = float32, mask(tokens))]
+    affinity_token_mask: Tensor,
+    #[featshard(axes(tokens, tokens, 1), dtype = float32)]
+    token_bonds: Tensor,
+    #[featshard(axes(tokens, tokens), dtype = int64)]
+    type_bonds: Tensor,
+    #[featshard(axes(tokens, tokens), dtype = float32, mask(tokens))]
+    token_pair_pad_mask: Tensor,
+    #[featshard(axes(tokens, tokens, 5), dtype = int64)]
+    contact_conditioning: Tensor,
+    #[featshard(axes(tokens, tokens), dtype = float32)]
+    contact_threshold: Tensor,
+    #[featshard(axes(tokens, tokens, disto_ensemble, 64), dtype = float32)]
+    disto_target: Tensor,
+    #[featshard(axes(msa, tokens), dtype = int64, pad = 1)]
+    msa: Tensor,
+    #[featshard(axes(msa, tokens), dtype = float32)]
+    msa_paired: Tensor,
+    #[featshard(axes(msa, tokens), dtype = float32)]
+    deletion_value: Tensor,
+    #[featshard(axes(msa, tokens), dtype = bool)]
+    has_deletion: Tensor,
+    #[featshard(axes(msa, tokens), dtype = int64, mask(msa, tokens))]
+    msa_mask: Tensor,
+    #[featshard(axes(atoms, 3), dtype = float32)]
+    ref_pos: Tensor,
+    #[featshard(axes(atoms), dtype = float32)]
+    ref_charge: Tensor,
+    #[featshard(axes(atoms), dtype = float32)]
+    bfactor: Tensor,
+    #[featshard(axes(atoms), dtype = float32)]
+    plddt: Tensor,
+    #[featshard(axes(atoms), dtype = bool, mask(atoms))]
+    atom_resolved_mask: Tensor,
+    #[featshard(axes(atoms), dtype = float32, mask(atoms))]
+    atom_pad_mask: Tensor,
+    #[featshard(axes(atoms, 128), dtype = int64)]
+    ref_element: Tensor,
+    #[featshard(axes(atoms, 4, 64), dtype = int64)]
+    ref_atom_name_chars: Tensor,
+    #[featshard(axes(atoms), dtype = int64)]
+    ref_space_uid: Tensor,
+    #[featshard(axes(atoms), dtype = int64)]
+    ref_chirality: Tensor,
+    #[featshard(axes(atoms, 17), dtype = int64)]
+    atom_backbone_feat: Tensor,
+    #[featshard(axes(atoms, atoms), dtype = float32, mask(atoms))]
+    pair_mask: Tensor,
+    #[featshard(axes(atoms, tokens), dtype = int64, coshard(axis = 1, follows = 0), index(of = tokens, scope = shard_local, one_hot = 1))]
+    atom_to_token: Tensor,
+    #[featshard(axes(tokens, atoms), dtype = int64, coshard(axis = 1, follows = 0), index(of = atoms, scope = shard_local, one_hot = 1))]
+    token_to_rep_atom: Tensor,
+    #[featshard(axes(rset, atoms), dtype = int64, coshard(axis = 1, follows = 0), index(of = atoms, scope = shard_local, one_hot = 1))]
+    r_set_to_rep_atom: Tensor,
+    #[featshard(axes(ensemble, atoms, 3), dtype = float32)]
+    coords: Tensor,
+    #[featshard(axes(ensemble, tokens, 3), dtype = int64, index(of = atoms, scope = padded_global))]
+    frames_idx: Tensor,
+    #[featshard(axes(ensemble, tokens), dtype = bool, mask(tokens))]
+    frame_resolved_mask: Tensor,
+    #[featshard(axes(ensemble, tokens, 3), dtype = float32)]
+    disto_coords_ensemble: Tensor,
+    #[featshard(axes(templates, tokens, 33), dtype = int64)]
+    template_restype: Tensor,
+    #[featshard(axes(templates, tokens, 3, 3), dtype = float32)]
+    template_frame_rot: Tensor,
+    #[featshard(axes(templates, tokens, 3), dtype = float32)]
+    template_frame_t: Tensor,
+    #[featshard(axes(templates, tokens, 3), dtype = float32)]
+    template_cb: Tensor,
+    #[featshard(axes(templates, tokens, 3), dtype = float32)]
+    template_ca: Tensor,
+    #[featshard(axes(templates, tokens), dtype = float32, mask(tokens))]
+    template_mask_cb: Tensor,
+    #[featshard(axes(templates, tokens), dtype = float32, mask(tokens))]
+    template_mask_frame: Tensor,
+    #[featshard(axes(templates, tokens), dtype = float32, mask(tokens))]
+    template_mask: Tensor,
+    #[featshard(axes(templates, tokens), dtype = float32)]
+    visibility_ids: Tensor,
+    #[featshard(axes(templates, tokens), dtype = int64)]
+    query_to_template: Tensor,
+}
+
+// Each derive emits its spec's table module, so a second struct of the same spec lives
+// in a module of its own.
+mod from_yaml {
+    use super::*;
+
+    /// The same struct, checked against the YAML instead of restating it.
+    #[derive(Features)]
+    #[featshard(spec = "examples/boltz2.yaml", workflow = "inference")]
+    #[allow(dead_code)]
+    pub struct FromYaml {
+        token_index: Tensor,
+        residue_index: Tensor,
+        asym_id: Tensor,
+        entity_id: Tensor,
+        sym_id: Tensor,
+        mol_type: Tensor,
+        res_type: Tensor,
+        disto_center: Tensor,
+        token_pad_mask: Tensor,
+        token_resolved_mask: Tensor,
+        token_disto_mask: Tensor,
+        cyclic_period: Tensor,
+        method_feature: Tensor,
+        modified: Tensor,
+        atom_counts_per_token: Tensor,
+        deletion_mean: Tensor,
+        profile: Tensor,
+        token_bonds: Tensor,
+        type_bonds: Tensor,
+        token_pair_pad_mask: Tensor,
+        contact_conditioning: Tensor,
+        contact_threshold: Tensor,
+        disto_target: Tensor,
+        msa: Tensor,
+        msa_paired: Tensor,
+        deletion_value: Tensor,
+        has_deletion: Tensor,
+        msa_mask: Tensor,
+        ref_pos: Tensor,
+        ref_charge: Tensor,
+        bfactor: Tensor,
+        plddt: Tensor,
+        atom_resolved_mask: Tensor,
+        atom_pad_mask: Tensor,
+        ref_element: Tensor,
+        ref_atom_name_chars: Tensor,
+        ref_space_uid: Tensor,
+        ref_chirality: Tensor,
+        atom_backbone_feat: Tensor,
+        pair_mask: Tensor,
+        atom_to_token: Tensor,
+        token_to_rep_atom: Tensor,
+        r_set_to_rep_atom: Tensor,
+        coords: Tensor,
+        frames_idx: Tensor,
+        frame_resolved_mask: Tensor,
+        disto_coords_ensemble: Tensor,
+        template_restype: Tensor,
+        template_frame_rot: Tensor,
+        template_frame_t: Tensor,
+        template_cb: Tensor,
+        template_ca: Tensor,
+        template_mask_cb: Tensor,
+        template_mask_frame: Tensor,
+        template_mask: Tensor,
+        visibility_ids: Tensor,
+        query_to_template: Tensor,
+        #[featshard(dtype = float32, axes(tokens))]
+        affinity_token_mask: Option<Tensor>,
+    }
+}
+
+fn yaml_plan() -> featshard::spec::Plan {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/boltz2.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let spec = featshard::spec::lower::parse_str("boltz2.yaml", &text).unwrap();
+    let spec = spec.for_workflow("inference").unwrap();
+    featshard::spec::plan::plan(&spec).unwrap()
+}
+
+fn without_source(mut p: featshard::spec::Plan) -> featshard::spec::Plan {
+    p.source = featshard::spec::ir::Source {
+        name: String::new(),
+        sha256: String::new(),
+    };
+    p
+}
+
+#[test]
+fn field_attributes_give_the_plan_of_the_yaml() {
+    assert_eq!(
+        without_source(Boltz2Inference::plan().clone()),
+        without_source(yaml_plan())
+    );
+}
+
+#[test]
+fn field_attributes_give_the_same_generated_rust_tables() {
+    let ours =
+        featshard::codegen::rust_module(&without_source(Boltz2Inference::plan().clone())).unwrap();
+    let yaml = featshard::codegen::rust_module(&without_source(yaml_plan())).unwrap();
+    assert_eq!(ours, yaml);
+}
+
+#[test]
+fn the_spec_file_mode_plans_the_yaml_itself() {
+    assert_eq!(
+        without_source(from_yaml::FromYaml::plan().clone()),
+        without_source(yaml_plan())
+    );
+    assert_eq!(from_yaml::FromYaml::WORKFLOW, Some("inference"));
+}
+
+#[test]
+fn associated_consts_hold_the_tables() {
+    use boltz2_placements::{Placement, Semantic};
+    let find = |name: &str| {
+        Boltz2Inference::PLACEMENTS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .unwrap()
+            .1
+    };
+    assert_eq!(
+        find("token_pair_pad_mask"),
+        &[Placement::Shard(0), Placement::Shard(1)]
+    );
+    assert_eq!(find("coords"), &[Placement::Shard(1), Placement::Replicate]);
+    let (_, axes) = Boltz2Inference::AXIS_SEMANTICS
+        .iter()
+        .find(|(n, _)| *n == "atom_to_token")
+        .unwrap();
+    assert_eq!(*axes, &[Some(Semantic::Atoms), Some(Semantic::Tokens)]);
+    assert_eq!(Boltz2Inference::PLACEMENTS.len(), 58);
+}
+
+#[test]
+fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
+    let shape = Shape {
+        sizes: [
+            ("tokens", 13),
+            ("msa", 4),
+            ("ensemble", 2),
+            ("disto_ensemble", 1),
+            ("templates", 2),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect(),
+        counts: [(
+            "atoms".to_owned(),
+            vec![3, 0, 2, 5, 1, 0, 0, 4, 2, 1, 6, 0, 2],
+        )]
+        .into(),
+        mapped: [("rset".to_owned(), 5)].into(),
+    };
+    let sample = synthetic::sample(Boltz2Inference::plan(), None, &shape, 3).unwrap();
+    let serial = Boltz2Inference::from_features(sample).unwrap();
+    let padded = serial.pad([3, 3]).unwrap();
+    let locals: Vec<Boltz2InferenceLocal> = (0..9)
+        .map(|r| Boltz2Inference::local(&padded, r).unwrap())
+        .collect();
+    // Typed access to a rank's block.
+    assert_eq!(locals[4].token_pair_pad_mask.size(), vec![5, 5]);
+    let back = Boltz2Inference::assemble(&padded.layout, &locals).unwrap();
+    for (name, x) in serial.to_features() {
+        assert!(
+            back.to_features()[&name].equal(&x),
+            "{name} differs after the round trip"
+        );
+    }
+    let _: &Tensor = &back.ref_pos;
+}

@@ -1,0 +1,13 @@
+use featshard::tch::Tensor;
+use featshard::Features;
+
+#[derive(Features)]
+#[featshard(semantic(tokens, shard))]
+struct Sample {
+    #[featshard(axes = tokens, dtype = int64)]
+    token_index: Tensor,
+    #[featshard(axes(tokens), dtyp = int64)]
+    residue_index: Tensor,
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use featshard::tch::Tensor;
+use featshard::Features;
+
+#[derive(Features)]
+#[featshard(semantic(tokens, shard), semantic(ensemble))]
+struct Sample {
+    #[featshard(axes(ensemble, tokens), dtype = int64, coshard(axis = 1, follows = 0))]
+    frames: Tensor,
+}
+
+fn main() {}

@@ -1,0 +1,15 @@
+// trybuild compiles this in target/tests/trybuild/featshard, the manifest dir that
+// spec paths are relative to.
+use featshard::tch::Tensor;
+use featshard::Features;
+
+#[derive(Features)]
+#[featshard(spec = "../../../../tests/ui/small.yaml")]
+struct Sample {
+    atom_counts: Tensor,
+    ref_pos: Tensor,
+    token_pad_mask: Tensor,
+    plddt: Tensor,
+}
+
+fn main() {}
