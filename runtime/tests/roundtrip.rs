@@ -243,3 +243,24 @@ fn a_block_on_a_leading_axis_is_a_view_of_the_padded_tensor() {
         "block of rank 1 must alias the padded tensor, not copy it"
     );
 }
+
+#[test]
+fn a_shard_without_atoms_and_a_giant_token_round_trip_on_3x3() {
+    let plan = common::boltz2_plan();
+    // Tokens 0..3 (the whole first shard on 3x3) own no atom; token 7 owns 60.
+    let counts: Vec<i64> = vec![0, 0, 0, 2, 1, 3, 1, 60, 2];
+    let sample = common::boltz_sample(&plan, &counts, 9);
+    let padded = pad(&plan, [3, 3], &sample, &inference()).expect("pad");
+    let blocks = &padded.layout.blocks["atoms"];
+    assert_eq!(blocks.block_counts, vec![0, 6, 63]);
+    assert_eq!(blocks.per_block, 63);
+    let ranks = all_blocks(&plan, &padded);
+    // Rank 0's atoms are all pads, still a full-size block.
+    assert_eq!(ranks[0]["ref_pos"].size(), vec![63, 3]);
+    assert_eq!(ranks[0]["atom_pad_mask"].sum(tch::Kind::Float).double_value(&[]), 0.0);
+    let assembled = assemble(&plan, &padded.layout, Some("inference"), &ranks).expect("assemble");
+    let serial = unpad(&plan, &padded.layout, &assembled).expect("unpad");
+    for (name, x) in &sample {
+        assert!(serial[name].equal(x), "{name}");
+    }
+}
