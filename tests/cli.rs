@@ -39,7 +39,7 @@ fn generate_then_check_passes() {
         &dir.path().display().to_string(),
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("4 generated files up to date"));
+    assert!(text(&out.stdout).contains("5 generated files up to date"));
 }
 
 #[test]

@@ -12,7 +12,7 @@ mod rust;
 use featshard_spec::plan::Plan;
 
 pub use json::plan_json;
-pub use python::{python_module, python_stub};
+pub use python::{python_data, python_module, python_stub};
 pub use rust::{module_tokens, rust_module};
 
 /// One generated file: its name inside the output folder and its contents.
@@ -45,6 +45,10 @@ pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, CodegenError> {
         GeneratedFile {
             name: format!("{m}.pyi"),
             contents: python_stub(plan)?,
+        },
+        GeneratedFile {
+            name: format!("{m}_data.py"),
+            contents: python_data(plan)?,
         },
         GeneratedFile {
             name: format!("{m}.rs"),

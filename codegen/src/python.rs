@@ -3,8 +3,9 @@
 //! The context is plain strings already written as Python literals, so the templates
 //! hold layout only.
 
+use featshard_spec::infer::Split;
 use featshard_spec::ir::{IndexScope, OwnerSource, PadValue, Placement, Role};
-use featshard_spec::plan::{FeaturePlan, Padding, Plan};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan, Remap};
 use serde::Serialize;
 use tera::{Context, Tera};
 
@@ -12,6 +13,7 @@ use crate::{header_lines, CodegenError};
 
 const MODULE: &str = include_str!("../templates/module.py.tera");
 const STUB: &str = include_str!("../templates/module.pyi.tera");
+const DATA: &str = include_str!("../templates/data.py.tera");
 
 pub fn python_module(plan: &Plan) -> Result<String, CodegenError> {
     render("module.py", MODULE, plan)
@@ -19,6 +21,11 @@ pub fn python_module(plan: &Plan) -> Result<String, CodegenError> {
 
 pub fn python_stub(plan: &Plan) -> Result<String, CodegenError> {
     render("module.pyi", STUB, plan)
+}
+
+/// The data module: sharding and distribution over torch.distributed.
+pub fn python_data(plan: &Plan) -> Result<String, CodegenError> {
+    render("data.py", DATA, plan)
 }
 
 fn render(name: &str, template: &str, plan: &Plan) -> Result<String, CodegenError> {
@@ -50,6 +57,7 @@ struct Ctx {
     masks: Vec<MaskRow>,
     indices: Vec<IndexRow>,
     cosharded: Vec<CoshardRow>,
+    shard_local: Vec<ShardLocalRow>,
     metadata: Vec<String>,
     all_features: Vec<String>,
     workflows: Vec<WorkflowRow>,
@@ -73,6 +81,7 @@ struct TensorRow {
     name: String,
     placements: String,
     placements_dp: String,
+    splits: String,
     semantics: String,
     channels: String,
     dtype: &'static str,
@@ -97,6 +106,13 @@ struct IndexRow {
 struct CoshardRow {
     name: String,
     pairs: String,
+}
+
+#[derive(Serialize)]
+struct ShardLocalRow {
+    name: String,
+    of: String,
+    mesh_axis: usize,
 }
 
 #[derive(Serialize)]
@@ -157,6 +173,7 @@ fn context(plan: &Plan) -> Ctx {
     let mut indices = Vec::new();
     let mut cosharded = Vec::new();
     let mut metadata = Vec::new();
+    let mut shard_local = Vec::new();
     for (name, f) in &plan.features {
         let t = match f {
             FeaturePlan::Metadata { .. } => {
@@ -169,6 +186,11 @@ fn context(plan: &Plan) -> Ctx {
             name: name.clone(),
             placements: py_tuple(t.placements.iter().map(py_placement)),
             placements_dp: py_tuple(t.placements_dp.iter().map(py_placement)),
+            splits: py_tuple(t.axes.iter().map(|a| match a.split {
+                Split::Whole => "None".to_owned(),
+                Split::Mesh { mesh_axis } => format!("(\"mesh\", {mesh_axis})"),
+                Split::Follows { mesh_axis, .. } => format!("(\"follows\", {mesh_axis})"),
+            })),
             semantics: py_tuple(
                 t.axes
                     .iter()
@@ -198,6 +220,13 @@ fn context(plan: &Plan) -> Ctx {
                 },
                 one_hot: ix.one_hot.map_or("None".into(), |a| a.to_string()),
             }),
+        }
+        if let Remap::ShardLocal { of, mesh_axis } = &t.remap {
+            shard_local.push(ShardLocalRow {
+                name: name.clone(),
+                of: of.clone(),
+                mesh_axis: *mesh_axis,
+            });
         }
         let pairs: Vec<String> = t
             .axes
@@ -234,6 +263,7 @@ fn context(plan: &Plan) -> Ctx {
         masks,
         indices,
         cosharded,
+        shard_local,
         metadata,
         all_features: plan.features.keys().cloned().collect(),
         workflows: plan

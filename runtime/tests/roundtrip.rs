@@ -257,7 +257,12 @@ fn a_shard_without_atoms_and_a_giant_token_round_trip_on_3x3() {
     let ranks = all_blocks(&plan, &padded);
     // Rank 0's atoms are all pads, still a full-size block.
     assert_eq!(ranks[0]["ref_pos"].size(), vec![63, 3]);
-    assert_eq!(ranks[0]["atom_pad_mask"].sum(tch::Kind::Float).double_value(&[]), 0.0);
+    assert_eq!(
+        ranks[0]["atom_pad_mask"]
+            .sum(tch::Kind::Float)
+            .double_value(&[]),
+        0.0
+    );
     let assembled = assemble(&plan, &padded.layout, Some("inference"), &ranks).expect("assemble");
     let serial = unpad(&plan, &padded.layout, &assembled).expect("unpad");
     for (name, x) in &sample {

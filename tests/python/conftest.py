@@ -32,6 +32,18 @@ def generated_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def import_generated(generated_dir: Path, name: str) -> ModuleType:
+    """Imports a generated module by name (the data module imports the placements one)."""
+    if str(generated_dir) not in sys.path:
+        sys.path.insert(0, str(generated_dir))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(scope="session")
+def data(generated_dir: Path, placements: ModuleType) -> ModuleType:
+    return import_generated(generated_dir, "boltz2_placements_data")
+
+
 @pytest.fixture(scope="session")
 def placements(generated_dir: Path) -> ModuleType:
     path = generated_dir / "boltz2_placements.py"

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
+from boltz_samples import random_sample
 from conftest import ROOT, featshard_bin
 
 MESHES = [(1, 1), (2, 2), (3, 3), (2, 3), (4, 1)]
@@ -57,47 +58,6 @@ def test_workflows_share_the_base_set(placements: ModuleType) -> None:
     assert "affinity_token_mask" in w["inference"] and "affinity_token_mask" not in w["training"]
     assert "temp_feature" in w["training"] and "temp_feature" not in w["inference"]
     assert w["inference"] & w["training"] >= {"token_index", "ref_pos", "msa", "atom_to_token"}
-
-
-def random_sample(placements: ModuleType, n_tokens: int, seed: int) -> dict[str, torch.Tensor]:
-    """A Boltz-shaped serial sample: uneven atoms per token, zero-atom tokens, an R-set."""
-    g = torch.Generator().manual_seed(seed)
-    counts = torch.randint(0, 5, (n_tokens,), generator=g)
-    if n_tokens > 1:
-        counts[0] = 0  # a zero-atom token
-    counts[-1] = max(int(counts[-1]), 1)
-    n_atoms = int(counts.sum())
-    token_of_atom = torch.arange(n_tokens).repeat_interleave(counts)
-    with_atoms = [t for t in range(n_tokens) if int(counts[t]) > 0]
-    first_atom = torch.cumsum(counts, 0) - counts
-    rset_tokens = with_atoms[::2]
-    lengths = {"tokens": n_tokens, "atoms": n_atoms, "rset": len(rset_tokens), "msa": 5,
-               "ensemble": 2, "disto_ensemble": 1, "templates": 2}
-    sample: dict[str, torch.Tensor] = {}
-    for name in sorted(placements.WORKFLOWS["inference"]):
-        axes = placements.FEATURE_AXIS_SEMANTICS[name]
-        shape = [lengths[s] if s is not None else int(c)
-                 for s, c in zip(axes, placements.CHANNEL_SIZES[name])]
-        dtype = placements.DTYPES[name]
-        if dtype == torch.bool:
-            x = torch.rand(shape, generator=g) > 0.5
-        elif dtype.is_floating_point:
-            x = torch.rand(shape, generator=g, dtype=torch.float64).to(dtype) + 0.5
-        else:
-            x = torch.randint(1, 7, shape, generator=g, dtype=dtype)
-        sample[name] = x
-    sample["atom_counts_per_token"] = counts
-    sample["atom_to_token"] = torch.nn.functional.one_hot(token_of_atom, n_tokens).to(torch.int64)
-    rep = torch.zeros(n_tokens, n_atoms, dtype=torch.int64)
-    for t in with_atoms:
-        rep[t, int(first_atom[t])] = 1
-    sample["token_to_rep_atom"] = rep
-    r = torch.zeros(len(rset_tokens), n_atoms, dtype=torch.int64)
-    for i, t in enumerate(rset_tokens):
-        r[i, int(first_atom[t])] = 1
-    sample["r_set_to_rep_atom"] = r
-    sample["frames_idx"] = torch.randint(0, max(n_atoms, 1), (2, n_tokens, 3), generator=g)
-    return sample
 
 
 def reference_positions(counts: list[int], n_padded_owners: int, blocks: int) -> tuple[list[int], int]:
@@ -201,12 +161,15 @@ def tool(name: str) -> str:
 
 
 def test_generated_python_passes_ruff(generated_dir: Path) -> None:
-    files = [str(generated_dir / "boltz2_placements.py"), str(generated_dir / "boltz2_placements.pyi")]
+    files = [str(p) for p in sorted(generated_dir.glob("*.py*"))]
+    assert len(files) == 3, files
     result = subprocess.run([tool("ruff"), "check", "--no-cache", *files], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("name", ["boltz2_placements.py", "boltz2_placements.pyi"])
+@pytest.mark.parametrize(
+    "name", ["boltz2_placements.py", "boltz2_placements.pyi", "boltz2_placements_data.py"]
+)
 def test_generated_python_passes_mypy_strict(generated_dir: Path, name: str) -> None:
     result = subprocess.run(
         [tool("mypy"), "--strict", "--no-incremental", str(generated_dir / name)],

@@ -177,6 +177,70 @@ PLACEMENTS_DP: Final[dict[str, tuple[Placement, ...]]] = {
     "type_bonds": (Shard(0), Shard(1), Shard(2)),
     "visibility_ids": (Shard(0), Shard(2), Replicate()),
 }
+# How each axis is split over the CP mesh: ("mesh", m) split over mesh axis m,
+# ("follows", m) the diagonal block of a co-sharded axis on mesh axis m, None whole.
+SPLITS: Final[dict[str, tuple[tuple[Literal["mesh", "follows"], int] | None, ...]]] = {
+    "affinity_token_mask": (("mesh", 0),),
+    "asym_id": (("mesh", 0),),
+    "atom_backbone_feat": (("mesh", 0), None),
+    "atom_counts_per_token": (("mesh", 0),),
+    "atom_pad_mask": (("mesh", 0),),
+    "atom_resolved_mask": (("mesh", 0),),
+    "atom_to_token": (("mesh", 0), ("follows", 0)),
+    "bfactor": (("mesh", 0),),
+    "contact_conditioning": (("mesh", 0), ("mesh", 1), None),
+    "contact_threshold": (("mesh", 0), ("mesh", 1)),
+    "coords": (None, ("mesh", 0), None),
+    "cyclic_period": (("mesh", 0),),
+    "deletion_mean": (("mesh", 0),),
+    "deletion_value": (("mesh", 0), ("mesh", 1)),
+    "disto_center": (("mesh", 0), None),
+    "disto_coords_ensemble": (None, ("mesh", 0), None),
+    "disto_target": (("mesh", 0), ("mesh", 1), None, None),
+    "entity_id": (("mesh", 0),),
+    "frame_resolved_mask": (None, ("mesh", 0)),
+    "frames_idx": (None, ("mesh", 0), None),
+    "has_deletion": (("mesh", 0), ("mesh", 1)),
+    "method_feature": (("mesh", 0),),
+    "modified": (("mesh", 0),),
+    "mol_type": (("mesh", 0),),
+    "msa": (("mesh", 0), ("mesh", 1)),
+    "msa_mask": (("mesh", 0), ("mesh", 1)),
+    "msa_paired": (("mesh", 0), ("mesh", 1)),
+    "pair_mask": (("mesh", 0), ("mesh", 1)),
+    "ph_feature": (("mesh", 0),),
+    "plddt": (("mesh", 0),),
+    "profile": (("mesh", 0), None),
+    "query_to_template": (None, ("mesh", 0)),
+    "r_set_to_rep_atom": (("mesh", 0), ("follows", 0)),
+    "ref_atom_name_chars": (("mesh", 0), None, None),
+    "ref_charge": (("mesh", 0),),
+    "ref_chirality": (("mesh", 0),),
+    "ref_element": (("mesh", 0), None),
+    "ref_pos": (("mesh", 0), None),
+    "ref_space_uid": (("mesh", 0),),
+    "res_type": (("mesh", 0), None),
+    "residue_index": (("mesh", 0),),
+    "sym_id": (("mesh", 0),),
+    "temp_feature": (("mesh", 0),),
+    "template_ca": (None, ("mesh", 0), None),
+    "template_cb": (None, ("mesh", 0), None),
+    "template_frame_rot": (None, ("mesh", 0), None, None),
+    "template_frame_t": (None, ("mesh", 0), None),
+    "template_mask": (None, ("mesh", 0)),
+    "template_mask_cb": (None, ("mesh", 0)),
+    "template_mask_frame": (None, ("mesh", 0)),
+    "template_restype": (None, ("mesh", 0), None),
+    "token_bonds": (("mesh", 0), ("mesh", 1), None),
+    "token_disto_mask": (("mesh", 0),),
+    "token_index": (("mesh", 0),),
+    "token_pad_mask": (("mesh", 0),),
+    "token_pair_pad_mask": (("mesh", 0), ("mesh", 1)),
+    "token_resolved_mask": (("mesh", 0),),
+    "token_to_rep_atom": (("mesh", 0), ("follows", 0)),
+    "type_bonds": (("mesh", 0), ("mesh", 1)),
+    "visibility_ids": (None, ("mesh", 0)),
+}
 FEATURE_AXIS_SEMANTICS: Final[dict[str, tuple[str | None, ...]]] = {
     "affinity_token_mask": ("tokens",),
     "asym_id": ("tokens",),
@@ -456,6 +520,9 @@ COSHARDED: Final[dict[str, tuple[tuple[int, int], ...]]] = {
     "r_set_to_rep_atom": ((1, 0),),
     "token_to_rep_atom": ((1, 0),),
 }
+# Value indices made local to the holding shard: feature -> (indexed semantic, mesh axis).
+SHARD_LOCAL: Final[dict[str, tuple[str, int]]] = {
+}
 METADATA_FEATURES: Final[frozenset[str]] = frozenset({})
 WORKFLOWS: Final[dict[str, frozenset[str]]] = {
     "inference": frozenset(
@@ -594,6 +661,8 @@ class Layout(NamedTuple):
     positions: torch.Tensor | None
     # Padded items per owner block (owner-partitioned semantics only).
     per_block: int | None
+    # The serial length.
+    length: int
 
 
 def _lcm(sizes: Iterable[int]) -> int:
@@ -630,7 +699,7 @@ def _owner_blocks(
     starts = torch.cumsum(block_counts, 0) - block_counts
     rank = torch.empty_like(block)
     rank[order] = torch.arange(block.numel(), device=block.device) - starts[block[order]]
-    return Layout(blocks * per_block, block * per_block + rank, per_block)
+    return Layout(blocks * per_block, block * per_block + rank, per_block, int(block.numel()))
 
 
 def padded_lengths(
@@ -720,7 +789,7 @@ def layouts(features: Mapping[str, Any], mesh: tuple[int, int]) -> dict[str, Lay
         n = lengths[sem]
         if info.padding != "owner_blocks":
             m = pad_multiple(sem, mesh)
-            out[sem] = Layout(-(-n // m) * m, None, None)
+            out[sem] = Layout(-(-n // m) * m, None, None, n)
             root_of[sem] = torch.arange(n)
             continue
         assert info.owner is not None and info.root is not None and info.owner_feature is not None

@@ -101,11 +101,13 @@ class Layout(NamedTuple):
     padded: int
     positions: torch.Tensor | None
     per_block: int | None
+    length: int
 
 SEMANTICS: Final[dict[str, SemanticInfo]]
 SEMANTIC_ORDER: Final[tuple[str, ...]]
 PLACEMENTS: Final[dict[str, tuple[Placement, ...]]]
 PLACEMENTS_DP: Final[dict[str, tuple[Placement, ...]]]
+SPLITS: Final[dict[str, tuple[tuple[Literal["mesh", "follows"], int] | None, ...]]]
 FEATURE_AXIS_SEMANTICS: Final[dict[str, tuple[str | None, ...]]]
 CHANNEL_SIZES: Final[dict[str, tuple[int | None, ...]]]
 DTYPES: Final[dict[str, torch.dtype]]
@@ -113,6 +115,7 @@ PAD_VALUES: Final[dict[str, bool | int | float]]
 MASKS: Final[dict[str, tuple[str, ...]]]
 INDEX_FEATURES: Final[dict[str, IndexRole]]
 COSHARDED: Final[dict[str, tuple[tuple[int, int], ...]]]
+SHARD_LOCAL: Final[dict[str, tuple[str, int]]]
 METADATA_FEATURES: Final[frozenset[str]]
 WORKFLOWS: Final[dict[str, frozenset[str]]]
 

@@ -1,0 +1,50 @@
+"""Boltz-shaped serial samples built from the generated module's tables."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+
+def random_sample(placements: ModuleType, n_tokens: int, seed: int) -> dict[str, torch.Tensor]:
+    """A Boltz-shaped serial sample: uneven atoms per token, zero-atom tokens, an R-set."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 5, (n_tokens,), generator=g)
+    if n_tokens > 1:
+        counts[0] = 0  # a zero-atom token
+    counts[-1] = max(int(counts[-1]), 1)
+    n_atoms = int(counts.sum())
+    token_of_atom = torch.arange(n_tokens).repeat_interleave(counts)
+    with_atoms = [t for t in range(n_tokens) if int(counts[t]) > 0]
+    first_atom = torch.cumsum(counts, 0) - counts
+    rset_tokens = with_atoms[::2]
+    lengths = {"tokens": n_tokens, "atoms": n_atoms, "rset": len(rset_tokens), "msa": 5,
+               "ensemble": 2, "disto_ensemble": 1, "templates": 2}
+    sample: dict[str, torch.Tensor] = {}
+    for name in sorted(placements.WORKFLOWS["inference"]):
+        axes = placements.FEATURE_AXIS_SEMANTICS[name]
+        shape = [lengths[s] if s is not None else int(c)
+                 for s, c in zip(axes, placements.CHANNEL_SIZES[name])]
+        dtype = placements.DTYPES[name]
+        if dtype == torch.bool:
+            x = torch.rand(shape, generator=g) > 0.5
+        elif dtype.is_floating_point:
+            x = torch.rand(shape, generator=g, dtype=torch.float64).to(dtype) + 0.5
+        else:
+            x = torch.randint(1, 7, shape, generator=g, dtype=dtype)
+        sample[name] = x
+    sample["atom_counts_per_token"] = counts
+    sample["token_index"] = torch.arange(n_tokens)
+    sample["residue_index"] = torch.randint(0, n_tokens, (n_tokens,), generator=g)
+    sample["atom_to_token"] = torch.nn.functional.one_hot(token_of_atom, n_tokens).to(torch.int64)
+    rep = torch.zeros(n_tokens, n_atoms, dtype=torch.int64)
+    for t in with_atoms:
+        rep[t, int(first_atom[t])] = 1
+    sample["token_to_rep_atom"] = rep
+    r = torch.zeros(len(rset_tokens), n_atoms, dtype=torch.int64)
+    for i, t in enumerate(rset_tokens):
+        r[i, int(first_atom[t])] = 1
+    sample["r_set_to_rep_atom"] = r
+    sample["frames_idx"] = torch.randint(0, max(n_atoms, 1), (2, n_tokens, 3), generator=g)
+    return sample

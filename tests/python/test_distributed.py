@@ -1,0 +1,146 @@
+"""The generated data module on real torch.distributed: gloo ranks in separate processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+HERE = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world: int, port: int, gen_dir: str, shape: tuple[int, ...],
+            scenario: str, results: str) -> None:
+    sys.path[:0] = [gen_dir, str(HERE)]
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    names = ("dp", "cp0", "cp1") if len(shape) == 3 else ("cp0", "cp1")
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    import boltz2_placements as P
+    import boltz2_placements_data as D
+    from boltz_samples import random_sample
+
+    coord = mesh.get_coordinate()
+    assert coord is not None
+    dp = coord[0] if len(shape) == 3 else 0
+    cp = (shape[-2], shape[-1])
+    i, j = coord[-2], coord[-1]
+    source = i == 0 and j == 0
+    sample = random_sample(P, 11 + dp, seed=100 + dp)
+    start = time.monotonic()
+    out: dict[str, Any] = {"rank": rank}
+    try:
+        if scenario == "parity":
+            got = D.distribute_features(sample if source else None, mesh)
+            _check_parity(P, D, got, sample, cp, (i, j))
+        elif scenario == "source_error":
+            bad = dict(sample, ref_pos=sample["ref_pos"].double())
+            D.distribute_features(bad if source else None, mesh)
+        elif scenario == "rank_error":
+            def check(local: Any) -> None:
+                if rank == 3:
+                    raise ValueError("rank 3 rejects its blocks")
+            D.distribute_features(sample if source else None, mesh, check=check)
+        out["status"] = "ok"
+    except Exception as e:  # reported to the test process
+        out["status"] = "error"
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = time.monotonic() - start
+    Path(results, f"rank-{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+    del torch
+
+
+def _check_parity(P: Any, D: Any, got: dict[str, Any], sample: dict[str, Any],
+                  cp: tuple[int, int], coord: tuple[int, int]) -> None:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    expected = D.rank_blocks(sample, cp)[coord[0] * cp[1] + coord[1]]
+    padded = P.pad_features(sample, cp)
+    lay = P.layouts(sample, cp)
+    assert sorted(n for n in got if isinstance(got[n], DTensor)) == sorted(expected)
+    for name in sorted(expected):
+        dt = got[name]
+        assert tuple(dt.placements) == P.PLACEMENTS[name], name
+        local = dt.to_local()
+        assert torch.equal(local, expected[name]), f"{name}: received block differs"
+        splits = P.SPLITS[name]
+        for d, s in enumerate(splits):
+            if s is not None and s[0] == "mesh" and cp[s[1]] > 1 and dt.shape[d] > 0:
+                assert local.shape[d] < dt.shape[d], f"{name}: axis {d} not sharded"
+        if cp == (1, 1):
+            assert tuple(local.shape) == tuple(dt.shape), name
+        full = dt.full_tensor()
+        want = padded[name]
+        follows = [(d, s[1]) for d, s in enumerate(splits) if s is not None and s[0] == "follows"]
+        for d, m in follows:
+            lead = next(k for k, s in enumerate(splits) if s == ("mesh", m))
+            n_lead, n_follow = want.shape[lead] // cp[m], want.shape[d] // cp[m]
+            want = torch.cat([want.narrow(lead, c * n_lead, n_lead).narrow(d, c * n_follow, n_follow)
+                              for c in range(cp[m])], dim=lead)
+        assert torch.equal(full, want), f"{name}: full_tensor differs from the padded sample"
+        if name in P.MASKS:
+            assert int(full.ne(0).sum()) == int(sample[name].ne(0).sum()), f"{name}: pads not masked"
+    # atom_to_token by meaning: argmax per row + shard offset = the serial owner token.
+    a2t = got["atom_to_token"].full_tensor()
+    counts = sample["atom_counts_per_token"].tolist()
+    owner = [t for t, c in enumerate(counts) for _ in range(c)]
+    positions = lay["atoms"].positions.tolist()
+    a_loc = a2t.shape[0] // cp[0]
+    for atom, p in enumerate(positions):
+        shard = p // a_loc
+        assert int(a2t[p].argmax()) + shard * a2t.shape[1] == owner[atom], f"atom {atom}"
+
+
+def _run(gen_dir: Path, shape: tuple[int, ...], scenario: str, tmp: Path) -> list[dict[str, Any]]:
+    world = 1
+    for n in shape:
+        world *= n
+    results = tmp / scenario
+    results.mkdir()
+    mp.spawn(_worker, args=(world, _free_port(), str(gen_dir), shape, scenario, str(results)),
+             nprocs=world, join=True)
+    return [json.loads((results / f"rank-{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 2, 2), (2, 3), (1, 1)],
+                         ids=["cp3x3", "dp2xcp2x2", "cp2x3", "cp1x1"])
+def test_every_rank_gets_its_block_as_a_dtensor(
+    generated_dir: Path, tmp_path: Path, shape: tuple[int, ...]
+) -> None:
+    for r in _run(generated_dir, shape, "parity", tmp_path):
+        assert r["status"] == "ok", r
+
+
+@pytest.mark.parametrize("scenario", ["source_error", "rank_error"])
+def test_an_error_on_one_rank_is_raised_on_every_rank_within_10_s(
+    generated_dir: Path, tmp_path: Path, scenario: str
+) -> None:
+    results = _run(generated_dir, (2, 3), scenario, tmp_path)
+    errors = {r["error"] for r in results if r["status"] == "error"}
+    assert len(errors) == 1 and all(r["status"] == "error" for r in results), results
+    message = errors.pop()
+    if scenario == "source_error":
+        assert message.startswith("ValueError: feature `ref_pos`: expected dtype torch.float32"), message
+    else:
+        assert message == "ValueError: rank 3 rejects its blocks", message
+    assert max(r["seconds"] for r in results) < 10, results
