@@ -58,6 +58,7 @@ struct Ctx {
     indices: Vec<IndexRow>,
     cosharded: Vec<CoshardRow>,
     shard_local: Vec<ShardLocalRow>,
+    repad: Vec<MaskRow>,
     metadata: Vec<String>,
     all_features: Vec<String>,
     workflows: Vec<WorkflowRow>,
@@ -174,6 +175,7 @@ fn context(plan: &Plan) -> Ctx {
     let mut cosharded = Vec::new();
     let mut metadata = Vec::new();
     let mut shard_local = Vec::new();
+    let mut repad = Vec::new();
     for (name, f) in &plan.features {
         let t = match f {
             FeaturePlan::Metadata { .. } => {
@@ -221,6 +223,12 @@ fn context(plan: &Plan) -> Ctx {
                 one_hot: ix.one_hot.map_or("None".into(), |a| a.to_string()),
             }),
         }
+        if let Remap::ToPaddedLayout { of, repad: true } = &t.remap {
+            repad.push(MaskRow {
+                name: name.clone(),
+                of: py_str(of),
+            });
+        }
         if let Remap::ShardLocal { of, mesh_axis } = &t.remap {
             shard_local.push(ShardLocalRow {
                 name: name.clone(),
@@ -264,6 +272,7 @@ fn context(plan: &Plan) -> Ctx {
         indices,
         cosharded,
         shard_local,
+        repad,
         metadata,
         all_features: plan.features.keys().cloned().collect(),
         workflows: plan

@@ -51,6 +51,10 @@ def _worker(rank: int, world: int, port: int, gen_dir: str, shape: tuple[int, ..
         if scenario == "parity":
             got = D.distribute_features(sample if source else None, mesh)
             _check_parity(P, D, got, sample, cp, (i, j))
+        elif scenario == "collate":
+            _check_collate(P, D, mesh, dp, cp, source, rank)
+        elif scenario == "dataset":
+            _check_dataset(D, mesh, source, rank)
         elif scenario == "source_error":
             bad = dict(sample, ref_pos=sample["ref_pos"].double())
             D.distribute_features(bad if source else None, mesh)
@@ -111,6 +115,68 @@ def _check_parity(P: Any, D: Any, got: dict[str, Any], sample: dict[str, Any],
         assert int(a2t[p].argmax()) + shard * a2t.shape[1] == owner[atom], f"atom {atom}"
 
 
+def _check_collate(P: Any, D: Any, mesh: Any, dp: int, cp: tuple[int, int], source: bool,
+                   rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from boltz_samples import random_sample
+
+    sizes = [(9, 12), (14, 10)][dp]
+    samples = [random_sample(P, n, seed=10 * dp + b) for b, n in enumerate(sizes)]
+    batch = [D.distribute_features(s if source else None, mesh) for s in samples]
+    out = D.collate(batch, mesh)
+    for name, x in out.items():
+        if name in P.PLACEMENTS_DP:
+            assert tuple(x.placements) == P.PLACEMENTS_DP[name], name
+            assert x.shape[0] == 4, name
+    shapes = {n: tuple(x.to_local().shape) for n, x in out.items()}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, shapes)
+    assert all(s == shapes for s in everyone), "local shapes differ across ranks after collate"
+    # frames_idx still points at the same atoms after the re-pad.
+    ref = out["ref_pos"].full_tensor()
+    frames = out["frames_idx"].full_tensor()
+    n_max = out["token_index"].to_local().shape[1]
+    for b, s in enumerate(samples):
+        row = dp * 2 + b
+        n = s["token_index"].shape[0]
+        n_loc = P.padded_lengths(cp, {"tokens": n})["tokens"] // cp[0]
+        for t in range(n):
+            new_t = (t // n_loc) * n_max + t % n_loc
+            got = ref[row][frames[row, :, new_t].flatten()]
+            want = s["ref_pos"][s["frames_idx"][:, t].flatten()]
+            assert torch.equal(got, want), f"sample {b} token {t}"
+
+
+def _check_dataset(D: Any, mesh: Any, source: bool, rank: int) -> None:
+    from boltz_samples import random_sample
+    import boltz2_placements as P
+
+    class Serial:
+        """Sample 1 cannot be read; the others can."""
+
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            if i == 1:
+                raise OSError(f"sample {i} is corrupt")
+            return random_sample(P, 8 + i, seed=i)
+
+    with_retry = D.DistributedFeatureDataset(Serial(), mesh, retries=1)
+    item = with_retry[1]  # falls over to sample 2
+    assert item["token_index"].shape[0] == P.padded_lengths((mesh.size(0), mesh.size(1)), {"tokens": 10})["tokens"]
+    no_retry = D.DistributedFeatureDataset(Serial(), mesh, retries=0)
+    try:
+        no_retry[1]
+    except OSError as e:
+        assert str(e) == "sample 1 is corrupt", str(e)
+    else:
+        raise AssertionError("a failed fetch was not raised on every rank")
+    sampler = D.dp_sampler(with_retry, mesh, shuffle=False)
+    assert list(sampler) == [0, 1, 2]
+
+
 def _run(gen_dir: Path, shape: tuple[int, ...], scenario: str, tmp: Path) -> list[dict[str, Any]]:
     world = 1
     for n in shape:
@@ -144,3 +210,17 @@ def test_an_error_on_one_rank_is_raised_on_every_rank_within_10_s(
     else:
         assert message == "ValueError: rank 3 rejects its blocks", message
     assert max(r["seconds"] for r in results) < 10, results
+
+
+def test_collate_stacks_dp_replicas_pads_to_the_dp_max_and_repads_atom_indices(
+    generated_dir: Path, tmp_path: Path
+) -> None:
+    for r in _run(generated_dir, (2, 2, 2), "collate", tmp_path):
+        assert r["status"] == "ok", r
+
+
+def test_the_dataset_wrapper_retries_and_raises_fetch_errors_everywhere(
+    generated_dir: Path, tmp_path: Path
+) -> None:
+    for r in _run(generated_dir, (2, 2), "dataset", tmp_path):
+        assert r["status"] == "ok", r

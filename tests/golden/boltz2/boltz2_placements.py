@@ -523,6 +523,11 @@ COSHARDED: Final[dict[str, tuple[tuple[int, int], ...]]] = {
 # Value indices made local to the holding shard: feature -> (indexed semantic, mesh axis).
 SHARD_LOCAL: Final[dict[str, tuple[str, int]]] = {
 }
+# Indices into an owner-partitioned layout, re-padded when collate grows the per-shard
+# stride: new = (idx // old) * new_stride + idx % old. Feature -> indexed semantic.
+REPAD: Final[dict[str, str]] = {
+    "frames_idx": "atoms",
+}
 METADATA_FEATURES: Final[frozenset[str]] = frozenset({})
 WORKFLOWS: Final[dict[str, frozenset[str]]] = {
     "inference": frozenset(

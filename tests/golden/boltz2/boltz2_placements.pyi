@@ -116,6 +116,7 @@ MASKS: Final[dict[str, tuple[str, ...]]]
 INDEX_FEATURES: Final[dict[str, IndexRole]]
 COSHARDED: Final[dict[str, tuple[tuple[int, int], ...]]]
 SHARD_LOCAL: Final[dict[str, tuple[str, int]]]
+REPAD: Final[dict[str, str]]
 METADATA_FEATURES: Final[frozenset[str]]
 WORKFLOWS: Final[dict[str, frozenset[str]]]
 

@@ -24,7 +24,10 @@ from torch.utils.data import Dataset, DistributedSampler
 from boltz2_placements import (
     FEATURE_AXIS_SEMANTICS,
     METADATA_FEATURES,
+    PAD_VALUES,
     PLACEMENTS,
+    PLACEMENTS_DP,
+    REPAD,
     SHARD_LOCAL,
     SPLITS,
     Layout,
@@ -243,6 +246,91 @@ def distribute_features(
             stride=contiguous_stride(shape_g),
         )
     return result
+
+
+def cpu_mesh_like(mesh: DeviceMesh) -> DeviceMesh:
+    """The same mesh on CPU (for gloo collation next to a CUDA mesh)."""
+    return DeviceMesh("cpu", mesh.mesh, mesh_dim_names=mesh.mesh_dim_names)
+
+
+def _repad(idx: torch.Tensor, old: int, new: int) -> torch.Tensor:
+    if old == 0 or old == new:
+        return idx
+    return (idx // old) * new + idx % old
+
+
+def _axis_local_length(name: str, local: torch.Tensor, semantic: str) -> int | None:
+    """The local length of `semantic` along its first mesh-split axis in `name`."""
+    for d, (sem, split) in enumerate(zip(FEATURE_AXIS_SEMANTICS[name], SPLITS[name])):
+        if sem == semantic and split is not None and split[0] == "mesh":
+            return int(local.shape[d])
+    return None
+
+
+def collate(batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) -> dict[str, Any]:
+    """Stacks this data-parallel replica's samples into DTensors on (dp, cp0, cp1).
+
+    Every rank pads its local blocks to the largest local shape across the batch and
+    across DP replicas (one all-reduce of max), so each shard's items keep their place
+    and gain pads at the end; indices into owner-partitioned layouts are re-padded.
+    Placements are `PLACEMENTS_DP` (`Shard(0)` over dp). Metadata becomes lists.
+    """
+    if mesh.mesh.dim() != 3 or mesh.mesh_dim_names is None:
+        raise ValueError("collate: expected a (dp, cp0, cp1) mesh with mesh_dim_names")
+    if not batch:
+        raise ValueError("collate: empty batch")
+    dp_group = mesh.get_group(mesh.mesh_dim_names[0])
+    dp_size = int(mesh.mesh.shape[0])
+    cp = (int(mesh.mesh.shape[1]), int(mesh.mesh.shape[2]))
+    names = sorted(n for n in batch[0] if isinstance(batch[0][n], DTensor))
+    locals_ = {n: [s[n].to_local() for s in batch] for n in names}
+    # One all-reduce for every axis of every feature: the largest local length.
+    dims = [(n, d) for n in names for d in range(locals_[n][0].dim())]
+    longest = torch.tensor(
+        [max(int(x.shape[d]) for x in locals_[n]) for n, d in dims] or [0], dtype=torch.int64
+    )
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=dp_group)
+    target = {n: [0] * locals_[n][0].dim() for n in names}
+    for (feature, d), m in zip(dims, longest.tolist()):
+        target[feature][d] = int(m)
+    out: dict[str, Any] = {}
+    for name in names:
+        padded = []
+        for i, x in enumerate(locals_[name]):
+            if name in REPAD:
+                of = REPAD[name]
+                old = next(
+                    (L for f in names if (L := _axis_local_length(f, locals_[f][i], of)) is not None),
+                    None,
+                )
+                new = next(
+                    (target[f][d] for f in names for d, (s, sp) in
+                     enumerate(zip(FEATURE_AXIS_SEMANTICS[f], SPLITS[f]))
+                     if s == of and sp is not None and sp[0] == "mesh"),
+                    None,
+                )
+                if old is not None and new is not None:
+                    x = _repad(x, old, new)
+            y = torch.full(target[name], PAD_VALUES[name], dtype=x.dtype)
+            y[tuple(slice(0, length) for length in x.shape)] = x
+            padded.append(y)
+        stacked = torch.stack(padded)
+        shape = [len(batch) * dp_size]
+        for d, split in enumerate(SPLITS[name]):
+            length = target[name][d]
+            mesh_split = split is not None and split[0] == "mesh"
+            shape.append(length * cp[split[1]] if split is not None and mesh_split else length)
+        out[name] = DTensor.from_local(
+            stacked,
+            mesh,
+            PLACEMENTS_DP[name],
+            run_check=False,
+            shape=torch.Size(shape),
+            stride=contiguous_stride(shape),
+        )
+    for name in sorted(n for n in batch[0] if n not in out):
+        out[name] = [s[name] for s in batch]
+    return out
 
 
 def fetch_with_retries(dataset: Dataset[Any], index: int, retries: int) -> Any:
