@@ -57,14 +57,23 @@ pub fn validate(path: &Path) -> Result<String, Failure> {
 
 /// Every file generated for a spec.
 pub fn render(path: &Path) -> Result<Vec<GeneratedFile>, Failure> {
+    render_with(path, false)
+}
+
+/// Every file generated for a spec, with the pytest parity test when `tests`.
+pub fn render_with(path: &Path, tests: bool) -> Result<Vec<GeneratedFile>, Failure> {
     let (_, plan) = load(path)?;
-    featshard_codegen::generate(&plan).map_err(|e| Failure::Other(e.to_string()))
+    let mut files = featshard_codegen::generate(&plan).map_err(|e| Failure::Other(e.to_string()))?;
+    if tests {
+        files.push(featshard_codegen::generate_tests(&plan).map_err(|e| Failure::Other(e.to_string()))?);
+    }
+    Ok(files)
 }
 
 /// `featshard generate`: writes every generated file into `out`, each one atomically
 /// (a temporary file renamed into place). Returns the paths written.
-pub fn generate(path: &Path, out: &Path) -> Result<Vec<PathBuf>, Failure> {
-    let files = render(path)?;
+pub fn generate(path: &Path, out: &Path, tests: bool) -> Result<Vec<PathBuf>, Failure> {
+    let files = render_with(path, tests)?;
     std::fs::create_dir_all(out)
         .map_err(|e| Failure::Other(format!("cannot create {}: {e}", out.display())))?;
     let mut written = Vec::new();

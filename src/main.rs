@@ -17,11 +17,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Write <module>.py, <module>.pyi, <module>.rs and <module>.plan.json into DIR.
+    /// Write <module>.py, .pyi, <module>_data.py, <module>.rs and <module>.plan.json into DIR.
     Generate {
         spec: PathBuf,
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
+        /// Also write test_<module>_parity.py, a pytest parity test under torch.distributed.
+        #[arg(long)]
+        tests: bool,
     },
     /// Exit 1 naming every generated file in DIR that is missing or stale.
     Check {
@@ -145,7 +148,7 @@ fn no_runtime() -> Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Generate { spec, out } => commands::generate(&spec, &out).map(|written| {
+        Command::Generate { spec, out, tests } => commands::generate(&spec, &out, tests).map(|written| {
             written
                 .iter()
                 .map(|p| format!("wrote {}", p.display()))

@@ -12,7 +12,7 @@ mod rust;
 use featshard_spec::plan::Plan;
 
 pub use json::plan_json;
-pub use python::{python_data, python_module, python_stub};
+pub use python::{python_data, python_module, python_stub, python_tests};
 pub use rust::{module_tokens, rust_module};
 
 /// One generated file: its name inside the output folder and its contents.
@@ -59,6 +59,14 @@ pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, CodegenError> {
             contents: plan_json(plan)?,
         },
     ])
+}
+
+/// The pytest parity test `featshard generate --tests` adds.
+pub fn generate_tests(plan: &Plan) -> Result<GeneratedFile, CodegenError> {
+    Ok(GeneratedFile {
+        name: format!("test_{}_parity.py", plan.module),
+        contents: python_tests(plan)?,
+    })
 }
 
 /// The do-not-edit header text, one line per item, without comment markers.

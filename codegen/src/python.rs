@@ -14,6 +14,7 @@ use crate::{header_lines, CodegenError};
 const MODULE: &str = include_str!("../templates/module.py.tera");
 const STUB: &str = include_str!("../templates/module.pyi.tera");
 const DATA: &str = include_str!("../templates/data.py.tera");
+const TESTS: &str = include_str!("../templates/tests.py.tera");
 
 pub fn python_module(plan: &Plan) -> Result<String, CodegenError> {
     render("module.py", MODULE, plan)
@@ -21,6 +22,11 @@ pub fn python_module(plan: &Plan) -> Result<String, CodegenError> {
 
 pub fn python_stub(plan: &Plan) -> Result<String, CodegenError> {
     render("module.pyi", STUB, plan)
+}
+
+/// A pytest parity test of the spec under torch.distributed (`generate --tests`).
+pub fn python_tests(plan: &Plan) -> Result<String, CodegenError> {
+    render("tests.py", TESTS, plan)
 }
 
 /// The data module: sharding and distribution over torch.distributed.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -15,13 +14,8 @@ import torch.multiprocessing as mp
 HERE = Path(__file__).resolve().parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
-
-def _worker(rank: int, world: int, port: int, gen_dir: str, shape: tuple[int, ...],
+def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, ...],
             scenario: str, results: str) -> None:
     sys.path[:0] = [gen_dir, str(HERE)]
     from datetime import timedelta
@@ -30,7 +24,7 @@ def _worker(rank: int, world: int, port: int, gen_dir: str, shape: tuple[int, ..
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     names = ("dp", "cp0", "cp1") if len(shape) == 3 else ("cp0", "cp1")
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
@@ -64,7 +58,7 @@ def _worker(rank: int, world: int, port: int, gen_dir: str, shape: tuple[int, ..
                     raise ValueError("rank 3 rejects its blocks")
             D.distribute_features(sample if source else None, mesh, check=check)
         out["status"] = "ok"
-    except Exception as e:  # reported to the test process
+    except Exception as e:  # noqa: BLE001 - reported to the test process
         out["status"] = "error"
         out["error"] = f"{type(e).__name__}: {e}"
     out["seconds"] = time.monotonic() - start
@@ -149,8 +143,8 @@ def _check_collate(P: Any, D: Any, mesh: Any, dp: int, cp: tuple[int, int], sour
 
 
 def _check_dataset(D: Any, mesh: Any, source: bool, rank: int) -> None:
-    from boltz_samples import random_sample
     import boltz2_placements as P
+    from boltz_samples import random_sample
 
     class Serial:
         """Sample 1 cannot be read; the others can."""
@@ -183,7 +177,8 @@ def _run(gen_dir: Path, shape: tuple[int, ...], scenario: str, tmp: Path) -> lis
         world *= n
     results = tmp / scenario
     results.mkdir()
-    mp.spawn(_worker, args=(world, _free_port(), str(gen_dir), shape, scenario, str(results)),
+    # The rendezvous is a file: no port to race for.
+    mp.spawn(_worker, args=(world, str(results / "store"), str(gen_dir), shape, scenario, str(results)),
              nprocs=world, join=True)
     return [json.loads((results / f"rank-{r}.json").read_text()) for r in range(world)]
 

@@ -9,10 +9,9 @@ from types import ModuleType
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from boltz_samples import random_sample
 from conftest import ROOT, featshard_bin
+from safetensors.torch import load_file, save_file
 
 
 @pytest.mark.parametrize("mesh", [(3, 3), (2, 3)])

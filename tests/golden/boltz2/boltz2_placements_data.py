@@ -21,6 +21,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, DistributedSampler
 
+# isort: off
+# The placements module sits next to this file; linters class it first- or
+# third-party depending on where they run, so its place is fixed here.
 from boltz2_placements import (
     FEATURE_AXIS_SEMANTICS,
     METADATA_FEATURES,
@@ -34,6 +37,8 @@ from boltz2_placements import (
     layouts,
     pad_features,
 )
+
+# isort: on
 
 Mesh2 = tuple[int, int]
 
