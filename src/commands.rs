@@ -63,9 +63,12 @@ pub fn render(path: &Path) -> Result<Vec<GeneratedFile>, Failure> {
 /// Every file generated for a spec, with the pytest parity test when `tests`.
 pub fn render_with(path: &Path, tests: bool) -> Result<Vec<GeneratedFile>, Failure> {
     let (_, plan) = load(path)?;
-    let mut files = featshard_codegen::generate(&plan).map_err(|e| Failure::Other(e.to_string()))?;
+    let mut files =
+        featshard_codegen::generate(&plan).map_err(|e| Failure::Other(e.to_string()))?;
     if tests {
-        files.push(featshard_codegen::generate_tests(&plan).map_err(|e| Failure::Other(e.to_string()))?);
+        files.push(
+            featshard_codegen::generate_tests(&plan).map_err(|e| Failure::Other(e.to_string()))?,
+        );
     }
     Ok(files)
 }

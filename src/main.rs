@@ -148,13 +148,15 @@ fn no_runtime() -> Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Generate { spec, out, tests } => commands::generate(&spec, &out, tests).map(|written| {
-            written
-                .iter()
-                .map(|p| format!("wrote {}", p.display()))
-                .collect::<Vec<_>>()
-                .join("\n")
-        }),
+        Command::Generate { spec, out, tests } => {
+            commands::generate(&spec, &out, tests).map(|written| {
+                written
+                    .iter()
+                    .map(|p| format!("wrote {}", p.display()))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+        }
         Command::Check { spec, out } => commands::check(&spec, &out),
         Command::Validate { spec } => commands::validate(&spec),
         Command::Explain {

@@ -7,10 +7,19 @@ from types import ModuleType
 import torch
 
 
-def random_sample(placements: ModuleType, n_tokens: int, seed: int) -> dict[str, torch.Tensor]:
+def random_sample(
+    placements: ModuleType,
+    n_tokens: int,
+    seed: int,
+    *,
+    atoms_per_token: tuple[int, int] = (0, 5),
+    msa_rows: int = 5,
+    templates: int = 2,
+    ensemble: int = 2,
+) -> dict[str, torch.Tensor]:
     """A Boltz-shaped serial sample: uneven atoms per token, zero-atom tokens, an R-set."""
     g = torch.Generator().manual_seed(seed)
-    counts = torch.randint(0, 5, (n_tokens,), generator=g)
+    counts = torch.randint(atoms_per_token[0], atoms_per_token[1], (n_tokens,), generator=g)
     if n_tokens > 1:
         counts[0] = 0  # a zero-atom token
     counts[-1] = max(int(counts[-1]), 1)
@@ -19,8 +28,8 @@ def random_sample(placements: ModuleType, n_tokens: int, seed: int) -> dict[str,
     with_atoms = [t for t in range(n_tokens) if int(counts[t]) > 0]
     first_atom = torch.cumsum(counts, 0) - counts
     rset_tokens = with_atoms[::2]
-    lengths = {"tokens": n_tokens, "atoms": n_atoms, "rset": len(rset_tokens), "msa": 5,
-               "ensemble": 2, "disto_ensemble": 1, "templates": 2}
+    lengths = {"tokens": n_tokens, "atoms": n_atoms, "rset": len(rset_tokens), "msa": msa_rows,
+               "ensemble": ensemble, "disto_ensemble": 1, "templates": templates}
     sample: dict[str, torch.Tensor] = {}
     for name in sorted(placements.WORKFLOWS["inference"]):
         axes = placements.FEATURE_AXIS_SEMANTICS[name]
@@ -46,5 +55,5 @@ def random_sample(placements: ModuleType, n_tokens: int, seed: int) -> dict[str,
     for i, t in enumerate(rset_tokens):
         r[i, int(first_atom[t])] = 1
     sample["r_set_to_rep_atom"] = r
-    sample["frames_idx"] = torch.randint(0, max(n_atoms, 1), (2, n_tokens, 3), generator=g)
+    sample["frames_idx"] = torch.randint(0, max(n_atoms, 1), (ensemble, n_tokens, 3), generator=g)
     return sample

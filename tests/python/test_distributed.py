@@ -169,6 +169,7 @@ def _check_dataset(D: Any, mesh: Any, source: bool, rank: int) -> None:
         raise AssertionError("a failed fetch was not raised on every rank")
     sampler = D.dp_sampler(with_retry, mesh, shuffle=False)
     assert list(sampler) == [0, 1, 2]
+    assert D.cpu_mesh_like(mesh).mesh.tolist() == mesh.mesh.tolist()
 
 
 def _run(gen_dir: Path, shape: tuple[int, ...], scenario: str, tmp: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,44 @@
+//! Times the Rust runtime producing every rank's blocks of one sample file.
+//!
+//! `time_blocks SPEC SAMPLE.safetensors CP0xCP1 [WORKFLOW]` prints one line:
+//! `rust_seconds=<median of 3> padded_bytes=<n>`. Used by `benches/python_vs_rust.py`.
+
+use std::time::Instant;
+
+use featshard_runtime::{pad, Options};
+use tch::Tensor;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, spec, sample, mesh, rest @ ..] = args.as_slice() else {
+        return Err("usage: time_blocks SPEC SAMPLE.safetensors CP0xCP1 [WORKFLOW]".into());
+    };
+    tch::set_num_threads(1);
+    let (_, plan) = featshard_spec::compile_file(spec.as_ref()).map_err(|d| d.render_plain())?;
+    let (a, b) = mesh.split_once('x').ok_or("mesh like 3x3")?;
+    let mesh = [a.parse()?, b.parse()?];
+    let features = Tensor::read_safetensors(sample)?.into_iter().collect();
+    let opts = Options {
+        workflow: rest.first().cloned(),
+        ..Options::default()
+    };
+    let mut times = Vec::new();
+    let mut padded_bytes = 0;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let padded = pad(&plan, mesh, &features, &opts)?;
+        let blocks: Vec<_> = (0..mesh[0] * mesh[1])
+            .map(|r| padded.rank_blocks(&plan, r))
+            .collect::<Result<_, _>>()?;
+        times.push(start.elapsed().as_secs_f64());
+        padded_bytes = padded
+            .tensors
+            .values()
+            .map(|t| t.numel() * t.kind().elt_size_in_bytes())
+            .sum::<usize>();
+        drop(blocks);
+    }
+    times.sort_by(f64::total_cmp);
+    println!("rust_seconds={} padded_bytes={padded_bytes}", times[1]);
+    Ok(())
+}
