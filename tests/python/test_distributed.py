@@ -47,6 +47,8 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
             _check_parity(P, D, got, sample, cp, (i, j))
         elif scenario == "collate":
             _check_collate(P, D, mesh, dp, cp, source, rank)
+        elif scenario == "lightning":
+            _check_lightning(P, D, mesh)
         elif scenario == "dataset":
             _check_dataset(D, mesh, source, rank)
         elif scenario == "source_error":
@@ -142,6 +144,24 @@ def _check_collate(P: Any, D: Any, mesh: Any, dp: int, cp: tuple[int, int], sour
             assert torch.equal(got, want), f"sample {b} token {t}"
 
 
+def _check_lightning(P: Any, D: Any, mesh: Any) -> None:
+    from boltz_samples import random_sample
+
+    class Serial:
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return random_sample(P, 7 + i, seed=i)
+
+    dm = D.lightning_datamodule(mesh, train=Serial(), val=Serial(), batch_size=1)
+    train = dm.train_dataloader()
+    assert len(train) == 2, "4 samples over 2 DP replicas"
+    batch = next(iter(dm.val_dataloader()))
+    assert tuple(batch["token_pad_mask"].placements) == P.PLACEMENTS_DP["token_pad_mask"]
+    assert batch["ref_pos"].shape[0] == 2
+
+
 def _check_dataset(D: Any, mesh: Any, source: bool, rank: int) -> None:
     import boltz2_placements as P
     from boltz_samples import random_sample
@@ -219,4 +239,9 @@ def test_the_dataset_wrapper_retries_and_raises_fetch_errors_everywhere(
     generated_dir: Path, tmp_path: Path
 ) -> None:
     for r in _run(generated_dir, (2, 2), "dataset", tmp_path):
+        assert r["status"] == "ok", r
+
+
+def test_the_lightning_datamodule_yields_collated_dtensors(generated_dir: Path, tmp_path: Path) -> None:
+    for r in _run(generated_dir, (2, 1, 2), "lightning", tmp_path):
         assert r["status"] == "ok", r

@@ -394,6 +394,51 @@ class _Failed(Mapping[str, Any]):
         raise self.error
 
 
+def lightning_datamodule(
+    mesh: DeviceMesh,
+    train: Dataset[Any] | None = None,
+    val: Dataset[Any] | None = None,
+    *,
+    batch_size: int = 1,
+    retries: int = 0,
+    seed: int = 0,
+) -> Any:
+    """A `LightningDataModule` over serial datasets (lightning must be importable).
+
+    Training data is shuffled by seed and epoch, validation data kept in order; both
+    are split over DP replicas, distributed per CP group, and collated on (dp, cp0, cp1)
+    meshes (single samples on (cp0, cp1) meshes).
+    """
+    # The ignores keep mypy --strict clean with and without lightning installed.
+    try:
+        import lightning.pytorch as pl  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        try:
+            import pytorch_lightning as pl  # type: ignore[no-redef,import-not-found,unused-ignore]
+        except ImportError as e:
+            raise ImportError("lightning_datamodule needs `lightning` or `pytorch_lightning`") from e
+    from torch.utils.data import DataLoader
+
+    def loader(serial: Dataset[Any] | None, shuffle: bool) -> DataLoader[Any]:
+        if serial is None:
+            raise ValueError("no dataset was given for this stage")
+        dataset = DistributedFeatureDataset(serial, mesh, retries=retries)
+        sampler = dp_sampler(dataset, mesh, shuffle=shuffle, seed=seed)
+        if mesh.mesh.dim() == 3:
+            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=0,
+                              collate_fn=lambda batch: collate(batch, mesh))
+        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=0)
+
+    class FeatureDataModule(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
+        def train_dataloader(self) -> DataLoader[Any]:
+            return loader(train, shuffle=True)
+
+        def val_dataloader(self) -> DataLoader[Any]:
+            return loader(val, shuffle=False)
+
+    return FeatureDataModule()
+
+
 def dp_sampler(
     dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool, seed: int = 0
 ) -> DistributedSampler[Any]:
