@@ -151,13 +151,36 @@ pub fn parse_lengths(s: &str) -> Result<Vec<(String, usize)>, String> {
         .collect()
 }
 
-/// `featshard explain`: a table of every feature's layout on a mesh. With `lengths`,
-/// shapes are numbers; without, they are written in terms of the semantics.
+/// What `featshard explain` draws.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum View<'a> {
+    /// A table of every feature.
+    #[default]
+    Table,
+    /// One feature's tiles in the terminal.
+    Picture { feature: &'a str, color: bool },
+    /// SVG pictures of one feature, or of every tensor feature of the workflow.
+    Svg { feature: Option<&'a str>, file: &'a Path },
+}
+
+/// `featshard explain`: a feature's layout on a mesh, as a table, a terminal picture or
+/// SVG. With `lengths`, shapes are numbers; without, they are written in terms of the
+/// semantics.
 pub fn explain(
     path: &Path,
     mesh: [usize; CP_AXES],
     lengths: Option<&[(String, usize)]>,
     workflow: Option<&str>,
+) -> Result<String, Failure> {
+    explain_view(path, mesh, lengths, workflow, View::Table)
+}
+
+pub fn explain_view(
+    path: &Path,
+    mesh: [usize; CP_AXES],
+    lengths: Option<&[(String, usize)]>,
+    workflow: Option<&str>,
+    view: View,
 ) -> Result<String, Failure> {
     let (_, plan) = load(path)?;
     let names = plan
@@ -174,6 +197,39 @@ pub fn explain(
             )
         }
     };
+    match view {
+        View::Table => {}
+        View::Picture { feature, color } => {
+            let p = crate::picture::picture(&plan, mesh, feature, resolved.as_ref())?;
+            let mut out = crate::picture::render_text(&p, color);
+            for n in notes {
+                let _ = writeln!(out, "note: {n}");
+            }
+            return Ok(out);
+        }
+        View::Svg { feature, file } => {
+            let chosen: Vec<&str> = match feature {
+                Some(f) => vec![f],
+                None => names
+                    .iter()
+                    .copied()
+                    .filter(|n| matches!(plan.features.get(*n), Some(FeaturePlan::Tensor(_))))
+                    .collect(),
+            };
+            let pictures = chosen
+                .iter()
+                .map(|n| crate::picture::picture(&plan, mesh, n, resolved.as_ref()))
+                .collect::<Result<Vec<_>, _>>()?;
+            std::fs::write(file, crate::picture::render_svg(&pictures))
+                .map_err(|e| Failure::Other(format!("cannot write {}: {e}", file.display())))?;
+            return Ok(format!(
+                "wrote {} ({} feature picture{})",
+                file.display(),
+                pictures.len(),
+                if pictures.len() == 1 { "" } else { "s" }
+            ));
+        }
+    }
     let mut rows = vec![[
         "feature".to_owned(),
         "axes".to_owned(),

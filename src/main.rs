@@ -1,5 +1,6 @@
 //! The `featshard` command line.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -46,6 +47,12 @@ enum Command {
         /// Only the features of this workflow.
         #[arg(long)]
         workflow: Option<String>,
+        /// Draw this feature's tiles on the mesh instead of the table.
+        #[arg(long)]
+        feature: Option<String>,
+        /// Write the picture(s) as SVG: the named feature, or every feature.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
     },
     /// Shard one serial sample (safetensors) into DIR/rank-<r>.safetensors + manifest.json.
     Shard {
@@ -164,12 +171,29 @@ fn main() -> ExitCode {
             mesh,
             lengths,
             workflow,
-        } => commands::explain(
-            &spec,
-            mesh,
-            lengths.as_ref().map(|l| l.0.as_slice()),
-            workflow.as_deref(),
-        ),
+            feature,
+            svg,
+        } => {
+            let view = match (&svg, &feature) {
+                (Some(file), f) => commands::View::Svg {
+                    feature: f.as_deref(),
+                    file,
+                },
+                (None, Some(f)) => commands::View::Picture {
+                    feature: f,
+                    // Colour only on a terminal, and never with NO_COLOR set.
+                    color: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+                },
+                (None, None) => commands::View::Table,
+            };
+            commands::explain_view(
+                &spec,
+                mesh,
+                lengths.as_ref().map(|l| l.0.as_slice()),
+                workflow.as_deref(),
+                view,
+            )
+        }
         Command::Schema { plan } => Ok(commands::schema(plan)),
         Command::Shard {
             spec,

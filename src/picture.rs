@@ -1,0 +1,354 @@
+//! `featshard explain --feature` / `--svg`: a feature's padded global shape cut into its
+//! mesh tiles, in the terminal or as SVG. Display only: every number comes from the plan.
+
+use std::fmt::Write as _;
+
+use featshard_spec::infer::{Split, CP_AXES};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan, Resolved, TensorPlan};
+
+use crate::commands::Failure;
+
+/// One tile of the picture: the part of the tensor some ranks hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tile {
+    pub row: usize,
+    pub col: usize,
+    /// Ranks holding this tile (more than one where a mesh axis replicates).
+    pub ranks: Vec<usize>,
+    pub local_shape: String,
+    /// Pad items per split axis in this tile, `(axis, count)`, when lengths are known.
+    pub pads: Vec<(usize, usize)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Picture {
+    pub feature: String,
+    pub axes: String,
+    pub placements: String,
+    pub global_shape: String,
+    pub rows: usize,
+    pub cols: usize,
+    /// How the rows and columns are cut: `axis 0 (tokens) over cp0`.
+    pub row_cut: Option<String>,
+    pub col_cut: Option<String>,
+    /// Axes every rank holds whole.
+    pub whole: Vec<String>,
+    /// Co-sharded axes: each rank keeps the diagonal block.
+    pub diagonal: Vec<String>,
+    pub tiles: Vec<Tile>,
+}
+
+fn tensor<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, Failure> {
+    match plan.features.get(name) {
+        Some(FeaturePlan::Tensor(t)) => Ok(t),
+        Some(FeaturePlan::Metadata { .. }) => Err(Failure::Other(format!(
+            "feature `{name}` is metadata: it is passed through, not sharded"
+        ))),
+        None => Err(Failure::Other(format!("feature `{name}` is not in the spec"))),
+    }
+}
+
+fn axis_name(t: &TensorPlan, d: usize) -> String {
+    let a = &t.axes[d];
+    match (&a.semantic, a.size) {
+        (Some(s), _) => s.clone(),
+        (None, Some(n)) => n.to_string(),
+        _ => "?".into(),
+    }
+}
+
+/// The picture of one feature on a mesh; with `resolved`, shapes are numbers.
+pub fn picture(
+    plan: &Plan,
+    mesh: [usize; CP_AXES],
+    name: &str,
+    resolved: Option<&Resolved>,
+) -> Result<Picture, Failure> {
+    let t = tensor(plan, name)?;
+    let shapes = resolved.and_then(|r| r.features.get(name));
+    let split_on = |m: usize| {
+        t.axes
+            .iter()
+            .enumerate()
+            .find(|(_, a)| matches!(a.split, Split::Mesh { mesh_axis } if mesh_axis == m))
+            .map(|(d, _)| d)
+    };
+    let cuts: [Option<usize>; CP_AXES] = [split_on(0), split_on(1)];
+    let dims = |s: &[usize]| {
+        format!(
+            "[{}]",
+            s.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        )
+    };
+    let symbolic = |local: bool| -> String {
+        let parts: Vec<String> = t
+            .axes
+            .iter()
+            .enumerate()
+            .map(|(d, a)| {
+                let full = match &a.semantic {
+                    Some(s) => match plan.semantics.get(s).map(|p| &p.padding) {
+                        Some(Padding::None) | None => s.clone(),
+                        Some(_) => format!("pad({s})"),
+                    },
+                    None => axis_name(t, d),
+                };
+                match (a.split.mesh_axis(), local || matches!(a.split, Split::Follows { .. })) {
+                    (Some(m), true) if mesh[m] > 1 => format!("{full}/{}", mesh[m]),
+                    _ => full,
+                }
+            })
+            .collect();
+        format!("[{}]", parts.join(", "))
+    };
+    let rows = if cuts[0].is_some() { mesh[0] } else { 1 };
+    let cols = if cuts[1].is_some() { mesh[1] } else { 1 };
+    let mut tiles = Vec::new();
+    for row in 0..rows {
+        for col in 0..cols {
+            let ranks: Vec<usize> = (0..mesh[0])
+                .flat_map(|i| (0..mesh[1]).map(move |j| (i, j)))
+                .filter(|&(i, j)| (rows == 1 || i == row) && (cols == 1 || j == col))
+                .map(|(i, j)| i * mesh[1] + j)
+                .collect();
+            let pads = match (shapes, resolved) {
+                (Some(s), Some(r)) => tile_pads(t, r, s, [row, col]),
+                _ => Vec::new(),
+            };
+            tiles.push(Tile {
+                row,
+                col,
+                ranks,
+                local_shape: shapes.map_or_else(|| symbolic(true), |s| dims(&s.local_shape)),
+                pads,
+            });
+        }
+    }
+    let cut = |m: usize| {
+        cuts[m].map(|d| format!("axis {d} ({}) over {}", axis_name(t, d), plan.mesh.cp[m]))
+    };
+    Ok(Picture {
+        feature: name.to_owned(),
+        axes: format!(
+            "[{}]",
+            (0..t.axes.len()).map(|d| axis_name(t, d)).collect::<Vec<_>>().join(", ")
+        ),
+        placements: t.placements.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        global_shape: shapes.map_or_else(|| symbolic(false), |s| dims(&s.global_shape)),
+        rows,
+        cols,
+        row_cut: cut(0),
+        col_cut: cut(1),
+        whole: t
+            .axes
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.semantic.is_some() && a.split == Split::Whole)
+            .map(|(d, _)| format!("axis {d} ({})", axis_name(t, d)))
+            .collect(),
+        diagonal: t
+            .axes
+            .iter()
+            .enumerate()
+            .filter_map(|(d, a)| match a.split {
+                Split::Follows { leader, mesh_axis } => Some(format!(
+                    "axis {d} ({}) follows axis {leader} over {}",
+                    axis_name(t, d),
+                    plan.mesh.cp[mesh_axis]
+                )),
+                _ => None,
+            })
+            .collect(),
+        tiles,
+    })
+}
+
+/// Pad items of each split axis inside the tile at `grid` (row, col).
+fn tile_pads(
+    t: &TensorPlan,
+    r: &Resolved,
+    shapes: &featshard_spec::plan::FeatureShapes,
+    grid: [usize; CP_AXES],
+) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (d, a) in t.axes.iter().enumerate() {
+        let (Some(s), Some(m)) = (&a.semantic, a.split.mesh_axis()) else { continue };
+        let local = shapes.local_shape[d];
+        let start = grid[m] * local;
+        let real = match r.blocks.get(s) {
+            // Owner blocks: the real items of the blocks inside this tile.
+            Some(b) => b
+                .block_counts
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| (start..start + local).contains(&(k * b.per_block)))
+                .map(|(_, &n)| n)
+                .sum(),
+            // End-padded: real items first.
+            None => shapes.serial_shape[d].saturating_sub(start).min(local),
+        };
+        if real < local {
+            out.push((d, local - real));
+        }
+    }
+    out
+}
+
+/// The picture as text: a box per tile with its ranks, local shape and pads; colour
+/// (one background per tile) when `color`.
+pub fn render_text(p: &Picture, color: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{} {} -> ({})", p.feature, p.axes, p.placements);
+    let _ = writeln!(out, "global shape {}", p.global_shape);
+    let _ = writeln!(
+        out,
+        "rows: {}; columns: {}",
+        p.row_cut.as_deref().unwrap_or("replicated over cp0"),
+        p.col_cut.as_deref().unwrap_or("replicated over cp1")
+    );
+    if !p.whole.is_empty() {
+        let _ = writeln!(out, "whole on every rank: {}", p.whole.join(", "));
+    }
+    if !p.diagonal.is_empty() {
+        let _ = writeln!(out, "diagonal blocks: {}", p.diagonal.join(", "));
+    }
+    let labels: Vec<[String; 3]> = p.tiles.iter().map(tile_lines).collect();
+    let width = labels
+        .iter()
+        .flat_map(|l| l.iter().map(|s| s.chars().count()))
+        .max()
+        .unwrap_or(8)
+        + 2;
+    let rule = |l: char, m: char, r: char| {
+        let mut s = String::new();
+        s.push(l);
+        for c in 0..p.cols {
+            s.push_str(&"─".repeat(width));
+            s.push(if c + 1 == p.cols { r } else { m });
+        }
+        s
+    };
+    let _ = writeln!(out, "{}", rule('┌', '┬', '┐'));
+    for row in 0..p.rows {
+        for line in 0..3 {
+            let mut s = String::from("│");
+            for col in 0..p.cols {
+                let k = row * p.cols + col;
+                let text = format!(" {:<w$}", labels[k][line], w = width - 1);
+                if color {
+                    let bg = PALETTE_ANSI[k % PALETTE_ANSI.len()];
+                    let _ = write!(s, "\x1b[30;48;5;{bg}m{text}\x1b[0m│");
+                } else {
+                    let _ = write!(s, "{text}│");
+                }
+            }
+            let _ = writeln!(out, "{s}");
+        }
+        if row + 1 < p.rows {
+            let _ = writeln!(out, "{}", rule('├', '┼', '┤'));
+        }
+    }
+    let _ = writeln!(out, "{}", rule('└', '┴', '┘'));
+    out
+}
+
+fn tile_lines(t: &Tile) -> [String; 3] {
+    let ranks = match t.ranks.as_slice() {
+        [one] => format!("rank {one}"),
+        many => format!(
+            "ranks {}",
+            many.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+        ),
+    };
+    let pads = if t.pads.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "pad {}",
+            t.pads
+                .iter()
+                .map(|(d, n)| format!("{n} on axis {d}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    [ranks, t.local_shape.clone(), pads]
+}
+
+/// 256-colour backgrounds, light enough for black text.
+const PALETTE_ANSI: [u8; 9] = [153, 158, 223, 189, 194, 225, 152, 229, 182];
+/// The SVG fills, one per tile in order (distinct, so a rendering can be counted).
+pub const PALETTE_SVG: [&str; 16] = [
+    "#a6cee3", "#b2df8a", "#fb9a99", "#fdbf6f", "#cab2d6", "#ffff99", "#8dd3c7", "#bebada",
+    "#80b1d3", "#fdb462", "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f",
+];
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// Every picture in one SVG document, a grid of small pictures.
+pub fn render_svg(pictures: &[Picture]) -> String {
+    const TILE_W: usize = 150;
+    const TILE_H: usize = 64;
+    const HEAD: usize = 58;
+    const GAP: usize = 28;
+    let per_row = 3.min(pictures.len().max(1));
+    let cell_w = |p: &Picture| p.cols * TILE_W;
+    let cell_h = |p: &Picture| HEAD + p.rows * TILE_H;
+    let col_w = pictures.iter().map(cell_w).max().unwrap_or(TILE_W).max(3 * TILE_W) + GAP;
+    let row_h = pictures.iter().map(cell_h).max().unwrap_or(TILE_H) + GAP;
+    let rows = pictures.len().div_ceil(per_row);
+    let (width, height) = (per_row * col_w + GAP, rows * row_h + GAP);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" font-family=\"monospace\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    for (n, p) in pictures.iter().enumerate() {
+        let (x0, y0) = (GAP + (n % per_row) * col_w, GAP + (n / per_row) * row_h);
+        let _ = writeln!(
+            s,
+            "<g class=\"feature\" data-feature=\"{}\"><text x=\"{x0}\" y=\"{}\" font-weight=\"bold\">{} {}</text>",
+            escape(&p.feature),
+            y0 + 14,
+            escape(&p.feature),
+            escape(&p.axes)
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{x0}\" y=\"{}\">({}) global {}</text>",
+            y0 + 30,
+            escape(&p.placements),
+            escape(&p.global_shape)
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{x0}\" y=\"{}\" fill=\"#555\">rows: {}; cols: {}</text>",
+            y0 + 46,
+            escape(p.row_cut.as_deref().unwrap_or("replicated")),
+            escape(p.col_cut.as_deref().unwrap_or("replicated"))
+        );
+        for (k, t) in p.tiles.iter().enumerate() {
+            let (x, y) = (x0 + t.col * TILE_W, y0 + HEAD + t.row * TILE_H);
+            let fill = PALETTE_SVG[k % PALETTE_SVG.len()];
+            let [ranks, shape, pads] = tile_lines(t);
+            let _ = writeln!(
+                s,
+                "<rect class=\"tile\" x=\"{x}\" y=\"{y}\" width=\"{TILE_W}\" height=\"{TILE_H}\" fill=\"{fill}\" stroke=\"#333\"/>"
+            );
+            for (i, line) in [ranks, shape, pads].iter().enumerate() {
+                if !line.is_empty() {
+                    let _ = writeln!(
+                        s,
+                        "<text x=\"{}\" y=\"{}\">{}</text>",
+                        x + 6,
+                        y + 18 + i * 16,
+                        escape(line)
+                    );
+                }
+            }
+        }
+        s.push_str("</g>\n");
+    }
+    s.push_str("</svg>\n");
+    s
+}
