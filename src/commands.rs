@@ -160,7 +160,10 @@ pub enum View<'a> {
     /// One feature's tiles in the terminal.
     Picture { feature: &'a str, color: bool },
     /// SVG pictures of one feature, or of every tensor feature of the workflow.
-    Svg { feature: Option<&'a str>, file: &'a Path },
+    Svg {
+        feature: Option<&'a str>,
+        file: &'a Path,
+    },
 }
 
 /// `featshard explain`: a feature's layout on a mesh, as a table, a terminal picture or

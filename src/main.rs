@@ -182,7 +182,8 @@ fn main() -> ExitCode {
                 (None, Some(f)) => commands::View::Picture {
                     feature: f,
                     // Colour only on a terminal, and never with NO_COLOR set.
-                    color: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+                    color: std::io::stdout().is_terminal()
+                        && std::env::var_os("NO_COLOR").is_none(),
                 },
                 (None, None) => commands::View::Table,
             };

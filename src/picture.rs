@@ -44,7 +44,9 @@ fn tensor<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, Failure> {
         Some(FeaturePlan::Metadata { .. }) => Err(Failure::Other(format!(
             "feature `{name}` is metadata: it is passed through, not sharded"
         ))),
-        None => Err(Failure::Other(format!("feature `{name}` is not in the spec"))),
+        None => Err(Failure::Other(format!(
+            "feature `{name}` is not in the spec"
+        ))),
     }
 }
 
@@ -77,7 +79,10 @@ pub fn picture(
     let dims = |s: &[usize]| {
         format!(
             "[{}]",
-            s.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            s.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     };
     let symbolic = |local: bool| -> String {
@@ -93,7 +98,10 @@ pub fn picture(
                     },
                     None => axis_name(t, d),
                 };
-                match (a.split.mesh_axis(), local || matches!(a.split, Split::Follows { .. })) {
+                match (
+                    a.split.mesh_axis(),
+                    local || matches!(a.split, Split::Follows { .. }),
+                ) {
                     (Some(m), true) if mesh[m] > 1 => format!("{full}/{}", mesh[m]),
                     _ => full,
                 }
@@ -131,9 +139,17 @@ pub fn picture(
         feature: name.to_owned(),
         axes: format!(
             "[{}]",
-            (0..t.axes.len()).map(|d| axis_name(t, d)).collect::<Vec<_>>().join(", ")
+            (0..t.axes.len())
+                .map(|d| axis_name(t, d))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
-        placements: t.placements.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+        placements: t
+            .placements
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         global_shape: shapes.map_or_else(|| symbolic(false), |s| dims(&s.global_shape)),
         rows,
         cols,
@@ -172,7 +188,9 @@ fn tile_pads(
 ) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     for (d, a) in t.axes.iter().enumerate() {
-        let (Some(s), Some(m)) = (&a.semantic, a.split.mesh_axis()) else { continue };
+        let (Some(s), Some(m)) = (&a.semantic, a.split.mesh_axis()) else {
+            continue;
+        };
         let local = shapes.local_shape[d];
         let start = grid[m] * local;
         let real = match r.blocks.get(s) {
@@ -257,7 +275,10 @@ fn tile_lines(t: &Tile) -> [String; 3] {
         [one] => format!("rank {one}"),
         many => format!(
             "ranks {}",
-            many.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+            many.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
         ),
     };
     let pads = if t.pads.is_empty() {
@@ -284,19 +305,37 @@ pub const PALETTE_SVG: [&str; 16] = [
 ];
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Every picture in one SVG document, a grid of small pictures.
 pub fn render_svg(pictures: &[Picture]) -> String {
-    const TILE_W: usize = 150;
     const TILE_H: usize = 64;
+    // Monospace 12px is about 7.2px a character; tiles fit their longest label.
+    let longest = pictures
+        .iter()
+        .flat_map(|p| {
+            p.tiles
+                .iter()
+                .flat_map(|t| tile_lines(t).map(|l| l.chars().count()))
+        })
+        .max()
+        .unwrap_or(0);
+    let tile_w = (longest * 15 / 2 + 14).max(150);
     const HEAD: usize = 58;
     const GAP: usize = 28;
     let per_row = 3.min(pictures.len().max(1));
-    let cell_w = |p: &Picture| p.cols * TILE_W;
+    let cell_w = |p: &Picture| p.cols * tile_w;
     let cell_h = |p: &Picture| HEAD + p.rows * TILE_H;
-    let col_w = pictures.iter().map(cell_w).max().unwrap_or(TILE_W).max(3 * TILE_W) + GAP;
+    let col_w = pictures
+        .iter()
+        .map(cell_w)
+        .max()
+        .unwrap_or(tile_w)
+        .max(3 * 150)
+        + GAP;
     let row_h = pictures.iter().map(cell_h).max().unwrap_or(TILE_H) + GAP;
     let rows = pictures.len().div_ceil(per_row);
     let (width, height) = (per_row * col_w + GAP, rows * row_h + GAP);
@@ -328,12 +367,12 @@ pub fn render_svg(pictures: &[Picture]) -> String {
             escape(p.col_cut.as_deref().unwrap_or("replicated"))
         );
         for (k, t) in p.tiles.iter().enumerate() {
-            let (x, y) = (x0 + t.col * TILE_W, y0 + HEAD + t.row * TILE_H);
+            let (x, y) = (x0 + t.col * tile_w, y0 + HEAD + t.row * TILE_H);
             let fill = PALETTE_SVG[k % PALETTE_SVG.len()];
             let [ranks, shape, pads] = tile_lines(t);
             let _ = writeln!(
                 s,
-                "<rect class=\"tile\" x=\"{x}\" y=\"{y}\" width=\"{TILE_W}\" height=\"{TILE_H}\" fill=\"{fill}\" stroke=\"#333\"/>"
+                "<rect class=\"tile\" x=\"{x}\" y=\"{y}\" width=\"{tile_w}\" height=\"{TILE_H}\" fill=\"{fill}\" stroke=\"#333\"/>"
             );
             for (i, line) in [ranks, shape, pads].iter().enumerate() {
                 if !line.is_empty() {

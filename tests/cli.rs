@@ -322,23 +322,44 @@ fn the_readme_spec_example_is_valid_and_places_as_its_comments_say() {
 #[test]
 fn explain_draws_a_features_tiles_plain_when_piped() {
     let out = featshard(&[
-        "explain", &boltz2(), "--mesh", "2x3", "--feature", "token_pair_pad_mask",
-        "--lengths", "tokens=100,atoms=700,rset=90,msa=64,ensemble=2,disto_ensemble=1,templates=4",
+        "explain",
+        &boltz2(),
+        "--mesh",
+        "2x3",
+        "--feature",
+        "token_pair_pad_mask",
+        "--lengths",
+        "tokens=100,atoms=700,rset=90,msa=64,ensemble=2,disto_ensemble=1,templates=4",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let picture = text(&out.stdout);
-    assert!(!picture.contains('\x1b'), "colour codes when piped:\n{picture}");
+    assert!(
+        !picture.contains('\x1b'),
+        "colour codes when piped:\n{picture}"
+    );
     assert!(picture.contains("global shape [102, 102]"), "{picture}");
     for rank in 0..6 {
-        assert!(picture.contains(&format!("rank {rank} ")), "rank {rank} missing:\n{picture}");
+        assert!(
+            picture.contains(&format!("rank {rank} ")),
+            "rank {rank} missing:\n{picture}"
+        );
     }
     assert_eq!(picture.matches("[51, 34]").count(), 6, "{picture}");
     // tokens 100 -> 102: the last column and the last row hold the 2 pads.
-    assert!(picture.contains("pad 2 on axis 0, 2 on axis 1"), "{picture}");
+    assert!(
+        picture.contains("pad 2 on axis 0, 2 on axis 1"),
+        "{picture}"
+    );
     let out = featshard(&["explain", &boltz2(), "--mesh", "3x3", "--feature", "coords"]);
     let picture = text(&out.stdout);
-    assert!(picture.contains("ranks 0,1,2") && picture.contains("columns: replicated over cp1"), "{picture}");
-    assert!(picture.contains("whole on every rank: axis 0 (ensemble)"), "{picture}");
+    assert!(
+        picture.contains("ranks 0,1,2") && picture.contains("columns: replicated over cp1"),
+        "{picture}"
+    );
+    assert!(
+        picture.contains("whole on every rank: axis 0 (ensemble)"),
+        "{picture}"
+    );
     let out = featshard(&["explain", &boltz2(), "--mesh", "3x3", "--feature", "nope"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("feature `nope` is not in the spec"));
@@ -349,14 +370,30 @@ fn explain_svg_draws_every_feature_of_a_workflow() {
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("all.svg");
     let out = featshard(&[
-        "explain", &boltz2(), "--mesh", "3x3", "--workflow", "inference", "--svg", &svg.display().to_string(),
+        "explain",
+        &boltz2(),
+        "--mesh",
+        "3x3",
+        "--workflow",
+        "inference",
+        "--svg",
+        &svg.display().to_string(),
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc = std::fs::read_to_string(&svg).unwrap();
     assert!(doc.starts_with("<svg"), "{doc}");
     assert_eq!(doc.matches("class=\"feature\"").count(), 58);
     let one = dir.path().join("one.svg");
-    featshard(&["explain", &boltz2(), "--mesh", "3x3", "--feature", "msa", "--svg", &one.display().to_string()]);
+    featshard(&[
+        "explain",
+        &boltz2(),
+        "--mesh",
+        "3x3",
+        "--feature",
+        "msa",
+        "--svg",
+        &one.display().to_string(),
+    ]);
     let doc = std::fs::read_to_string(&one).unwrap();
     assert_eq!(doc.matches("class=\"tile\"").count(), 9);
 }
