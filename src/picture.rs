@@ -247,12 +247,12 @@ pub fn render_text(p: &Picture, color: bool) -> String {
         s
     };
     let _ = writeln!(out, "{}", rule('┌', '┬', '┐'));
-    for row in 0..p.rows {
+    for (row, row_labels) in labels.chunks(p.cols.max(1)).enumerate() {
         for line in 0..3 {
             let mut s = String::from("│");
-            for col in 0..p.cols {
+            for (col, label) in row_labels.iter().enumerate() {
                 let k = row * p.cols + col;
-                let text = format!(" {:<w$}", labels[k][line], w = width - 1);
+                let text = format!(" {:<w$}", label[line], w = width - 1);
                 if color {
                     let bg = PALETTE_ANSI[k % PALETTE_ANSI.len()];
                     let _ = write!(s, "\x1b[30;48;5;{bg}m{text}\x1b[0m│");
