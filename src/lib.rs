@@ -8,6 +8,7 @@ pub use featshard_codegen as codegen;
 pub use featshard_spec as spec;
 
 pub mod commands;
+pub mod init;
 pub mod picture;
 
 #[cfg(feature = "derive")]

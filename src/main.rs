@@ -83,6 +83,37 @@ enum Command {
         #[arg(long)]
         padded: bool,
     },
+    /// Draft a spec from one serial sample (safetensors), proposing axis semantics by
+    /// matching lengths against anchor features; ambiguities are left as QUESTION(...).
+    Init {
+        /// The serial sample.
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+        /// Feature whose axis 0 counts tokens.
+        #[arg(long, value_name = "KEY")]
+        tokens: Option<String>,
+        /// Feature whose axis 0 counts atoms.
+        #[arg(long, value_name = "KEY")]
+        atoms: Option<String>,
+        /// Feature whose axis 0 counts MSA rows.
+        #[arg(long, value_name = "KEY")]
+        msa: Option<String>,
+        /// Feature whose axis 0 counts R-set rows.
+        #[arg(long, value_name = "KEY")]
+        rset: Option<String>,
+        /// Feature whose axis 0 counts ensemble members.
+        #[arg(long, value_name = "KEY")]
+        ensemble: Option<String>,
+        /// Feature whose axis 0 counts templates.
+        #[arg(long, value_name = "KEY")]
+        templates: Option<String>,
+        /// Module name of the draft.
+        #[arg(long, default_value = "features")]
+        module: String,
+        /// Write the draft here instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
     /// Print the JSON Schema (draft-07) of spec files, for editor completion.
     Schema {
         /// The schema of plan.json instead.
@@ -196,6 +227,35 @@ fn main() -> ExitCode {
             )
         }
         Command::Schema { plan } => Ok(commands::schema(plan)),
+        Command::Init {
+            from,
+            tokens,
+            atoms,
+            msa,
+            rset,
+            ensemble,
+            templates,
+            module,
+            out,
+        } => {
+            let anchors = [
+                ("tokens", tokens),
+                ("atoms", atoms),
+                ("msa", msa),
+                ("rset", rset),
+                ("ensemble", ensemble),
+                ("templates", templates),
+            ]
+            .into_iter()
+            .filter_map(|(s, k)| k.map(|k| (s.to_owned(), k)))
+            .collect();
+            featshard::init::draft(&from, &anchors, &module).and_then(|text| match &out {
+                Some(path) => std::fs::write(path, &text)
+                    .map(|()| format!("wrote {}", path.display()))
+                    .map_err(|e| Failure::Other(format!("cannot write {}: {e}", path.display()))),
+                None => Ok(text),
+            })
+        }
         Command::Shard {
             spec,
             features,

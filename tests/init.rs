@@ -1,0 +1,248 @@
+//! `featshard init`: a draft spec from a Boltz-shaped sample, its questions answered,
+//! validates and places every feature as `examples/boltz2.yaml` does.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use featshard::spec::plan::{FeaturePlan, Plan};
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn boltz2() -> Plan {
+    featshard::spec::compile_file(&root().join("examples/boltz2.yaml"))
+        .unwrap()
+        .1
+}
+
+/// A Boltz-shaped inference sample: zeros, but consistent owner counts and maps.
+fn write_sample(
+    path: &Path,
+    plan: &Plan,
+    n: usize,
+    counts: &[usize],
+    msa: usize,
+    templates: usize,
+) {
+    assert_eq!(counts.len(), n);
+    let a: usize = counts.iter().sum();
+    let first: Vec<usize> = counts
+        .iter()
+        .scan(0, |acc, &c| {
+            let f = *acc;
+            *acc += c;
+            Some(f)
+        })
+        .collect();
+    let with_atoms: Vec<usize> = (0..n).filter(|&t| counts[t] > 0).collect();
+    let rset: Vec<usize> = with_atoms.iter().copied().step_by(2).collect();
+    let len: BTreeMap<&str, usize> = [
+        ("tokens", n),
+        ("atoms", a),
+        ("rset", rset.len()),
+        ("msa", msa),
+        ("ensemble", 2),
+        ("disto_ensemble", 1),
+        ("templates", templates),
+    ]
+    .into();
+    let mut data: BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> = BTreeMap::new();
+    for name in &plan.workflows["inference"] {
+        let FeaturePlan::Tensor(t) = &plan.features[name] else {
+            continue;
+        };
+        let shape: Vec<usize> = t
+            .axes
+            .iter()
+            .map(|x| {
+                x.semantic
+                    .as_deref()
+                    .map_or_else(|| x.size.unwrap() as usize, |s| len[s])
+            })
+            .collect();
+        let (dtype, size) = match t.dtype.name() {
+            "bool" => (Dtype::BOOL, 1),
+            "int64" => (Dtype::I64, 8),
+            "float32" => (Dtype::F32, 4),
+            other => panic!("unexpected dtype {other}"),
+        };
+        let numel: usize = shape.iter().product();
+        data.insert(name.clone(), (dtype, shape, vec![0u8; numel * size]));
+    }
+    let set = |data: &mut BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
+               name: &str,
+               idx: usize,
+               v: i64| {
+        let bytes = &mut data.get_mut(name).unwrap().2;
+        bytes[idx * 8..idx * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    };
+    for (t, &c) in counts.iter().enumerate() {
+        set(&mut data, "atom_counts_per_token", t, c as i64);
+        set(&mut data, "token_index", t, t as i64);
+    }
+    let mut atom = 0;
+    for (t, &c) in counts.iter().enumerate() {
+        for _ in 0..c {
+            set(&mut data, "atom_to_token", atom * n + t, 1);
+            atom += 1;
+        }
+        if c > 0 {
+            set(&mut data, "token_to_rep_atom", t * a + first[t], 1);
+        }
+    }
+    for (r, &t) in rset.iter().enumerate() {
+        set(&mut data, "r_set_to_rep_atom", r * a + first[t], 1);
+    }
+    let views: Vec<(String, TensorView)> = data
+        .iter()
+        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+fn init(sample: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
+        .arg("init")
+        .arg("--from")
+        .arg(sample)
+        .args([
+            "--tokens",
+            "token_index",
+            "--atoms",
+            "ref_pos",
+            "--msa",
+            "msa",
+        ])
+        .args([
+            "--rset",
+            "r_set_to_rep_atom",
+            "--ensemble",
+            "coords",
+            "--templates",
+            "template_mask",
+        ])
+        .args(["--module", "draft"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Replaces each `QUESTION(...)` axis with the semantic `examples/boltz2.yaml` gives it.
+fn answer(draft: &str, plan: &Plan) -> String {
+    draft
+        .lines()
+        .map(|line| {
+            let Some(start) = line.find("axes: [").filter(|_| line.contains("QUESTION(")) else {
+                return line.to_owned();
+            };
+            let name = line.trim().split(':').next().unwrap();
+            let FeaturePlan::Tensor(t) = &plan.features[name] else {
+                panic!("{name}")
+            };
+            let open = start + "axes: [".len();
+            let close = open + line[open..].find(']').unwrap();
+            let axes: Vec<String> = line[open..close]
+                .split(", ")
+                .enumerate()
+                .map(|(d, a)| {
+                    if a.starts_with("QUESTION(") {
+                        t.axes[d].semantic.clone().unwrap()
+                    } else {
+                        a.to_owned()
+                    }
+                })
+                .collect();
+            let mut line = format!("{}{}{}", &line[..open], axes.join(", "), &line[close..]);
+            // An index of a questioned axis names a questioned semantic too.
+            if let (Some(at), featshard::spec::ir::Role::Index(ix)) =
+                (line.find("of: QUESTION("), &t.role)
+            {
+                let end = at + line[at..].find(')').unwrap() + 1;
+                line.replace_range(at..end, &format!("of: {}", ix.of));
+            }
+            line
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn assert_same_placements(draft: &str, plan: &Plan) {
+    let (_, ours) = featshard::spec::compile_str("draft.yaml", draft)
+        .unwrap_or_else(|d| panic!("draft does not validate:\n{}\n{draft}", d.render_plain()));
+    for name in &plan.workflows["inference"] {
+        let (FeaturePlan::Tensor(a), FeaturePlan::Tensor(b)) =
+            (&ours.features[name], &plan.features[name])
+        else {
+            panic!("{name}")
+        };
+        assert_eq!(a.placements, b.placements, "{name}");
+    }
+    assert_eq!(ours.features.len(), plan.workflows["inference"].len());
+}
+
+#[test]
+fn a_draft_without_ambiguities_validates_and_places_as_the_example() {
+    let plan = boltz2();
+    let dir = tempfile::tempdir().unwrap();
+    let sample = dir.path().join("sample.safetensors");
+    // 11 tokens all with atoms: 6 R-set rows (no length equals a channel size).
+    write_sample(&sample, &plan, 11, &[3, 1, 2, 5, 1, 2, 2, 4, 2, 1, 3], 7, 9);
+    let draft = init(&sample);
+    let open_questions = draft
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .any(|l| l.contains("QUESTION("));
+    assert!(!open_questions, "{draft}");
+    assert!(
+        draft.contains("atoms: {shard: true, owner: tokens, counts: atom_counts_per_token}"),
+        "{draft}"
+    );
+    assert!(
+        draft.contains("rset: {shard: true, owner: atoms, map: r_set_to_rep_atom}"),
+        "{draft}"
+    );
+    assert_same_placements(&draft, &plan);
+}
+
+#[test]
+fn equal_token_and_atom_counts_are_questions_not_guesses() {
+    let plan = boltz2();
+    let dir = tempfile::tempdir().unwrap();
+    let sample = dir.path().join("sample.safetensors");
+    // 13 tokens and 13 atoms: every such axis is a question.
+    write_sample(
+        &sample,
+        &plan,
+        13,
+        &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 0, 0],
+        7,
+        9,
+    );
+    let draft = init(&sample);
+    assert!(
+        draft.contains("  ref_pos: {axes: [atoms, 3]"),
+        "the anchor axis is known:\n{draft}"
+    );
+    assert!(
+        draft.contains("  res_type: {axes: [QUESTION(tokens|atoms), 33]"),
+        "{draft}"
+    );
+    assert!(
+        draft.contains("# QUESTION res_type: axis 0 has length 13"),
+        "{draft}"
+    );
+    assert!(
+        featshard::spec::compile_str("draft.yaml", &draft).is_err(),
+        "a draft with open questions must not validate"
+    );
+    assert_same_placements(&answer(&draft, &plan), &plan);
+}
