@@ -621,3 +621,35 @@ fn every_error_is_reported_not_just_the_first() {
     assert!(rendered.contains("feature `x`"), "{rendered}");
     assert!(rendered.contains("feature `y`"), "{rendered}");
 }
+
+#[test]
+fn a_feature_with_too_many_axes() {
+    let axes = vec!["3"; featshard_spec::limits::MAX_AXES + 1].join(", ");
+    assert_error(
+        &with_features(&format!("  x: {{axes: [{axes}], dtype: float32}}\n")),
+        &[
+            "spec.yaml:13:",
+            "feature `x`",
+            "axes, more than the limit of 32",
+        ],
+    );
+}
+
+#[test]
+fn a_spec_over_the_size_limit() {
+    let mut text = with_features("");
+    text.push('#');
+    text.push_str(&"x".repeat(featshard_spec::limits::MAX_SPEC_BYTES));
+    assert_error(&text, &["more than the limit of 33554432 bytes"]);
+}
+
+#[test]
+fn too_many_features() {
+    let mut text = with_features("");
+    for i in 0..=featshard_spec::limits::MAX_FEATURES {
+        text.push_str(&format!("  f{i}: {{axes: [tokens], dtype: int64}}\n"));
+    }
+    let start = std::time::Instant::now();
+    assert_error(&text, &["features declared, more than the limit of 100000"]);
+    assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
+}
