@@ -19,6 +19,16 @@ features:
 ";
 
 fn errors_of(text: &str) -> String {
+    // `FEATSHARD_FUZZ_SEEDS=DIR` saves every case as a fuzzing seed (fuzz/seeds/).
+    if let Some(dir) = std::env::var_os("FEATSHARD_FUZZ_SEEDS") {
+        if text.len() < 64 * 1024 {
+            let name = featshard_spec::lower::sha256_hex(text);
+            let _ = std::fs::write(
+                std::path::Path::new(&dir).join(format!("malformed-{}.yaml", &name[..16])),
+                text,
+            );
+        }
+    }
     match compile_str("spec.yaml", text) {
         Ok(_) => panic!("spec was accepted:\n{text}"),
         Err(d) => d.render_plain(),
