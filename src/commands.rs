@@ -174,15 +174,6 @@ pub fn explain(
     mesh: [usize; CP_AXES],
     lengths: Option<&[(String, usize)]>,
     workflow: Option<&str>,
-) -> Result<String, Failure> {
-    explain_view(path, mesh, lengths, workflow, View::Table)
-}
-
-pub fn explain_view(
-    path: &Path,
-    mesh: [usize; CP_AXES],
-    lengths: Option<&[(String, usize)]>,
-    workflow: Option<&str>,
     view: View,
 ) -> Result<String, Failure> {
     let (_, plan) = load(path)?;

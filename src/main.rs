@@ -218,7 +218,7 @@ fn main() -> ExitCode {
                 },
                 (None, None) => commands::View::Table,
             };
-            commands::explain_view(
+            commands::explain(
                 &spec,
                 mesh,
                 lengths.as_ref().map(|l| l.0.as_slice()),
