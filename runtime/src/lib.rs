@@ -9,6 +9,8 @@
 //! Every rule (placements, padded lengths, owner-block positions, remaps) comes from
 //! the plan; this crate only moves tensors accordingly.
 
+#[cfg(feature = "c10d")]
+pub mod dist;
 pub mod error;
 pub mod kind;
 pub mod pack;

@@ -1,0 +1,62 @@
+//! Errors of the distributed layer. Every rank of a step returns the same error, so
+//! each names the rank where it started.
+
+use std::fmt;
+
+use crate::error::RuntimeError;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum DistError {
+    /// The launcher environment or the mesh is not usable.
+    Setup { message: String },
+    /// A c10d call failed: a timeout, a peer that went away, a shape mismatch.
+    Collective {
+        op: &'static str,
+        group: String,
+        message: String,
+    },
+    /// The source rank of a CP group could not produce its sample (after retries).
+    Source {
+        rank: usize,
+        sample: Option<usize>,
+        message: String,
+    },
+    /// A rank failed on what it received; every rank of the group reports it.
+    Rank { rank: usize, message: String },
+    /// What the source announced does not match what arrived (a bug or a mixed build).
+    Protocol { message: String },
+    /// The sample or blocks do not fit the plan (on the rank that found it).
+    Runtime(RuntimeError),
+}
+
+impl fmt::Display for DistError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DistError::Setup { message } => write!(f, "distributed setup: {message}"),
+            DistError::Collective { op, group, message } => {
+                write!(f, "{op} on group `{group}` failed: {message}")
+            }
+            DistError::Source {
+                rank,
+                sample: Some(i),
+                message,
+            } => write!(f, "source rank {rank} failed on sample {i}: {message}"),
+            DistError::Source {
+                rank,
+                sample: None,
+                message,
+            } => write!(f, "source rank {rank} failed: {message}"),
+            DistError::Rank { rank, message } => write!(f, "rank {rank} failed: {message}"),
+            DistError::Protocol { message } => write!(f, "distribution protocol: {message}"),
+            DistError::Runtime(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for DistError {}
+
+impl From<RuntimeError> for DistError {
+    fn from(e: RuntimeError) -> Self {
+        DistError::Runtime(e)
+    }
+}

@@ -1,0 +1,135 @@
+//! c10d collectives through the shim: one gloo rank per thread over a shared HashStore.
+
+#![cfg(feature = "c10d")]
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use featshard_runtime::dist::{DistError, GroupOptions, ReduceOp, Rendezvous};
+use tch::{Kind, Tensor};
+
+/// Runs `f(rendezvous)` on `n` threads and returns their results in rank order.
+fn on_threads<T: Send + 'static>(
+    n: usize,
+    timeout: Duration,
+    f: impl Fn(Rendezvous) -> T + Send + Sync + Clone + 'static,
+) -> Vec<T> {
+    let opts = GroupOptions {
+        timeout,
+        ..GroupOptions::default()
+    };
+    let ranks = Rendezvous::in_process(n, opts).expect("hash store");
+    let handles: Vec<_> = ranks
+        .into_iter()
+        .map(|r| {
+            let f = f.clone();
+            thread::spawn(move || f(r))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect()
+}
+
+#[test]
+fn collectives_on_three_ranks() {
+    let out = on_threads(3, Duration::from_secs(30), |rdv| {
+        let world = rdv.world().unwrap();
+        let r = world.rank() as i64;
+        // broadcast from rank 2
+        let mut b = Tensor::from_slice(&[r * 10, r * 10 + 1]);
+        world.broadcast(&mut b, 2).unwrap();
+        // scatter from rank 1: member i gets [i, i, i] * 7
+        let inputs: Vec<Tensor> = (0..3)
+            .map(|i| Tensor::full([3], i * 7, (Kind::Int64, tch::Device::Cpu)))
+            .collect();
+        let mut s = Tensor::zeros([3], (Kind::Int64, tch::Device::Cpu));
+        world
+            .scatter(&mut s, (r == 1).then_some(inputs.as_slice()), 1)
+            .unwrap();
+        // all_gather of the rank
+        let g = world.all_gather(&Tensor::from_slice(&[r as f32])).unwrap();
+        // all_reduce sum and max
+        let mut sum = Tensor::from_slice(&[r + 1]);
+        world.all_reduce(&mut sum, ReduceOp::Sum).unwrap();
+        let mut max = Tensor::from_slice(&[(r - 1).abs()]);
+        world.all_reduce(&mut max, ReduceOp::Max).unwrap();
+        world.barrier().unwrap();
+        let bytes = world
+            .broadcast_bytes((r == 0).then_some(b"hello ranks".as_slice()), 0)
+            .unwrap();
+        (
+            Vec::<i64>::try_from(&b).unwrap(),
+            Vec::<i64>::try_from(&s).unwrap(),
+            g.iter().map(|t| t.double_value(&[0])).collect::<Vec<_>>(),
+            sum.int64_value(&[0]),
+            max.int64_value(&[0]),
+            bytes,
+        )
+    });
+    for (r, (b, s, g, sum, max, bytes)) in out.into_iter().enumerate() {
+        assert_eq!(b, vec![20, 21], "rank {r}");
+        assert_eq!(s, vec![7 * r as i64; 3], "rank {r}");
+        assert_eq!(g, vec![0.0, 1.0, 2.0], "rank {r}");
+        assert_eq!(sum, 6);
+        assert_eq!(max, 1);
+        assert_eq!(bytes, b"hello ranks");
+    }
+}
+
+#[test]
+fn sub_groups_hold_their_members_only() {
+    // Ranks {0, 2} and {1, 3}: sums stay within each group.
+    let out = on_threads(4, Duration::from_secs(30), |rdv| {
+        let r = rdv.rank();
+        let even = rdv.group("even", &[0, 2]).unwrap();
+        let odd = rdv.group("odd", &[1, 3]).unwrap();
+        assert_eq!(even.is_some(), r % 2 == 0);
+        assert_eq!(odd.is_some(), r % 2 == 1);
+        let g = even.or(odd).unwrap();
+        assert_eq!(g.rank(), r / 2);
+        let mut t = Tensor::from_slice(&[r as i64]);
+        g.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+        t.int64_value(&[0])
+    });
+    assert_eq!(out, vec![2, 4, 2, 4]);
+}
+
+#[test]
+fn a_missing_member_times_out_with_an_error() {
+    // Rank 1 never joins the collective: rank 0 must fail within the timeout, not hang.
+    let out = on_threads(2, Duration::from_secs(2), |rdv| {
+        let world = rdv.world().unwrap();
+        if world.rank() == 1 {
+            return Ok(Duration::ZERO);
+        }
+        let start = Instant::now();
+        let mut t = Tensor::from_slice(&[1i64]);
+        world
+            .all_reduce(&mut t, ReduceOp::Sum)
+            .map(|_| start.elapsed())
+    });
+    match &out[0] {
+        Err(DistError::Collective { op, group, .. }) => {
+            assert_eq!(*op, "all_reduce");
+            assert_eq!(group, "world");
+        }
+        other => panic!("expected a collective error, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let out = on_threads(2, Duration::from_secs(10), |rdv| {
+        let bad = rdv.group("bad", &[1, 0]).err();
+        let world = rdv.world().unwrap();
+        let mut t = Tensor::from_slice(&[1i64]);
+        let root = world.broadcast(&mut t, 5).err();
+        (bad, root)
+    });
+    for (bad, root) in out {
+        assert!(matches!(bad, Some(DistError::Setup { .. })), "{bad:?}");
+        assert!(root.unwrap().to_string().contains("root 5"));
+    }
+}
