@@ -9,3 +9,15 @@ pub mod group;
 
 pub use error::DistError;
 pub use group::{nccl_compiled, Backend, GroupOptions, ProcessGroup, ReduceOp, Rendezvous};
+pub mod distribute;
+pub mod mesh;
+mod wire;
+
+pub use distribute::{
+    agree_on, distribute, distribute_then, prepare, LocalSample, Prepared, Source, SourceFailure,
+};
+pub use mesh::Mesh;
+pub mod collate;
+pub use collate::{collate, Batch};
+pub mod loader;
+pub use loader::{Epoch, LoaderOptions, Order, Samples, SerialDataset, ShardedLoader};

@@ -1,0 +1,180 @@
+//! Data-parallel collate: stack a replica's samples, agree on the largest local shape
+//! across DP (one all-reduce of max), pad to it, re-pad indices into owner-partitioned
+//! layouts, and prepend the DP placement.
+
+use std::collections::BTreeMap;
+
+use featshard_spec::infer::Split;
+use featshard_spec::plan::{Plan, Remap, TensorPlan};
+use tch::{Device, Tensor};
+
+use super::distribute::LocalSample;
+use super::error::DistError;
+use super::group::ReduceOp;
+use super::mesh::Mesh;
+use crate::error::{RuntimeError, TorchContext};
+use crate::kind::{kind_of, scalar};
+use crate::sample::{tensor_plan, Features};
+use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
+
+/// One DP replica's batch on this rank.
+#[derive(Debug)]
+pub struct Batch {
+    /// Dataset indices of the samples, in batch order.
+    pub samples: Vec<usize>,
+    /// `[batch, ...local]` tensors with DTensor metadata on `(dp, cp0, cp1)`.
+    pub blocks: BTreeMap<String, LocalBlock>,
+    /// Passed-through features of each sample.
+    pub passthrough: Vec<Features>,
+}
+
+/// The local length of `semantic` along its first mesh-split axis in any feature.
+fn axis_local_length(plan: &Plan, sample: &LocalSample, semantic: &str) -> Option<usize> {
+    sample.blocks.iter().find_map(|(name, b)| {
+        let t = tensor_plan(plan, name).ok()?;
+        t.axes.iter().enumerate().find_map(|(d, a)| {
+            (a.semantic.as_deref() == Some(semantic) && matches!(a.split, Split::Mesh { .. }))
+                .then(|| b.tensor.size()[d] as usize)
+        })
+    })
+}
+
+/// The target length of `semantic` along its first mesh-split axis.
+fn target_length(
+    plan: &Plan,
+    targets: &BTreeMap<String, Vec<i64>>,
+    semantic: &str,
+) -> Option<usize> {
+    targets.iter().find_map(|(name, shape)| {
+        let t = tensor_plan(plan, name).ok()?;
+        t.axes.iter().enumerate().find_map(|(d, a)| {
+            (a.semantic.as_deref() == Some(semantic) && matches!(a.split, Split::Mesh { .. }))
+                .then(|| shape[d] as usize)
+        })
+    })
+}
+
+/// `(idx // old) * new + idx % old`: positions in a layout whose per-block stride grows.
+fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, RuntimeError> {
+    if old == 0 || old == new {
+        return Ok(x.shallow_clone());
+    }
+    let (old, new) = (old as i64, new as i64);
+    let block = x.f_floor_divide_scalar(old).feature(name)?;
+    let within = x.f_remainder(old).feature(name)?;
+    block
+        .f_mul_scalar(new)
+        .feature(name)?
+        .f_add(&within)
+        .feature(name)
+}
+
+fn global_shape(t: &TensorPlan, target: &[i64], batch: usize, mesh: &Mesh) -> Vec<usize> {
+    let cp = mesh.cp_shape();
+    let mut shape = vec![batch * mesh.dp_size()];
+    for (a, &n) in t.axes.iter().zip(target) {
+        let n = n as usize;
+        shape.push(match a.split {
+            Split::Mesh { mesh_axis } => n * cp[mesh_axis],
+            _ => n,
+        });
+    }
+    shape
+}
+
+/// Stacks `batch` (this replica's samples, all of one workflow) into DTensor blocks on
+/// `(dp, cp0, cp1)`. Every rank of the world calls it with the same batch length.
+pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batch, DistError> {
+    let Some(first) = batch.first() else {
+        return Err(DistError::Setup {
+            message: "collate: empty batch".into(),
+        });
+    };
+    let names: Vec<String> = first.blocks.keys().cloned().collect();
+    for s in &batch {
+        if s.blocks.keys().ne(names.iter()) {
+            return Err(DistError::Protocol {
+                message: format!(
+                    "collate: sample {} has features {:?}, sample {} has {:?}",
+                    first.sample,
+                    names,
+                    s.sample,
+                    s.blocks.keys().collect::<Vec<_>>()
+                ),
+            });
+        }
+    }
+    // One all-reduce for every axis of every feature: the largest local length.
+    let mut longest = Vec::new();
+    for name in &names {
+        for d in 0..first.blocks[name].tensor.dim() {
+            longest.push(
+                batch
+                    .iter()
+                    .map(|s| s.blocks[name].tensor.size()[d])
+                    .max()
+                    .unwrap_or(0),
+            );
+        }
+    }
+    let mut agreed = Tensor::from_slice(&longest).to_device(mesh.dp().device());
+    mesh.dp().all_reduce(&mut agreed, ReduceOp::Max)?;
+    let agreed =
+        Vec::<i64>::try_from(&agreed.to_device(Device::Cpu)).map_err(|e| DistError::Protocol {
+            message: e.to_string(),
+        })?;
+    let mut targets = BTreeMap::new();
+    let mut k = 0;
+    for name in &names {
+        let n = first.blocks[name].tensor.dim();
+        targets.insert(name.clone(), agreed[k..k + n].to_vec());
+        k += n;
+    }
+    let mut blocks = BTreeMap::new();
+    for name in &names {
+        let t = tensor_plan(plan, name)?;
+        let target = &targets[name];
+        let mut padded = Vec::with_capacity(batch.len());
+        for s in &batch {
+            let mut x = s.blocks[name].tensor.shallow_clone();
+            if let Remap::ToPaddedLayout { of, repad: true } = &t.remap {
+                if let (Some(old), Some(new)) = (
+                    axis_local_length(plan, s, of),
+                    target_length(plan, &targets, of),
+                ) {
+                    x = repad(name, &x, old, new)?;
+                }
+            }
+            let y = Tensor::f_full(
+                target.as_slice(),
+                scalar(t.pad_value),
+                (kind_of(t.dtype), x.device()),
+            )
+            .feature(name)?;
+            let mut region = y.shallow_clone();
+            for (d, &n) in x.size().iter().enumerate() {
+                region = region.f_narrow(d as i64, 0, n).feature(name)?;
+            }
+            region.f_copy_(&x).feature(name)?;
+            padded.push(y);
+        }
+        let stacked = Tensor::f_stack(&padded, 0).feature(name)?;
+        let shape = global_shape(t, target, batch.len(), mesh);
+        blocks.insert(
+            name.clone(),
+            LocalBlock {
+                tensor: stacked,
+                meta: DTensorMeta {
+                    stride: contiguous_stride(&shape),
+                    global_shape: shape,
+                    placements: t.placements_dp.clone(),
+                },
+            },
+        );
+    }
+    Ok(Batch {
+        samples: batch.iter().map(|s| s.sample).collect(),
+        blocks,
+        passthrough: batch.into_iter().map(|s| s.passthrough).collect(),
+    })
+}

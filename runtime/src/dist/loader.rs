@@ -1,0 +1,273 @@
+//! Sharded data loading: a serial dataset, split over DP replicas like a distributed
+//! sampler, read and planned by each CP group's source rank in a background thread.
+
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use featshard_spec::plan::Plan;
+
+use super::collate::{collate, Batch};
+use super::distribute::{distribute, prepare, LocalSample, Source, SourceFailure};
+use super::error::DistError;
+use super::mesh::Mesh;
+use crate::sample::{Features, Options};
+
+/// A dataset of serial (unpadded, unsharded) samples, read on source ranks only.
+pub trait SerialDataset: Send + Sync {
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sample `index`, or why it cannot be read.
+    fn get(&self, index: usize) -> Result<Features, String>;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Dataset order (inference).
+    Sequential,
+    /// A permutation drawn from `seed` and the epoch (training); the same on every rank.
+    Shuffled { seed: u64 },
+}
+
+#[derive(Clone, Debug)]
+pub struct LoaderOptions {
+    /// Samples per batch on each DP replica.
+    pub batch_size: usize,
+    pub order: Order,
+    /// Drop the tail that does not fill every replica; otherwise wrap around to the
+    /// start so every replica gets the same number of samples.
+    pub drop_last: bool,
+    /// A failing sample is replaced by the next one, at most this many times in a row.
+    pub retries: usize,
+    /// Samples the source prepares ahead of the step that needs them.
+    pub prefetch: usize,
+    /// Workflow and passthrough of the samples.
+    pub sample: Options,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            batch_size: 1,
+            order: Order::Sequential,
+            drop_last: false,
+            retries: 0,
+            prefetch: 2,
+            sample: Options::default(),
+        }
+    }
+}
+
+/// Splits a dataset over the DP replicas of a mesh and distributes each sample over
+/// its replica's CP group.
+pub struct ShardedLoader<D> {
+    dataset: Arc<D>,
+    plan: Arc<Plan>,
+    opts: LoaderOptions,
+}
+
+/// SplitMix64: a small, fixed generator, so permutations never change between builds.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl<D: SerialDataset + 'static> ShardedLoader<D> {
+    pub fn new(dataset: Arc<D>, plan: Arc<Plan>, opts: LoaderOptions) -> Result<Self, DistError> {
+        if opts.batch_size == 0 {
+            return Err(DistError::Setup {
+                message: "loader: batch_size must be at least 1".into(),
+            });
+        }
+        Ok(ShardedLoader {
+            dataset,
+            plan,
+            opts,
+        })
+    }
+
+    /// The samples replica `replica` of `dp` reads in `epoch`, in order.
+    pub fn indices(&self, epoch: u64, dp: usize, replica: usize) -> Vec<usize> {
+        let n = self.dataset.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        if let Order::Shuffled { seed } = self.opts.order {
+            let mut state = seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03);
+            for i in (1..n).rev() {
+                let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
+        }
+        let dp = dp.max(1);
+        let total = if self.opts.drop_last {
+            n / dp * dp
+        } else {
+            n.div_ceil(dp) * dp
+        };
+        (0..total)
+            .skip(replica)
+            .step_by(dp)
+            .map(|k| order[k % n])
+            .collect()
+    }
+
+    /// Batches per epoch on every replica.
+    pub fn steps(&self, dp: usize) -> usize {
+        self.indices(0, dp, 0).len().div_ceil(self.opts.batch_size)
+    }
+
+    /// One epoch of collated batches on this rank: every rank of the world iterates
+    /// it in step. Stops after the first error, which every rank returns.
+    pub fn epoch<'m>(&self, mesh: &'m Mesh, epoch: u64) -> Epoch<'m> {
+        let samples = self.samples(mesh, epoch);
+        let n = samples.remaining;
+        let sizes: Vec<usize> = (0..n)
+            .step_by(self.opts.batch_size)
+            .map(|k| self.opts.batch_size.min(n - k))
+            .collect();
+        Epoch {
+            samples,
+            sizes: sizes.into_iter(),
+        }
+    }
+
+    /// One epoch of single distributed samples (no collate) on this rank.
+    pub fn samples<'m>(&self, mesh: &'m Mesh, epoch: u64) -> Samples<'m> {
+        let indices = self.indices(epoch, mesh.dp_size(), mesh.dp_index());
+        let remaining = indices.len();
+        let (rx, worker) = if mesh.is_source() {
+            let (tx, rx) = sync_channel(self.opts.prefetch.max(1));
+            let dataset = Arc::clone(&self.dataset);
+            let plan = Arc::clone(&self.plan);
+            let opts = self.opts.clone();
+            let cp = mesh.cp_shape();
+            let worker = std::thread::spawn(move || {
+                for index in indices {
+                    let source = fetch(dataset.as_ref(), &plan, cp, &opts, index);
+                    if tx.send(source).is_err() {
+                        return; // the iterator was dropped
+                    }
+                }
+            });
+            (Some(rx), Some(worker))
+        } else {
+            (None, None)
+        };
+        Samples {
+            mesh,
+            plan: Arc::clone(&self.plan),
+            remaining,
+            rx,
+            worker,
+            done: false,
+        }
+    }
+}
+
+/// Reads and plans `index`; a failing sample is replaced by the next one, `retries`
+/// times at most.
+fn fetch<D: SerialDataset>(
+    dataset: &D,
+    plan: &Plan,
+    cp: [usize; 2],
+    opts: &LoaderOptions,
+    index: usize,
+) -> Source {
+    let n = dataset.len();
+    let mut last = SourceFailure {
+        sample: Some(index),
+        message: "empty dataset".into(),
+    };
+    for k in 0..=opts.retries {
+        let i = (index + k) % n.max(1);
+        let attempt = dataset.get(i).and_then(|features| {
+            prepare(plan, cp, &opts.sample, i, &features).map_err(|e| e.to_string())
+        });
+        match attempt {
+            Ok(prepared) => return Ok(prepared),
+            Err(message) => {
+                last = SourceFailure {
+                    sample: Some(i),
+                    message: if k == 0 {
+                        message
+                    } else {
+                        format!("{message} (after {k} retries from sample {index})")
+                    },
+                }
+            }
+        }
+    }
+    Err(last)
+}
+
+/// The distributed samples of one epoch on this rank.
+pub struct Samples<'m> {
+    mesh: &'m Mesh,
+    plan: Arc<Plan>,
+    remaining: usize,
+    rx: Option<Receiver<Source>>,
+    worker: Option<JoinHandle<()>>,
+    done: bool,
+}
+
+impl Iterator for Samples<'_> {
+    type Item = Result<LocalSample, DistError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done || self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        let source = self.rx.as_ref().map(|rx| {
+            rx.recv().unwrap_or_else(|_| {
+                Err(SourceFailure {
+                    sample: None,
+                    message: "the loading thread stopped (it panicked in the dataset)".into(),
+                })
+            })
+        });
+        let out = distribute(self.mesh, source);
+        self.done = out.is_err();
+        Some(out)
+    }
+}
+
+impl Drop for Samples<'_> {
+    fn drop(&mut self) {
+        // Closing the channel ends the worker at its next send.
+        self.rx = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// The collated batches of one epoch on this rank.
+pub struct Epoch<'m> {
+    samples: Samples<'m>,
+    sizes: std::vec::IntoIter<usize>,
+}
+
+impl Iterator for Epoch<'_> {
+    type Item = Result<Batch, DistError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let size = self.sizes.next()?;
+        let batch: Result<Vec<LocalSample>, DistError> = (&mut self.samples).take(size).collect();
+        let out = batch.and_then(|b| collate(self.samples.mesh, &self.samples.plan, b));
+        if out.is_err() {
+            self.samples.done = true;
+            self.sizes = Vec::new().into_iter();
+        }
+        Some(out)
+    }
+}

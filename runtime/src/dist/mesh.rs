@@ -1,0 +1,131 @@
+//! The device mesh `(dp, cp0, cp1)`: row-major global ranks and this rank's groups.
+
+use featshard_spec::infer::CP_AXES;
+
+use super::error::DistError;
+use super::group::{ProcessGroup, Rendezvous};
+
+/// This rank's place on the mesh and a process group along each of its axes.
+///
+/// Global rank `r = d * cp0 * cp1 + i * cp1 + j` sits at `(d, i, j)`. The CP group of a
+/// replica is its `cp0 * cp1` ranks (group rank `i * cp1 + j`, the runtime's block
+/// order); its source is CP coordinate `(0, 0)`.
+#[derive(Debug)]
+pub struct Mesh {
+    dp: usize,
+    cp: [usize; CP_AXES],
+    rank: usize,
+    world: ProcessGroup,
+    cp_group: ProcessGroup,
+    dp_group: ProcessGroup,
+    axes: [ProcessGroup; CP_AXES],
+}
+
+impl Mesh {
+    /// Creates the groups of this rank; every rank of the world must call it with the
+    /// same shape.
+    pub fn new(rdv: &Rendezvous, dp: usize, cp: [usize; CP_AXES]) -> Result<Mesh, DistError> {
+        let product = dp * cp[0] * cp[1];
+        if product == 0 || product != rdv.world_size() {
+            return Err(DistError::Setup {
+                message: format!(
+                    "mesh dp={dp} x cp=({}, {}) holds {product} ranks, but the world has {}",
+                    cp[0],
+                    cp[1],
+                    rdv.world_size()
+                ),
+            });
+        }
+        let rank = rdv.rank();
+        let cp_size = cp[0] * cp[1];
+        let (d, i, j) = (rank / cp_size, rank % cp_size / cp[1], rank % cp[1]);
+        let at = |d: usize, i: usize, j: usize| d * cp_size + i * cp[1] + j;
+        let world = rdv.world()?;
+        // Every rank creates its groups in the same order (cp, dp, cp0, cp1).
+        let member = |g: Result<Option<ProcessGroup>, DistError>, what: &str| {
+            g?.ok_or_else(|| DistError::Setup {
+                message: format!("rank {rank} is not in its own {what} group"),
+            })
+        };
+        let cp_ranks: Vec<usize> = (0..cp_size).map(|k| d * cp_size + k).collect();
+        let cp_group = member(rdv.group(&format!("cp.{d}"), &cp_ranks), "cp")?;
+        let dp_ranks: Vec<usize> = (0..dp).map(|e| at(e, i, j)).collect();
+        let dp_group = member(rdv.group(&format!("dp.{i}.{j}"), &dp_ranks), "dp")?;
+        let cp0_ranks: Vec<usize> = (0..cp[0]).map(|k| at(d, k, j)).collect();
+        let cp0 = member(rdv.group(&format!("cp0.{d}.{j}"), &cp0_ranks), "cp0")?;
+        let cp1_ranks: Vec<usize> = (0..cp[1]).map(|k| at(d, i, k)).collect();
+        let cp1 = member(rdv.group(&format!("cp1.{d}.{i}"), &cp1_ranks), "cp1")?;
+        Ok(Mesh {
+            dp,
+            cp,
+            rank,
+            world,
+            cp_group,
+            dp_group,
+            axes: [cp0, cp1],
+        })
+    }
+
+    /// Parses `3x3` (cp only, dp = 1) or `2x2x2` (dp x cp0 x cp1).
+    pub fn parse_shape(s: &str) -> Result<(usize, [usize; CP_AXES]), DistError> {
+        let parts: Result<Vec<usize>, _> =
+            s.split('x').map(|p| p.trim().parse::<usize>()).collect();
+        match parts.as_deref() {
+            Ok([a, b]) if *a > 0 && *b > 0 => Ok((1, [*a, *b])),
+            Ok([d, a, b]) if *d > 0 && *a > 0 && *b > 0 => Ok((*d, [*a, *b])),
+            _ => Err(DistError::Setup {
+                message: format!("mesh `{s}`: expected CP0xCP1 or DPxCP0xCP1 with positive sizes, e.g. 3x3 or 2x2x2"),
+            }),
+        }
+    }
+
+    pub fn dp_size(&self) -> usize {
+        self.dp
+    }
+
+    pub fn cp_shape(&self) -> [usize; CP_AXES] {
+        self.cp
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// This rank's data-parallel replica.
+    pub fn dp_index(&self) -> usize {
+        self.rank / (self.cp[0] * self.cp[1])
+    }
+
+    /// This rank's coordinate on the CP mesh.
+    pub fn cp_coord(&self) -> [usize; CP_AXES] {
+        let k = self.rank % (self.cp[0] * self.cp[1]);
+        [k / self.cp[1], k % self.cp[1]]
+    }
+
+    /// Rank within the CP group (`i * cp1 + j`).
+    pub fn cp_rank(&self) -> usize {
+        self.cp_group.rank()
+    }
+
+    /// Whether this rank loads and plans the samples of its CP group.
+    pub fn is_source(&self) -> bool {
+        self.cp_rank() == 0
+    }
+
+    pub fn world(&self) -> &ProcessGroup {
+        &self.world
+    }
+
+    pub fn cp(&self) -> &ProcessGroup {
+        &self.cp_group
+    }
+
+    pub fn dp(&self) -> &ProcessGroup {
+        &self.dp_group
+    }
+
+    /// The group along CP mesh axis `m` (0 or 1) through this rank.
+    pub fn cp_axis(&self, m: usize) -> Option<&ProcessGroup> {
+        self.axes.get(m)
+    }
+}

@@ -1,0 +1,195 @@
+//! What travels in one distribution step: the header the source broadcasts (sample
+//! status, then the layout of every rank's byte buffer) and the per-rank status the
+//! world agrees on at the end of a step.
+
+use std::collections::BTreeMap;
+
+use featshard_spec::ir::{DType, Placement};
+use featshard_spec::plan::SampleLayout;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::kind::kind_of;
+use crate::shard::{DTensorMeta, LocalBlock};
+
+/// Byte alignment of every tensor in a rank buffer (so views of any dtype are legal).
+const ALIGN: usize = 16;
+
+/// Where one tensor sits in every rank's buffer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    pub name: String,
+    pub dtype: DType,
+    pub local_shape: Vec<usize>,
+    pub offset: usize,
+    /// DTensor metadata; `None` for a passed-through feature (replicated as is).
+    pub dtensor: Option<(Vec<usize>, Vec<Placement>)>,
+}
+
+impl Slot {
+    fn numel(&self) -> usize {
+        self.local_shape.iter().product()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.numel() * kind_of(self.dtype).elt_size_in_bytes()
+    }
+}
+
+/// The first message of a step, from the source to its CP group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Header {
+    Ok {
+        /// Index of the sample in the serial dataset.
+        sample: usize,
+        layout: SampleLayout,
+        /// Sorted by name: blocks first, then passed-through features.
+        slots: Vec<Slot>,
+        /// Bytes of every rank's buffer.
+        bytes: usize,
+    },
+    Error {
+        sample: Option<usize>,
+        message: String,
+    },
+}
+
+/// Lays slots out back to back, each at an aligned offset (their `offset` is set
+/// here); returns the buffer size.
+pub fn lay_out(slots: &mut [Slot]) -> usize {
+    let mut offset = 0;
+    for slot in slots {
+        slot.offset = offset;
+        offset = (offset + slot.nbytes()).div_ceil(ALIGN) * ALIGN;
+    }
+    offset
+}
+
+/// The typed view of one slot inside a byte buffer.
+pub fn view(buf: &Tensor, slot: &Slot) -> Result<Tensor, tch::TchError> {
+    let shape: Vec<i64> = slot.local_shape.iter().map(|&n| n as i64).collect();
+    let kind = kind_of(slot.dtype);
+    let bytes = buf.f_narrow(0, slot.offset as i64, slot.nbytes() as i64)?;
+    let typed = if kind == Kind::Uint8 {
+        bytes
+    } else {
+        bytes.f_view_dtype(kind)?
+    };
+    typed.f_view(shape.as_slice())
+}
+
+/// One rank's buffer filled from its tensors (in slot order).
+pub fn fill(bytes: usize, slots: &[Slot], tensors: &[&Tensor]) -> Result<Tensor, SlotError> {
+    let buf = Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu))
+        .map_err(|e| ("*".to_owned(), e))?;
+    for (slot, t) in slots.iter().zip(tensors) {
+        let mut dst = view(&buf, slot).map_err(|e| (slot.name.clone(), e))?;
+        dst.f_copy_(t).map_err(|e| (slot.name.clone(), e))?;
+    }
+    Ok(buf)
+}
+
+/// Blocks by name, and passed-through features by name.
+pub type Unpacked = (BTreeMap<String, LocalBlock>, BTreeMap<String, Tensor>);
+
+/// The feature whose slot failed, and why.
+pub type SlotError = (String, tch::TchError);
+
+/// Splits a received buffer into blocks (with DTensor metadata) and passed-through
+/// features; every tensor is a view of `buf`.
+pub fn unpack(buf: &Tensor, slots: &[Slot]) -> Result<Unpacked, SlotError> {
+    let mut blocks = BTreeMap::new();
+    let mut passthrough = BTreeMap::new();
+    for slot in slots {
+        let t = view(buf, slot).map_err(|e| (slot.name.clone(), e))?;
+        match &slot.dtensor {
+            Some((global_shape, placements)) => {
+                blocks.insert(
+                    slot.name.clone(),
+                    LocalBlock {
+                        tensor: t,
+                        meta: DTensorMeta {
+                            stride: crate::shard::contiguous_stride(global_shape),
+                            global_shape: global_shape.clone(),
+                            placements: placements.clone(),
+                        },
+                    },
+                );
+            }
+            None => {
+                passthrough.insert(slot.name.clone(), t);
+            }
+        }
+    }
+    Ok((blocks, passthrough))
+}
+
+/// Bytes of the fixed-size status every rank contributes at the end of a step.
+pub const STATUS_BYTES: usize = 1024;
+
+/// One rank's outcome of a step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Status {
+    Ok,
+    /// The source of this rank's CP group failed (`rank` global).
+    Source {
+        rank: usize,
+        sample: Option<usize>,
+        message: String,
+    },
+    /// This rank failed on what it received.
+    Rank {
+        rank: usize,
+        message: String,
+    },
+}
+
+impl Status {
+    /// JSON, NUL-padded to `STATUS_BYTES`; long messages are cut to fit.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut status = self.clone();
+        loop {
+            let mut json =
+                serde_json::to_vec(&status).unwrap_or_else(|_| b"{\"status\":\"ok\"}".to_vec());
+            if json.len() <= STATUS_BYTES {
+                json.resize(STATUS_BYTES, 0);
+                return json;
+            }
+            match &mut status {
+                Status::Source { message, .. } | Status::Rank { message, .. } => {
+                    let keep = message.floor_char_boundary_compat(
+                        message.len().saturating_sub(json.len() - STATUS_BYTES + 8),
+                    );
+                    message.truncate(keep);
+                    message.push('…');
+                }
+                // An ok status is a dozen bytes; nothing to shorten.
+                Status::Ok => {
+                    json.truncate(STATUS_BYTES);
+                    return json;
+                }
+            }
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Status> {
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        serde_json::from_slice(&bytes[..end]).ok()
+    }
+}
+
+trait FloorCharBoundary {
+    fn floor_char_boundary_compat(&self, i: usize) -> usize;
+}
+
+impl FloorCharBoundary for String {
+    fn floor_char_boundary_compat(&self, mut i: usize) -> usize {
+        i = i.min(self.len());
+        while !self.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    }
+}
