@@ -7,15 +7,15 @@
 //! the peak memory above the serial sample, against the padded bytes.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Instant;
 
-use featshard_runtime::synthetic::{self, Shape};
 use featshard_runtime::{pad, Options};
 use tch::{Kind, Tensor};
 
-const TOKENS: usize = 2048;
-const MSA: usize = 4096;
+mod common;
+
+use common::{MSA, TOKENS};
+
 const MESH: [usize; 2] = [3, 3];
 const RUNS: usize = 3;
 
@@ -49,25 +49,9 @@ fn gb(b: usize) -> f64 {
 
 fn main() {
     tch::set_num_threads(1);
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/boltz2.yaml");
-    let (_, plan) = featshard_spec::compile_file(&path).expect("example spec");
-    // ~20k atoms, unevenly spread (0..19 per token), some zero-atom tokens.
-    let counts: Vec<usize> = (0..TOKENS).map(|t| (t * 7919 + 13) % 20).collect();
-    let shape = Shape {
-        sizes: [
-            ("tokens", TOKENS),
-            ("msa", MSA),
-            ("ensemble", 1),
-            ("disto_ensemble", 1),
-            ("templates", 4),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect(),
-        counts: [("atoms".to_owned(), counts.clone())].into(),
-        mapped: [("rset".to_owned(), TOKENS / 2)].into(),
-    };
-    let sample = synthetic::sample(&plan, Some("inference"), &shape, 1).expect("sample");
+    let plan = common::boltz2_plan();
+    let counts = common::atom_counts();
+    let sample = common::boltz2_sample(&plan);
     let serial_bytes: usize = sample.values().map(bytes).sum();
     println!(
         "sample: {} tokens, {} atoms, {} MSA rows, {} features, {:.2} GB serial; mesh {}x{}; 1 thread",

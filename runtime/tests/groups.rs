@@ -133,3 +133,61 @@ fn bad_arguments_are_errors() {
         assert!(root.unwrap().to_string().contains("root 5"));
     }
 }
+
+/// NCCL on one GPU rank: an all-reduce and a scatter of CUDA tensors. Without a GPU
+/// there is nothing to run on, and the test says so.
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_collectives_on_a_gpu() {
+    use featshard_runtime::dist::Backend;
+    assert!(featshard_runtime::dist::nccl_compiled());
+    if !tch::Cuda::is_available() {
+        eprintln!("nccl_collectives_on_a_gpu: SKIPPED, no CUDA device on this machine");
+        return;
+    }
+    let n = tch::Cuda::device_count() as usize;
+    let opts = GroupOptions {
+        backend: Backend::Nccl { device: 0 },
+        timeout: Duration::from_secs(60),
+    };
+    let ranks = Rendezvous::in_process(n, opts).expect("hash store");
+    let handles: Vec<_> = ranks
+        .into_iter()
+        .enumerate()
+        .map(|(r, mut rdv)| {
+            rdv.set_device(r);
+            thread::spawn(move || {
+                let world = rdv.world().unwrap();
+                let dev = world.device();
+                let mut t = Tensor::from_slice(&[r as i64 + 1]).to_device(dev);
+                world.all_reduce(&mut t, ReduceOp::Sum).unwrap();
+                let ins: Vec<Tensor> = (0..n as i64)
+                    .map(|i| Tensor::from_slice(&[i * 3]).to_device(dev))
+                    .collect();
+                let mut out = Tensor::zeros([1], (Kind::Int64, dev));
+                world
+                    .scatter(&mut out, (r == 0).then_some(ins.as_slice()), 0)
+                    .unwrap();
+                (t.int64_value(&[0]), out.int64_value(&[0]))
+            })
+        })
+        .collect();
+    let total = (n * (n + 1) / 2) as i64;
+    for (r, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), (total, 3 * r as i64));
+    }
+}
+
+#[cfg(not(feature = "nccl"))]
+#[test]
+fn nccl_is_an_error_without_the_feature() {
+    use featshard_runtime::dist::Backend;
+    assert!(!featshard_runtime::dist::nccl_compiled());
+    let opts = GroupOptions {
+        backend: Backend::Nccl { device: 0 },
+        timeout: Duration::from_secs(5),
+    };
+    let rdv = Rendezvous::in_process(1, opts).unwrap().pop().unwrap();
+    let e = rdv.world().unwrap_err();
+    assert!(e.to_string().contains("without the `nccl` feature"), "{e}");
+}

@@ -161,6 +161,13 @@ impl Rendezvous {
         &self.opts
     }
 
+    /// The CUDA device of this rank's NCCL groups (one GPU per rank); no effect on gloo.
+    pub fn set_device(&mut self, device: usize) {
+        if let Backend::Nccl { .. } = self.opts.backend {
+            self.opts.backend = Backend::Nccl { device };
+        }
+    }
+
     /// All ranks.
     pub fn world(&self) -> Result<ProcessGroup, DistError> {
         let all: Vec<usize> = (0..self.world_size).collect();

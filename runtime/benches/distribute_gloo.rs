@@ -1,0 +1,220 @@
+//! Benchmark: distributing a Boltz-2-sized sample (N=2048) over cp=(3,3) through gloo,
+//! against a raw gloo scatter of the same bytes in the same run.
+//!
+//! Run with `. scripts/env.sh && cargo bench -p featshard-runtime --bench distribute_gloo`.
+//! Nine gloo ranks, one thread each, in this process (a HashStore rendezvous; the
+//! transport is TCP over loopback as between processes). Each figure is the median of
+//! RUNS runs, timed on the source rank from a barrier to a barrier, with the raw
+//! scatter and featshard runs interleaved so that machine noise hits both alike:
+//! - raw scatter: the source already holds every rank's bytes; one scatter.
+//! - distribute, sample prepared: header broadcast + the same scatter + the world's
+//!   status agreement + unpacking into typed views (what a prefetching loader pays
+//!   per step once the next sample is prepared in the background).
+//! - distribute from the serial sample: validation and padding on the source too.
+//! - loader, 4 samples: the sharded loader with prefetch, against 4 raw scatters.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use featshard_runtime::dist::{
+    distribute, prepare, GroupOptions, LoaderOptions, Mesh, Rendezvous, SerialDataset,
+    ShardedLoader,
+};
+use featshard_runtime::{Features, Options};
+use tch::{Device, Kind, Tensor};
+
+const CP: [usize; 2] = [3, 3];
+const RUNS: usize = 3;
+const LOADER_SAMPLES: usize = 4;
+
+/// The one sample, handed out again and again.
+struct Repeat(Mutex<Features>);
+
+impl SerialDataset for Repeat {
+    fn len(&self) -> usize {
+        LOADER_SAMPLES
+    }
+
+    fn get(&self, _: usize) -> Result<Features, String> {
+        let f = self.0.lock().map_err(|e| e.to_string())?;
+        Ok(f.iter()
+            .map(|(k, v)| (k.clone(), v.shallow_clone()))
+            .collect())
+    }
+}
+
+#[derive(Default, Debug)]
+struct Times {
+    raw: Vec<Duration>,
+    prepared: Vec<Duration>,
+    serial: Vec<Duration>,
+    raw_loader: Vec<Duration>,
+    loader: Vec<Duration>,
+    bytes_per_rank: usize,
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64()
+}
+
+fn main() {
+    tch::set_num_threads(1);
+    let plan = Arc::new(common::boltz2_plan());
+    let sample = common::boltz2_sample(&plan);
+    let opts = Options {
+        workflow: Some("inference".into()),
+        ..Options::default()
+    };
+    let serial_bytes: usize = sample
+        .values()
+        .map(|t| t.numel() * t.kind().elt_size_in_bytes())
+        .sum();
+    let dataset = Arc::new(Repeat(Mutex::new(sample)));
+    let world = CP[0] * CP[1];
+    let gopts = GroupOptions {
+        timeout: Duration::from_secs(600),
+        ..GroupOptions::default()
+    };
+    let handles: Vec<_> = Rendezvous::in_process(world, gopts)
+        .expect("hash store")
+        .into_iter()
+        .map(|rdv| {
+            let (plan, opts, dataset) = (Arc::clone(&plan), opts.clone(), Arc::clone(&dataset));
+            thread::spawn(move || -> Option<Times> {
+                tch::set_num_threads(1);
+                let mesh = Mesh::new(&rdv, 1, CP).expect("mesh");
+                let source = mesh.is_source();
+                let mut times = Times::default();
+                let sync = || mesh.world().barrier().expect("barrier");
+                // The raw scatter's bytes: as many as each rank's featshard buffer.
+                let probe = source.then(|| {
+                    let s = dataset.get(0).expect("sample");
+                    prepare(&plan, CP, &opts, 0, &s).expect("prepare")
+                });
+                let local = distribute(&mesh, probe.map(Ok)).expect("distribute");
+                let per_rank: usize = local
+                    .blocks
+                    .values()
+                    .map(|b| {
+                        let n = b.tensor.numel() * b.tensor.kind().elt_size_in_bytes();
+                        n.div_ceil(16) * 16
+                    })
+                    .sum();
+                times.bytes_per_rank = per_rank;
+                drop(local);
+                let raw_inputs: Option<Vec<Tensor>> = source.then(|| {
+                    (0..world)
+                        .map(|_| Tensor::ones([per_rank as i64], (Kind::Uint8, Device::Cpu)))
+                        .collect()
+                });
+                let raw = |n: usize| {
+                    let mut out = Tensor::empty([per_rank as i64], (Kind::Uint8, Device::Cpu));
+                    sync();
+                    let start = Instant::now();
+                    for _ in 0..n {
+                        mesh.cp()
+                            .scatter(&mut out, raw_inputs.as_deref(), 0)
+                            .expect("scatter");
+                    }
+                    sync();
+                    start.elapsed()
+                };
+                for _ in 0..RUNS {
+                    times.raw.push(raw(1));
+                    // Prepared beforehand, as a prefetching loader has it.
+                    let ready = source.then(|| {
+                        let s = dataset.get(0).expect("sample");
+                        prepare(&plan, CP, &opts, 0, &s).expect("prepare")
+                    });
+                    sync();
+                    let start = Instant::now();
+                    let local = distribute(&mesh, ready.map(Ok)).expect("distribute");
+                    sync();
+                    times.prepared.push(start.elapsed());
+                    drop(local);
+                    sync();
+                    let start = Instant::now();
+                    let ready = source.then(|| {
+                        let s = dataset.get(0).expect("sample");
+                        Ok(prepare(&plan, CP, &opts, 0, &s).expect("prepare"))
+                    });
+                    let local = distribute(&mesh, ready).expect("distribute");
+                    sync();
+                    times.serial.push(start.elapsed());
+                    drop(local);
+                }
+                let loader = ShardedLoader::new(
+                    Arc::clone(&dataset),
+                    Arc::clone(&plan),
+                    LoaderOptions {
+                        sample: opts.clone(),
+                        prefetch: 1,
+                        ..LoaderOptions::default()
+                    },
+                )
+                .expect("loader");
+                for _ in 0..1 {
+                    times.raw_loader.push(raw(LOADER_SAMPLES));
+                    sync();
+                    let start = Instant::now();
+                    for s in loader.samples(&mesh, 0) {
+                        drop(s.expect("sample"));
+                    }
+                    sync();
+                    times.loader.push(start.elapsed());
+                }
+                source.then_some(times)
+            })
+        })
+        .collect();
+    let times = handles
+        .into_iter()
+        .filter_map(|h| h.join().expect("rank"))
+        .next()
+        .expect("the source's times");
+    let gb = |b: usize| b as f64 / 1e9;
+    let scattered = times.bytes_per_rank * world;
+    println!(
+        "sample: {} tokens, {} MSA rows, {:.2} GB serial; cp=({}, {}), 9 gloo ranks (threads, loopback TCP)",
+        common::TOKENS,
+        common::MSA,
+        gb(serial_bytes),
+        CP[0],
+        CP[1]
+    );
+    println!(
+        "bytes scattered per sample         {:>7.3} GB ({:.3} GB per rank)",
+        gb(scattered),
+        gb(times.bytes_per_rank)
+    );
+    let raw = median(times.raw);
+    let line = |what: &str, t: f64, base: f64| {
+        println!(
+            "{what:<35}{t:>7.3} s  {:>6.2} GB/s  ratio to raw scatter {:.2}",
+            gb(scattered) / t,
+            t / base
+        );
+    };
+    line("raw gloo scatter", raw, raw);
+    line("distribute, sample prepared", median(times.prepared), raw);
+    line(
+        "distribute from the serial sample",
+        median(times.serial),
+        raw,
+    );
+    let raw4 = median(times.raw_loader);
+    println!(
+        "{:<35}{raw4:>7.3} s",
+        format!("raw gloo scatter x {LOADER_SAMPLES}")
+    );
+    println!(
+        "{:<35}{:>7.3} s  ratio to raw scatters {:.2}",
+        format!("loader, {LOADER_SAMPLES} samples, prefetch 1"),
+        median(times.loader.clone()),
+        median(times.loader) / raw4
+    );
+}
