@@ -89,7 +89,7 @@ fn replicas_of_different_lengths_collate_to_one_shape() {
             if repadded.contains(name) {
                 // Values moved to the larger per-block stride: map them back.
                 let (old, new) = (
-                    atoms_local(&before),
+                    atoms_local(before),
                     atoms_local(
                         &batch
                             .blocks
