@@ -312,3 +312,71 @@ fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
     }
     let _: &Tensor = &back.ref_pos;
 }
+
+#[test]
+fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
+    use featshard::runtime::dist::{GroupOptions, Mesh, Rendezvous};
+    let shape = Shape {
+        sizes: [
+            ("tokens", 11),
+            ("msa", 3),
+            ("ensemble", 2),
+            ("disto_ensemble", 1),
+            ("templates", 2),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect(),
+        counts: [("atoms".to_owned(), vec![2, 0, 3, 1, 4, 0, 2, 2, 1, 0, 5])].into(),
+        mapped: [("rset".to_owned(), 4)].into(),
+    };
+    let opts = GroupOptions {
+        timeout: std::time::Duration::from_secs(30),
+        ..GroupOptions::default()
+    };
+    // torch's generator is process-global: draw the sample once, before the threads.
+    let sample = synthetic::sample(Boltz2Inference::plan(), None, &shape, 5).unwrap();
+    let handles: Vec<_> = Rendezvous::in_process(4, opts)
+        .unwrap()
+        .into_iter()
+        .map(|rdv| {
+            let copy = sample
+                .iter()
+                .map(|(k, v)| (k.clone(), v.shallow_clone()))
+                .collect();
+            std::thread::spawn(move || {
+                let mesh = Mesh::new(&rdv, 1, [2, 2]).unwrap();
+                // Every rank holds the serial sample, to compare; only the source sends it.
+                let serial = Boltz2Inference::from_features(copy).unwrap();
+                let got =
+                    Boltz2Inference::distribute(&mesh, mesh.is_source().then_some((7, &serial)))
+                        .unwrap();
+                let want =
+                    Boltz2Inference::local(&serial.pad([2, 2]).unwrap(), mesh.cp_rank()).unwrap();
+                assert_eq!(got.sample, 7);
+                assert_eq!(got.meta.len(), 58);
+                assert_eq!(
+                    got.meta["token_pair_pad_mask"].global_shape,
+                    vec![12, 12],
+                    "tokens padded to a multiple of 2"
+                );
+                let (g, w) = (got.local.to_features(), want.to_features());
+                assert_eq!(g.keys().collect::<Vec<_>>(), w.keys().collect::<Vec<_>>());
+                for (name, x) in &w {
+                    assert!(g[name].equal(x), "rank {}: {name}", mesh.rank());
+                }
+                (got.layout, got.local)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let layout = results[0].0.clone();
+    let locals: Vec<Boltz2InferenceLocal> = results.into_iter().map(|(_, l)| l).collect();
+    let back = Boltz2Inference::assemble(&layout, &locals).unwrap();
+    for (name, x) in &sample {
+        assert!(
+            back.to_features()[name].equal(x),
+            "{name} after distribute + assemble"
+        );
+    }
+}

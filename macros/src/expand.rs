@@ -84,6 +84,13 @@ pub fn expand(input: &syn::DeriveInput, model: &Model) -> syn::Result<TokenStrea
         }
 
         impl #local {
+            /// Builds the typed blocks from a name -> tensor map.
+            pub fn from_features(
+                mut features: ::featshard::runtime::Features,
+            ) -> ::core::result::Result<Self, ::featshard::runtime::RuntimeError> {
+                ::core::result::Result::Ok(Self { #(#take),* })
+            }
+
             /// The blocks as a name -> tensor map (shallow clones).
             pub fn to_features(&self) -> ::featshard::runtime::Features {
                 let mut out = ::featshard::runtime::Features::new();
@@ -149,12 +156,42 @@ pub fn expand(input: &syn::DeriveInput, model: &Model) -> syn::Result<TokenStrea
                 padded: &::featshard::runtime::Padded,
                 rank: usize,
             ) -> ::core::result::Result<#local, ::featshard::runtime::RuntimeError> {
-                let mut features: ::featshard::runtime::Features = padded
+                let features: ::featshard::runtime::Features = padded
                     .rank_blocks(Self::plan(), rank)?
                     .into_iter()
                     .map(|(n, b)| (n, b.tensor))
                     .collect();
-                ::core::result::Result::Ok(#local { #(#take),* })
+                #local::from_features(features)
+            }
+
+            /// Distributes one sample over the CP group of `mesh` through c10d. Every
+            /// rank calls it; the source rank (CP coordinate `(0, 0)`) passes the sample
+            /// and its dataset index, the others `None`. Each rank receives exactly its
+            /// blocks, with their DTensor metadata; a failure on any rank is every
+            /// rank's error.
+            pub fn distribute(
+                mesh: &::featshard::runtime::dist::Mesh,
+                source: ::core::option::Option<(usize, &Self)>,
+            ) -> ::core::result::Result<
+                ::featshard::runtime::dist::Distributed<#local>,
+                ::featshard::runtime::dist::DistError,
+            > {
+                let source = source.map(|(index, sample)| {
+                    ::featshard::runtime::dist::prepare(
+                        Self::plan(),
+                        mesh.cp_shape(),
+                        &Self::options(),
+                        index,
+                        &sample.to_features(),
+                    )
+                    .map_err(|e| ::featshard::runtime::dist::SourceFailure {
+                        sample: ::core::option::Option::Some(index),
+                        message: e.to_string(),
+                    })
+                });
+                ::featshard::runtime::dist::distribute_then(mesh, source, |local| {
+                    local.typed(#local::from_features).map_err(|e| e.to_string())
+                })
             }
 
             /// Every rank's typed blocks back into the serial struct.

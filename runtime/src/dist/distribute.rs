@@ -16,7 +16,7 @@ use crate::error::RuntimeError;
 use crate::kind::kind_of;
 use crate::pad::pad;
 use crate::sample::{tensor_plan, Features, Options};
-use crate::shard::LocalBlock;
+use crate::shard::{DTensorMeta, LocalBlock};
 
 /// A sample planned by the source rank: the header and every CP rank's buffer.
 #[derive(Debug)]
@@ -57,6 +57,43 @@ impl LocalSample {
             .iter()
             .map(|(n, b)| (n.clone(), b.tensor.shallow_clone()))
             .collect()
+    }
+}
+
+/// A typed local sample (a derived `<Name>Local`) with what `DTensor.from_local`
+/// and `assemble` need.
+#[derive(Debug)]
+pub struct Distributed<T> {
+    pub local: T,
+    /// Index of the sample in the serial dataset.
+    pub sample: usize,
+    pub layout: SampleLayout,
+    /// DTensor metadata of every block, by feature name.
+    pub meta: BTreeMap<String, DTensorMeta>,
+}
+
+impl LocalSample {
+    /// Splits into the name -> tensor map and the rest, for a typed wrapper.
+    pub fn typed<T>(
+        self,
+        from: impl FnOnce(Features) -> Result<T, RuntimeError>,
+    ) -> Result<Distributed<T>, RuntimeError> {
+        let meta = self
+            .blocks
+            .iter()
+            .map(|(n, b)| (n.clone(), b.meta.clone()))
+            .collect();
+        let tensors = self
+            .blocks
+            .into_iter()
+            .map(|(n, b)| (n, b.tensor))
+            .collect();
+        Ok(Distributed {
+            local: from(tensors)?,
+            sample: self.sample,
+            layout: self.layout,
+            meta,
+        })
     }
 }
 

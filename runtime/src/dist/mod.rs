@@ -14,7 +14,8 @@ pub mod mesh;
 mod wire;
 
 pub use distribute::{
-    agree_on, distribute, distribute_then, prepare, LocalSample, Prepared, Source, SourceFailure,
+    agree_on, distribute, distribute_then, prepare, Distributed, LocalSample, Prepared, Source,
+    SourceFailure,
 };
 pub use mesh::Mesh;
 pub mod collate;
