@@ -5,12 +5,14 @@
 //! deterministic (sorted keys, no timestamps) and starts with a do-not-edit header
 //! naming the spec and the SHA-256 of its text.
 
+mod domain;
 mod json;
 mod python;
 mod rust;
 
 use featshard_spec::plan::Plan;
 
+pub use domain::{shard_tensor_module, shard_tensor_tests};
 pub use json::plan_json;
 pub use python::{python_data, python_module, python_stub, python_tests};
 pub use rust::{module_tokens, rust_module};
@@ -37,6 +39,19 @@ impl std::error::Error for CodegenError {}
 /// Every file `featshard generate` writes for a plan, in a fixed order.
 pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, CodegenError> {
     let m = &plan.module;
+    if plan.mesh.domain.is_some() {
+        // A domain-parallel spec: the ShardTensor module and the plan.
+        return Ok(vec![
+            GeneratedFile {
+                name: format!("{m}.py"),
+                contents: domain::shard_tensor_module(plan)?,
+            },
+            GeneratedFile {
+                name: format!("{m}.plan.json"),
+                contents: plan_json(plan)?,
+            },
+        ]);
+    }
     Ok(vec![
         GeneratedFile {
             name: format!("{m}.py"),
@@ -65,7 +80,11 @@ pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, CodegenError> {
 pub fn generate_tests(plan: &Plan) -> Result<GeneratedFile, CodegenError> {
     Ok(GeneratedFile {
         name: format!("test_{}_parity.py", plan.module),
-        contents: python_tests(plan)?,
+        contents: if plan.mesh.domain.is_some() {
+            domain::shard_tensor_tests(plan)?
+        } else {
+            python_tests(plan)?
+        },
     })
 }
 

@@ -264,8 +264,8 @@ fn context(plan: &Plan) -> Ctx {
         header,
         module: plan.module.clone(),
         sha256: plan.source.sha256.clone(),
-        cp0: py_str(&plan.mesh.cp[0]),
-        cp1: py_str(&plan.mesh.cp[1]),
+        cp0: py_str(plan.mesh.cp.first().map_or("cp0", String::as_str)),
+        cp1: py_str(plan.mesh.cp.get(1).map_or("cp1", String::as_str)),
         dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
         semantics,
         semantic_order: plan
@@ -292,12 +292,12 @@ fn context(plan: &Plan) -> Ctx {
     }
 }
 
-fn py_str(s: &str) -> String {
+pub(crate) fn py_str(s: &str) -> String {
     // Names are snake_case (checked by the spec crate), so no escaping is needed.
     format!("\"{s}\"")
 }
 
-fn py_bool(b: bool) -> &'static str {
+pub(crate) fn py_bool(b: bool) -> &'static str {
     if b {
         "True"
     } else {
@@ -306,7 +306,7 @@ fn py_bool(b: bool) -> &'static str {
 }
 
 /// A Python tuple literal; one element gets its trailing comma.
-fn py_tuple(items: impl Iterator<Item = String>) -> String {
+pub(crate) fn py_tuple(items: impl Iterator<Item = String>) -> String {
     let items: Vec<String> = items.collect();
     match items.len() {
         1 => format!("({},)", items[0]),
@@ -314,14 +314,14 @@ fn py_tuple(items: impl Iterator<Item = String>) -> String {
     }
 }
 
-fn py_placement(p: &Placement) -> String {
+pub(crate) fn py_placement(p: &Placement) -> String {
     match p {
         Placement::Shard(d) => format!("Shard({d})"),
         Placement::Replicate => "Replicate()".into(),
     }
 }
 
-fn py_pad(p: PadValue) -> String {
+pub(crate) fn py_pad(p: PadValue) -> String {
     match p {
         PadValue::Bool(b) => py_bool(b).into(),
         PadValue::Int(i) => i.to_string(),

@@ -84,7 +84,9 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
         plan.module
     );
     let sha = &plan.source.sha256;
-    let (cp0, cp1) = (&plan.mesh.cp[0], &plan.mesh.cp[1]);
+    // A domain spec may have one axis; its Rust tables are not emitted, but never panic.
+    let cp0 = plan.mesh.cp.first().map_or("cp0", String::as_str);
+    let cp1 = plan.mesh.cp.get(1).map_or("cp1", String::as_str);
     let dp = match &plan.mesh.dp {
         Some(d) => quote!(Some(#d)),
         None => quote!(None),

@@ -209,6 +209,8 @@ fn from_attributes(
                 sharded: s.shard,
                 owner,
                 window: s.window,
+                // The derive describes context-parallel structs; domain specs are YAML.
+                batch: false,
                 loc: Loc::UNKNOWN,
             },
         );
@@ -235,8 +237,9 @@ fn from_attributes(
             |m| m.value.clone(),
         )),
         mesh: Mesh {
-            cp,
+            cp: cp.to_vec(),
             dp,
+            domain: None,
             loc: Loc::UNKNOWN,
         },
         semantics,

@@ -18,6 +18,7 @@ pub fn check(spec: &Spec) -> Vec<SpecError> {
     };
     c.names();
     c.semantics();
+    c.domain();
     for (name, _, t) in spec.tensors() {
         c.tensor(name, t);
     }
@@ -116,6 +117,74 @@ impl Checker<'_> {
         match did_you_mean(name, self.spec.semantics.keys().map(String::as_str)) {
             Some(h) => e.help(format!("{h} (a declared semantic)")),
             None => e.help("declare it as a semantic, sharded or not"),
+        }
+    }
+
+    /// What a domain-parallel (ShardTensor) spec cannot hold, and what only it can.
+    fn domain(&mut self) {
+        let spec = self.spec;
+        if spec.mesh.domain.is_none() {
+            for s in spec.semantics.values().filter(|s| s.batch) {
+                self.err(
+                    SpecError::new(
+                        "`batch: true` declares the per-domain-group batch axis of a domain-parallel spec (`mesh: {domain: [...]}`)",
+                        s.loc,
+                    )
+                    .semantic(&s.name),
+                );
+            }
+            return;
+        }
+        for s in spec.semantics.values() {
+            if let Some(o) = &s.owner {
+                self.err(
+                    SpecError::new(
+                        "owner-partitioned semantics are for context-parallel (DTensor) specs; a domain axis splits into contiguous pieces",
+                        o.source_loc,
+                    )
+                    .semantic(&s.name),
+                );
+            }
+        }
+        for (name, _, t) in spec.tensors() {
+            if let Some(c) = t.coshard.first() {
+                self.err(
+                    SpecError::new(
+                        "co-sharded (block-diagonal) axes are for context-parallel (DTensor) specs",
+                        c.loc,
+                    )
+                    .feature(name)
+                    .axis(c.axis, t.axes.get(c.axis).map_or(String::new(), |a| a.kind.to_string())),
+                );
+            }
+            if let Role::Index(IndexRole {
+                scope: IndexScope::ShardLocal | IndexScope::PaddedGlobal,
+                ..
+            }) = &t.role
+            {
+                self.err(
+                    SpecError::new(
+                        "index remapping (shard_local, padded_global) is for context-parallel (DTensor) specs; use `scope: serial`",
+                        t.role_loc,
+                    )
+                    .feature(name),
+                );
+            }
+            let batch: Vec<usize> = t
+                .axes
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.semantic().and_then(|s| spec.semantics.get(s)).is_some_and(|s| s.batch))
+                .map(|(i, _)| i)
+                .collect();
+            if batch.len() > 1 {
+                let i = batch[1];
+                self.err(
+                    SpecError::new("a feature has at most one batch axis", t.axes[i].loc)
+                        .feature(name)
+                        .axis(i, &t.axes[i].kind),
+                );
+            }
         }
     }
 

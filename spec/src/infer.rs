@@ -40,13 +40,15 @@ impl Split {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inferred {
     pub splits: Vec<Split>,
-    /// Placements on the CP sub-mesh `(cp0, cp1)`.
-    pub placements: [Placement; CP_AXES],
+    /// Placements on the sample mesh (`(cp0, cp1)`, or the domain axes).
+    pub placements: Vec<Placement>,
 }
 
 /// Infers one tensor feature's placement, checking an explicit placement against it.
 pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box<SpecError>> {
     let mut splits = vec![Split::Whole; t.axes.len()];
+    let mesh_axes = spec.mesh.axes();
+    let kind = if spec.mesh.domain.is_some() { "domain" } else { "CP" };
     let mut next_free = 0;
     for (i, axis) in t.axes.iter().enumerate() {
         let sharded = axis
@@ -58,10 +60,10 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
         if !sharded || follower || kept_whole || t.replicated {
             continue;
         }
-        if next_free == CP_AXES {
+        if next_free == mesh_axes {
             return Err(Box::new(SpecError::new(
                 format!(
-                    "more sharded axes than the {CP_AXES} CP mesh axes: no mesh axis is left for this one"
+                    "more sharded axes than the {mesh_axes} {kind} mesh axes: no mesh axis is left for this one"
                 ),
                 axis.loc,
             )
@@ -86,7 +88,7 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
             };
         }
     }
-    let mut placements = [Placement::Replicate; CP_AXES];
+    let mut placements = vec![Placement::Replicate; mesh_axes];
     for (i, s) in splits.iter().enumerate() {
         if let Split::Mesh { mesh_axis } = s {
             placements[*mesh_axis] = Placement::Shard(i);
@@ -126,9 +128,11 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
                 *loc,
             )
             .feature(name);
-            if explicit.len() != CP_AXES {
+            if explicit.len() != mesh_axes {
+                let names: Vec<&str> = spec.mesh.cp.iter().map(|n| n.name.as_str()).collect();
                 e = e.help(format!(
-                    "a CP placement has {CP_AXES} entries, one per mesh axis (cp0, cp1)"
+                    "a placement has {mesh_axes} entries, one per mesh axis ({})",
+                    names.join(", ")
                 ));
             } else if let Some((d, axis)) = explicit.iter().find_map(|p| match p {
                 Placement::Shard(d) => t.axes.get(*d).map(|a| (*d, a)),

@@ -54,11 +54,28 @@ pub struct Source {
 /// The names of the mesh axes. Sizes are chosen at run time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mesh {
-    /// The two context-parallel axes, `(cp0, cp1)`.
-    pub cp: [Named; 2],
-    /// The optional data-parallel axis, prepended to the CP sub-mesh.
+    /// The axes one sample is split over: the two context-parallel axes `(cp0, cp1)`,
+    /// or the one or two axes of a domain-parallel mesh.
+    pub cp: Vec<Named>,
+    /// The optional data-parallel axis, prepended to the sample mesh.
     pub dp: Option<Named>,
+    /// Set for a domain-parallel (PhysicsNeMo ShardTensor) spec.
+    pub domain: Option<Domain>,
     pub loc: Loc,
+}
+
+/// What makes a spec domain-parallel: ShardTensor inputs, possibly uneven shards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Domain {
+    /// Per mesh axis: shards may be uneven (torch.chunk sizes) instead of padded.
+    pub uneven: Vec<bool>,
+}
+
+impl Mesh {
+    /// How many mesh axes split a sample.
+    pub fn axes(&self) -> usize {
+        self.cp.len()
+    }
 }
 
 /// What an axis counts, declared once for the whole spec.
@@ -72,6 +89,8 @@ pub struct Semantic {
     /// Atom window `W` for windowed attention packing (the runtime pads packed axes
     /// to a multiple of `W x cp0`).
     pub window: Option<u32>,
+    /// The per-domain-group batch axis (domain-parallel specs): never sharded, length 1.
+    pub batch: bool,
     pub loc: Loc,
 }
 

@@ -156,33 +156,80 @@ impl Lower {
     }
 
     fn mesh(&mut self, raw: &Spanned<RawMesh>) -> Mesh {
-        let cp = &raw.value.cp;
-        let names: Vec<Named> = cp
-            .value
-            .iter()
-            .map(|n| Named::new(n.value.clone(), loc(n)))
-            .collect();
-        let cp_pair = match <[Named; 2]>::try_from(names) {
-            Ok(pair) => pair,
-            Err(names) => {
+        let names = |axes: &Spanned<Vec<Spanned<String>>>| -> Vec<Named> {
+            axes.value
+                .iter()
+                .map(|n| Named::new(n.value.clone(), loc(n)))
+                .collect()
+        };
+        let fallback = || vec![Named::new("cp0", Loc::UNKNOWN), Named::new("cp1", Loc::UNKNOWN)];
+        let (cp, domain) = match (&raw.value.cp, &raw.value.domain) {
+            (Some(cp), None) => {
+                let axes = names(cp);
+                if axes.len() != 2 {
+                    self.err(
+                        SpecError::new(
+                            format!("the CP mesh has exactly two axes `[cp0, cp1]`, {} given", axes.len()),
+                            loc(cp),
+                        )
+                        .help("a 1D CP mesh is the 2D mesh with cp1 = 1 at run time"),
+                    );
+                    (fallback(), None)
+                } else {
+                    (axes, None)
+                }
+            }
+            (None, Some(domain)) => {
+                let axes = names(domain);
+                if axes.is_empty() || axes.len() > 2 {
+                    self.err(SpecError::new(
+                        format!("a domain mesh has one or two axes, {} given", axes.len()),
+                        loc(domain),
+                    ));
+                    (fallback(), None)
+                } else {
+                    let mut uneven = vec![false; axes.len()];
+                    for u in &raw.value.uneven {
+                        match axes.iter().position(|a| a.name == u.value) {
+                            Some(i) => uneven[i] = true,
+                            None => self.err(
+                                SpecError::new(
+                                    format!("`uneven` names `{}`, which is not a domain axis", u.value),
+                                    loc(u),
+                                )
+                                .help(format!(
+                                    "domain axes: {}",
+                                    axes.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ")
+                                )),
+                            ),
+                        }
+                    }
+                    (axes, Some(Domain { uneven }))
+                }
+            }
+            (Some(_), Some(domain)) => {
                 self.err(
-                    SpecError::new(
-                        format!(
-                            "the CP mesh has exactly two axes `[cp0, cp1]`, {} given",
-                            names.len()
-                        ),
-                        loc(cp),
-                    )
-                    .help("a 1D CP mesh is the 2D mesh with cp1 = 1 at run time"),
+                    SpecError::new("a mesh names either `cp` axes (DTensor) or `domain` axes (ShardTensor), not both", loc(domain)),
                 );
-                [
-                    Named::new("cp0", Loc::UNKNOWN),
-                    Named::new("cp1", Loc::UNKNOWN),
-                ]
+                (fallback(), None)
+            }
+            (None, None) => {
+                self.err(
+                    SpecError::new("the mesh needs `cp: [cp0, cp1]` or `domain: [axis, ...]`", loc(raw)),
+                );
+                (fallback(), None)
             }
         };
+        if domain.is_none() {
+            if let Some(u) = raw.value.uneven.first() {
+                self.err(
+                    SpecError::new("`uneven` applies to `domain` axes; CP shards are always padded", loc(u)),
+                );
+            }
+        }
         Mesh {
-            cp: cp_pair,
+            cp,
+            domain,
             dp: raw
                 .value
                 .dp
@@ -265,6 +312,18 @@ impl Lower {
                     None
                 }
             };
+            if let Some(b) = body.batch.as_ref().filter(|b| b.value) {
+                if body.shard.value {
+                    self.err(
+                        SpecError::new(
+                            "a batch semantic is never sharded: scale the batch over the data-parallel axis",
+                            loc(b),
+                        )
+                        .semantic(&name)
+                        .help("set `shard: false`"),
+                    );
+                }
+            }
             if let Some(w) = &body.window {
                 if w.value == 0 {
                     self.err(SpecError::new("window must be at least 1", loc(w)).semantic(&name));
@@ -277,6 +336,7 @@ impl Lower {
                     sharded: body.shard.value,
                     owner,
                     window: body.window.map(|w| w.value),
+                    batch: body.batch.as_ref().is_some_and(|b| b.value),
                     loc: loc(&key),
                 },
             );

@@ -39,15 +39,48 @@ pub struct Plan {
 #[serde(deny_unknown_fields)]
 pub struct MeshPlan {
     /// Names of the CP mesh axes `(cp0, cp1)`; indices in the plan refer to this order.
-    pub cp: [String; CP_AXES],
+    /// For a domain-parallel spec, its one or two domain axes.
+    pub cp: Vec<String>,
     /// Name of the data-parallel axis, prepended by collate.
     pub dp: Option<String>,
+    /// Set for a domain-parallel (PhysicsNeMo ShardTensor) spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<DomainPlan>,
+}
+
+/// A domain-parallel mesh: inputs become ShardTensors, shards may be uneven.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DomainPlan {
+    /// Per mesh axis: shards are `torch.chunk` pieces (uneven) rather than padded.
+    pub uneven: Vec<bool>,
+}
+
+impl DomainPlan {
+    /// The extent of each of `ranks` shards of an axis of `len` items on an uneven mesh
+    /// axis: `torch.chunk` sizes (`ceil(len / ranks)`, the last one smaller), which is
+    /// how ShardTensor splits a replicated tensor. `None` when a shard would be empty.
+    pub fn chunk_sizes(len: usize, ranks: usize) -> Option<Vec<usize>> {
+        if ranks == 0 || len < ranks {
+            return None;
+        }
+        let chunk = len.div_ceil(ranks);
+        let last = len.checked_sub(chunk * (ranks - 1)).filter(|&n| n > 0)?;
+        Some(
+            std::iter::repeat_n(chunk, ranks - 1)
+                .chain(std::iter::once(last))
+                .collect(),
+        )
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SemanticPlan {
     pub sharded: bool,
+    /// The per-domain-group batch axis of a domain-parallel spec (length 1).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch: bool,
     /// CP mesh axes (0 = cp0, 1 = cp1) that split an axis of this semantic somewhere.
     pub sharded_on: Vec<usize>,
     pub padding: Padding,
@@ -157,6 +190,8 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
 
     let mut features = BTreeMap::new();
     let mut sharded_on: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+    // Domain specs: the first feature (and axis) that splits each semantic, and its mesh axis.
+    let mut first_split: BTreeMap<&str, (&str, usize, usize)> = BTreeMap::new();
     let mut masked_by: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (name, f) in &spec.features {
         let t = match &f.kind {
@@ -178,9 +213,30 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 continue;
             }
         };
-        for (axis, split) in t.axes.iter().zip(&inferred.splits) {
+        for (i, (axis, split)) in t.axes.iter().zip(&inferred.splits).enumerate() {
             if let (Some(s), Some(m)) = (axis.semantic(), split.mesh_axis()) {
                 sharded_on.entry(s).or_default().insert(m);
+                if spec.mesh.domain.is_none() {
+                    continue;
+                }
+                match first_split.get(s) {
+                    Some(&(other, j, m0)) if m0 != m => errors.push(
+                        SpecError::new(
+                            format!(
+                                "`{s}` is split over mesh axis `{}` here but over `{}` in feature `{other}` (axis {j}): their shard boundaries would not line up",
+                                spec.mesh.cp[m].name, spec.mesh.cp[m0].name
+                            ),
+                            axis.loc,
+                        )
+                        .feature(name)
+                        .axis(i, &axis.kind)
+                        .help("order the axes alike in both features, or keep one whole with `replicate_axes`"),
+                    ),
+                    Some(_) => {}
+                    None => {
+                        first_split.insert(s, (name.as_str(), i, m));
+                    }
+                }
             }
         }
         if let Role::Mask { of } = &t.role {
@@ -231,6 +287,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
             let padding = padding(spec, s, &sharded_on);
             let plan = SemanticPlan {
                 sharded: s.sharded,
+                batch: s.batch,
                 sharded_on: own,
                 padding,
                 masked_by: masked_by.remove(s.name.as_str()).unwrap_or_default(),
@@ -245,8 +302,11 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
         module: spec.module.name.clone(),
         source: spec.source.clone(),
         mesh: MeshPlan {
-            cp: [spec.mesh.cp[0].name.clone(), spec.mesh.cp[1].name.clone()],
+            cp: spec.mesh.cp.iter().map(|n| n.name.clone()).collect(),
             dp: spec.mesh.dp.as_ref().map(|d| d.name.clone()),
+            domain: spec.mesh.domain.as_ref().map(|d| DomainPlan {
+                uneven: d.uneven.clone(),
+            }),
         },
         semantics,
         features,
@@ -290,6 +350,14 @@ fn padding(spec: &Spec, s: &Semantic, sharded_on: &BTreeMap<&str, BTreeSet<usize
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    // Uneven domain axes split by chunks: nothing to pad for them.
+    let mesh_axes: Vec<usize> = match &spec.mesh.domain {
+        Some(d) => mesh_axes
+            .into_iter()
+            .filter(|&m| !d.uneven.get(m).copied().unwrap_or(false))
+            .collect(),
+        None => mesh_axes,
+    };
     if mesh_axes.is_empty() {
         return Padding::None;
     }

@@ -41,10 +41,21 @@ pub struct RawSpec {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawMesh {
-    /// The two context-parallel mesh axes, in order: `[cp0, cp1]`.
-    #[schemars(with = "Vec<String>", length(equal = 2))]
-    pub cp: Spanned<Vec<Spanned<String>>>,
-    /// Optional data-parallel axis name, prepended to the CP sub-mesh.
+    /// The two context-parallel mesh axes, in order: `[cp0, cp1]` (DTensor, padded
+    /// even shards). A spec names either `cp` or `domain`.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>", length(equal = 2))]
+    pub cp: Option<Spanned<Vec<Spanned<String>>>>,
+    /// The domain-parallel mesh axes (one or two) of a PhysicsNeMo ShardTensor model.
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>", length(min = 1, max = 2))]
+    pub domain: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Domain axes whose shards may be uneven (ShardTensor chunks); the others are
+    /// padded to even shards.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub uneven: Vec<Spanned<String>>,
+    /// Optional data-parallel axis name (`dp`, or `ddp`), prepended to the sample mesh.
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub dp: Option<Spanned<String>>,
@@ -73,6 +84,11 @@ pub struct RawSemantic {
     #[serde(default)]
     #[schemars(with = "Option<u32>")]
     pub window: Option<Spanned<u32>>,
+    /// The per-domain-group batch axis of a domain-parallel spec: never sharded, and
+    /// of length 1 in every scattered input.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub batch: Option<Spanned<bool>>,
     #[serde(default)]
     pub doc: Option<String>,
 }

@@ -1,0 +1,155 @@
+//! The Python module of a domain-parallel (PhysicsNeMo ShardTensor) spec: placement
+//! tables plus `scatter_inputs` / `gather_outputs` over `scatter_tensor`.
+
+use featshard_spec::infer::Split;
+use featshard_spec::plan::{FeaturePlan, Padding, Plan};
+use serde::Serialize;
+use tera::{Context, Tera};
+
+use crate::python::{py_bool, py_pad, py_placement, py_str, py_tuple};
+use crate::{header_lines, CodegenError};
+
+const MODULE: &str = include_str!("../templates/shard_tensor.py.tera");
+const TESTS: &str = include_str!("../templates/shard_tensor_tests.py.tera");
+
+#[derive(Serialize)]
+struct Ctx {
+    header: String,
+    module: String,
+    sha256: String,
+    domain_axes: String,
+    dp: String,
+    uneven: String,
+    semantics: Vec<SemanticRow>,
+    features: Vec<FeatureRow>,
+    metadata: Vec<String>,
+    workflows: Vec<(String, Vec<String>)>,
+    test_meshes: String,
+}
+
+#[derive(Serialize)]
+struct SemanticRow {
+    name: String,
+    sharded: &'static str,
+    batch: &'static str,
+    pad_mesh_axes: String,
+}
+
+#[derive(Serialize)]
+struct FeatureRow {
+    name: String,
+    placements: String,
+    splits: String,
+    semantics: String,
+    channels: String,
+    dtype: &'static str,
+    pad: String,
+}
+
+fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
+    let domain = plan.mesh.domain.as_ref().ok_or_else(|| {
+        CodegenError(format!("`{}` is not a domain-parallel spec", plan.module))
+    })?;
+    let header = header_lines(plan)
+        .iter()
+        .map(|l| format!("# {l}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let semantics = plan
+        .semantics
+        .iter()
+        .map(|(name, s)| SemanticRow {
+            name: name.clone(),
+            sharded: py_bool(s.sharded),
+            batch: py_bool(s.batch),
+            pad_mesh_axes: py_tuple(
+                match &s.padding {
+                    Padding::Multiple { mesh_axes } => mesh_axes.clone(),
+                    _ => Vec::new(),
+                }
+                .iter()
+                .map(ToString::to_string),
+            ),
+        })
+        .collect();
+    let mut features = Vec::new();
+    let mut metadata = Vec::new();
+    for (name, f) in &plan.features {
+        let FeaturePlan::Tensor(t) = f else {
+            metadata.push(name.clone());
+            continue;
+        };
+        features.push(FeatureRow {
+            name: name.clone(),
+            placements: py_tuple(t.placements.iter().map(py_placement)),
+            splits: py_tuple(t.axes.iter().map(|a| match a.split {
+                Split::Mesh { mesh_axis } | Split::Follows { mesh_axis, .. } => {
+                    mesh_axis.to_string()
+                }
+                Split::Whole => "None".to_owned(),
+            })),
+            semantics: py_tuple(
+                t.axes
+                    .iter()
+                    .map(|a| a.semantic.as_deref().map_or("None".into(), py_str)),
+            ),
+            channels: py_tuple(
+                t.axes
+                    .iter()
+                    .map(|a| a.size.map_or("None".into(), |n| n.to_string())),
+            ),
+            dtype: t.dtype.name(),
+            pad: py_pad(t.pad_value),
+        });
+    }
+    // The generated test: uneven shards on 3 ranks, and ddp x domain on 4 ranks.
+    let n = plan.mesh.cp.len();
+    let one = |first: usize| {
+        let mut v = vec![1usize; n];
+        v[0] = first;
+        py_tuple(v.iter().map(ToString::to_string))
+    };
+    let test_meshes = format!("[(1, {}), (2, {})]", one(3), one(2));
+    Ok(Ctx {
+        header,
+        module: plan.module.clone(),
+        sha256: plan.source.sha256.clone(),
+        domain_axes: py_tuple(plan.mesh.cp.iter().map(|a| py_str(a))),
+        dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
+        uneven: py_tuple(domain.uneven.iter().map(|&u| py_bool(u).to_owned())),
+        semantics,
+        features,
+        metadata,
+        workflows: plan
+            .workflows
+            .iter()
+            .map(|(w, fs)| (w.clone(), fs.clone()))
+            .collect(),
+        test_meshes,
+    })
+}
+
+fn render(name: &str, template: &str, plan: &Plan) -> Result<String, CodegenError> {
+    let mut tera = Tera::default();
+    tera.autoescape_on(vec![]);
+    tera.add_raw_template(name, template)
+        .map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
+    let ctx = Context::from_serialize(context(plan)?).map_err(|e| CodegenError(e.to_string()))?;
+    let mut out = tera
+        .render(name, &ctx)
+        .map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// `<module>.py` of a domain-parallel spec.
+pub fn shard_tensor_module(plan: &Plan) -> Result<String, CodegenError> {
+    render("shard_tensor.py", MODULE, plan)
+}
+
+/// The gloo parity test of a domain-parallel spec (`generate --tests`).
+pub fn shard_tensor_tests(plan: &Plan) -> Result<String, CodegenError> {
+    render("shard_tensor_tests.py", TESTS, plan)
+}

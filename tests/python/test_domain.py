@@ -1,0 +1,133 @@
+"""Domain-parallel specs (PhysicsNeMo ShardTensor): the generated module of the weather
+and point-cloud examples, its validation errors, and its generated gloo parity test."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from conftest import ROOT, featshard_bin
+from test_generated import tool
+
+EXAMPLES = ["weather", "pointcloud"]
+
+
+@pytest.fixture(scope="module")
+def domain_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("domain")
+    for name in EXAMPLES:
+        subprocess.run(
+            [str(featshard_bin()), "generate", str(ROOT / "examples" / f"{name}.yaml"), "--out", str(out), "--tests"],
+            check=True, capture_output=True,
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def weather(domain_dir: Path) -> ModuleType:
+    sys.path.insert(0, str(domain_dir))
+    return importlib.import_module("weather_placements")
+
+
+def weather_inputs(h: int = 7, batch: int = 1) -> dict[str, torch.Tensor]:
+    return {
+        "state": torch.randn(batch, 26, h, 12),
+        "forcing": torch.randn(batch, 4, h, 12),
+        "land_sea_mask": torch.ones(h, 12),
+        "target": torch.randn(batch, 26, h, 12),
+        "lead_time": torch.tensor([6] * batch),
+    }
+
+
+def test_generate_writes_the_module_the_plan_and_the_test(domain_dir: Path) -> None:
+    names = sorted(p.name for p in domain_dir.iterdir() if p.suffix in (".py", ".json"))
+    assert names == [
+        "pointcloud_placements.plan.json", "pointcloud_placements.py",
+        "test_pointcloud_placements_parity.py", "test_weather_placements_parity.py",
+        "weather_placements.plan.json", "weather_placements.py",
+    ]
+    plan = json.loads((domain_dir / "weather_placements.plan.json").read_text())
+    assert plan["mesh"] == {"cp": ["domain"], "dp": "ddp", "domain": {"uneven": [True]}}
+
+
+def test_placements_follow_the_axis_semantics(weather: ModuleType) -> None:
+    from torch.distributed.tensor import Replicate, Shard
+
+    assert weather.PLACEMENTS["state"] == (Shard(2),)          # [B, C, H, W]: H over domain
+    assert weather.PLACEMENTS["land_sea_mask"] == (Shard(0),)
+    assert weather.PLACEMENTS["target"] == (Replicate(),)      # labels replicated
+    assert weather.PLACEMENTS["lead_time"] == (Replicate(),)
+
+
+def test_planned_uneven_shapes_are_torch_chunk_pieces(weather: ModuleType) -> None:
+    for ranks in range(1, 6):
+        for n in range(ranks, 40):
+            pieces = [int(c.shape[0]) for c in torch.chunk(torch.empty(n), ranks)]
+            if len(pieces) < ranks:
+                with pytest.raises(ValueError, match="empty"):
+                    weather.chunk_sizes(n, ranks)
+            else:
+                assert weather.chunk_sizes(n, ranks) == pieces
+    assert weather.local_shape("state", (1, 26, 7, 12), (3,), (2,)) == (1, 26, 1, 12)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda x: x.update(state=torch.randn(2, 26, 7, 12)),
+         "feature `state`, axis 0 (batch): the per-domain-group batch size must be 1, got 2"),
+        (lambda x: x.update(forcing=torch.randn(1, 4, 8, 12)),
+         "feature `land_sea_mask`, axis 0 (lat): length 7, but feature `forcing` has lat length 8"),
+        (lambda x: x.update({k: v.narrow(-2 if v.dim() > 2 else 0, 0, 2) for k, v in x.items() if k != "lead_time"}),
+         "feature `forcing`, axis 2 (lat): 2 items over 3 ranks would leave a shard empty on mesh axis `domain`"),
+        (lambda x: x.update(state=torch.randn(1, 25, 7, 12)),
+         "feature `state`, axis 1 (channel): expected size 26, got 25"),
+        (lambda x: x.pop("forcing"), "feature `forcing`: missing from the inputs"),
+    ],
+    ids=["batch_not_1", "lengths_differ", "empty_shards", "channels", "missing"],
+)
+def test_inputs_that_cannot_be_scattered_are_named(weather: ModuleType, change, message: str) -> None:  # type: ignore[no-untyped-def]
+    inputs = weather_inputs()
+    change(inputs)
+    with pytest.raises(weather.FeatureDistributionError) as e:
+        weather.check_inputs(inputs, (3,))
+    assert message in str(e.value)
+
+
+def test_generated_domain_python_passes_ruff_and_mypy(domain_dir: Path) -> None:
+    files = [str(p) for p in sorted(domain_dir.glob("*.py"))]
+    r = subprocess.run([tool("ruff"), "check", "--no-cache", *files],
+                       capture_output=True, text=True, cwd=domain_dir, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for f in files:
+        r = subprocess.run([tool("mypy"), "--strict", "--no-incremental", f],
+                           capture_output=True, text=True, cwd=domain_dir, check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_generated_shard_tensor_parity_test_passes(domain_dir: Path, name: str) -> None:
+    """The generated test: 3 gloo ranks (uneven shards) and ddp 2 x domain 2; scatter and
+    gather give back the serial inputs, planned local shapes equal ShardTensor's own."""
+    test = domain_dir / f"test_{name}_placements_parity.py"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        capture_output=True, text=True, cwd=domain_dir, check=False,
+    )
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "2 passed" in r.stdout, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_domain_examples_validate_against_the_json_schema(name: str) -> None:
+    import jsonschema
+    import yaml
+
+    schema = json.loads(subprocess.run([str(featshard_bin()), "schema"], capture_output=True, check=True).stdout)
+    jsonschema.validate(yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text()), schema)
