@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use featshard_codegen::GeneratedFile;
 use featshard_spec::infer::CP_AXES;
-use featshard_spec::plan::{FeaturePlan, Lengths, Padding, Plan, TensorPlan};
+use featshard_spec::plan::{
+    DomainPlan, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, TensorPlan,
+};
 use featshard_spec::{Diagnostics, Spec};
 
 /// A command failure and the exit code it maps to.
@@ -185,10 +187,15 @@ pub fn explain(
         None => None,
         Some(given) => {
             let l = explain_lengths(&plan, given, &mut notes)?;
-            Some(
-                plan.resolve(mesh, &l, workflow)
-                    .map_err(|e| Failure::Other(format!("{e} (pass it with --lengths)")))?,
-            )
+            Some(plan.resolve(mesh, &l, workflow).map_err(|e| {
+                let hint = match e {
+                    featshard_spec::plan::ResolveError::MissingLength { .. } => {
+                        " (pass it with --lengths)"
+                    }
+                    _ => "",
+                };
+                Failure::Other(format!("{e}{hint}"))
+            })?)
         }
     };
     match view {
@@ -248,7 +255,7 @@ pub fn explain(
         let (global, local) = match &resolved {
             Some(r) => {
                 let s = &r.features[name];
-                (shape(&s.global_shape), shape(&s.local_shape))
+                (shape(&s.global_shape), local_text(&plan, t, s, mesh))
             }
             None => symbolic_shapes(&plan, t, mesh),
         };
@@ -265,11 +272,16 @@ pub fn explain(
         ]);
     }
     let mut out = format!(
-        "mesh ({}) = ({}, {}): {} CP ranks{}\n\n",
+        "mesh ({}) = ({}, {}): {} {} ranks{}\n\n",
         plan.mesh.cp.join(", "),
         mesh[0],
         mesh[1],
         mesh[0] * mesh[1],
+        if plan.mesh.domain.is_some() {
+            "domain"
+        } else {
+            "CP"
+        },
         workflow
             .map(|w| format!(", workflow {w}"))
             .unwrap_or_default()
@@ -285,6 +297,33 @@ pub fn explain(
         let _ = writeln!(out, "note: {n}");
     }
     Ok(out)
+}
+
+/// A local shape; an uneven domain axis lists every rank's extent (`3|3|1`).
+fn local_text(plan: &Plan, t: &TensorPlan, s: &FeatureShapes, mesh: [usize; 2]) -> String {
+    let Some(domain) = &plan.mesh.domain else {
+        return shape(&s.local_shape);
+    };
+    let dims: Vec<String> = t
+        .axes
+        .iter()
+        .enumerate()
+        .map(|(d, a)| match a.split.mesh_axis() {
+            Some(m) if domain.uneven.get(m).copied().unwrap_or(false) => {
+                DomainPlan::chunk_sizes(s.global_shape[d], mesh[m]).map_or_else(
+                    || s.local_shape[d].to_string(),
+                    |v| {
+                        v.iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join("|")
+                    },
+                )
+            }
+            _ => s.local_shape[d].to_string(),
+        })
+        .collect();
+    format!("[{}]", dims.join(", "))
 }
 
 fn explain_lengths(

@@ -47,9 +47,10 @@ struct FeatureRow {
 }
 
 fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
-    let domain = plan.mesh.domain.as_ref().ok_or_else(|| {
-        CodegenError(format!("`{}` is not a domain-parallel spec", plan.module))
-    })?;
+    let domain =
+        plan.mesh.domain.as_ref().ok_or_else(|| {
+            CodegenError(format!("`{}` is not a domain-parallel spec", plan.module))
+        })?;
     let header = header_lines(plan)
         .iter()
         .map(|l| format!("# {l}"))

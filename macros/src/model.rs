@@ -436,6 +436,16 @@ fn from_spec_file(
             return None;
         }
     };
+    if spec.mesh.domain.is_some() {
+        errors.push(syn::Error::new(
+            path.span,
+            format!(
+                "{} is a domain-parallel (ShardTensor) spec; `#[derive(Features)]` describes context-parallel (DTensor) structs: use the generated Python module",
+                path.value
+            ),
+        ));
+        return None;
+    }
     if let Some(w) = &sattrs.workflow {
         match spec.for_workflow(&w.value) {
             Some(s) => spec = s,

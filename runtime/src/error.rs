@@ -84,6 +84,10 @@ pub enum RuntimeError {
         path: String,
         message: String,
     },
+    /// A plan this runtime does not execute.
+    Unsupported {
+        message: String,
+    },
 }
 
 impl fmt::Display for RuntimeError {
@@ -129,6 +133,7 @@ impl fmt::Display for RuntimeError {
             Blocks { feature, message } => write!(f, "feature `{feature}`: {message}"),
             Torch { feature, message } => write!(f, "feature `{feature}`: torch: {message}"),
             Io { path, message } => write!(f, "{path}: {message}"),
+            Unsupported { message } => write!(f, "{message}"),
         }
     }
 }

@@ -39,6 +39,14 @@ pub struct Checked {
 /// Checks a sample: every feature present, no unknown ones, ranks, dtypes, channel
 /// sizes, equal lengths per semantic, ownership data and index ranges.
 pub fn check(plan: &Plan, features: &Features, opts: &Options) -> Result<Checked, RuntimeError> {
+    if plan.mesh.domain.is_some() {
+        return Err(RuntimeError::Unsupported {
+            message: format!(
+                "`{}` is a domain-parallel (ShardTensor) plan: its generated Python module scatters it; this runtime shards CP (DTensor) plans",
+                plan.module
+            ),
+        });
+    }
     let wanted: BTreeSet<&str> = plan
         .feature_names(opts.workflow.as_deref())?
         .into_iter()

@@ -200,3 +200,16 @@ fn a_map_entry_outside_its_diagonal_block() {
         "feature `atom_to_token`, axis 1 (tokens): nonzero entries outside the diagonal blocks; each item must point at an item of its own shard"
     );
 }
+
+#[test]
+fn a_domain_parallel_plan_is_refused() {
+    let path =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/weather.yaml");
+    let (_, plan) = featshard_spec::compile_file(&path).unwrap();
+    let e = featshard_runtime::pad(&plan, [3, 1], &Default::default(), &Default::default())
+        .unwrap_err();
+    assert!(
+        matches!(&e, RuntimeError::Unsupported { message } if message.contains("`weather_placements` is a domain-parallel (ShardTensor) plan")),
+        "{e}"
+    );
+}

@@ -154,7 +154,12 @@ impl Checker<'_> {
                         c.loc,
                     )
                     .feature(name)
-                    .axis(c.axis, t.axes.get(c.axis).map_or(String::new(), |a| a.kind.to_string())),
+                    .axis(
+                        c.axis,
+                        t.axes
+                            .get(c.axis)
+                            .map_or(String::new(), |a| a.kind.to_string()),
+                    ),
                 );
             }
             if let Role::Index(IndexRole {
@@ -174,7 +179,11 @@ impl Checker<'_> {
                 .axes
                 .iter()
                 .enumerate()
-                .filter(|(_, a)| a.semantic().and_then(|s| spec.semantics.get(s)).is_some_and(|s| s.batch))
+                .filter(|(_, a)| {
+                    a.semantic()
+                        .and_then(|s| spec.semantics.get(s))
+                        .is_some_and(|s| s.batch)
+                })
                 .map(|(i, _)| i)
                 .collect();
             if batch.len() > 1 {

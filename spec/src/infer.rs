@@ -48,7 +48,11 @@ pub struct Inferred {
 pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box<SpecError>> {
     let mut splits = vec![Split::Whole; t.axes.len()];
     let mesh_axes = spec.mesh.axes();
-    let kind = if spec.mesh.domain.is_some() { "domain" } else { "CP" };
+    let kind = if spec.mesh.domain.is_some() {
+        "domain"
+    } else {
+        "CP"
+    };
     let mut next_free = 0;
     for (i, axis) in t.axes.iter().enumerate() {
         let sharded = axis

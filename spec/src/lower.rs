@@ -162,14 +162,22 @@ impl Lower {
                 .map(|n| Named::new(n.value.clone(), loc(n)))
                 .collect()
         };
-        let fallback = || vec![Named::new("cp0", Loc::UNKNOWN), Named::new("cp1", Loc::UNKNOWN)];
+        let fallback = || {
+            vec![
+                Named::new("cp0", Loc::UNKNOWN),
+                Named::new("cp1", Loc::UNKNOWN),
+            ]
+        };
         let (cp, domain) = match (&raw.value.cp, &raw.value.domain) {
             (Some(cp), None) => {
                 let axes = names(cp);
                 if axes.len() != 2 {
                     self.err(
                         SpecError::new(
-                            format!("the CP mesh has exactly two axes `[cp0, cp1]`, {} given", axes.len()),
+                            format!(
+                                "the CP mesh has exactly two axes `[cp0, cp1]`, {} given",
+                                axes.len()
+                            ),
                             loc(cp),
                         )
                         .help("a 1D CP mesh is the 2D mesh with cp1 = 1 at run time"),
@@ -194,12 +202,18 @@ impl Lower {
                             Some(i) => uneven[i] = true,
                             None => self.err(
                                 SpecError::new(
-                                    format!("`uneven` names `{}`, which is not a domain axis", u.value),
+                                    format!(
+                                        "`uneven` names `{}`, which is not a domain axis",
+                                        u.value
+                                    ),
                                     loc(u),
                                 )
                                 .help(format!(
                                     "domain axes: {}",
-                                    axes.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ")
+                                    axes.iter()
+                                        .map(|a| a.name.as_str())
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
                                 )),
                             ),
                         }
@@ -214,17 +228,19 @@ impl Lower {
                 (fallback(), None)
             }
             (None, None) => {
-                self.err(
-                    SpecError::new("the mesh needs `cp: [cp0, cp1]` or `domain: [axis, ...]`", loc(raw)),
-                );
+                self.err(SpecError::new(
+                    "the mesh needs `cp: [cp0, cp1]` or `domain: [axis, ...]`",
+                    loc(raw),
+                ));
                 (fallback(), None)
             }
         };
         if domain.is_none() {
             if let Some(u) = raw.value.uneven.first() {
-                self.err(
-                    SpecError::new("`uneven` applies to `domain` axes; CP shards are always padded", loc(u)),
-                );
+                self.err(SpecError::new(
+                    "`uneven` applies to `domain` axes; CP shards are always padded",
+                    loc(u),
+                ));
             }
         }
         Mesh {

@@ -466,6 +466,14 @@ pub enum ResolveError {
         index: usize,
         len: usize,
     },
+    /// An uneven domain axis too short for its ranks: a shard would be empty.
+    EmptyShard {
+        feature: String,
+        axis: usize,
+        semantic: String,
+        len: usize,
+        ranks: usize,
+    },
 }
 
 impl fmt::Display for ResolveError {
@@ -492,6 +500,10 @@ impl fmt::Display for ResolveError {
             ResolveError::OwnerOutOfRange { semantic, owner, index, len } => write!(
                 f,
                 "semantic `{semantic}`: an item is owned by `{owner}` {index}, but `{owner}` has length {len}"
+            ),
+            ResolveError::EmptyShard { feature, axis, semantic, len, ranks } => write!(
+                f,
+                "feature `{feature}`, axis {axis} ({semantic}): {len} items over {ranks} ranks would leave a shard empty"
             ),
         }
     }
@@ -777,8 +789,28 @@ impl Plan {
                     }
                     (None, None) => (0, 0),
                 };
+                let uneven = |m: usize| {
+                    self.mesh
+                        .domain
+                        .as_ref()
+                        .is_some_and(|d| d.uneven.get(m).copied().unwrap_or(false))
+                };
                 let (global, local) = match a.split {
                     Split::Whole => (full, full),
+                    // Uneven shards differ per rank; the largest (the first) is shown.
+                    Split::Mesh { mesh_axis } if uneven(mesh_axis) => {
+                        let ranks = mesh[mesh_axis];
+                        let sizes = DomainPlan::chunk_sizes(full, ranks).ok_or_else(|| {
+                            ResolveError::EmptyShard {
+                                feature: name.to_owned(),
+                                axis: i,
+                                semantic: a.semantic.clone().unwrap_or_default(),
+                                len: full,
+                                ranks,
+                            }
+                        })?;
+                        (full, sizes[0])
+                    }
                     Split::Mesh { mesh_axis } => (full, full / mesh[mesh_axis]),
                     Split::Follows { mesh_axis, .. } => {
                         let block = full / mesh[mesh_axis];

@@ -1,0 +1,293 @@
+//! Domain-parallel (ShardTensor) specs: the same inference as CP specs, and the
+//! validation of what domain-parallel users get wrong, each at its YAML line:col.
+
+use featshard_spec::compile_str;
+use featshard_spec::ir::Placement;
+use featshard_spec::plan::{DomainPlan, FeaturePlan, Padding};
+
+/// Lines 1-11; features start on line 12.
+const BASE: &str = "\
+version: 1
+module: field
+mesh:
+  domain: [domain]
+  uneven: [domain]
+  dp: ddp
+semantics:
+  batch: {shard: false, batch: true}
+  height: {shard: true}
+  width: {shard: false}
+features:
+";
+
+fn errors_of(text: &str) -> String {
+    match compile_str("spec.yaml", text) {
+        Ok(_) => panic!("spec was accepted:\n{text}"),
+        Err(d) => d.render_plain(),
+    }
+}
+
+fn assert_error(text: &str, needles: &[&str]) {
+    let rendered = errors_of(text);
+    assert!(
+        rendered
+            .lines()
+            .any(|line| needles.iter().all(|n| line.contains(n))),
+        "no error line holds all of {needles:?}; errors were:\n{rendered}"
+    );
+}
+
+fn placements(text: &str, name: &str) -> Vec<Placement> {
+    let (_, plan) =
+        compile_str("spec.yaml", text).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    match &plan.features[name] {
+        FeaturePlan::Tensor(t) => t.placements.clone(),
+        FeaturePlan::Metadata { .. } => panic!("{name} is metadata"),
+    }
+}
+
+#[test]
+fn bchw_shards_h_over_the_domain_axis_and_labels_replicate() {
+    let text = format!(
+        "{BASE}  x: {{axes: [batch, 4, height, width], dtype: float32}}\n  y: {{axes: [batch, 4, height, width], dtype: float32, replicated: true}}\n"
+    );
+    assert_eq!(placements(&text, "x"), vec![Placement::Shard(2)]);
+    assert_eq!(placements(&text, "y"), vec![Placement::Replicate]);
+    let (_, plan) = compile_str("spec.yaml", &text).unwrap();
+    assert_eq!(plan.mesh.cp, vec!["domain".to_owned()]);
+    assert_eq!(plan.mesh.domain.as_ref().unwrap().uneven, vec![true]);
+    // Uneven axes are not padded; the batch semantic is marked.
+    assert_eq!(plan.semantics["height"].padding, Padding::None);
+    assert!(plan.semantics["batch"].batch);
+}
+
+#[test]
+fn an_even_domain_axis_pads_to_a_multiple() {
+    let text = BASE.replace("  uneven: [domain]\n", "")
+        + "  x: {axes: [batch, height, width], dtype: float32}\n";
+    let (_, plan) = compile_str("spec.yaml", &text).unwrap();
+    assert_eq!(
+        plan.semantics["height"].padding,
+        Padding::Multiple { mesh_axes: vec![0] }
+    );
+}
+
+#[test]
+fn a_2d_domain_mesh_tiles_two_spatial_axes() {
+    let text = "\
+version: 1
+module: volume
+mesh:
+  domain: [dx, dy]
+  uneven: [dx, dy]
+semantics:
+  batch: {shard: false, batch: true}
+  lon: {shard: true}
+  lat: {shard: true}
+features:
+  u: {axes: [batch, lon, lat, 3], dtype: float32}
+";
+    assert_eq!(
+        placements(text, "u"),
+        vec![Placement::Shard(1), Placement::Shard(2)]
+    );
+}
+
+#[test]
+fn more_sharded_axes_than_domain_axes() {
+    let text = BASE.replace("width: {shard: false}", "width: {shard: true}")
+        + "  x: {axes: [batch, height, width], dtype: float32}\n";
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:12:",
+            "feature `x`, axis 2 (width)",
+            "the 1 domain mesh axes",
+        ],
+    );
+}
+
+#[test]
+fn split_boundaries_that_would_not_line_up() {
+    // `height` is the first sharded axis of `a` (mesh axis dx) but the second of `b`
+    // (mesh axis dy): their shards of `height` would not coincide.
+    let text = "\
+version: 1
+module: volume
+mesh:
+  domain: [dx, dy]
+semantics:
+  batch: {shard: false, batch: true}
+  height: {shard: true}
+  width: {shard: true}
+features:
+  a: {axes: [batch, height, width], dtype: float32}
+  b: {axes: [batch, width, height], dtype: float32}
+";
+    assert_error(
+        text,
+        &[
+            "spec.yaml:11:",
+            "feature `b`",
+            "`height` is split over mesh axis `dy` here but over `dx` in feature `a`",
+        ],
+    );
+}
+
+#[test]
+fn a_sharded_batch_axis() {
+    let text = BASE.replace(
+        "batch: {shard: false, batch: true}",
+        "batch: {shard: true, batch: true}",
+    ) + "  x: {axes: [batch, height], dtype: float32}\n";
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:8:",
+            "semantic `batch`",
+            "a batch semantic is never sharded",
+        ],
+    );
+}
+
+#[test]
+fn two_batch_axes() {
+    let text = format!("{BASE}  x: {{axes: [batch, height, batch], dtype: float32}}\n");
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:12:",
+            "feature `x`, axis 2 (batch)",
+            "at most one batch axis",
+        ],
+    );
+}
+
+#[test]
+fn uneven_names_an_unknown_axis() {
+    let text = BASE.replace("uneven: [domain]", "uneven: [domian]")
+        + "  x: {axes: [height], dtype: float32}\n";
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:5:",
+            "`uneven` names `domian`, which is not a domain axis",
+        ],
+    );
+}
+
+#[test]
+fn cp_and_domain_together() {
+    let text = BASE
+        .replace(
+            "  domain: [domain]\n",
+            "  domain: [domain]\n  cp: [cp0, cp1]\n",
+        )
+        .replace("  uneven: [domain]\n", "")
+        + "  x: {axes: [height], dtype: float32}\n";
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:4:",
+            "either `cp` axes (DTensor) or `domain` axes (ShardTensor)",
+        ],
+    );
+}
+
+#[test]
+fn three_domain_axes() {
+    let text = BASE
+        .replace("domain: [domain]", "domain: [a, b, c]")
+        .replace("uneven: [domain]", "uneven: []")
+        + "  x: {axes: [height], dtype: float32}\n";
+    assert_error(
+        &text,
+        &["spec.yaml:4:", "a domain mesh has one or two axes, 3 given"],
+    );
+}
+
+#[test]
+fn cp_only_constructs_in_a_domain_spec() {
+    let owner = BASE.replace(
+        "  width: {shard: false}\n",
+        "  width: {shard: false}\n  cells: {shard: true, owner: height, counts: n}\n",
+    ) + "  n: {axes: [height], dtype: int64}\n";
+    assert_error(
+        &owner,
+        &[
+            "spec.yaml:11:",
+            "semantic `cells`",
+            "owner-partitioned semantics are for context-parallel",
+        ],
+    );
+    let index = format!(
+        "{BASE}  i: {{axes: [height], dtype: int64, index: {{of: height, scope: shard_local}}}}\n"
+    );
+    assert_error(&index, &["spec.yaml:12:", "feature `i`", "index remapping"]);
+}
+
+#[test]
+fn batch_in_a_cp_spec() {
+    let text = "\
+version: 1
+module: demo
+mesh:
+  cp: [cp0, cp1]
+semantics:
+  batch: {shard: false, batch: true}
+  tokens: {shard: true}
+features:
+  x: {axes: [tokens], dtype: float32}
+";
+    assert_error(
+        text,
+        &[
+            "spec.yaml:6:",
+            "semantic `batch`",
+            "`batch: true` declares the per-domain-group batch axis",
+        ],
+    );
+}
+
+#[test]
+fn uneven_in_a_cp_spec() {
+    let text = "\
+version: 1
+module: demo
+mesh:
+  cp: [cp0, cp1]
+  uneven: [cp0]
+semantics:
+  tokens: {shard: true}
+features:
+  x: {axes: [tokens], dtype: float32}
+";
+    assert_error(text, &["spec.yaml:5:", "`uneven` applies to `domain` axes"]);
+}
+
+#[test]
+fn chunk_sizes_are_torch_chunk_pieces_or_none_when_a_shard_is_empty() {
+    assert_eq!(DomainPlan::chunk_sizes(7, 3), Some(vec![3, 3, 1]));
+    assert_eq!(DomainPlan::chunk_sizes(8, 4), Some(vec![2, 2, 2, 2]));
+    assert_eq!(DomainPlan::chunk_sizes(5, 4), None); // chunks of 2: 2, 2, 1, -
+    assert_eq!(DomainPlan::chunk_sizes(2, 3), None);
+    for ranks in 1..8 {
+        for len in 0..50 {
+            if let Some(v) = DomainPlan::chunk_sizes(len, ranks) {
+                assert_eq!(v.iter().sum::<usize>(), len);
+                assert_eq!(v.len(), ranks);
+                assert!(v.iter().all(|&n| n > 0));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_examples_compile() {
+    for name in ["weather", "pointcloud"] {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("examples/{name}.yaml"));
+        featshard_spec::compile_file(&path)
+            .unwrap_or_else(|d| panic!("{name}: {}", d.render_plain()));
+    }
+}
