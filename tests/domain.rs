@@ -284,7 +284,7 @@ fn chunk_sizes_are_torch_chunk_pieces_or_none_when_a_shard_is_empty() {
 
 #[test]
 fn the_examples_compile() {
-    for name in ["weather", "pointcloud"] {
+    for name in ["weather", "pointcloud", "volume"] {
         let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join(format!("examples/{name}.yaml"));
         featshard_spec::compile_file(&path)

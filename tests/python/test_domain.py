@@ -15,7 +15,7 @@ import torch
 from conftest import ROOT, featshard_bin
 from test_generated import tool
 
-EXAMPLES = ["weather", "pointcloud"]
+EXAMPLES = ["weather", "pointcloud", "volume"]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,9 @@ def test_generate_writes_the_module_the_plan_and_the_test(domain_dir: Path) -> N
     names = sorted(p.name for p in domain_dir.iterdir() if p.suffix in (".py", ".json"))
     assert names == [
         "pointcloud_placements.plan.json", "pointcloud_placements.py",
-        "test_pointcloud_placements_parity.py", "test_weather_placements_parity.py",
+        "test_pointcloud_placements_parity.py", "test_volume_placements_parity.py",
+        "test_weather_placements_parity.py",
+        "volume_placements.plan.json", "volume_placements.py",
         "weather_placements.plan.json", "weather_placements.py",
     ]
     plan = json.loads((domain_dir / "weather_placements.plan.json").read_text())
