@@ -10,7 +10,8 @@
 //! - distribute, sample prepared: header broadcast + the same scatter + the world's
 //!   status agreement + unpacking into typed views (what a prefetching loader pays
 //!   per step once the next sample is prepared in the background).
-//! - distribute from the serial sample: validation and padding on the source too.
+//! - distribute from the serial sample: validation, padding and the per-rank layout on
+//!   the source too (into send buffers reused from sample to sample, as the loader does).
 //! - loader, 4 samples: the sharded loader with prefetch, against 4 raw scatters.
 
 mod common;
@@ -20,8 +21,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use featshard_runtime::dist::{
-    distribute, prepare, GroupOptions, LoaderOptions, Mesh, Rendezvous, SerialDataset,
-    ShardedLoader,
+    distribute, prepare_with, BufferPool, GroupOptions, LoaderOptions, Mesh, Rendezvous,
+    SerialDataset, ShardedLoader,
 };
 use featshard_runtime::{Features, Options};
 use tch::{Device, Kind, Tensor};
@@ -90,11 +91,13 @@ fn main() {
                 let source = mesh.is_source();
                 let mut times = Times::default();
                 let sync = || mesh.world().barrier().expect("barrier");
+                // The source reuses its send buffers, as the loader does.
+                let pool = BufferPool::new(2 * world);
+                let prepare = |s: &featshard_runtime::Features| {
+                    prepare_with(&plan, CP, &opts, 0, s, Some(&pool)).expect("prepare")
+                };
                 // The raw scatter's bytes: as many as each rank's featshard buffer.
-                let probe = source.then(|| {
-                    let s = dataset.get(0).expect("sample");
-                    prepare(&plan, CP, &opts, 0, &s).expect("prepare")
-                });
+                let probe = source.then(|| prepare(&dataset.get(0).expect("sample")));
                 let local = distribute(&mesh, probe.map(Ok)).expect("distribute");
                 let per_rank: usize = local
                     .blocks
@@ -126,10 +129,7 @@ fn main() {
                 for _ in 0..RUNS {
                     times.raw.push(raw(1));
                     // Prepared beforehand, as a prefetching loader has it.
-                    let ready = source.then(|| {
-                        let s = dataset.get(0).expect("sample");
-                        prepare(&plan, CP, &opts, 0, &s).expect("prepare")
-                    });
+                    let ready = source.then(|| prepare(&dataset.get(0).expect("sample")));
                     sync();
                     let start = Instant::now();
                     let local = distribute(&mesh, ready.map(Ok)).expect("distribute");
@@ -138,10 +138,7 @@ fn main() {
                     drop(local);
                     sync();
                     let start = Instant::now();
-                    let ready = source.then(|| {
-                        let s = dataset.get(0).expect("sample");
-                        Ok(prepare(&plan, CP, &opts, 0, &s).expect("prepare"))
-                    });
+                    let ready = source.then(|| Ok(prepare(&dataset.get(0).expect("sample"))));
                     let local = distribute(&mesh, ready).expect("distribute");
                     sync();
                     times.serial.push(start.elapsed());

@@ -3,6 +3,7 @@
 //! on the outcome, so that a failure anywhere is the same error everywhere.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use featshard_spec::infer::CP_AXES;
 use featshard_spec::ir::DType;
@@ -23,6 +24,54 @@ use crate::shard::{DTensorMeta, LocalBlock};
 pub struct Prepared {
     header: Header,
     buffers: Vec<Tensor>,
+    /// Where the buffers go back once scattered (their full, unnarrowed tensors).
+    recycle: Option<(BufferPool, Vec<Tensor>)>,
+}
+
+/// Send buffers a source reuses from sample to sample. Filling memory the process
+/// already touched costs a fraction of first-touch memory (page faults; on a VM,
+/// backing by the host), and a sample's buffers are as large as the sample.
+#[derive(Clone, Debug, Default)]
+pub struct BufferPool {
+    free: Arc<Mutex<Vec<Tensor>>>,
+    /// Buffers kept at most; more are freed.
+    cap: usize,
+}
+
+impl BufferPool {
+    /// A pool that keeps at most `cap` buffers.
+    pub fn new(cap: usize) -> BufferPool {
+        BufferPool {
+            free: Arc::default(),
+            cap,
+        }
+    }
+
+    /// A buffer of at least `bytes` (the smallest that fits), or a new one.
+    fn take(&self, bytes: usize) -> Result<Tensor, tch::TchError> {
+        let found = self.free.lock().ok().and_then(|mut free| {
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.numel() >= bytes)
+                .min_by_key(|(_, t)| t.numel())
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        });
+        match found {
+            Some(t) => Ok(t),
+            None => Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu)),
+        }
+    }
+
+    fn give(&self, buffers: Vec<Tensor>) {
+        if let Ok(mut free) = self.free.lock() {
+            free.extend(buffers);
+            // Keep the largest: they fit the most samples.
+            free.sort_by_key(|t| std::cmp::Reverse(t.numel()));
+            free.truncate(self.cap);
+        }
+    }
 }
 
 /// Why the source has no sample for this step.
@@ -116,6 +165,18 @@ pub fn prepare(
     sample: usize,
     features: &Features,
 ) -> Result<Prepared, RuntimeError> {
+    prepare_with(plan, cp, opts, sample, features, None)
+}
+
+/// [`prepare`] into buffers from `pool`, which get them back after the scatter.
+pub fn prepare_with(
+    plan: &Plan,
+    cp: [usize; CP_AXES],
+    opts: &Options,
+    sample: usize,
+    features: &Features,
+    pool: Option<&BufferPool>,
+) -> Result<Prepared, RuntimeError> {
     let padded = pad(plan, cp, features, opts)?;
     let mut entries = Vec::new();
     for name in padded.tensors.keys() {
@@ -143,6 +204,11 @@ pub fn prepare(
     let slots = entries;
     let world: usize = cp.iter().product();
     let mut buffers = Vec::with_capacity(world);
+    let mut owned = Vec::with_capacity(world);
+    let torch_err = |feature: String, e: tch::TchError| RuntimeError::Torch {
+        feature,
+        message: e.to_string(),
+    };
     for rank in 0..world {
         let blocks = padded.rank_blocks(plan, rank)?;
         let tensors: Vec<&Tensor> = blocks
@@ -150,12 +216,17 @@ pub fn prepare(
             .map(|b| &b.tensor)
             .chain(padded.passthrough.values())
             .collect();
-        let buf =
-            wire::fill(bytes, &slots, &tensors).map_err(|(feature, e)| RuntimeError::Torch {
-                feature,
-                message: e.to_string(),
-            })?;
+        let full = match pool {
+            Some(p) => p.take(bytes),
+            None => Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu)),
+        }
+        .map_err(|e| torch_err("*".into(), e))?;
+        let buf = full
+            .f_narrow(0, 0, bytes as i64)
+            .map_err(|e| torch_err("*".into(), e))?;
+        wire::fill(&buf, &slots, &tensors).map_err(|(feature, e)| torch_err(feature, e))?;
         buffers.push(buf);
+        owned.push(full);
     }
     Ok(Prepared {
         header: Header::Ok {
@@ -165,6 +236,7 @@ pub fn prepare(
             bytes,
         },
         buffers,
+        recycle: pool.map(|p| (p.clone(), owned)),
     })
 }
 
@@ -183,8 +255,12 @@ pub fn distribute_then<T>(
 ) -> Result<T, DistError> {
     let cp = mesh.cp();
     let source_rank = cp.ranks()[0];
+    let mut recycle = None;
     let (header, buffers) = match (mesh.is_source(), source) {
-        (true, Some(Ok(p))) => (Some(p.header), Some(p.buffers)),
+        (true, Some(Ok(p))) => {
+            recycle = p.recycle;
+            (Some(p.header), Some(p.buffers))
+        }
         (true, Some(Err(f))) => (
             Some(Header::Error {
                 sample: f.sample,
@@ -234,6 +310,10 @@ pub fn distribute_then<T>(
                 }
             });
             cp.scatter(&mut buf, buffers.as_deref(), 0)?;
+            drop(buffers);
+            if let Some((pool, owned)) = recycle.take() {
+                pool.give(owned);
+            }
             let outcome = wire::unpack(&buf, &slots)
                 .map_err(|(feature, e)| format!("feature `{feature}`: {e}"))
                 .and_then(|(blocks, passthrough)| {

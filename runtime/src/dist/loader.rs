@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use featshard_spec::plan::Plan;
 
 use super::collate::{collate, Batch};
-use super::distribute::{distribute, prepare, LocalSample, Source, SourceFailure};
+use super::distribute::{distribute, prepare_with, BufferPool, LocalSample, Source, SourceFailure};
 use super::error::DistError;
 use super::mesh::Mesh;
 use crate::sample::{Features, Options};
@@ -150,9 +150,11 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
             let plan = Arc::clone(&self.plan);
             let opts = self.opts.clone();
             let cp = mesh.cp_shape();
+            // Every rank's buffer of the samples in flight (prefetched + one scattering).
+            let pool = BufferPool::new(cp[0] * cp[1] * (opts.prefetch.max(1) + 2));
             let worker = std::thread::spawn(move || {
                 for index in indices {
-                    let source = fetch(dataset.as_ref(), &plan, cp, &opts, index);
+                    let source = fetch(dataset.as_ref(), &plan, cp, &opts, index, &pool);
                     if tx.send(source).is_err() {
                         return; // the iterator was dropped
                     }
@@ -181,6 +183,7 @@ fn fetch<D: SerialDataset>(
     cp: [usize; 2],
     opts: &LoaderOptions,
     index: usize,
+    pool: &BufferPool,
 ) -> Source {
     let n = dataset.len();
     let mut last = SourceFailure {
@@ -190,7 +193,8 @@ fn fetch<D: SerialDataset>(
     for k in 0..=opts.retries {
         let i = (index + k) % n.max(1);
         let attempt = dataset.get(i).and_then(|features| {
-            prepare(plan, cp, &opts.sample, i, &features).map_err(|e| e.to_string())
+            prepare_with(plan, cp, &opts.sample, i, &features, Some(pool))
+                .map_err(|e| e.to_string())
         });
         match attempt {
             Ok(prepared) => return Ok(prepared),

@@ -3,22 +3,21 @@
 //! sharded data loading.
 
 mod ffi;
-
-pub mod error;
-pub mod group;
-
-pub use error::DistError;
-pub use group::{nccl_compiled, Backend, GroupOptions, ProcessGroup, ReduceOp, Rendezvous};
-pub mod distribute;
-pub mod mesh;
 mod wire;
 
-pub use distribute::{
-    agree_on, distribute, distribute_then, prepare, Distributed, LocalSample, Prepared, Source,
-    SourceFailure,
-};
-pub use mesh::Mesh;
 pub mod collate;
-pub use collate::{collate, Batch};
+pub mod distribute;
+pub mod error;
+pub mod group;
 pub mod loader;
+pub mod mesh;
+
+pub use collate::{collate, Batch};
+pub use distribute::{
+    agree_on, distribute, distribute_then, prepare, prepare_with, BufferPool, Distributed,
+    LocalSample, Prepared, Source, SourceFailure,
+};
+pub use error::DistError;
+pub use group::{nccl_compiled, Backend, GroupOptions, ProcessGroup, ReduceOp, Rendezvous};
 pub use loader::{Epoch, LoaderOptions, Order, Samples, SerialDataset, ShardedLoader};
+pub use mesh::Mesh;

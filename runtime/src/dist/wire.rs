@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use featshard_spec::ir::{DType, Placement};
 use featshard_spec::plan::SampleLayout;
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::kind::kind_of;
 use crate::shard::{DTensorMeta, LocalBlock};
@@ -80,14 +80,12 @@ pub fn view(buf: &Tensor, slot: &Slot) -> Result<Tensor, tch::TchError> {
 }
 
 /// One rank's buffer filled from its tensors (in slot order).
-pub fn fill(bytes: usize, slots: &[Slot], tensors: &[&Tensor]) -> Result<Tensor, SlotError> {
-    let buf = Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu))
-        .map_err(|e| ("*".to_owned(), e))?;
+pub fn fill(buf: &Tensor, slots: &[Slot], tensors: &[&Tensor]) -> Result<(), SlotError> {
     for (slot, t) in slots.iter().zip(tensors) {
-        let mut dst = view(&buf, slot).map_err(|e| (slot.name.clone(), e))?;
+        let mut dst = view(buf, slot).map_err(|e| (slot.name.clone(), e))?;
         dst.f_copy_(t).map_err(|e| (slot.name.clone(), e))?;
     }
-    Ok(buf)
+    Ok(())
 }
 
 /// Blocks by name, and passed-through features by name.
