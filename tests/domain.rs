@@ -291,3 +291,27 @@ fn the_examples_compile() {
             .unwrap_or_else(|d| panic!("{name}: {}", d.render_plain()));
     }
 }
+
+#[test]
+fn resolving_lengths_that_leave_a_shard_empty_names_the_feature_and_axis() {
+    let text = format!("{BASE}  x: {{axes: [batch, height, width], dtype: float32}}\n");
+    let (_, plan) = compile_str("spec.yaml", &text).unwrap();
+    let lengths = |h: usize| featshard_spec::plan::Lengths {
+        sizes: [("batch", 1), ("height", h), ("width", 5)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        ..Default::default()
+    };
+    let e = plan.resolve([3, 1], &lengths(2), None).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "feature `x`, axis 1 (height): 2 items over 3 ranks would leave a shard empty"
+    );
+    let r = plan.resolve([3, 1], &lengths(7), None).unwrap();
+    assert_eq!(
+        r.features["x"].local_shape,
+        vec![1, 3, 5],
+        "the largest of 3, 3, 1"
+    );
+}

@@ -191,3 +191,19 @@ fn nccl_is_an_error_without_the_feature() {
     let e = rdv.world().unwrap_err();
     assert!(e.to_string().contains("without the `nccl` feature"), "{e}");
 }
+
+#[test]
+fn a_mesh_that_does_not_hold_the_world_is_an_error() {
+    use featshard_runtime::dist::Mesh;
+    let out = on_threads(4, Duration::from_secs(10), |rdv| {
+        Mesh::new(&rdv, 1, [3, 3]).err().map(|e| e.to_string())
+    });
+    for e in out {
+        assert_eq!(
+            e.as_deref(),
+            Some("distributed setup: mesh dp=1 x cp=(3, 3) holds 9 ranks, but the world has 4")
+        );
+    }
+    assert!(Mesh::parse_shape("2x0").is_err());
+    assert_eq!(Mesh::parse_shape("2x2x2").unwrap(), (2, [2, 2]));
+}
