@@ -1,9 +1,12 @@
 //! Domain-parallel (ShardTensor) specs: the same inference as CP specs, and the
 //! validation of what domain-parallel users get wrong, each at its YAML line:col.
 
+mod support;
+
 use featshard_spec::compile_str;
 use featshard_spec::ir::Placement;
 use featshard_spec::plan::{DomainPlan, FeaturePlan, Padding};
+use support::assert_error;
 
 /// Lines 1-11; features start on line 12.
 const BASE: &str = "\
@@ -19,23 +22,6 @@ semantics:
   width: {shard: false}
 features:
 ";
-
-fn errors_of(text: &str) -> String {
-    match compile_str("spec.yaml", text) {
-        Ok(_) => panic!("spec was accepted:\n{text}"),
-        Err(d) => d.render_plain(),
-    }
-}
-
-fn assert_error(text: &str, needles: &[&str]) {
-    let rendered = errors_of(text);
-    assert!(
-        rendered
-            .lines()
-            .any(|line| needles.iter().all(|n| line.contains(n))),
-        "no error line holds all of {needles:?}; errors were:\n{rendered}"
-    );
-}
 
 fn placements(text: &str, name: &str) -> Vec<Placement> {
     let (_, plan) =

@@ -1,6 +1,9 @@
 //! Malformed specs: each error names the right feature or axis and the right line:col.
 
+mod support;
+
 use featshard_spec::compile_str;
+use support::{assert_error, errors_of};
 
 /// Lines 1-12 of every feature-level case; case features start on line 13.
 const BASE: &str = "\
@@ -17,34 +20,6 @@ workflows: [training, inference]
 features:
   atom_counts: {axes: [tokens], dtype: int64}
 ";
-
-fn errors_of(text: &str) -> String {
-    // `FEATSHARD_FUZZ_SEEDS=DIR` saves every case as a fuzzing seed (fuzz/seeds/).
-    if let Some(dir) = std::env::var_os("FEATSHARD_FUZZ_SEEDS") {
-        if text.len() < 64 * 1024 {
-            let name = featshard_spec::lower::sha256_hex(text);
-            let _ = std::fs::write(
-                std::path::Path::new(&dir).join(format!("malformed-{}.yaml", &name[..16])),
-                text,
-            );
-        }
-    }
-    match compile_str("spec.yaml", text) {
-        Ok(_) => panic!("spec was accepted:\n{text}"),
-        Err(d) => d.render_plain(),
-    }
-}
-
-/// Asserts that some error line holds every `needle`.
-fn assert_error(text: &str, needles: &[&str]) {
-    let rendered = errors_of(text);
-    assert!(
-        rendered
-            .lines()
-            .any(|line| needles.iter().all(|n| line.contains(n))),
-        "no error line holds all of {needles:?}; errors were:\n{rendered}"
-    );
-}
 
 fn with_features(features: &str) -> String {
     format!("{BASE}{features}")

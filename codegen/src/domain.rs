@@ -6,7 +6,9 @@ use featshard_spec::plan::{FeaturePlan, Padding, Plan};
 use serde::Serialize;
 use tera::{Context, Tera};
 
-use crate::python::{py_bool, py_pad, py_placement, py_str, py_tuple};
+use crate::python::{
+    py_axis_semantics, py_bool, py_channel_sizes, py_pad, py_placement, py_str, py_tuple,
+};
 use crate::{header_lines, CodegenError};
 
 const MODULE: &str = include_str!("../templates/shard_tensor.py.tera");
@@ -89,16 +91,8 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
                 }
                 Split::Whole => "None".to_owned(),
             })),
-            semantics: py_tuple(
-                t.axes
-                    .iter()
-                    .map(|a| a.semantic.as_deref().map_or("None".into(), py_str)),
-            ),
-            channels: py_tuple(
-                t.axes
-                    .iter()
-                    .map(|a| a.size.map_or("None".into(), |n| n.to_string())),
-            ),
+            semantics: py_axis_semantics(t),
+            channels: py_channel_sizes(t),
             dtype: t.dtype.name(),
             pad: py_pad(t.pad_value),
         });

@@ -5,7 +5,7 @@
 
 use featshard_spec::infer::Split;
 use featshard_spec::ir::{IndexScope, OwnerSource, PadValue, Placement, Role};
-use featshard_spec::plan::{FeaturePlan, Padding, Plan, Remap};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan, Remap, TensorPlan};
 use serde::Serialize;
 use tera::{Context, Tera};
 
@@ -199,16 +199,8 @@ fn context(plan: &Plan) -> Ctx {
                 Split::Mesh { mesh_axis } => format!("(\"mesh\", {mesh_axis})"),
                 Split::Follows { mesh_axis, .. } => format!("(\"follows\", {mesh_axis})"),
             })),
-            semantics: py_tuple(
-                t.axes
-                    .iter()
-                    .map(|a| a.semantic.as_deref().map_or("None".into(), py_str)),
-            ),
-            channels: py_tuple(
-                t.axes
-                    .iter()
-                    .map(|a| a.size.map_or("None".into(), |n| n.to_string())),
-            ),
+            semantics: py_axis_semantics(t),
+            channels: py_channel_sizes(t),
             dtype: t.dtype.name(),
             pad: py_pad(t.pad_value),
         });
@@ -303,6 +295,24 @@ pub(crate) fn py_bool(b: bool) -> &'static str {
     } else {
         "False"
     }
+}
+
+/// Every axis' semantic as a Python tuple (`None` for a channel axis).
+pub(crate) fn py_axis_semantics(t: &TensorPlan) -> String {
+    py_tuple(
+        t.axes
+            .iter()
+            .map(|a| a.semantic.as_deref().map_or("None".into(), py_str)),
+    )
+}
+
+/// Every axis' fixed channel size as a Python tuple (`None` for a semantic axis).
+pub(crate) fn py_channel_sizes(t: &TensorPlan) -> String {
+    py_tuple(
+        t.axes
+            .iter()
+            .map(|a| a.size.map_or("None".into(), |n| n.to_string())),
+    )
 }
 
 /// A Python tuple literal; one element gets its trailing comma.

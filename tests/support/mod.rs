@@ -1,0 +1,34 @@
+//! Helpers shared by the spec-error tests.
+
+#![allow(dead_code)]
+
+use featshard_spec::compile_str;
+
+/// The rendered errors of a spec that must be rejected.
+pub fn errors_of(text: &str) -> String {
+    // `FEATSHARD_FUZZ_SEEDS=DIR` saves every case as a fuzzing seed (fuzz/seeds/).
+    if let Some(dir) = std::env::var_os("FEATSHARD_FUZZ_SEEDS") {
+        if text.len() < 64 * 1024 {
+            let name = featshard_spec::lower::sha256_hex(text);
+            let _ = std::fs::write(
+                std::path::Path::new(&dir).join(format!("malformed-{}.yaml", &name[..16])),
+                text,
+            );
+        }
+    }
+    match compile_str("spec.yaml", text) {
+        Ok(_) => panic!("spec was accepted:\n{text}"),
+        Err(d) => d.render_plain(),
+    }
+}
+
+/// Asserts that some error line holds every `needle`.
+pub fn assert_error(text: &str, needles: &[&str]) {
+    let rendered = errors_of(text);
+    assert!(
+        rendered
+            .lines()
+            .any(|line| needles.iter().all(|n| line.contains(n))),
+        "no error line holds all of {needles:?}; errors were:\n{rendered}"
+    );
+}
