@@ -362,7 +362,7 @@ fn explain_lengths(
     Ok(l)
 }
 
-fn shape(s: &[usize]) -> String {
+pub(crate) fn shape(s: &[usize]) -> String {
     format!(
         "[{}]",
         s.iter()

@@ -76,15 +76,7 @@ pub fn picture(
             .map(|(d, _)| d)
     };
     let cuts: [Option<usize>; CP_AXES] = [split_on(0), split_on(1)];
-    let dims = |s: &[usize]| {
-        format!(
-            "[{}]",
-            s.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    };
+    let dims = crate::commands::shape;
     let symbolic = |local: bool| -> String {
         let parts: Vec<String> = t
             .axes

@@ -275,12 +275,13 @@ fn associated_consts_hold_the_tables() {
     assert_eq!(Boltz2Inference::PLACEMENTS.len(), 58);
 }
 
-#[test]
-fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
-    let shape = Shape {
+/// A Boltz-shaped sample: one token per entry of `atoms` (its atom count), `msa` MSA
+/// rows and `rset` R-set rows.
+fn boltz_shape(atoms: Vec<usize>, msa: usize, rset: usize) -> Shape {
+    Shape {
         sizes: [
-            ("tokens", 13),
-            ("msa", 4),
+            ("tokens", atoms.len()),
+            ("msa", msa),
             ("ensemble", 2),
             ("disto_ensemble", 1),
             ("templates", 2),
@@ -288,13 +289,14 @@ fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect(),
-        counts: [(
-            "atoms".to_owned(),
-            vec![3, 0, 2, 5, 1, 0, 0, 4, 2, 1, 6, 0, 2],
-        )]
-        .into(),
-        mapped: [("rset".to_owned(), 5)].into(),
-    };
+        counts: [("atoms".to_owned(), atoms)].into(),
+        mapped: [("rset".to_owned(), rset)].into(),
+    }
+}
+
+#[test]
+fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
+    let shape = boltz_shape(vec![3, 0, 2, 5, 1, 0, 0, 4, 2, 1, 6, 0, 2], 4, 5);
     let sample = synthetic::sample(Boltz2Inference::plan(), None, &shape, 3).unwrap();
     let serial = Boltz2Inference::from_features(sample).unwrap();
     let padded = serial.pad([3, 3]).unwrap();
@@ -316,20 +318,7 @@ fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
 #[test]
 fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
     use featshard::runtime::dist::{GroupOptions, Mesh, Rendezvous};
-    let shape = Shape {
-        sizes: [
-            ("tokens", 11),
-            ("msa", 3),
-            ("ensemble", 2),
-            ("disto_ensemble", 1),
-            ("templates", 2),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect(),
-        counts: [("atoms".to_owned(), vec![2, 0, 3, 1, 4, 0, 2, 2, 1, 0, 5])].into(),
-        mapped: [("rset".to_owned(), 4)].into(),
-    };
+    let shape = boltz_shape(vec![2, 0, 3, 1, 4, 0, 2, 2, 1, 0, 5], 3, 4);
     let opts = GroupOptions {
         timeout: std::time::Duration::from_secs(30),
         ..GroupOptions::default()

@@ -4,12 +4,12 @@
 use featshard_spec::infer::Split;
 use featshard_spec::plan::{FeaturePlan, Padding, Plan};
 use serde::Serialize;
-use tera::{Context, Tera};
 
 use crate::python::{
-    py_axis_semantics, py_bool, py_channel_sizes, py_pad, py_placement, py_str, py_tuple,
+    header_comment, py_axis_semantics, py_bool, py_channel_sizes, py_pad, py_placement, py_str,
+    py_tuple, render_with,
 };
-use crate::{header_lines, CodegenError};
+use crate::CodegenError;
 
 const MODULE: &str = include_str!("../templates/shard_tensor.py.tera");
 const TESTS: &str = include_str!("../templates/shard_tensor_tests.py.tera");
@@ -53,11 +53,7 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
         plan.mesh.domain.as_ref().ok_or_else(|| {
             CodegenError(format!("`{}` is not a domain-parallel spec", plan.module))
         })?;
-    let header = header_lines(plan)
-        .iter()
-        .map(|l| format!("# {l}"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let header = header_comment(plan);
     let semantics = plan
         .semantics
         .iter()
@@ -125,18 +121,7 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
 }
 
 fn render(name: &str, template: &str, plan: &Plan) -> Result<String, CodegenError> {
-    let mut tera = Tera::default();
-    tera.autoescape_on(vec![]);
-    tera.add_raw_template(name, template)
-        .map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
-    let ctx = Context::from_serialize(context(plan)?).map_err(|e| CodegenError(e.to_string()))?;
-    let mut out = tera
-        .render(name, &ctx)
-        .map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
-    if !out.ends_with('\n') {
-        out.push('\n');
-    }
-    Ok(out)
+    render_with(name, template, &context(plan)?)
 }
 
 /// `<module>.py` of a domain-parallel spec.

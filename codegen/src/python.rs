@@ -35,11 +35,20 @@ pub fn python_data(plan: &Plan) -> Result<String, CodegenError> {
 }
 
 fn render(name: &str, template: &str, plan: &Plan) -> Result<String, CodegenError> {
+    render_with(name, template, &context(plan))
+}
+
+/// Renders `template` with a context of Python literals; output ends with a newline.
+pub(crate) fn render_with(
+    name: &str,
+    template: &str,
+    ctx: &impl Serialize,
+) -> Result<String, CodegenError> {
     let mut tera = Tera::default();
     tera.autoescape_on(vec![]);
     tera.add_raw_template(name, template)
         .map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
-    let ctx = Context::from_serialize(context(plan)).map_err(|e| CodegenError(e.to_string()))?;
+    let ctx = Context::from_serialize(ctx).map_err(|e| CodegenError(e.to_string()))?;
     let mut out = tera
         .render(name, &ctx)
         .map_err(|e| CodegenError(format!("{name}: {e:?}")))?;
@@ -47,6 +56,15 @@ fn render(name: &str, template: &str, plan: &Plan) -> Result<String, CodegenErro
         out.push('\n');
     }
     Ok(out)
+}
+
+/// The do-not-edit header as Python comments.
+pub(crate) fn header_comment(plan: &Plan) -> String {
+    header_lines(plan)
+        .iter()
+        .map(|l| format!("# {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[derive(Serialize)]
@@ -129,11 +147,7 @@ struct WorkflowRow {
 }
 
 fn context(plan: &Plan) -> Ctx {
-    let header = header_lines(plan)
-        .iter()
-        .map(|l| format!("# {l}"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let header = header_comment(plan);
     let semantics = plan
         .semantics
         .iter()
