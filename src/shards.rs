@@ -90,6 +90,7 @@ pub fn shard(
     let opts = Options {
         workflow: workflow.map(str::to_owned),
         passthrough: passthrough.iter().cloned().collect::<BTreeSet<_>>(),
+        ..Options::default()
     };
     let padded = pad(&plan, mesh, &sample, &opts).map_err(other)?;
     let staging = staging_dir(out);

@@ -10,9 +10,14 @@
 //! - distribute, sample prepared: header broadcast + the same scatter + the world's
 //!   status agreement + unpacking into typed views (what a prefetching loader pays
 //!   per step once the next sample is prepared in the background).
-//! - distribute from the serial sample: validation, padding and the per-rank layout on
-//!   the source too (into send buffers reused from sample to sample, as the loader does).
-//! - loader, 4 samples: the sharded loader with prefetch, against 4 raw scatters.
+//! - prepare: the source alone validates the serial sample, places it and writes every
+//!   rank's block straight into its send buffer (reused from sample to sample, as the
+//!   loader does), with 1 and with 2 threads.
+//! - distribute from the serial sample: prepare, then the step above, with 1 and 2
+//!   threads writing.
+//! - loader, 4 samples: the sharded loader (prefetch 1, 2 threads) against 4 raw
+//!   scatters, for two epochs: the first touches its send buffers for the first time,
+//!   the second reuses them.
 
 mod common;
 
@@ -28,7 +33,7 @@ use featshard_runtime::{Features, Options};
 use tch::{Device, Kind, Tensor};
 
 const CP: [usize; 2] = [3, 3];
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 const LOADER_SAMPLES: usize = 4;
 
 /// The one sample, handed out again and again.
@@ -51,7 +56,9 @@ impl SerialDataset for Repeat {
 struct Times {
     raw: Vec<Duration>,
     prepared: Vec<Duration>,
-    serial: Vec<Duration>,
+    /// By threads writing the rank buffers (1, 2).
+    prepare: [Vec<Duration>; 2],
+    serial: [Vec<Duration>; 2],
     raw_loader: Vec<Duration>,
     loader: Vec<Duration>,
     bytes_per_rank: usize,
@@ -92,12 +99,16 @@ fn main() {
                 let mut times = Times::default();
                 let sync = || mesh.world().barrier().expect("barrier");
                 // The source reuses its send buffers, as the loader does.
-                let pool = BufferPool::new(2 * world);
-                let prepare = |s: &featshard_runtime::Features| {
+                let pool = BufferPool::new(world);
+                let prepare = |s: &featshard_runtime::Features, threads: usize| {
+                    let opts = Options {
+                        threads,
+                        ..opts.clone()
+                    };
                     prepare_with(&plan, CP, &opts, 0, s, Some(&pool)).expect("prepare")
                 };
                 // The raw scatter's bytes: as many as each rank's featshard buffer.
-                let probe = source.then(|| prepare(&dataset.get(0).expect("sample")));
+                let probe = source.then(|| prepare(&dataset.get(0).expect("sample"), 1));
                 let local = distribute(&mesh, probe.map(Ok)).expect("distribute");
                 let per_rank: usize = local
                     .blocks
@@ -114,11 +125,13 @@ fn main() {
                         .map(|_| Tensor::ones([per_rank as i64], (Kind::Uint8, Device::Cpu)))
                         .collect()
                 });
+                // Each scatter receives into a new tensor, as `distribute` does: the
+                // received tensors are handed on, not overwritten by the next step.
                 let raw = |n: usize| {
-                    let mut out = Tensor::empty([per_rank as i64], (Kind::Uint8, Device::Cpu));
                     sync();
                     let start = Instant::now();
                     for _ in 0..n {
+                        let mut out = Tensor::empty([per_rank as i64], (Kind::Uint8, Device::Cpu));
                         mesh.cp()
                             .scatter(&mut out, raw_inputs.as_deref(), 0)
                             .expect("scatter");
@@ -129,36 +142,45 @@ fn main() {
                 for _ in 0..RUNS {
                     times.raw.push(raw(1));
                     // Prepared beforehand, as a prefetching loader has it.
-                    let ready = source.then(|| prepare(&dataset.get(0).expect("sample")));
+                    let ready = source.then(|| prepare(&dataset.get(0).expect("sample"), 1));
                     sync();
                     let start = Instant::now();
                     let local = distribute(&mesh, ready.map(Ok)).expect("distribute");
                     sync();
                     times.prepared.push(start.elapsed());
                     drop(local);
-                    sync();
-                    let start = Instant::now();
-                    let ready = source.then(|| Ok(prepare(&dataset.get(0).expect("sample"))));
-                    let local = distribute(&mesh, ready).expect("distribute");
-                    sync();
-                    times.serial.push(start.elapsed());
-                    drop(local);
+                    for (k, threads) in [1, 2].into_iter().enumerate() {
+                        sync();
+                        let start = Instant::now();
+                        let ready =
+                            source.then(|| prepare(&dataset.get(0).expect("sample"), threads));
+                        times.prepare[k].push(start.elapsed());
+                        let local = distribute(&mesh, ready.map(Ok)).expect("distribute");
+                        sync();
+                        times.serial[k].push(start.elapsed());
+                        drop(local);
+                    }
                 }
+                // The loader keeps its own send buffers.
+                drop(pool);
                 let loader = ShardedLoader::new(
                     Arc::clone(&dataset),
                     Arc::clone(&plan),
                     LoaderOptions {
-                        sample: opts.clone(),
+                        sample: Options {
+                            threads: 2,
+                            ..opts.clone()
+                        },
                         prefetch: 1,
                         ..LoaderOptions::default()
                     },
                 )
                 .expect("loader");
-                for _ in 0..1 {
+                for epoch in 0..2 {
                     times.raw_loader.push(raw(LOADER_SAMPLES));
                     sync();
                     let start = Instant::now();
-                    for s in loader.samples(&mesh, 0) {
+                    for s in loader.samples(&mesh, epoch) {
                         drop(s.expect("sample"));
                     }
                     sync();
@@ -198,20 +220,29 @@ fn main() {
     };
     line("raw gloo scatter", raw, raw);
     line("distribute, sample prepared", median(times.prepared), raw);
-    line(
-        "distribute from the serial sample",
-        median(times.serial),
-        raw,
-    );
-    let raw4 = median(times.raw_loader);
-    println!(
-        "{:<35}{raw4:>7.3} s",
-        format!("raw gloo scatter x {LOADER_SAMPLES}")
-    );
-    println!(
-        "{:<35}{:>7.3} s  ratio to raw scatters {:.2}",
-        format!("loader, {LOADER_SAMPLES} samples, prefetch 1"),
-        median(times.loader.clone()),
-        median(times.loader) / raw4
-    );
+    for (k, threads) in ["1 thread", "2 threads"].into_iter().enumerate() {
+        line(
+            &format!("prepare alone, {threads}"),
+            median(times.prepare[k].clone()),
+            raw,
+        );
+        line(
+            &format!("distribute from serial, {threads}"),
+            median(times.serial[k].clone()),
+            raw,
+        );
+    }
+    // Epoch 0 touches the loader's send buffers for the first time; epoch 1 reuses them.
+    for (epoch, (raw4, loader)) in times.raw_loader.iter().zip(&times.loader).enumerate() {
+        let (raw4, loader) = (raw4.as_secs_f64(), loader.as_secs_f64());
+        println!(
+            "{:<35}{raw4:>7.3} s",
+            format!("raw gloo scatter x {LOADER_SAMPLES}")
+        );
+        println!(
+            "{:<35}{loader:>7.3} s  ratio to raw scatters {:.2}",
+            format!("loader epoch {epoch}, {LOADER_SAMPLES} samples"),
+            loader / raw4
+        );
+    }
 }

@@ -267,6 +267,8 @@ pub fn run(args: &Args, step_start: &mut Instant) -> Result<String, DistError> {
     });
     let sample_opts = Options {
         workflow: Some(args.workflow.clone()),
+        // The source checks features and writes rank buffers on two threads.
+        threads: 2,
         ..Options::default()
     };
     let loader = ShardedLoader::new(

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! serial sample --check--> lengths, owners --Plan::layout--> SampleLayout
-//!               --pad--> padded global tensors --block(rank)--> local views + DTensor metadata
+//!               --place--> Placed (index values remapped, diagonals checked)
+//! Placed --into_padded--> padded global tensors --block(rank)--> local views + DTensor metadata
+//! Placed --write_block(rank)--> one rank's block, written straight into a send buffer
 //! blocks of every rank --assemble--> padded global --unpad--> serial sample
 //! ```
 //!
@@ -15,11 +17,12 @@ pub mod error;
 pub mod kind;
 pub mod pack;
 pub mod pad;
+mod par;
 pub mod sample;
 pub mod shard;
 pub mod synthetic;
 
 pub use error::RuntimeError;
-pub use pad::{pad, unpad, Padded};
+pub use pad::{pad, place, unpad, Padded, Placed};
 pub use sample::{Features, Options};
 pub use shard::{assemble, coords, DTensorMeta, LocalBlock};

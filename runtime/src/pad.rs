@@ -1,12 +1,15 @@
 //! Padding: one serial sample -> the global padded layout of a mesh, and back.
 //!
-//! Each feature is written once: a tensor of its padded shape is filled with the pad
-//! value and the serial values are copied into it (`index_copy_` along an
-//! owner-partitioned axis, a plain copy into a narrowed view otherwise).
+//! A sample is first [`place`]d: validated, laid out, index values moved to the padded
+//! layout and block-diagonal features checked, nothing copied. Any rectangular window of
+//! a feature's padded layout is then written in one pass over its bytes: the serial
+//! blocks that land in it are copied, only the pad regions are filled. The padded global
+//! tensor is the whole window; a rank's block, written straight into a send buffer,
+//! is its part of it.
 
 use std::collections::BTreeMap;
 
-use featshard_spec::infer::CP_AXES;
+use featshard_spec::infer::{Split, CP_AXES};
 use featshard_spec::ir::PadValue;
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
@@ -14,7 +17,8 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::scalar;
-use crate::sample::{check, tensor_plan, Features, Options};
+use crate::par::try_map;
+use crate::sample::{check, handles, tensor_plan, Features, Options};
 
 /// One sample in the padded global layout of one mesh.
 #[derive(Debug)]
@@ -27,6 +31,18 @@ pub struct Padded {
     pub passthrough: BTreeMap<String, Tensor>,
 }
 
+/// A validated sample placed on one mesh, not yet padded.
+#[derive(Debug)]
+pub struct Placed {
+    pub layout: SampleLayout,
+    pub shapes: BTreeMap<String, FeatureShapes>,
+    /// Every tensor feature at its serial shape, index values already in the padded
+    /// layout (one-hot maps are moved by their axes instead).
+    pub tensors: BTreeMap<String, Tensor>,
+    /// Features carried along untouched.
+    pub passthrough: BTreeMap<String, Tensor>,
+}
+
 /// Validates a serial sample and pads it for `mesh`.
 pub fn pad(
     plan: &Plan,
@@ -34,33 +50,124 @@ pub fn pad(
     features: &Features,
     opts: &Options,
 ) -> Result<Padded, RuntimeError> {
+    place(plan, mesh, features, opts)?.into_padded(plan)
+}
+
+/// Validates a serial sample and places it on `mesh`: layout, shapes, index values
+/// remapped, nothing outside the diagonal blocks of co-sharded features.
+pub fn place(
+    plan: &Plan,
+    mesh: [usize; CP_AXES],
+    features: &Features,
+    opts: &Options,
+) -> Result<Placed, RuntimeError> {
     let checked = check(plan, features, opts)?;
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
     let shapes = plan.shapes(&layout, opts.workflow.as_deref())?;
-    let positions = position_tensors(&layout);
-    let mut tensors = BTreeMap::new();
-    for name in &checked.names {
-        let out = pad_feature(
-            plan,
-            name,
-            &features[name],
-            &layout,
-            &shapes[name],
-            &positions,
-        )?;
-        tensors.insert(name.clone(), out);
-    }
+    let placed = try_map(
+        &checked.names,
+        opts.threads,
+        || (handles(features), position_tensors(&layout)),
+        |(features, positions), name| {
+            let t = tensor_plan(plan, name)?;
+            let shapes = shapes.get(name).ok_or_else(|| RuntimeError::Missing {
+                feature: name.clone(),
+            })?;
+            let x = remap_to_padded(name, t, &features[name], positions)?;
+            check_diagonal(name, t, &x, &plan_axes(t, shapes, &layout), &layout)?;
+            Ok::<_, RuntimeError>(x)
+        },
+    )?;
+    let tensors = checked.names.iter().cloned().zip(placed).collect();
     let passthrough = checked
         .passthrough
         .iter()
         .map(|n| (n.clone(), features[n].shallow_clone()))
         .collect();
-    Ok(Padded {
+    Ok(Placed {
         layout,
         shapes,
         tensors,
         passthrough,
     })
+}
+
+impl Placed {
+    /// Another handle on the same tensors (tensors are `Send`, not `Sync`: each thread
+    /// writing blocks holds its own).
+    pub fn shallow_clone(&self) -> Placed {
+        Placed {
+            layout: self.layout.clone(),
+            shapes: self.shapes.clone(),
+            tensors: handles(&self.tensors),
+            passthrough: handles(&self.passthrough),
+        }
+    }
+
+    /// A tensor feature and its shapes.
+    pub(crate) fn feature(&self, name: &str) -> Result<(&Tensor, &FeatureShapes), RuntimeError> {
+        match (self.tensors.get(name), self.shapes.get(name)) {
+            (Some(x), Some(s)) => Ok((x, s)),
+            _ => Err(RuntimeError::Missing {
+                feature: name.to_owned(),
+            }),
+        }
+    }
+
+    /// One feature at its padded global shape, in a new tensor.
+    pub fn padded(&self, plan: &Plan, name: &str) -> Result<Tensor, RuntimeError> {
+        let t = tensor_plan(plan, name)?;
+        let (x, shapes) = self.feature(name)?;
+        write_padded(name, x, t.pad_value, &plan_axes(t, shapes, &self.layout))
+    }
+
+    /// One feature's region `window` (`(start, len)` per axis of its padded shape)
+    /// written into `out`, a tensor (or view) of the window's shape.
+    pub fn write_window(
+        &self,
+        plan: &Plan,
+        name: &str,
+        window: &[(i64, i64)],
+        out: &Tensor,
+    ) -> Result<(), RuntimeError> {
+        let t = tensor_plan(plan, name)?;
+        let (x, shapes) = self.feature(name)?;
+        let axes = plan_axes(t, shapes, &self.layout);
+        let fits = window.len() == axes.len()
+            && window
+                .iter()
+                .zip(&axes)
+                .all(|(&(start, len), a)| start >= 0 && len >= 0 && start + len <= a.padded);
+        let want: Vec<i64> = window.iter().map(|w| w.1).collect();
+        if !fits || out.size() != want || out.kind() != x.kind() {
+            return Err(RuntimeError::Blocks {
+                feature: name.to_owned(),
+                message: format!(
+                    "window {window:?} of padded shape {:?} ({:?}) written into a {:?} tensor of shape {:?}",
+                    shapes.padded_shape,
+                    x.kind(),
+                    out.kind(),
+                    out.size()
+                ),
+            });
+        }
+        write_window(name, x, t.pad_value, &axes, window, out)
+    }
+
+    /// Every feature padded, in new tensors.
+    pub fn into_padded(self, plan: &Plan) -> Result<Padded, RuntimeError> {
+        let tensors = self
+            .tensors
+            .keys()
+            .map(|n| Ok((n.clone(), self.padded(plan, n)?)))
+            .collect::<Result<_, RuntimeError>>()?;
+        Ok(Padded {
+            layout: self.layout,
+            shapes: self.shapes,
+            tensors,
+            passthrough: self.passthrough,
+        })
+    }
 }
 
 /// One feature in the plan's padded layout (index values remapped, diagonal checked).
@@ -74,9 +181,9 @@ pub(crate) fn pad_feature(
 ) -> Result<Tensor, RuntimeError> {
     let t = tensor_plan(plan, name)?;
     let x = remap_to_padded(name, t, x, positions)?;
-    let out = write_padded(name, &x, t.pad_value, &plan_axes(t, shapes, layout))?;
-    check_diagonal(name, t, &out, layout)?;
-    Ok(out)
+    let axes = plan_axes(t, shapes, layout);
+    check_diagonal(name, t, &x, &axes, layout)?;
+    write_padded(name, &x, t.pad_value, &axes)
 }
 
 pub(crate) fn position_tensors(layout: &SampleLayout) -> BTreeMap<String, Tensor> {
@@ -197,8 +304,7 @@ fn plan_axes<'a>(
         .collect()
 }
 
-/// Writes `x` in a padded layout with one pass over its bytes: serial data is copied
-/// block by block into an uninitialised tensor, then only the pad regions are filled.
+/// `x` in a padded layout, in a new tensor.
 pub(crate) fn write_padded(
     name: &str,
     x: &Tensor,
@@ -206,39 +312,70 @@ pub(crate) fn write_padded(
     axes: &[AxisMap],
 ) -> Result<Tensor, RuntimeError> {
     let padded: Vec<i64> = axes.iter().map(|a| a.padded).collect();
+    let out = Tensor::f_empty(padded.as_slice(), (x.kind(), x.device())).feature(name)?;
+    let window: Vec<(i64, i64)> = padded.iter().map(|&n| (0, n)).collect();
+    write_window(name, x, pad, axes, &window, &out)?;
+    Ok(out)
+}
+
+/// The runs of one axis that land in `window` (`(start, len)` of the padded axis), with
+/// destinations relative to the window's start.
+fn window_runs(axis: &AxisMap, len: usize, (start, wlen): (i64, i64)) -> Vec<Run> {
+    runs_of(axis.positions, len)
+        .into_iter()
+        .filter_map(|r| {
+            let from = r.dst.max(start);
+            let to = (r.dst + r.len).min(start + wlen);
+            (from < to).then(|| Run {
+                src: r.src + (from - r.dst),
+                dst: from - start,
+                len: to - from,
+            })
+        })
+        .collect()
+}
+
+/// Writes the region `window` of `x`'s padded layout into `out` (of the window's
+/// shape) with one pass over its bytes: serial data is copied block by block, then
+/// only the pad regions are filled.
+fn write_window(
+    name: &str,
+    x: &Tensor,
+    pad: PadValue,
+    axes: &[AxisMap],
+    window: &[(i64, i64)],
+    out: &Tensor,
+) -> Result<(), RuntimeError> {
     let axis_runs: Vec<Vec<Run>> = axes
         .iter()
         .zip(x.size())
-        .map(|(a, len)| runs_of(a.positions, len as usize))
+        .zip(window)
+        .map(|((a, len), &w)| window_runs(a, len as usize, w))
         .collect();
     let copies: usize = axis_runs.iter().map(Vec::len).product();
     if copies > MAX_RUN_COPIES {
-        return pad_by_index(name, x, pad, axes);
+        return write_by_index(name, x, pad, &axis_runs, out);
     }
-    let out = Tensor::f_empty(padded.as_slice(), (x.kind(), x.device())).feature(name)?;
     // Every combination of one run per axis is one rectangular block copy.
     let counts: Vec<usize> = axis_runs.iter().map(Vec::len).collect();
     for_each_combination(&counts, |pick| {
         let (mut src, mut dst) = (x.shallow_clone(), out.shallow_clone());
         for (d, (runs, &k)) in axis_runs.iter().zip(pick).enumerate() {
             let r = runs[k];
-            if r.len == 0 {
-                return Ok(());
-            }
             src = src.f_narrow(d as i64, r.src, r.len).feature(name)?;
             dst = dst.f_narrow(d as i64, r.dst, r.len).feature(name)?;
         }
         dst.f_copy_(&src).feature(name)
     })?;
     for (d, runs) in axis_runs.iter().enumerate() {
-        for (start, len) in gaps(runs, padded[d]) {
+        for (start, len) in gaps(runs, window[d].1) {
             let _ = out
                 .f_narrow(d as i64, start, len)
                 .and_then(|mut region| region.f_fill_(scalar(pad)))
                 .feature(name)?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Calls `f` with every index combination `pick[d] < counts[d]` (none if any count is 0).
@@ -260,60 +397,91 @@ fn for_each_combination<E>(
     }
 }
 
-/// The general path, for axes whose items are scattered (an owner map out of owner
-/// order): `index_copy_` along each axis with positions.
-fn pad_by_index(
+/// The source (or destination) indices of runs, in run order.
+fn run_indices(runs: &[Run], dst: bool) -> Tensor {
+    let idx: Vec<i64> = runs
+        .iter()
+        .flat_map(|r| {
+            let start = if dst { r.dst } else { r.src };
+            start..start + r.len
+        })
+        .collect();
+    Tensor::from_slice(&idx)
+}
+
+/// The general path of [`write_window`], for axes whose items are scattered into many
+/// runs (an owner map out of owner order): the items landing in the window are
+/// selected, then `index_copy_`d along each such axis.
+fn write_by_index(
     name: &str,
     x: &Tensor,
     pad: PadValue,
-    axes: &[AxisMap],
-) -> Result<Tensor, RuntimeError> {
-    let padded: Vec<i64> = axes.iter().map(|a| a.padded).collect();
-    let out =
-        Tensor::f_full(padded.as_slice(), scalar(pad), (x.kind(), x.device())).feature(name)?;
-    let owned: Vec<(usize, Tensor)> = axes
-        .iter()
-        .enumerate()
-        .filter_map(|(d, a)| {
-            let p: Vec<i64> = a.positions?.iter().map(|&v| v as i64).collect();
-            Some((d, Tensor::from_slice(&p)))
-        })
-        .collect();
-    let mut src = x.shallow_clone();
-    // With several owned axes, all but the last are scattered into intermediates.
-    for (d, pos) in owned.iter().take(owned.len().saturating_sub(1)) {
+    axis_runs: &[Vec<Run>],
+    out: &Tensor,
+) -> Result<(), RuntimeError> {
+    let _ = out.shallow_clone().f_fill_(scalar(pad)).feature(name)?;
+    if axis_runs.iter().any(Vec::is_empty) {
+        return Ok(());
+    }
+    let (mut src, mut dst) = (x.shallow_clone(), out.shallow_clone());
+    let mut scattered = Vec::new();
+    for (d, runs) in axis_runs.iter().enumerate() {
+        let d64 = d as i64;
+        if let [r] = runs.as_slice() {
+            src = src.f_narrow(d64, r.src, r.len).feature(name)?;
+            dst = dst.f_narrow(d64, r.dst, r.len).feature(name)?;
+        } else {
+            src = src
+                .f_index_select(d64, &run_indices(runs, false))
+                .feature(name)?;
+            scattered.push((d64, run_indices(runs, true)));
+        }
+    }
+    // With several scattered axes, all but the last go through intermediates.
+    let last = scattered.pop();
+    for (d, pos) in scattered {
         let mut shape = src.size();
-        shape[*d] = padded[*d];
+        shape[d as usize] = dst.size()[d as usize];
         let mut tmp = Tensor::f_full(shape.as_slice(), scalar(pad), (src.kind(), src.device()))
             .feature(name)?;
-        let _ = tmp.f_index_copy_(*d as i64, pos, &src).feature(name)?;
+        let _ = tmp.f_index_copy_(d, &pos, &src).feature(name)?;
         src = tmp;
     }
-    let last_owned = owned.last().map(|(o, _)| *o);
-    let mut view = out.shallow_clone();
-    for (d, &n) in src.size().iter().enumerate() {
-        if Some(d) != last_owned && n != padded[d] {
-            view = view.f_narrow(d as i64, 0, n).feature(name)?;
-        }
+    match last {
+        Some((d, pos)) => dst.f_index_copy_(d, &pos, &src).map(|_| ()),
+        None => dst.f_copy_(&src),
     }
-    match owned.last() {
-        Some((d, pos)) => {
-            let _ = view.f_index_copy_(*d as i64, pos, &src).feature(name)?;
-        }
-        None => view.f_copy_(&src).feature(name)?,
+    .feature(name)
+}
+
+/// The serial items of one axis that land in `window` of its padded layout: a view
+/// when they are consecutive, a copy otherwise.
+fn select_window(
+    name: &str,
+    x: &Tensor,
+    d: usize,
+    axis: &AxisMap,
+    window: (i64, i64),
+) -> Result<Tensor, RuntimeError> {
+    let runs = window_runs(axis, x.size()[d] as usize, window);
+    match runs.as_slice() {
+        [] => x.f_narrow(d as i64, 0, 0),
+        [r] => x.f_narrow(d as i64, r.src, r.len),
+        _ => x.f_index_select(d as i64, &run_indices(&runs, false)),
     }
-    Ok(out)
+    .feature(name)
 }
 
 /// A block-diagonal feature must have nothing outside its diagonal blocks, or
-/// sharding would silently drop it.
+/// sharding would silently drop it. Checked on the serial values (`x`, remapped), so
+/// that neither padding nor blocks need a padded global tensor.
 fn check_diagonal(
     name: &str,
     t: &TensorPlan,
-    out: &Tensor,
+    x: &Tensor,
+    axes: &[AxisMap],
     layout: &SampleLayout,
 ) -> Result<(), RuntimeError> {
-    use featshard_spec::infer::Split;
     for (axis, a) in t.axes.iter().enumerate() {
         let Split::Follows { leader, mesh_axis } = a.split else {
             continue;
@@ -334,14 +502,13 @@ fn check_diagonal(
             };
             s.and_then(|s| s.f_int64_value(&[])).feature(name)
         };
-        let total = count(out)?;
-        let (lead_len, follow_len) = (out.size()[leader] / parts, out.size()[axis] / parts);
+        let total = count(x)?;
+        let (lead_len, follow_len) = (axes[leader].padded / parts, axes[axis].padded / parts);
         let mut diagonal = 0;
         for c in 0..parts {
-            let block = out
-                .f_narrow(leader as i64, c * lead_len, lead_len)
-                .and_then(|b| b.f_narrow(axis as i64, c * follow_len, follow_len))
-                .feature(name)?;
+            let rows = select_window(name, x, leader, &axes[leader], (c * lead_len, lead_len))?;
+            let block =
+                select_window(name, &rows, axis, &axes[axis], (c * follow_len, follow_len))?;
             diagonal += count(&block)?;
         }
         if total != diagonal {
@@ -434,7 +601,7 @@ features:
 ";
 
     #[test]
-    fn block_copies_and_index_copies_give_the_same_padded_tensor() {
+    fn padding_a_counts_sample_puts_serial_values_at_their_positions() {
         let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
         let counts = [2i64, 0, 3, 1, 4];
         let a: i64 = counts.iter().sum();
@@ -445,15 +612,82 @@ features:
         ]
         .into();
         let padded = pad(&plan, [2, 3], &features, &Options::default()).expect("pad");
-        let t = tensor_plan(&plan, "pair").expect("pair");
-        let axes = plan_axes(t, &padded.shapes["pair"], &padded.layout);
-        let by_index = pad_by_index("pair", &x, t.pad_value, &axes).expect("index path");
-        assert!(padded.tensors["pair"].equal(&by_index));
-        // Pads hold the pad value, real entries the serial ones.
-        let real =
-            padded.layout.positions["atoms"].len() * 2 * padded.layout.positions["atoms"].len();
-        let pads = by_index.eq(-1.0).sum(Kind::Int64).int64_value(&[]) as usize;
-        assert_eq!(pads + real, by_index.numel());
+        let out = &padded.tensors["pair"];
+        let pos = &position_tensors(&padded.layout)["atoms"];
+        let back = out.index_select(0, pos).index_select(2, pos);
+        assert!(back.equal(&x));
+        // Everything else is the pad value.
+        let pads = out.eq(-1.0).sum(Kind::Int64).int64_value(&[]);
+        assert_eq!(pads as usize + x.numel(), out.numel());
+    }
+
+    /// Windows of a padded axis of length `n`: whole, halves, a middle third, the
+    /// last item, an empty one.
+    fn windows(n: i64) -> Vec<(i64, i64)> {
+        vec![
+            (0, n),
+            (0, n / 2),
+            (n / 2, n - n / 2),
+            (n / 3, n / 3),
+            (n - 1, 1),
+            (2, 0),
+        ]
+    }
+
+    #[test]
+    fn every_window_is_the_same_by_runs_by_index_and_as_a_view_of_the_padded_tensor() {
+        // An owner-ordered axis (a run per block), an end-padded one, and a scattered
+        // one (a run per item).
+        let ordered = [0usize, 1, 2, 4, 5, 8];
+        let scattered = [7usize, 0, 3, 9, 4, 1];
+        let axes = [
+            AxisMap {
+                padded: 10,
+                positions: Some(&ordered),
+            },
+            AxisMap {
+                padded: 3,
+                positions: None,
+            },
+            AxisMap {
+                padded: 10,
+                positions: Some(&scattered),
+            },
+        ];
+        let x = Tensor::rand([6, 2, 6], (Kind::Float, Device::Cpu));
+        let pad = PadValue::Float(-1.0);
+        let full = write_padded("x", &x, pad, &axes).expect("padded");
+        let back = full
+            .index_select(0, &Tensor::from_slice(&[0i64, 1, 2, 4, 5, 8]))
+            .narrow(1, 0, 2)
+            .index_select(2, &Tensor::from_slice(&[7i64, 0, 3, 9, 4, 1]));
+        assert!(back.equal(&x));
+        let mut checked = 0;
+        for w0 in windows(10) {
+            for w1 in windows(3) {
+                for w2 in windows(10) {
+                    let window = [w0, w1, w2];
+                    let view = full
+                        .narrow(0, w0.0, w0.1)
+                        .narrow(1, w1.0, w1.1)
+                        .narrow(2, w2.0, w2.1);
+                    let by_runs = Tensor::full([w0.1, w1.1, w2.1], 7.0, (Kind::Float, Device::Cpu));
+                    write_window("x", &x, pad, &axes, &window, &by_runs).expect("runs");
+                    assert!(by_runs.equal(&view), "runs, window {window:?}");
+                    let runs: Vec<Vec<Run>> = axes
+                        .iter()
+                        .zip(x.size())
+                        .zip(window)
+                        .map(|((a, len), w)| window_runs(a, len as usize, w))
+                        .collect();
+                    let by_index = by_runs.full_like(7.0);
+                    write_by_index("x", &x, pad, &runs, &by_index).expect("index");
+                    assert!(by_index.equal(&view), "index, window {window:?}");
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 6 * 6 * 6);
     }
 
     #[test]

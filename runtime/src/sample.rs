@@ -11,11 +11,12 @@ use tch::{Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::{kind_name, kind_of};
+use crate::par::try_map;
 
 /// One sample: feature name -> tensor.
 pub type Features = BTreeMap<String, Tensor>;
 
-/// What to process and what to let through.
+/// What to process, what to let through, and with how many threads.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     /// Only the features of this workflow (all features of the spec for `None`).
@@ -23,6 +24,18 @@ pub struct Options {
     /// Features not in the spec (or workflow) that are carried along untouched
     /// instead of being an error.
     pub passthrough: BTreeSet<String>,
+    /// Threads that value checks and block writing may use, feature by feature or
+    /// block by block (0 and 1: the calling thread only). Errors are the same as on
+    /// one thread.
+    pub threads: usize,
+}
+
+/// Other handles on the same tensors, for another thread.
+pub(crate) fn handles(features: &Features) -> Features {
+    features
+        .iter()
+        .map(|(n, x)| (n.clone(), x.shallow_clone()))
+        .collect()
 }
 
 /// A sample that passed validation.
@@ -144,9 +157,12 @@ pub fn check(plan: &Plan, features: &Features, opts: &Options) -> Result<Checked
     }
 
     let owners = ownership(plan, features, &sizes)?;
-    for name in &names {
-        check_index(plan, name, &features[name], &sizes)?;
-    }
+    try_map(
+        &names,
+        opts.threads,
+        || handles(features),
+        |features, name| check_index(plan, name, &features[name], &sizes),
+    )?;
     Ok(Checked {
         names,
         passthrough,
@@ -260,8 +276,10 @@ fn check_index(
                     axis: 0,
                 })
             })?;
-            let min = x.f_min().feature(name)?.f_int64_value(&[]).feature(name)?;
-            let max = x.f_max().feature(name)?.f_int64_value(&[]).feature(name)?;
+            let (min, max) = x
+                .f_aminmax(None::<i64>, false)
+                .and_then(|(lo, hi)| Ok((lo.f_int64_value(&[])?, hi.f_int64_value(&[])?)))
+                .feature(name)?;
             if min < 0 || usize::try_from(max).map_or(true, |m| m >= len) {
                 return Err(RuntimeError::IndexRange {
                     feature: name.to_owned(),
@@ -273,14 +291,10 @@ fn check_index(
             }
         }
         Some(axis) => {
-            // min/max are reductions: no temporary the size of the tensor.
-            let lo = x
-                .f_min()
-                .and_then(|m| m.f_double_value(&[]))
-                .feature(name)?;
-            let hi = x
-                .f_max()
-                .and_then(|m| m.f_double_value(&[]))
+            // One reduction pass for both bounds: no temporary the size of the tensor.
+            let (lo, hi) = x
+                .f_aminmax(None::<i64>, false)
+                .and_then(|(lo, hi)| Ok((lo.f_double_value(&[])?, hi.f_double_value(&[])?)))
                 .feature(name)?;
             let mut bad_values = lo < 0.0 || hi > 1.0;
             if !bad_values && x.is_floating_point() {

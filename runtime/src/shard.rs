@@ -15,7 +15,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::{kind_of, scalar};
-use crate::pad::{dims, position_tensors, Padded};
+use crate::pad::{dims, position_tensors, Padded, Placed};
 use crate::sample::{tensor_plan, Features};
 
 /// What `DTensor.from_local` needs besides the local tensor.
@@ -98,6 +98,53 @@ impl Padded {
     }
 }
 
+impl Placed {
+    /// One feature's block on the rank at `coord`, written into `out` (a tensor or view
+    /// of the block's shape and dtype): the values [`Padded::block`] views, written
+    /// straight from the serial sample.
+    pub fn write_block(
+        &self,
+        plan: &Plan,
+        name: &str,
+        coord: [usize; CP_AXES],
+        out: &mut Tensor,
+    ) -> Result<DTensorMeta, RuntimeError> {
+        let t = tensor_plan(plan, name)?;
+        let (_, shapes) = self.feature(name)?;
+        self.write_window(
+            plan,
+            name,
+            &block_window(t, &shapes.local_shape, coord),
+            out,
+        )?;
+        if matches!(t.remap, Remap::ShardLocal { .. }) {
+            let local = shift_ids(name, t, out, coord, &self.layout, -1)?;
+            out.f_copy_(&local).feature(name)?;
+        }
+        Ok(DTensorMeta {
+            global_shape: shapes.global_shape.clone(),
+            stride: contiguous_stride(&shapes.global_shape),
+            placements: t.placements.clone(),
+        })
+    }
+}
+
+/// The region of a feature's padded layout the rank at `coord` holds, `(start, len)`
+/// per axis: a co-sharded (follower) axis takes its leader's coordinate.
+fn block_window(t: &TensorPlan, local: &[usize], coord: [usize; CP_AXES]) -> Vec<(i64, i64)> {
+    t.axes
+        .iter()
+        .zip(local)
+        .map(|(a, &n)| {
+            let n = n as i64;
+            match a.split.mesh_axis() {
+                Some(m) => (coord[m] as i64 * n, n),
+                None => (0, n),
+            }
+        })
+        .collect()
+}
+
 fn narrow_to_block(
     name: &str,
     t: &TensorPlan,
@@ -106,12 +153,9 @@ fn narrow_to_block(
     coord: [usize; CP_AXES],
 ) -> Result<Tensor, RuntimeError> {
     let mut view = x.shallow_clone();
-    for (d, a) in t.axes.iter().enumerate() {
-        if let Some(m) = a.split.mesh_axis() {
-            let n = local[d] as i64;
-            view = view
-                .f_narrow(d as i64, coord[m] as i64 * n, n)
-                .feature(name)?;
+    for (d, &(start, len)) in block_window(t, local, coord).iter().enumerate() {
+        if t.axes[d].split.mesh_axis().is_some() {
+            view = view.f_narrow(d as i64, start, len).feature(name)?;
         }
     }
     Ok(view)

@@ -21,7 +21,15 @@ fn inference() -> Options {
 }
 
 fn error(plan: &featshard_spec::Plan, s: &Features) -> RuntimeError {
-    pad(plan, [2, 3], s, &inference()).expect_err("bad sample was accepted")
+    let e = pad(plan, [2, 3], s, &inference()).expect_err("bad sample was accepted");
+    // Checked feature by feature on several threads, the error is the same.
+    let threaded = Options {
+        threads: 3,
+        ..inference()
+    };
+    let t = pad(plan, [2, 3], s, &threaded).expect_err("bad sample was accepted on 3 threads");
+    assert_eq!(t.to_string(), e.to_string());
+    e
 }
 
 #[test]
@@ -171,6 +179,19 @@ fn index_values_out_of_range() {
     assert!(e
         .to_string()
         .starts_with("feature `frames_idx`: index values must lie in [0, 9) of `atoms`"));
+}
+
+#[test]
+fn of_two_bad_features_the_first_by_name_is_named() {
+    let (plan, mut s) = sample();
+    let f = s["frames_idx"].copy();
+    let _ = f.get(0).get(0).get(0).fill_(9);
+    s.insert("frames_idx".into(), f);
+    let m = s["token_to_rep_atom"].copy();
+    let _ = m.get(0).get(1).fill_(1);
+    s.insert("token_to_rep_atom".into(), m);
+    let e = error(&plan, &s);
+    assert!(e.to_string().starts_with("feature `frames_idx`"), "{e}");
 }
 
 #[test]

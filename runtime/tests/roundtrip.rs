@@ -4,7 +4,7 @@
 mod common;
 
 use featshard_runtime::shard::coords;
-use featshard_runtime::{assemble, pad, unpad, Features, Options, Padded};
+use featshard_runtime::{assemble, pad, place, unpad, Features, Options, Padded};
 use featshard_spec::infer::Split;
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeaturePlan, Plan};
@@ -112,6 +112,32 @@ proptest! {
         let serial = unpad(&plan, &padded.layout, &assembled)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         assert_same(&serial, &sample, "unpadded")?;
+
+        // Blocks written straight from the placed sample (as a source fills its send
+        // buffers) are the same blocks, with the same metadata.
+        let placed = place(&plan, mesh, &sample, &inference())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut written = Vec::new();
+        for (r, blocks) in ranks.iter().enumerate() {
+            let coord = coords(mesh, r);
+            let mut mine = Features::new();
+            for (name, view) in blocks {
+                // Anything left unwritten would show as 7.
+                let mut out = view.full_like(7);
+                let meta = placed
+                    .write_block(&plan, name, coord, &mut out)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(&meta, &padded.block(&plan, name, coord).expect("block").meta);
+                mine.insert(name.clone(), out);
+            }
+            assert_same(&mine, blocks, "written block")?;
+            written.push(mine);
+        }
+        let from_written = assemble(&plan, &placed.layout, Some("inference"), &written)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let serial = unpad(&plan, &placed.layout, &from_written)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        assert_same(&serial, &sample, "unpadded from written blocks")?;
     }
 }
 
@@ -267,5 +293,81 @@ fn a_shard_without_atoms_and_a_giant_token_round_trip_on_3x3() {
     let serial = unpad(&plan, &padded.layout, &assembled).expect("unpad");
     for (name, x) in &sample {
         assert!(serial[name].equal(x), "{name}");
+    }
+}
+
+/// A shard-local index vector (the owner token of each atom, as an id on the shard
+/// holding the atom): blocks viewed from the padded tensor and blocks written straight
+/// from the serial sample hold the same local ids, and both assemble back.
+#[test]
+fn shard_local_ids_are_local_in_viewed_and_written_blocks() {
+    const SPEC: &str = "\
+version: 1
+module: t
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true}
+  atoms: {shard: true, owner: tokens, counts: counts}
+features:
+  counts: {axes: [tokens], dtype: int64}
+  owner: {axes: [atoms], dtype: int64, pad: -1, index: {of: tokens, scope: shard_local}}
+";
+    let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
+    let counts = [2i64, 0, 3, 1, 4, 0, 2];
+    let owner: Vec<i64> = counts
+        .iter()
+        .enumerate()
+        .flat_map(|(t, &c)| std::iter::repeat_n(t as i64, c as usize))
+        .collect();
+    let sample: Features = [
+        ("counts".to_owned(), Tensor::from_slice(&counts)),
+        ("owner".to_owned(), Tensor::from_slice(&owner)),
+    ]
+    .into();
+    for mesh in [[2, 1], [3, 2], [4, 1]] {
+        let padded = pad(&plan, mesh, &sample, &Options::default()).expect("pad");
+        let placed = place(&plan, mesh, &sample, &Options::default()).expect("place");
+        let layout = &padded.layout;
+        let (n_loc, a_loc) = (
+            (layout.padded["tokens"] / mesh[0]) as i64,
+            (layout.padded["atoms"] / mesh[0]) as i64,
+        );
+        let mut ranks = Vec::new();
+        for rank in 0..mesh[0] * mesh[1] {
+            let coord = coords(mesh, rank);
+            let viewed = padded.block(&plan, "owner", coord).expect("block").tensor;
+            let mut written = viewed.full_like(7);
+            placed
+                .write_block(&plan, "owner", coord, &mut written)
+                .expect("write");
+            assert!(written.equal(&viewed), "mesh {mesh:?} rank {rank}");
+            // Every real atom's id is its owner's padded position minus the shard start.
+            for row in 0..a_loc {
+                let p = coord[0] as i64 * a_loc + row;
+                let local = written.int64_value(&[row]);
+                match layout.positions["atoms"]
+                    .iter()
+                    .position(|&q| q as i64 == p)
+                {
+                    Some(atom) => {
+                        // Tokens are end-padded: a token's padded position is its index.
+                        let token = owner[atom];
+                        assert_eq!(local, token - coord[0] as i64 * n_loc, "atom {atom}");
+                        assert!((0..n_loc).contains(&local));
+                    }
+                    None => assert_eq!(local, -1, "pad at {p}"),
+                }
+            }
+            let mut blocks = Features::new();
+            blocks.insert(
+                "counts".into(),
+                padded.block(&plan, "counts", coord).expect("counts").tensor,
+            );
+            blocks.insert("owner".into(), written);
+            ranks.push(blocks);
+        }
+        let assembled = assemble(&plan, layout, None, &ranks).expect("assemble");
+        let serial = unpad(&plan, layout, &assembled).expect("unpad");
+        assert!(serial["owner"].equal(&sample["owner"]), "mesh {mesh:?}");
     }
 }

@@ -15,9 +15,10 @@ use super::mesh::Mesh;
 use super::wire::{self, Header, Slot, Status, STATUS_BYTES};
 use crate::error::RuntimeError;
 use crate::kind::kind_of;
-use crate::pad::pad;
+use crate::pad::{place, Placed};
+use crate::par::try_map;
 use crate::sample::{tensor_plan, Features, Options};
-use crate::shard::{DTensorMeta, LocalBlock};
+use crate::shard::{coords, DTensorMeta, LocalBlock};
 
 /// A sample planned by the source rank: the header and every CP rank's buffer.
 #[derive(Debug)]
@@ -156,8 +157,8 @@ fn dtype_of(name: &str, k: Kind) -> Result<DType, RuntimeError> {
         })
 }
 
-/// Pads sample `sample` for the CP mesh `cp` and lays out every rank's buffer
-/// (blocks in name order, then passed-through features).
+/// Validates sample `sample`, places it on the CP mesh `cp` and writes every rank's
+/// buffer (blocks in name order, then passed-through features).
 pub fn prepare(
     plan: &Plan,
     cp: [usize; CP_AXES],
@@ -168,7 +169,7 @@ pub fn prepare(
     prepare_with(plan, cp, opts, sample, features, None)
 }
 
-/// [`prepare`] into buffers from `pool`, which get them back after the scatter.
+/// [`prepare`] into buffers from `pool`, which gets them back after the scatter.
 pub fn prepare_with(
     plan: &Plan,
     cp: [usize; CP_AXES],
@@ -177,12 +178,12 @@ pub fn prepare_with(
     features: &Features,
     pool: Option<&BufferPool>,
 ) -> Result<Prepared, RuntimeError> {
-    let padded = pad(plan, cp, features, opts)?;
-    let mut entries = Vec::new();
-    for name in padded.tensors.keys() {
+    let placed = place(plan, cp, features, opts)?;
+    let mut slots = Vec::new();
+    for name in placed.tensors.keys() {
         let t = tensor_plan(plan, name)?;
-        let s = &padded.shapes[name];
-        entries.push(Slot {
+        let s = &placed.shapes[name];
+        slots.push(Slot {
             name: name.clone(),
             dtype: t.dtype,
             local_shape: s.local_shape.clone(),
@@ -190,9 +191,9 @@ pub fn prepare_with(
             dtensor: Some((s.global_shape.clone(), t.placements.clone())),
         });
     }
-    for (name, x) in &padded.passthrough {
+    for (name, x) in &placed.passthrough {
         let shape = x.size().iter().map(|&n| n as usize).collect();
-        entries.push(Slot {
+        slots.push(Slot {
             name: name.clone(),
             dtype: dtype_of(name, x.kind())?,
             local_shape: shape,
@@ -200,44 +201,72 @@ pub fn prepare_with(
             dtensor: None,
         });
     }
-    let bytes = wire::lay_out(&mut entries);
-    let slots = entries;
+    let bytes = wire::lay_out(&mut slots);
     let world: usize = cp.iter().product();
-    let mut buffers = Vec::with_capacity(world);
-    let mut owned = Vec::with_capacity(world);
-    let torch_err = |feature: String, e: tch::TchError| RuntimeError::Torch {
-        feature,
-        message: e.to_string(),
-    };
-    for rank in 0..world {
-        let blocks = padded.rank_blocks(plan, rank)?;
-        let tensors: Vec<&Tensor> = blocks
-            .values()
-            .map(|b| &b.tensor)
-            .chain(padded.passthrough.values())
-            .collect();
-        let full = match pool {
+    let owned = (0..world)
+        .map(|_| match pool {
             Some(p) => p.take(bytes),
             None => Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu)),
-        }
-        .map_err(|e| torch_err("*".into(), e))?;
-        let buf = full
-            .f_narrow(0, 0, bytes as i64)
-            .map_err(|e| torch_err("*".into(), e))?;
-        wire::fill(&buf, &slots, &tensors).map_err(|(feature, e)| torch_err(feature, e))?;
-        buffers.push(buf);
-        owned.push(full);
-    }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| torch_err("*", e))?;
+    let buffers = owned
+        .iter()
+        .map(|full| full.f_narrow(0, 0, bytes as i64))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| torch_err("*", e))?;
+    write_ranks(plan, &placed, &slots, &buffers, opts.threads)?;
     Ok(Prepared {
         header: Header::Ok {
             sample,
-            layout: padded.layout,
+            layout: placed.layout,
             slots,
             bytes,
         },
         buffers,
         recycle: pool.map(|p| (p.clone(), owned)),
     })
+}
+
+fn torch_err(feature: &str, e: tch::TchError) -> RuntimeError {
+    RuntimeError::Torch {
+        feature: feature.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// Writes every rank's buffer straight from the placed sample, block by block (the
+/// largest first, when there are several threads).
+fn write_ranks(
+    plan: &Plan,
+    placed: &Placed,
+    slots: &[Slot],
+    buffers: &[Tensor],
+    threads: usize,
+) -> Result<(), RuntimeError> {
+    let cp = placed.layout.mesh;
+    let mut work: Vec<(usize, &Slot)> = (0..buffers.len())
+        .flat_map(|rank| slots.iter().map(move |slot| (rank, slot)))
+        .collect();
+    work.sort_by_key(|(_, slot)| std::cmp::Reverse(slot.nbytes()));
+    try_map(
+        &work,
+        threads,
+        || {
+            let buffers: Vec<Tensor> = buffers.iter().map(Tensor::shallow_clone).collect();
+            (placed.shallow_clone(), buffers)
+        },
+        |(placed, buffers), &(rank, slot)| {
+            let mut dst = wire::view(&buffers[rank], slot).map_err(|e| torch_err(&slot.name, e))?;
+            match placed.passthrough.get(&slot.name) {
+                Some(x) => dst.f_copy_(x).map_err(|e| torch_err(&slot.name, e)),
+                None => placed
+                    .write_block(plan, &slot.name, coords(cp, rank), &mut dst)
+                    .map(|_| ()),
+            }
+        },
+    )?;
+    Ok(())
 }
 
 /// One step: every rank of the world calls it; `source` is read on CP sources only
@@ -392,4 +421,71 @@ pub fn agree_on(mesh: &Mesh, local: Result<(), String>) -> Result<(), DistError>
             },
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pad::pad;
+    use crate::synthetic::{sample, Shape};
+
+    /// Every rank's buffer, written straight from the serial sample on any number of
+    /// threads, holds exactly the blocks viewed from the padded sample.
+    #[test]
+    fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/boltz2.yaml");
+        let (_, plan) = featshard_spec::compile_file(&path).expect("example spec");
+        let shape = Shape {
+            sizes: [
+                ("tokens", 7),
+                ("msa", 3),
+                ("ensemble", 2),
+                ("disto_ensemble", 1),
+                ("templates", 2),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+            counts: [("atoms".to_owned(), vec![3, 0, 2, 4, 1, 0, 2])].into(),
+            mapped: [("rset".to_owned(), 3)].into(),
+        };
+        let features = sample(&plan, Some("inference"), &shape, 5).expect("sample");
+        let cp = [2, 3];
+        let mut opts = Options {
+            workflow: Some("inference".into()),
+            ..Options::default()
+        };
+        let padded = pad(&plan, cp, &features, &opts).expect("pad");
+        for threads in [1, 3] {
+            opts.threads = threads;
+            let pool = BufferPool::new(cp[0] * cp[1]);
+            let p = prepare_with(&plan, cp, &opts, 4, &features, Some(&pool)).expect("prepare");
+            let Header::Ok {
+                slots,
+                layout,
+                sample,
+                ..
+            } = &p.header
+            else {
+                panic!("an error header for a valid sample");
+            };
+            assert_eq!((layout, *sample), (&padded.layout, 4));
+            for (rank, buf) in p.buffers.iter().enumerate() {
+                let (blocks, passthrough) = wire::unpack(buf, slots).expect("unpack");
+                let want = padded.rank_blocks(&plan, rank).expect("blocks");
+                assert_eq!(
+                    blocks.keys().collect::<Vec<_>>(),
+                    want.keys().collect::<Vec<_>>()
+                );
+                for (name, b) in &blocks {
+                    assert!(
+                        b.tensor.equal(&want[name].tensor),
+                        "{threads} threads, rank {rank}, {name}"
+                    );
+                    assert_eq!(b.meta, want[name].meta, "{name}");
+                }
+                assert!(passthrough.is_empty());
+            }
+        }
+    }
 }

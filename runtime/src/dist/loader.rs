@@ -3,6 +3,7 @@
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::thread::JoinHandle;
 
 use featshard_spec::plan::Plan;
@@ -45,7 +46,7 @@ pub struct LoaderOptions {
     pub retries: usize,
     /// Samples the source prepares ahead of the step that needs them.
     pub prefetch: usize,
-    /// Workflow and passthrough of the samples.
+    /// Workflow, passthrough and threads of the source's sample preparation.
     pub sample: Options,
 }
 
@@ -68,6 +69,8 @@ pub struct ShardedLoader<D> {
     dataset: Arc<D>,
     plan: Arc<Plan>,
     opts: LoaderOptions,
+    /// The source's send buffers, kept from epoch to epoch (sized at the first epoch).
+    pool: OnceLock<BufferPool>,
 }
 
 /// SplitMix64: a small, fixed generator, so permutations never change between builds.
@@ -90,6 +93,7 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
             dataset,
             plan,
             opts,
+            pool: OnceLock::new(),
         })
     }
 
@@ -145,13 +149,19 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
         let indices = self.indices(epoch, mesh.dp_size(), mesh.dp_index());
         let remaining = indices.len();
         let (rx, worker) = if mesh.is_source() {
-            let (tx, rx) = sync_channel(self.opts.prefetch.max(1));
+            // The worker holds one prepared sample while it waits to hand it over, so
+            // `prefetch` samples ahead take a channel of `prefetch - 1`.
+            let ahead = self.opts.prefetch.max(1);
+            let (tx, rx) = sync_channel(ahead - 1);
             let dataset = Arc::clone(&self.dataset);
             let plan = Arc::clone(&self.plan);
             let opts = self.opts.clone();
             let cp = mesh.cp_shape();
-            // Every rank's buffer of the samples in flight (prefetched + one scattering).
-            let pool = BufferPool::new(cp[0] * cp[1] * (opts.prefetch.max(1) + 2));
+            // Every rank's buffer of the samples in flight: prefetched + one scattering.
+            let pool = self
+                .pool
+                .get_or_init(|| BufferPool::new(cp[0] * cp[1] * (ahead + 1)))
+                .clone();
             let worker = std::thread::spawn(move || {
                 for index in indices {
                     let source = fetch(dataset.as_ref(), &plan, cp, &opts, index, &pool);

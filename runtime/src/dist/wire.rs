@@ -31,7 +31,7 @@ impl Slot {
         self.local_shape.iter().product()
     }
 
-    fn nbytes(&self) -> usize {
+    pub fn nbytes(&self) -> usize {
         self.numel() * kind_of(self.dtype).elt_size_in_bytes()
     }
 }
@@ -77,15 +77,6 @@ pub fn view(buf: &Tensor, slot: &Slot) -> Result<Tensor, tch::TchError> {
         bytes.f_view_dtype(kind)?
     };
     typed.f_view(shape.as_slice())
-}
-
-/// One rank's buffer filled from its tensors (in slot order).
-pub fn fill(buf: &Tensor, slots: &[Slot], tensors: &[&Tensor]) -> Result<(), SlotError> {
-    for (slot, t) in slots.iter().zip(tensors) {
-        let mut dst = view(buf, slot).map_err(|e| (slot.name.clone(), e))?;
-        dst.f_copy_(t).map_err(|e| (slot.name.clone(), e))?;
-    }
-    Ok(())
 }
 
 /// Blocks by name, and passed-through features by name.

@@ -1,0 +1,84 @@
+//! A small parallel map for per-feature and per-block work on a sample.
+//!
+//! Tensors are `Send` but not `Sync`, so threads cannot share a map of them: every
+//! thread gets its own handles (`make`, called on the calling thread) on the same
+//! storage. Work items are taken in order by whichever thread is free.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// `f` over `items` with up to `threads` threads; results in item order. Every item
+/// is run, so that the error returned is the one of the first failing item, as on one
+/// thread.
+pub(crate) fn try_map<I, C, R, E>(
+    items: &[I],
+    threads: usize,
+    make: impl Fn() -> C,
+    f: impl Fn(&C, &I) -> Result<R, E> + Sync,
+) -> Result<Vec<R>, E>
+where
+    I: Sync,
+    C: Send,
+    R: Send,
+    E: Send,
+{
+    let threads = threads.clamp(1, items.len().max(1));
+    if threads == 1 {
+        let ctx = make();
+        return items.iter().map(|i| f(&ctx, i)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, Result<R, E>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let ctx = make();
+                let (next, f) = (&next, &f);
+                scope.spawn(move || {
+                    let mut out = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(k) else {
+                            return out;
+                        };
+                        out.push((k, f(&ctx, item)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            // A panic in `f` is a bug, not an input error: it propagates.
+            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    done.sort_by_key(|(k, _)| *k);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::try_map;
+
+    #[test]
+    fn results_keep_item_order_and_the_first_error_wins() {
+        let items: Vec<usize> = (0..100).collect();
+        for threads in [1, 2, 7] {
+            let out = try_map(&items, threads, || 10, |c, &i| Ok::<_, String>(i * c));
+            assert_eq!(out, Ok(items.iter().map(|i| i * 10).collect()));
+            let err = try_map(
+                &items,
+                threads,
+                || (),
+                |_, &i| {
+                    if i % 30 == 29 {
+                        Err(format!("item {i}"))
+                    } else {
+                        Ok(i)
+                    }
+                },
+            );
+            assert_eq!(err, Err("item 29".to_owned()), "{threads} threads");
+        }
+        let none: Vec<u8> = Vec::new();
+        assert_eq!(try_map(&none, 4, || (), |_, &i| Ok::<_, ()>(i)), Ok(vec![]));
+    }
+}
