@@ -29,6 +29,59 @@ pub struct Prepared {
     recycle: Option<(BufferPool, Vec<Tensor>)>,
 }
 
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if let Some((pool, owned)) = self.recycle.take() {
+            self.buffers.clear();
+            pool.give(owned);
+        }
+    }
+}
+
+impl Prepared {
+    /// What the rank at CP rank `rank` will receive, read back from its send buffer:
+    /// its blocks with their DTensor metadata and the passed-through features (copies:
+    /// the buffer goes back to its pool when the sample is distributed or dropped).
+    pub fn local(&self, rank: usize) -> Result<LocalSample, RuntimeError> {
+        let Header::Ok {
+            sample,
+            layout,
+            slots,
+            ..
+        } = &self.header
+        else {
+            return Err(RuntimeError::Blocks {
+                feature: "*".into(),
+                message: "the prepared sample holds an error".into(),
+            });
+        };
+        let buf = self.buffers.get(rank).ok_or_else(|| RuntimeError::Blocks {
+            feature: "*".into(),
+            message: format!("rank {rank} of a CP group of {} ranks", self.buffers.len()),
+        })?;
+        let (mut blocks, mut passthrough) =
+            wire::unpack(buf, slots).map_err(|(feature, e)| torch_err(&feature, e))?;
+        let copy = |name: &str, x: &Tensor| {
+            x.f_empty_like()
+                .and_then(|mut y| y.f_copy_(x).map(|()| y))
+                .map_err(|e| torch_err(name, e))
+        };
+        for (name, b) in blocks.iter_mut() {
+            b.tensor = copy(name, &b.tensor)?;
+        }
+        for (name, x) in passthrough.iter_mut() {
+            *x = copy(name, x)?;
+        }
+        Ok(LocalSample {
+            sample: *sample,
+            layout: layout.clone(),
+            coord: coords(layout.mesh, rank),
+            blocks,
+            passthrough,
+        })
+    }
+}
+
 /// Send buffers a source reuses from sample to sample. Filling memory the process
 /// already touched costs a fraction of first-touch memory (page faults; on a VM,
 /// backing by the host), and a sample's buffers are as large as the sample.
@@ -46,6 +99,11 @@ impl BufferPool {
             free: Arc::default(),
             cap,
         }
+    }
+
+    /// Buffers waiting to be reused.
+    pub fn free(&self) -> usize {
+        self.free.lock().map_or(0, |f| f.len())
     }
 
     /// A buffer of at least `bytes` (the smallest that fits), or a new one.
@@ -284,30 +342,27 @@ pub fn distribute_then<T>(
 ) -> Result<T, DistError> {
     let cp = mesh.cp();
     let source_rank = cp.ranks()[0];
-    let mut recycle = None;
-    let (header, buffers) = match (mesh.is_source(), source) {
+    let (prepared, header) = match (mesh.is_source(), source) {
         (true, Some(Ok(p))) => {
-            recycle = p.recycle;
-            (Some(p.header), Some(p.buffers))
+            let header = serde_json::to_vec(&p.header).unwrap_or_default();
+            (Some(p), Some(header))
         }
-        (true, Some(Err(f))) => (
-            Some(Header::Error {
-                sample: f.sample,
-                message: f.message,
-            }),
-            None,
-        ),
-        (true, None) => (
-            Some(Header::Error {
-                sample: None,
-                message: "no sample was given to the source rank".into(),
-            }),
-            None,
-        ),
+        (true, failure) => {
+            let header = match failure {
+                Some(Err(f)) => Header::Error {
+                    sample: f.sample,
+                    message: f.message,
+                },
+                _ => Header::Error {
+                    sample: None,
+                    message: "no sample was given to the source rank".into(),
+                },
+            };
+            (None, Some(serde_json::to_vec(&header).unwrap_or_default()))
+        }
         (false, _) => (None, None),
     };
-    let header_bytes = header.map(|h| serde_json::to_vec(&h).unwrap_or_default());
-    let received = cp.broadcast_bytes(header_bytes.as_deref(), 0)?;
+    let received = cp.broadcast_bytes(header.as_deref(), 0)?;
     let header: Header = serde_json::from_slice(&received).map_err(|e| DistError::Protocol {
         message: format!("unreadable header from rank {source_rank}: {e}"),
     })?;
@@ -331,18 +386,22 @@ pub fn distribute_then<T>(
                 }
             })?;
             // NCCL scatters device memory; gloo takes the CPU buffers as they are.
-            let buffers: Option<Vec<Tensor>> = buffers.map(|bs| {
-                if device == Device::Cpu {
-                    bs
-                } else {
-                    bs.iter().map(|b| b.to_device(device)).collect()
-                }
+            let buffers: Option<Vec<Tensor>> = prepared.as_ref().map(|p| {
+                p.buffers
+                    .iter()
+                    .map(|b| {
+                        if device == Device::Cpu {
+                            b.shallow_clone()
+                        } else {
+                            b.to_device(device)
+                        }
+                    })
+                    .collect()
             });
             cp.scatter(&mut buf, buffers.as_deref(), 0)?;
             drop(buffers);
-            if let Some((pool, owned)) = recycle.take() {
-                pool.give(owned);
-            }
+            // The send buffers go back to their pool.
+            drop(prepared);
             let outcome = wire::unpack(&buf, &slots)
                 .map_err(|(feature, e)| format!("feature `{feature}`: {e}"))
                 .and_then(|(blocks, passthrough)| {
@@ -421,71 +480,4 @@ pub fn agree_on(mesh: &Mesh, local: Result<(), String>) -> Result<(), DistError>
             },
         },
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pad::pad;
-    use crate::synthetic::{sample, Shape};
-
-    /// Every rank's buffer, written straight from the serial sample on any number of
-    /// threads, holds exactly the blocks viewed from the padded sample.
-    #[test]
-    fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/boltz2.yaml");
-        let (_, plan) = featshard_spec::compile_file(&path).expect("example spec");
-        let shape = Shape {
-            sizes: [
-                ("tokens", 7),
-                ("msa", 3),
-                ("ensemble", 2),
-                ("disto_ensemble", 1),
-                ("templates", 2),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-            counts: [("atoms".to_owned(), vec![3, 0, 2, 4, 1, 0, 2])].into(),
-            mapped: [("rset".to_owned(), 3)].into(),
-        };
-        let features = sample(&plan, Some("inference"), &shape, 5).expect("sample");
-        let cp = [2, 3];
-        let mut opts = Options {
-            workflow: Some("inference".into()),
-            ..Options::default()
-        };
-        let padded = pad(&plan, cp, &features, &opts).expect("pad");
-        for threads in [1, 3] {
-            opts.threads = threads;
-            let pool = BufferPool::new(cp[0] * cp[1]);
-            let p = prepare_with(&plan, cp, &opts, 4, &features, Some(&pool)).expect("prepare");
-            let Header::Ok {
-                slots,
-                layout,
-                sample,
-                ..
-            } = &p.header
-            else {
-                panic!("an error header for a valid sample");
-            };
-            assert_eq!((layout, *sample), (&padded.layout, 4));
-            for (rank, buf) in p.buffers.iter().enumerate() {
-                let (blocks, passthrough) = wire::unpack(buf, slots).expect("unpack");
-                let want = padded.rank_blocks(&plan, rank).expect("blocks");
-                assert_eq!(
-                    blocks.keys().collect::<Vec<_>>(),
-                    want.keys().collect::<Vec<_>>()
-                );
-                for (name, b) in &blocks {
-                    assert!(
-                        b.tensor.equal(&want[name].tensor),
-                        "{threads} threads, rank {rank}, {name}"
-                    );
-                    assert_eq!(b.meta, want[name].meta, "{name}");
-                }
-                assert!(passthrough.is_empty());
-            }
-        }
-    }
 }
