@@ -587,6 +587,7 @@ pub fn unpad(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::{assemble, coords};
 
     const SPEC: &str = "\
 version: 1
@@ -715,5 +716,79 @@ features:
         );
         assert_eq!(gaps(&runs, 12), vec![(2, 2), (7, 2), (10, 2)]);
         assert_eq!(gaps(&runs_of(None, 0), 3), vec![(0, 3)]);
+    }
+
+    /// A shard-local index vector (the owner token of each atom, as an id on the shard
+    /// holding the atom): blocks viewed from the padded tensor and blocks written straight
+    /// from the serial sample hold the same local ids, and both assemble back.
+    #[test]
+    fn shard_local_ids_are_local_in_viewed_and_written_blocks() {
+        let spec = format!(
+            "{SPEC}  owner: {{axes: [atoms], dtype: int64, pad: -1, index: {{of: tokens, scope: shard_local}}}}\n"
+        );
+        let (_, plan) = featshard_spec::compile_str("t.yaml", &spec).expect("spec");
+        let counts = [2i64, 0, 3, 1, 4, 0, 2];
+        let owner: Vec<i64> = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(t, &c)| std::iter::repeat_n(t as i64, c as usize))
+            .collect();
+        let a = owner.len() as i64;
+        let sample: Features = [
+            ("counts".to_owned(), Tensor::from_slice(&counts)),
+            ("owner".to_owned(), Tensor::from_slice(&owner)),
+            (
+                "pair".to_owned(),
+                Tensor::rand([a, 2, a], (Kind::Float, Device::Cpu)),
+            ),
+        ]
+        .into();
+        for mesh in [[2, 1], [3, 2], [4, 1]] {
+            let padded = pad(&plan, mesh, &sample, &Options::default()).expect("pad");
+            let placed = place(&plan, mesh, &sample, &Options::default()).expect("place");
+            let layout = &padded.layout;
+            let (n_loc, a_loc) = (
+                (layout.padded["tokens"] / mesh[0]) as i64,
+                (layout.padded["atoms"] / mesh[0]) as i64,
+            );
+            let mut ranks = Vec::new();
+            for rank in 0..mesh[0] * mesh[1] {
+                let coord = coords(mesh, rank);
+                let viewed = padded.block(&plan, "owner", coord).expect("block").tensor;
+                let mut written = viewed.full_like(7);
+                placed
+                    .write_block(&plan, "owner", coord, &mut written)
+                    .expect("write");
+                assert!(written.equal(&viewed), "mesh {mesh:?} rank {rank}");
+                // Every real atom's id is its owner's padded position minus the shard start.
+                for row in 0..a_loc {
+                    let p = coord[0] as i64 * a_loc + row;
+                    let local = written.int64_value(&[row]);
+                    match layout.positions["atoms"]
+                        .iter()
+                        .position(|&q| q as i64 == p)
+                    {
+                        Some(atom) => {
+                            // Tokens are end-padded: a token's padded position is its index.
+                            let token = owner[atom];
+                            assert_eq!(local, token - coord[0] as i64 * n_loc, "atom {atom}");
+                            assert!((0..n_loc).contains(&local));
+                        }
+                        None => assert_eq!(local, -1, "pad at {p}"),
+                    }
+                }
+                let mut blocks: Features = padded
+                    .rank_blocks(&plan, rank)
+                    .expect("blocks")
+                    .into_iter()
+                    .map(|(n, b)| (n, b.tensor))
+                    .collect();
+                blocks.insert("owner".into(), written);
+                ranks.push(blocks);
+            }
+            let assembled = assemble(&plan, layout, None, &ranks).expect("assemble");
+            let serial = unpad(&plan, layout, &assembled).expect("unpad");
+            assert!(serial["owner"].equal(&sample["owner"]), "mesh {mesh:?}");
+        }
     }
 }
