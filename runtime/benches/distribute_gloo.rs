@@ -210,26 +210,29 @@ fn main() {
         gb(scattered),
         gb(times.bytes_per_rank)
     );
-    let raw = median(times.raw);
-    let line = |what: &str, t: f64, base: f64| {
+    // Medians, and each run's ratio to the raw scatter of the same run (they show the
+    // machine's noise).
+    let line = |what: &str, runs: &[Duration]| {
+        let t = median(runs.to_vec());
+        let ratios: Vec<String> = runs
+            .iter()
+            .zip(&times.raw)
+            .map(|(r, raw)| format!("{:.2}", r.as_secs_f64() / raw.as_secs_f64()))
+            .collect();
         println!(
-            "{what:<35}{t:>7.3} s  {:>6.2} GB/s  ratio to raw scatter {:.2}",
+            "{what:<35}{t:>7.3} s  {:>6.2} GB/s  ratio to raw scatter {:.2}  (runs: {})",
             gb(scattered) / t,
-            t / base
+            t / median(times.raw.clone()),
+            ratios.join(" ")
         );
     };
-    line("raw gloo scatter", raw, raw);
-    line("distribute, sample prepared", median(times.prepared), raw);
+    line("raw gloo scatter", &times.raw);
+    line("distribute, sample prepared", &times.prepared);
     for (k, threads) in ["1 thread", "2 threads"].into_iter().enumerate() {
-        line(
-            &format!("prepare alone, {threads}"),
-            median(times.prepare[k].clone()),
-            raw,
-        );
+        line(&format!("prepare alone, {threads}"), &times.prepare[k]);
         line(
             &format!("distribute from serial, {threads}"),
-            median(times.serial[k].clone()),
-            raw,
+            &times.serial[k],
         );
     }
     // Epoch 0 touches the loader's send buffers for the first time; epoch 1 reuses them.
