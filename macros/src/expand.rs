@@ -176,13 +176,15 @@ pub fn expand(input: &syn::DeriveInput, model: &Model) -> syn::Result<TokenStrea
                 ::featshard::runtime::dist::Distributed<#local>,
                 ::featshard::runtime::dist::DistError,
             > {
+                // Written once the header is out, while the other ranks ready their buffers.
                 let source = source.map(|(index, sample)| {
-                    ::featshard::runtime::dist::prepare(
+                    ::featshard::runtime::dist::prepare_deferred(
                         Self::plan(),
                         mesh.cp_shape(),
                         &Self::options(),
                         index,
                         &sample.to_features(),
+                        ::core::option::Option::None,
                     )
                     .map_err(|e| ::featshard::runtime::dist::SourceFailure {
                         sample: ::core::option::Option::Some(index),

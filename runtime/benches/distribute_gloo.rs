@@ -6,15 +6,17 @@
 //! transport is TCP over loopback as between processes). Each figure is the median of
 //! RUNS runs, timed on the source rank from a barrier to a barrier, with the raw
 //! scatter and featshard runs interleaved so that machine noise hits both alike:
-//! - raw scatter: the source already holds every rank's bytes; one scatter.
+//! - raw scatter: the source already holds every rank's bytes; one scatter into a new
+//!   receive buffer on each rank (and, for comparison, into one already faulted in).
 //! - distribute, sample prepared: header broadcast + the same scatter + the world's
 //!   status agreement + unpacking into typed views (what a prefetching loader pays
 //!   per step once the next sample is prepared in the background).
 //! - prepare: the source alone validates the serial sample, places it and writes every
 //!   rank's block straight into its send buffer (reused from sample to sample, as the
 //!   loader does), with 1 and with 2 threads.
-//! - distribute from the serial sample: prepare, then the step above, with 1 and 2
-//!   threads writing.
+//! - distribute from the serial sample: validate and place it, then the step above with
+//!   the source writing the blocks once the header is out (`prepare_deferred`), while
+//!   the other ranks fault their receive buffers in; with 1 and 2 threads writing.
 //! - loader, 4 samples: the sharded loader (prefetch 1, 2 threads) against 4 raw
 //!   scatters, for two epochs: the first touches its send buffers for the first time,
 //!   the second reuses them.
@@ -26,8 +28,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use featshard_runtime::dist::{
-    distribute, prepare_with, BufferPool, GroupOptions, LoaderOptions, Mesh, Rendezvous,
-    SerialDataset, ShardedLoader,
+    distribute, prepare_deferred, prepare_with, BufferPool, GroupOptions, LoaderOptions, Mesh,
+    Rendezvous, SerialDataset, ShardedLoader,
 };
 use featshard_runtime::{Features, Options};
 use tch::{Device, Kind, Tensor};
@@ -55,6 +57,8 @@ impl SerialDataset for Repeat {
 #[derive(Default, Debug)]
 struct Times {
     raw: Vec<Duration>,
+    /// The raw scatter into receive buffers already faulted in.
+    raw_faulted: Vec<Duration>,
     prepared: Vec<Duration>,
     /// By threads writing the rank buffers (1, 2).
     prepare: [Vec<Duration>; 2],
@@ -139,8 +143,21 @@ fn main() {
                     sync();
                     start.elapsed()
                 };
+                // What memory faulted in before the scatter saves (no timing of the
+                // faulting itself).
+                let raw_faulted = || {
+                    let mut out = Tensor::zeros([per_rank as i64], (Kind::Uint8, Device::Cpu));
+                    sync();
+                    let start = Instant::now();
+                    mesh.cp()
+                        .scatter(&mut out, raw_inputs.as_deref(), 0)
+                        .expect("scatter");
+                    sync();
+                    start.elapsed()
+                };
                 for _ in 0..RUNS {
                     times.raw.push(raw(1));
+                    times.raw_faulted.push(raw_faulted());
                     // Prepared beforehand, as a prefetching loader has it.
                     let ready = source.then(|| prepare(&dataset.get(0).expect("sample"), 1));
                     sync();
@@ -150,11 +167,21 @@ fn main() {
                     times.prepared.push(start.elapsed());
                     drop(local);
                     for (k, threads) in [1, 2].into_iter().enumerate() {
+                        if source {
+                            let start = Instant::now();
+                            drop(prepare(&dataset.get(0).expect("sample"), threads));
+                            times.prepare[k].push(start.elapsed());
+                        }
                         sync();
                         let start = Instant::now();
-                        let ready =
-                            source.then(|| prepare(&dataset.get(0).expect("sample"), threads));
-                        times.prepare[k].push(start.elapsed());
+                        let ready = source.then(|| {
+                            let opts = Options {
+                                threads,
+                                ..opts.clone()
+                            };
+                            let s = dataset.get(0).expect("sample");
+                            prepare_deferred(&plan, CP, &opts, 0, &s, Some(&pool)).expect("prepare")
+                        });
                         let local = distribute(&mesh, ready.map(Ok)).expect("distribute");
                         sync();
                         times.serial[k].push(start.elapsed());
@@ -227,6 +254,7 @@ fn main() {
         );
     };
     line("raw gloo scatter", &times.raw);
+    line("raw scatter, receive buffers faulted", &times.raw_faulted);
     line("distribute, sample prepared", &times.prepared);
     for (k, threads) in ["1 thread", "2 threads"].into_iter().enumerate() {
         line(&format!("prepare alone, {threads}"), &times.prepare[k]);

@@ -27,6 +27,16 @@ pub struct Prepared {
     buffers: Vec<Tensor>,
     /// Where the buffers go back once scattered (their full, unnarrowed tensors).
     recycle: Option<(BufferPool, Vec<Tensor>)>,
+    /// Blocks not written yet ([`prepare_deferred`]).
+    pending: Option<Pending>,
+}
+
+/// What writing the blocks of a deferred sample takes.
+#[derive(Debug)]
+struct Pending {
+    plan: Plan,
+    placed: Placed,
+    threads: usize,
 }
 
 impl Drop for Prepared {
@@ -39,10 +49,24 @@ impl Drop for Prepared {
 }
 
 impl Prepared {
-    /// What the rank at CP rank `rank` will receive, read back from its send buffer:
-    /// its blocks with their DTensor metadata and the passed-through features (copies:
-    /// the buffer goes back to its pool when the sample is distributed or dropped).
-    pub fn local(&self, rank: usize) -> Result<LocalSample, RuntimeError> {
+    /// Writes the blocks of a deferred sample into the send buffers (once).
+    pub fn write(&mut self) -> Result<(), RuntimeError> {
+        let (Some(p), Header::Ok { slots, .. }) = (self.pending.take(), &mut self.header) else {
+            return Ok(());
+        };
+        write_ranks(&p.plan, &p.placed, slots, &self.buffers, p.threads)?;
+        if let Header::Ok { deferred, .. } = &mut self.header {
+            *deferred = false;
+        }
+        Ok(())
+    }
+
+    /// What the rank at CP rank `rank` will receive, read back from its send buffer
+    /// (written first if deferred): its blocks with their DTensor metadata and the
+    /// passed-through features (copies: the buffer goes back to its pool when the
+    /// sample is distributed or dropped).
+    pub fn local(&mut self, rank: usize) -> Result<LocalSample, RuntimeError> {
+        self.write()?;
         let Header::Ok {
             sample,
             layout,
@@ -236,6 +260,23 @@ pub fn prepare_with(
     features: &Features,
     pool: Option<&BufferPool>,
 ) -> Result<Prepared, RuntimeError> {
+    let mut prepared = prepare_deferred(plan, cp, opts, sample, features, pool)?;
+    prepared.write()?;
+    Ok(prepared)
+}
+
+/// [`prepare_with`] up to the blocks: the sample is validated and placed, its buffers
+/// laid out, and [`distribute`] writes the blocks once the header is out, while the
+/// other ranks ready their receive buffers. For a sample distributed as soon as it is
+/// read; a loader that prepares ahead writes them ahead too.
+pub fn prepare_deferred(
+    plan: &Plan,
+    cp: [usize; CP_AXES],
+    opts: &Options,
+    sample: usize,
+    features: &Features,
+    pool: Option<&BufferPool>,
+) -> Result<Prepared, RuntimeError> {
     let placed = place(plan, cp, features, opts)?;
     let mut slots = Vec::new();
     for name in placed.tensors.keys() {
@@ -273,16 +314,21 @@ pub fn prepare_with(
         .map(|full| full.f_narrow(0, 0, bytes as i64))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| torch_err("*", e))?;
-    write_ranks(plan, &placed, &slots, &buffers, opts.threads)?;
     Ok(Prepared {
         header: Header::Ok {
             sample,
-            layout: placed.layout,
+            layout: placed.layout.clone(),
             slots,
             bytes,
+            deferred: true,
         },
         buffers,
         recycle: pool.map(|p| (p.clone(), owned)),
+        pending: Some(Pending {
+            plan: plan.clone(),
+            placed,
+            threads: opts.threads,
+        }),
     })
 }
 
@@ -342,7 +388,7 @@ pub fn distribute_then<T>(
 ) -> Result<T, DistError> {
     let cp = mesh.cp();
     let source_rank = cp.ranks()[0];
-    let (prepared, header) = match (mesh.is_source(), source) {
+    let (mut prepared, header) = match (mesh.is_source(), source) {
         (true, Some(Ok(p))) => {
             let header = serde_json::to_vec(&p.header).unwrap_or_default();
             (Some(p), Some(header))
@@ -378,13 +424,26 @@ pub fn distribute_then<T>(
             layout,
             slots,
             bytes,
+            deferred,
         } => {
             let device = cp.device();
-            let mut buf = Tensor::f_empty([bytes as i64], (Kind::Uint8, device)).map_err(|e| {
-                DistError::Protocol {
-                    message: format!("a {bytes}-byte buffer: {e}"),
-                }
+            // While a deferred source writes its blocks, the others fault their receive
+            // buffers in (zeroing them), which the scatter would otherwise wait on.
+            let size = [bytes as i64];
+            let buf = if deferred && prepared.is_none() {
+                Tensor::f_zeros(size, (Kind::Uint8, device))
+            } else {
+                Tensor::f_empty(size, (Kind::Uint8, device))
+            };
+            let mut buf = buf.map_err(|e| DistError::Protocol {
+                message: format!("a {bytes}-byte buffer: {e}"),
             })?;
+            // A source that fails to write after its header still takes part in the
+            // scatter; the status agreement then fails the step everywhere.
+            let unwritten = prepared
+                .as_mut()
+                .and_then(|p| p.write().err())
+                .map(|e| e.to_string());
             // NCCL scatters device memory; gloo takes the CPU buffers as they are.
             let buffers: Option<Vec<Tensor>> = prepared.as_ref().map(|p| {
                 p.buffers
@@ -413,12 +472,17 @@ pub fn distribute_then<T>(
                         passthrough,
                     })
                 });
-            match outcome {
-                Ok(v) => {
+            match (unwritten, outcome) {
+                (Some(message), _) => Status::Source {
+                    rank: source_rank,
+                    sample: Some(sample),
+                    message,
+                },
+                (None, Ok(v)) => {
                     value = Some(v);
                     Status::Ok
                 }
-                Err(message) => Status::Rank {
+                (None, Err(message)) => Status::Rank {
                     rank: mesh.rank(),
                     message,
                 },
@@ -480,4 +544,71 @@ pub fn agree_on(mesh: &Mesh, local: Result<(), String>) -> Result<(), DistError>
             },
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::{GroupOptions, Rendezvous};
+
+    const SPEC: &str = "\
+version: 1
+module: t
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true}
+features:
+  x: {axes: [tokens], dtype: float32}
+";
+
+    /// Runs one step on a 1x2 CP mesh of threads, `source` on rank 0.
+    fn step(source: Prepared) -> Vec<Result<(), DistError>> {
+        let mut source = Some(source);
+        let ranks = Rendezvous::in_process(2, GroupOptions::default()).expect("store");
+        let threads: Vec<_> = ranks
+            .into_iter()
+            .map(|rdv| {
+                let mine = source.take();
+                std::thread::spawn(move || {
+                    let mesh = Mesh::new(&rdv, 1, [1, 2])?;
+                    distribute(&mesh, mine.map(Ok)).map(|_| ())
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank thread"))
+            .collect()
+    }
+
+    #[test]
+    fn a_deferred_source_writes_its_blocks_in_the_step() {
+        let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
+        let features: Features = [("x".to_owned(), Tensor::from_slice(&[1f32, 2., 3.]))].into();
+        let p = prepare_deferred(&plan, [1, 2], &Options::default(), 7, &features, None)
+            .expect("prepare");
+        assert!(step(p).iter().all(Result::is_ok));
+    }
+
+    #[test]
+    fn a_source_that_fails_to_write_after_its_header_fails_the_step_everywhere() {
+        let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
+        let features: Features = [("x".to_owned(), Tensor::from_slice(&[1f32, 2., 3.]))].into();
+        let mut p = prepare_deferred(&plan, [1, 2], &Options::default(), 7, &features, None)
+            .expect("prepare");
+        // The header is sound, but the blocks cannot be written.
+        if let Some(pending) = p.pending.as_mut() {
+            pending.placed.tensors.clear();
+        }
+        for outcome in step(p) {
+            match outcome {
+                Err(DistError::Source {
+                    rank: 0,
+                    sample: Some(7),
+                    message,
+                }) => assert_eq!(message, "feature `x`: missing from the sample"),
+                other => panic!("expected the source's failure, got {other:?}"),
+            }
+        }
+    }
 }

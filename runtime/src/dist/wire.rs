@@ -48,6 +48,10 @@ pub enum Header {
         slots: Vec<Slot>,
         /// Bytes of every rank's buffer.
         bytes: usize,
+        /// The source writes the blocks after sending this header: receivers ready
+        /// their buffers meanwhile.
+        #[serde(default)]
+        deferred: bool,
     },
     Error {
         sample: Option<usize>,
