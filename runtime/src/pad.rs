@@ -69,13 +69,10 @@ pub fn place(
         opts.threads,
         || (handles(features), position_tensors(&layout)),
         |(features, positions), name| {
-            let t = tensor_plan(plan, name)?;
             let shapes = shapes.get(name).ok_or_else(|| RuntimeError::Missing {
                 feature: name.clone(),
             })?;
-            let x = remap_to_padded(name, t, &features[name], positions)?;
-            check_diagonal(name, t, &x, &plan_axes(t, shapes, &layout), &layout)?;
-            Ok::<_, RuntimeError>(x)
+            place_feature(plan, name, &features[name], &layout, shapes, positions)
         },
     )?;
     let tensors = checked.names.iter().cloned().zip(placed).collect();
@@ -180,10 +177,24 @@ pub(crate) fn pad_feature(
     positions: &BTreeMap<String, Tensor>,
 ) -> Result<Tensor, RuntimeError> {
     let t = tensor_plan(plan, name)?;
+    let x = place_feature(plan, name, x, layout, shapes, positions)?;
+    write_padded(name, &x, t.pad_value, &plan_axes(t, shapes, layout))
+}
+
+/// One feature at its serial shape, ready to write: index values remapped, nothing
+/// outside the diagonal blocks of a co-sharded feature.
+fn place_feature(
+    plan: &Plan,
+    name: &str,
+    x: &Tensor,
+    layout: &SampleLayout,
+    shapes: &FeatureShapes,
+    positions: &BTreeMap<String, Tensor>,
+) -> Result<Tensor, RuntimeError> {
+    let t = tensor_plan(plan, name)?;
     let x = remap_to_padded(name, t, x, positions)?;
-    let axes = plan_axes(t, shapes, layout);
-    check_diagonal(name, t, &x, &axes, layout)?;
-    write_padded(name, &x, t.pad_value, &axes)
+    check_diagonal(name, t, &x, &plan_axes(t, shapes, layout), layout)?;
+    Ok(x)
 }
 
 pub(crate) fn position_tensors(layout: &SampleLayout) -> BTreeMap<String, Tensor> {

@@ -51,7 +51,7 @@ impl Drop for Prepared {
 impl Prepared {
     /// Writes the blocks of a deferred sample into the send buffers (once).
     pub fn write(&mut self) -> Result<(), RuntimeError> {
-        let (Some(p), Header::Ok { slots, .. }) = (self.pending.take(), &mut self.header) else {
+        let (Some(p), Header::Ok { slots, .. }) = (self.pending.take(), &self.header) else {
             return Ok(());
         };
         write_ranks(&p.plan, &p.placed, slots, &self.buffers, p.threads)?;
