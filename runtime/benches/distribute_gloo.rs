@@ -7,19 +7,23 @@
 //! RUNS runs, timed on the source rank from a barrier to a barrier, with the raw
 //! scatter and featshard runs interleaved so that machine noise hits both alike:
 //! - raw scatter: the source already holds every rank's bytes; one scatter into a new
-//!   receive buffer on each rank (and, for comparison, into one already faulted in).
+//!   receive buffer on each rank (what code that hands the received tensors on does),
+//!   and into a receive buffer reused from the previous run (no page faults).
 //! - distribute, sample prepared: header broadcast + the same scatter + the world's
 //!   status agreement + unpacking into typed views (what a prefetching loader pays
-//!   per step once the next sample is prepared in the background).
+//!   per step once the next sample is prepared in the background). Every rank
+//!   receives into its buffer pool, as the loader does: the previous sample was
+//!   dropped, so its buffer is reused.
 //! - prepare: the source alone validates the serial sample, places it and writes every
 //!   rank's block straight into its send buffer (reused from sample to sample, as the
 //!   loader does), with 1 and with 2 threads.
 //! - distribute from the serial sample: validate and place it, then the step above with
-//!   the source writing the blocks once the header is out (`prepare_deferred`), while
-//!   the other ranks fault their receive buffers in; with 1 and 2 threads writing.
+//!   the source writing the blocks on 2 threads once the header is out
+//!   (`prepare_deferred`); into pooled receive buffers, and into new ones (which the
+//!   other ranks fault in while the source writes).
 //! - loader, 4 samples: the sharded loader (prefetch 1, 2 threads) against 4 raw
-//!   scatters, for two epochs: the first touches its send buffers for the first time,
-//!   the second reuses them.
+//!   scatters into new buffers, for two epochs: the first touches its buffers for the
+//!   first time, the second reuses them.
 
 mod common;
 
@@ -28,7 +32,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use featshard_runtime::dist::{
-    distribute, prepare_deferred, prepare_with, BufferPool, GroupOptions, LoaderOptions, Mesh,
+    distribute_with, prepare_deferred, prepare_with, BufferPool, GroupOptions, LoaderOptions, Mesh,
     Rendezvous, SerialDataset, ShardedLoader,
 };
 use featshard_runtime::{Features, Options};
@@ -57,12 +61,14 @@ impl SerialDataset for Repeat {
 #[derive(Default, Debug)]
 struct Times {
     raw: Vec<Duration>,
-    /// The raw scatter into receive buffers already faulted in.
-    raw_faulted: Vec<Duration>,
+    /// The raw scatter into a receive buffer reused from run to run.
+    raw_reused: Vec<Duration>,
     prepared: Vec<Duration>,
     /// By threads writing the rank buffers (1, 2).
     prepare: [Vec<Duration>; 2],
-    serial: [Vec<Duration>; 2],
+    serial: Vec<Duration>,
+    /// From the serial sample, into new receive buffers.
+    serial_new: Vec<Duration>,
     raw_loader: Vec<Duration>,
     loader: Vec<Duration>,
     bytes_per_rank: usize,
@@ -102,8 +108,10 @@ fn main() {
                 let source = mesh.is_source();
                 let mut times = Times::default();
                 let sync = || mesh.world().barrier().expect("barrier");
-                // The source reuses its send buffers, as the loader does.
+                // The source reuses its send buffers and every rank its receive buffer,
+                // as the loader does.
                 let pool = BufferPool::new(world);
+                let recv = BufferPool::new(1);
                 let prepare = |s: &featshard_runtime::Features, threads: usize| {
                     let opts = Options {
                         threads,
@@ -111,9 +119,23 @@ fn main() {
                     };
                     prepare_with(&plan, CP, &opts, 0, s, Some(&pool)).expect("prepare")
                 };
+                let deferred = |threads: usize| {
+                    source.then(|| {
+                        let opts = Options {
+                            threads,
+                            ..opts.clone()
+                        };
+                        let s = dataset.get(0).expect("sample");
+                        prepare_deferred(&plan, CP, &opts, 0, &s, Some(&pool)).expect("prepare")
+                    })
+                };
+                let step = |ready: Option<featshard_runtime::dist::Prepared>, pooled: bool| {
+                    let recv = pooled.then_some(&recv);
+                    distribute_with(&mesh, ready.map(Ok), recv, Ok).expect("distribute")
+                };
                 // The raw scatter's bytes: as many as each rank's featshard buffer.
                 let probe = source.then(|| prepare(&dataset.get(0).expect("sample"), 1));
-                let local = distribute(&mesh, probe.map(Ok)).expect("distribute");
+                let local = step(probe, true);
                 let per_rank: usize = local
                     .blocks
                     .values()
@@ -124,72 +146,73 @@ fn main() {
                     .sum();
                 times.bytes_per_rank = per_rank;
                 drop(local);
-                let raw_inputs: Option<Vec<Tensor>> = source.then(|| {
-                    (0..world)
-                        .map(|_| Tensor::ones([per_rank as i64], (Kind::Uint8, Device::Cpu)))
-                        .collect()
-                });
-                // Each scatter receives into a new tensor, as `distribute` does: the
-                // received tensors are handed on, not overwritten by the next step.
+                // The raw scatter sends from the source's send buffers and, reusing a
+                // receive buffer, receives into the one `distribute` reuses: the same
+                // memory as featshard's steps, free between steps.
+                let raw_inputs = || -> Option<Vec<Tensor>> {
+                    source.then(|| {
+                        (0..world)
+                            .map(|_| pool.take(per_rank, Device::Cpu).expect("send buffer"))
+                            .collect()
+                    })
+                };
+                // Each scatter receives into a new tensor, as code that hands the
+                // received tensors on does.
                 let raw = |n: usize| {
+                    let inputs = raw_inputs();
                     sync();
                     let start = Instant::now();
                     for _ in 0..n {
                         let mut out = Tensor::empty([per_rank as i64], (Kind::Uint8, Device::Cpu));
                         mesh.cp()
-                            .scatter(&mut out, raw_inputs.as_deref(), 0)
+                            .scatter(&mut out, inputs.as_deref(), 0)
                             .expect("scatter");
                     }
                     sync();
                     start.elapsed()
                 };
-                // What memory faulted in before the scatter saves (no timing of the
-                // faulting itself).
-                let raw_faulted = || {
-                    let mut out = Tensor::zeros([per_rank as i64], (Kind::Uint8, Device::Cpu));
+                let raw_reused = || {
+                    let inputs = raw_inputs();
+                    let mut out = recv.take(per_rank, Device::Cpu).expect("receive buffer");
                     sync();
                     let start = Instant::now();
                     mesh.cp()
-                        .scatter(&mut out, raw_inputs.as_deref(), 0)
+                        .scatter(&mut out, inputs.as_deref(), 0)
                         .expect("scatter");
                     sync();
                     start.elapsed()
                 };
-                for _ in 0..RUNS {
-                    times.raw.push(raw(1));
-                    times.raw_faulted.push(raw_faulted());
-                    // Prepared beforehand, as a prefetching loader has it.
-                    let ready = source.then(|| prepare(&dataset.get(0).expect("sample"), 1));
+                let timed = |ready: Option<featshard_runtime::dist::Prepared>, pooled| {
                     sync();
                     let start = Instant::now();
-                    let local = distribute(&mesh, ready.map(Ok)).expect("distribute");
+                    let local = step(ready, pooled);
                     sync();
-                    times.prepared.push(start.elapsed());
+                    let t = start.elapsed();
                     drop(local);
+                    t
+                };
+                // The first transfer of a run is several times slower (connections,
+                // allocator): one untimed.
+                raw(1);
+                for _ in 0..RUNS {
+                    times.raw.push(raw(1));
+                    times.raw_reused.push(raw_reused());
+                    // Prepared beforehand, as a prefetching loader has it.
+                    let ready = source.then(|| prepare(&dataset.get(0).expect("sample"), 1));
+                    times.prepared.push(timed(ready, true));
                     for (k, threads) in [1, 2].into_iter().enumerate() {
                         if source {
                             let start = Instant::now();
                             drop(prepare(&dataset.get(0).expect("sample"), threads));
                             times.prepare[k].push(start.elapsed());
                         }
-                        sync();
-                        let start = Instant::now();
-                        let ready = source.then(|| {
-                            let opts = Options {
-                                threads,
-                                ..opts.clone()
-                            };
-                            let s = dataset.get(0).expect("sample");
-                            prepare_deferred(&plan, CP, &opts, 0, &s, Some(&pool)).expect("prepare")
-                        });
-                        let local = distribute(&mesh, ready.map(Ok)).expect("distribute");
-                        sync();
-                        times.serial[k].push(start.elapsed());
-                        drop(local);
                     }
+                    times.serial.push(timed(deferred(2), true));
+                    times.serial_new.push(timed(deferred(2), false));
                 }
-                // The loader keeps its own send buffers.
-                drop(pool);
+                // The loader keeps its own buffers (the raw scatters still send from
+                // `pool`).
+                drop(recv);
                 let loader = ShardedLoader::new(
                     Arc::clone(&dataset),
                     Arc::clone(&plan),
@@ -237,8 +260,13 @@ fn main() {
         gb(scattered),
         gb(times.bytes_per_rank)
     );
-    // Medians, and each run's ratio to the raw scatter of the same run (they show the
-    // machine's noise).
+    // Medians, their ratios to the two raw scatters, and each run's ratio to the raw
+    // scatter (new buffer) of the same run, which shows the machine's noise.
+    let (raw_new, raw_reused) = (median(times.raw.clone()), median(times.raw_reused.clone()));
+    println!(
+        "{:<37}{:>9}  {:>9}  {:>5}  {:>6}  runs / raw",
+        "", "median", "", "/raw", "/reused"
+    );
     let line = |what: &str, runs: &[Duration]| {
         let t = median(runs.to_vec());
         let ratios: Vec<String> = runs
@@ -247,31 +275,30 @@ fn main() {
             .map(|(r, raw)| format!("{:.2}", r.as_secs_f64() / raw.as_secs_f64()))
             .collect();
         println!(
-            "{what:<35}{t:>7.3} s  {:>6.2} GB/s  ratio to raw scatter {:.2}  (runs: {})",
+            "{what:<37}{t:>7.3} s  {:>5.2} GB/s  {:>5.2}  {:>6.2}   {}",
             gb(scattered) / t,
-            t / median(times.raw.clone()),
+            t / raw_new,
+            t / raw_reused,
             ratios.join(" ")
         );
     };
     line("raw gloo scatter", &times.raw);
-    line("raw scatter, receive buffers faulted", &times.raw_faulted);
+    line("raw scatter, receive buffer reused", &times.raw_reused);
     line("distribute, sample prepared", &times.prepared);
     for (k, threads) in ["1 thread", "2 threads"].into_iter().enumerate() {
         line(&format!("prepare alone, {threads}"), &times.prepare[k]);
-        line(
-            &format!("distribute from serial, {threads}"),
-            &times.serial[k],
-        );
     }
-    // Epoch 0 touches the loader's send buffers for the first time; epoch 1 reuses them.
+    line("distribute from serial, 2 threads", &times.serial);
+    line("  the same, new receive buffers", &times.serial_new);
+    // Epoch 0 touches the loader's buffers for the first time; epoch 1 reuses them.
     for (epoch, (raw4, loader)) in times.raw_loader.iter().zip(&times.loader).enumerate() {
         let (raw4, loader) = (raw4.as_secs_f64(), loader.as_secs_f64());
         println!(
-            "{:<35}{raw4:>7.3} s",
+            "{:<37}{raw4:>7.3} s",
             format!("raw gloo scatter x {LOADER_SAMPLES}")
         );
         println!(
-            "{:<35}{loader:>7.3} s  ratio to raw scatters {:.2}",
+            "{:<37}{loader:>7.3} s  ratio to raw scatters {:.2}",
             format!("loader epoch {epoch}, {LOADER_SAMPLES} samples"),
             loader / raw4
         );

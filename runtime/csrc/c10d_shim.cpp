@@ -72,6 +72,14 @@ extern "C" {
 
 void fs_string_free(char* s) { std::free(s); }
 
+// Whether `t` is the only tensor that refers to its memory: no other handle on it and
+// no view or alias of its storage. Reference counts only grow through a live handle,
+// so once this holds it keeps holding until `t` itself is copied or viewed.
+bool fs_tensor_sole_owner(const at::Tensor* t) {
+  return t->defined() && t->has_storage() && t->use_count() == 1 &&
+         t->storage().use_count() == 1;
+}
+
 char* fs_tcp_store(const char* host, uint16_t port, bool is_server, int32_t world_size,
                    int64_t timeout_ms, fs_store** out) {
   return guarded([&] {

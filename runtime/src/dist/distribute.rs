@@ -11,6 +11,7 @@ use featshard_spec::plan::{Plan, SampleLayout};
 use tch::{Device, Kind, Tensor};
 
 use super::error::DistError;
+use super::ffi;
 use super::mesh::Mesh;
 use super::wire::{self, Header, Slot, Status, STATUS_BYTES};
 use crate::error::RuntimeError;
@@ -24,9 +25,9 @@ use crate::shard::{coords, DTensorMeta, LocalBlock};
 #[derive(Debug)]
 pub struct Prepared {
     header: Header,
+    /// Views of their pool's buffers, when there is a pool: dropping the prepared
+    /// sample frees them for the next one.
     buffers: Vec<Tensor>,
-    /// Where the buffers go back once scattered (their full, unnarrowed tensors).
-    recycle: Option<(BufferPool, Vec<Tensor>)>,
     /// Blocks not written yet ([`prepare_deferred`]).
     pending: Option<Pending>,
 }
@@ -37,15 +38,6 @@ struct Pending {
     plan: Plan,
     placed: Placed,
     threads: usize,
-}
-
-impl Drop for Prepared {
-    fn drop(&mut self) {
-        if let Some((pool, owned)) = self.recycle.take() {
-            self.buffers.clear();
-            pool.give(owned);
-        }
-    }
 }
 
 impl Prepared {
@@ -63,8 +55,8 @@ impl Prepared {
 
     /// What the rank at CP rank `rank` will receive, read back from its send buffer
     /// (written first if deferred): its blocks with their DTensor metadata and the
-    /// passed-through features (copies: the buffer goes back to its pool when the
-    /// sample is distributed or dropped).
+    /// passed-through features (copies: a pool lends the buffer out again once the
+    /// sample is distributed and dropped).
     pub fn local(&mut self, rank: usize) -> Result<LocalSample, RuntimeError> {
         self.write()?;
         let Header::Ok {
@@ -106,13 +98,16 @@ impl Prepared {
     }
 }
 
-/// Send buffers a source reuses from sample to sample. Filling memory the process
-/// already touched costs a fraction of first-touch memory (page faults; on a VM,
-/// backing by the host), and a sample's buffers are as large as the sample.
+/// Byte buffers reused from step to step: the send buffers of a source, the receive
+/// buffers of a rank. A kept buffer is lent out again once nothing refers to its memory
+/// any more (the prepared sample, or every received block, was dropped), so a sample
+/// still in use is never overwritten. Filling memory the process already touched costs
+/// a fraction of first-touch memory (page faults; on a VM, backing by the host), and a
+/// sample's buffers are as large as the sample.
 #[derive(Clone, Debug, Default)]
 pub struct BufferPool {
-    free: Arc<Mutex<Vec<Tensor>>>,
-    /// Buffers kept at most; more are freed.
+    kept: Arc<Mutex<Vec<Tensor>>>,
+    /// Buffers kept at most; more are lent out and then freed.
     cap: usize,
 }
 
@@ -120,40 +115,62 @@ impl BufferPool {
     /// A pool that keeps at most `cap` buffers.
     pub fn new(cap: usize) -> BufferPool {
         BufferPool {
-            free: Arc::default(),
+            kept: Arc::default(),
             cap,
         }
     }
 
-    /// Buffers waiting to be reused.
-    pub fn free(&self) -> usize {
-        self.free.lock().map_or(0, |f| f.len())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Tensor>> {
+        // The list stays consistent whatever panicked while holding it.
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A buffer of at least `bytes` (the smallest that fits), or a new one.
-    fn take(&self, bytes: usize) -> Result<Tensor, tch::TchError> {
-        let found = self.free.lock().ok().and_then(|mut free| {
-            let best = free
+    /// Buffers kept, lent out or not.
+    pub fn kept(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Kept buffers that nothing refers to: ready to be lent out again.
+    pub fn free(&self) -> usize {
+        self.lock().iter().filter(|t| ffi::sole_owner(t)).count()
+    }
+
+    /// `bytes` bytes on `device`: a view of the smallest free kept buffer that fits,
+    /// or of a new one (kept if there is room, making room by freeing the smallest
+    /// free buffer). Its bytes are whatever was there.
+    pub fn take(&self, bytes: usize, device: Device) -> Result<Tensor, tch::TchError> {
+        self.lend(bytes, device).map(|(t, _)| t)
+    }
+
+    /// [`BufferPool::take`], and whether the buffer is new (its memory never touched).
+    fn lend(&self, bytes: usize, device: Device) -> Result<(Tensor, bool), tch::TchError> {
+        let mut kept = self.lock();
+        let free = |t: &&Tensor| ffi::sole_owner(t);
+        let reuse = kept
+            .iter()
+            .filter(free)
+            .filter(|t| t.device() == device && t.numel() >= bytes)
+            .min_by_key(|t| t.numel());
+        if let Some(t) = reuse {
+            return Ok((t.f_narrow(0, 0, bytes as i64)?, false));
+        }
+        let new = Tensor::f_empty([bytes as i64], (Kind::Uint8, device))?;
+        let lent = new.f_narrow(0, 0, bytes as i64)?;
+        if kept.len() >= self.cap {
+            let smallest = kept
                 .iter()
                 .enumerate()
-                .filter(|(_, t)| t.numel() >= bytes)
+                .filter(|(_, t)| ffi::sole_owner(t))
                 .min_by_key(|(_, t)| t.numel())
                 .map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
-        });
-        match found {
-            Some(t) => Ok(t),
-            None => Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu)),
+            if let Some(i) = smallest {
+                drop(kept.swap_remove(i));
+            }
         }
-    }
-
-    fn give(&self, buffers: Vec<Tensor>) {
-        if let Ok(mut free) = self.free.lock() {
-            free.extend(buffers);
-            // Keep the largest: they fit the most samples.
-            free.sort_by_key(|t| std::cmp::Reverse(t.numel()));
-            free.truncate(self.cap);
+        if kept.len() < self.cap {
+            kept.push(new);
         }
+        Ok((lent, true))
     }
 }
 
@@ -251,7 +268,8 @@ pub fn prepare(
     prepare_with(plan, cp, opts, sample, features, None)
 }
 
-/// [`prepare`] into buffers from `pool`, which gets them back after the scatter.
+/// [`prepare`] into buffers from `pool`, free again once the prepared sample is dropped
+/// (after the step that distributes it).
 pub fn prepare_with(
     plan: &Plan,
     cp: [usize; CP_AXES],
@@ -302,16 +320,11 @@ pub fn prepare_deferred(
     }
     let bytes = wire::lay_out(&mut slots);
     let world: usize = cp.iter().product();
-    let owned = (0..world)
+    let buffers = (0..world)
         .map(|_| match pool {
-            Some(p) => p.take(bytes),
+            Some(p) => p.take(bytes, Device::Cpu),
             None => Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu)),
         })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| torch_err("*", e))?;
-    let buffers = owned
-        .iter()
-        .map(|full| full.f_narrow(0, 0, bytes as i64))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| torch_err("*", e))?;
     Ok(Prepared {
@@ -323,7 +336,6 @@ pub fn prepare_deferred(
             deferred: true,
         },
         buffers,
-        recycle: pool.map(|p| (p.clone(), owned)),
         pending: Some(Pending {
             plan: plan.clone(),
             placed,
@@ -386,6 +398,18 @@ pub fn distribute_then<T>(
     source: Option<Source>,
     local: impl FnOnce(LocalSample) -> Result<T, String>,
 ) -> Result<T, DistError> {
+    distribute_with(mesh, source, None, local)
+}
+
+/// [`distribute_then`], receiving into a buffer of `pool`: the blocks of this step view
+/// it, and the pool lends it out again once they are all dropped. A loop that drops
+/// each sample before the next step receives into memory it already touched.
+pub fn distribute_with<T>(
+    mesh: &Mesh,
+    source: Option<Source>,
+    pool: Option<&BufferPool>,
+    local: impl FnOnce(LocalSample) -> Result<T, String>,
+) -> Result<T, DistError> {
     let cp = mesh.cp();
     let source_rank = cp.ranks()[0];
     let (mut prepared, header) = match (mesh.is_source(), source) {
@@ -427,17 +451,21 @@ pub fn distribute_then<T>(
             deferred,
         } => {
             let device = cp.device();
-            // While a deferred source writes its blocks, the others fault their receive
-            // buffers in (zeroing them), which the scatter would otherwise wait on.
-            let size = [bytes as i64];
-            let buf = if deferred && prepared.is_none() {
-                Tensor::f_zeros(size, (Kind::Uint8, device))
-            } else {
-                Tensor::f_empty(size, (Kind::Uint8, device))
+            let buf = match pool {
+                Some(p) => p.lend(bytes, device),
+                None => Tensor::f_empty([bytes as i64], (Kind::Uint8, device)).map(|t| (t, true)),
             };
-            let mut buf = buf.map_err(|e| DistError::Protocol {
+            let (mut buf, fresh) = buf.map_err(|e| DistError::Protocol {
                 message: format!("a {bytes}-byte buffer: {e}"),
             })?;
+            // While a deferred source writes its blocks, the others fault a new receive
+            // buffer in (zeroing it), which the scatter would otherwise wait on.
+            if fresh && deferred && prepared.is_none() {
+                let zeroed = buf.f_zero_().map_err(|e| DistError::Protocol {
+                    message: format!("a {bytes}-byte buffer: {e}"),
+                })?;
+                drop(zeroed);
+            }
             // A source that fails to write after its header still takes part in the
             // scatter; the status agreement then fails the step everywhere.
             let unwritten = prepared
@@ -459,7 +487,7 @@ pub fn distribute_then<T>(
             });
             cp.scatter(&mut buf, buffers.as_deref(), 0)?;
             drop(buffers);
-            // The send buffers go back to their pool.
+            // Frees the send buffers for the pool's next sample.
             drop(prepared);
             let outcome = wire::unpack(&buf, &slots)
                 .map_err(|(feature, e)| format!("feature `{feature}`: {e}"))
@@ -581,10 +609,97 @@ features:
             .collect()
     }
 
+    fn sample(values: &[f32]) -> Features {
+        [("x".to_owned(), Tensor::from_slice(values))].into()
+    }
+
+    #[test]
+    fn a_pool_lends_a_buffer_again_only_once_nothing_refers_to_it() {
+        let pool = BufferPool::new(2);
+        let (a, fresh) = pool.lend(64, Device::Cpu).expect("buffer");
+        assert!(fresh);
+        assert_eq!((a.numel(), pool.kept(), pool.free()), (64, 1, 0));
+        // A view of the lent view, or another handle on it, still holds the memory.
+        let ptr = a.data_ptr();
+        let (view, handle) = (a.narrow(0, 8, 8), a.shallow_clone());
+        drop(a);
+        assert_eq!(pool.free(), 0);
+        let (b, fresh) = pool.lend(16, Device::Cpu).expect("buffer");
+        assert!(fresh, "a buffer still referred to was lent out again");
+        drop(view);
+        assert_eq!(pool.free(), 0);
+        drop(handle);
+        assert_eq!(pool.free(), 1);
+        let (a, fresh) = pool.lend(32, Device::Cpu).expect("buffer");
+        assert_eq!((fresh, a.data_ptr()), (false, ptr));
+        drop((a, b));
+        // Both are free now; the smallest that fits is lent, as a view of the size asked.
+        assert_eq!((pool.kept(), pool.free()), (2, 2));
+        let (c, fresh) = pool.lend(10, Device::Cpu).expect("buffer");
+        assert!(!fresh);
+        assert_eq!((c.numel(), pool.free()), (10, 1));
+        // Full: a larger buffer replaces the free one that is too small.
+        let (d, fresh) = pool.lend(100, Device::Cpu).expect("buffer");
+        assert!(fresh);
+        assert_eq!((pool.kept(), pool.free()), (2, 0));
+        // Full and all lent out: a new buffer is lent but not kept.
+        let (e, fresh) = pool.lend(8, Device::Cpu).expect("buffer");
+        assert!(fresh);
+        assert_eq!(pool.kept(), 2);
+        drop((c, d, e));
+        assert_eq!(pool.free(), 2);
+    }
+
+    #[test]
+    fn a_received_sample_kept_is_never_overwritten_by_the_next_step() {
+        let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
+        let plan = Arc::new(plan);
+        let ranks = Rendezvous::in_process(2, GroupOptions::default()).expect("store");
+        let threads: Vec<_> = ranks
+            .into_iter()
+            .map(|rdv| {
+                let plan = Arc::clone(&plan);
+                std::thread::spawn(move || -> Result<(), DistError> {
+                    let mesh = Mesh::new(&rdv, 1, [1, 2])?;
+                    let pool = BufferPool::new(1);
+                    let send = |values: &[f32]| {
+                        mesh.is_source().then(|| {
+                            prepare(&plan, [1, 2], &Options::default(), 0, &sample(values)).map_err(
+                                |e| SourceFailure {
+                                    sample: Some(0),
+                                    message: e.to_string(),
+                                },
+                            )
+                        })
+                    };
+                    let x = |s: &LocalSample| s.blocks["x"].tensor.shallow_clone();
+                    let first = distribute_with(&mesh, send(&[1., 2., 3.]), Some(&pool), Ok)?;
+                    let kept = x(&first).copy();
+                    // The first sample is held: the second arrives in new memory.
+                    let second = distribute_with(&mesh, send(&[4., 5., 6.]), Some(&pool), Ok)?;
+                    assert!(x(&first).equal(&kept));
+                    assert!(!x(&second).equal(&kept));
+                    assert_eq!(pool.free(), 0);
+                    // Once dropped, its buffer takes the next sample.
+                    let ptr = x(&first).data_ptr();
+                    drop(first);
+                    assert_eq!(pool.free(), 1);
+                    let third = distribute_with(&mesh, send(&[7., 8., 9.]), Some(&pool), Ok)?;
+                    assert_eq!(x(&third).data_ptr(), ptr);
+                    assert!(x(&third).equal(&x(&second).g_add_scalar(3.)));
+                    Ok(())
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("rank thread").expect("steps");
+        }
+    }
+
     #[test]
     fn a_deferred_source_writes_its_blocks_in_the_step() {
         let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
-        let features: Features = [("x".to_owned(), Tensor::from_slice(&[1f32, 2., 3.]))].into();
+        let features = sample(&[1., 2., 3.]);
         let p = prepare_deferred(&plan, [1, 2], &Options::default(), 7, &features, None)
             .expect("prepare");
         assert!(step(p).iter().all(Result::is_ok));
@@ -593,7 +708,7 @@ features:
     #[test]
     fn a_source_that_fails_to_write_after_its_header_fails_the_step_everywhere() {
         let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
-        let features: Features = [("x".to_owned(), Tensor::from_slice(&[1f32, 2., 3.]))].into();
+        let features = sample(&[1., 2., 3.]);
         let mut p = prepare_deferred(&plan, [1, 2], &Options::default(), 7, &features, None)
             .expect("prepare");
         // The header is sound, but the blocks cannot be written.

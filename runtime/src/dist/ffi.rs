@@ -20,6 +20,7 @@ struct RawGroup {
 
 extern "C" {
     fn fs_string_free(s: *mut c_char);
+    fn fs_tensor_sole_owner(t: *const C_tensor) -> bool;
     fn fs_tcp_store(
         host: *const c_char,
         port: u16,
@@ -148,6 +149,12 @@ impl Drop for Store {
         // SAFETY: the handle was created by the shim and is dropped once.
         unsafe { fs_store_free(self.0) }
     }
+}
+
+/// Whether `t` is the only tensor referring to its memory (see the shim).
+pub fn sole_owner(t: &Tensor) -> bool {
+    // SAFETY: `t` wraps a live `at::Tensor*`, which the shim only reads.
+    unsafe { fs_tensor_sole_owner(t.as_ptr()) }
 }
 
 pub fn nccl_compiled() -> bool {

@@ -9,7 +9,9 @@ use std::thread::JoinHandle;
 use featshard_spec::plan::Plan;
 
 use super::collate::{collate, Batch};
-use super::distribute::{distribute, prepare_with, BufferPool, LocalSample, Source, SourceFailure};
+use super::distribute::{
+    distribute_with, prepare_with, BufferPool, LocalSample, Source, SourceFailure,
+};
 use super::error::DistError;
 use super::mesh::Mesh;
 use crate::sample::{Features, Options};
@@ -71,6 +73,9 @@ pub struct ShardedLoader<D> {
     opts: LoaderOptions,
     /// The source's send buffers, kept from epoch to epoch (sized at the first epoch).
     pool: OnceLock<BufferPool>,
+    /// This rank's receive buffers: one per sample of a batch, and one more for a
+    /// sample kept while the next arrives.
+    recv: BufferPool,
 }
 
 /// SplitMix64: a small, fixed generator, so permutations never change between builds.
@@ -92,6 +97,7 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
         Ok(ShardedLoader {
             dataset,
             plan,
+            recv: BufferPool::new(opts.batch_size + 1),
             opts,
             pool: OnceLock::new(),
         })
@@ -177,6 +183,7 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
         Samples {
             mesh,
             plan: Arc::clone(&self.plan),
+            recv: self.recv.clone(),
             remaining,
             rx,
             worker,
@@ -227,6 +234,7 @@ fn fetch<D: SerialDataset>(
 pub struct Samples<'m> {
     mesh: &'m Mesh,
     plan: Arc<Plan>,
+    recv: BufferPool,
     remaining: usize,
     rx: Option<Receiver<Source>>,
     worker: Option<JoinHandle<()>>,
@@ -249,7 +257,7 @@ impl Iterator for Samples<'_> {
                 })
             })
         });
-        let out = distribute(self.mesh, source);
+        let out = distribute_with(self.mesh, source, Some(&self.recv), Ok);
         self.done = out.is_err();
         Some(out)
     }

@@ -14,8 +14,8 @@ pub mod mesh;
 
 pub use collate::{collate, Batch};
 pub use distribute::{
-    agree_on, distribute, distribute_then, prepare, prepare_deferred, prepare_with, BufferPool,
-    Distributed, LocalSample, Prepared, Source, SourceFailure,
+    agree_on, distribute, distribute_then, distribute_with, prepare, prepare_deferred,
+    prepare_with, BufferPool, Distributed, LocalSample, Prepared, Source, SourceFailure,
 };
 pub use error::DistError;
 pub use group::{nccl_compiled, Backend, GroupOptions, ProcessGroup, ReduceOp, Rendezvous};
