@@ -317,7 +317,7 @@ fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
 
 #[test]
 fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
-    use featshard::runtime::dist::{GroupOptions, Mesh, Rendezvous};
+    use featshard::runtime::dist::{BufferPool, GroupOptions, Mesh, Rendezvous};
     let shape = boltz_shape(vec![2, 0, 3, 1, 4, 0, 2, 2, 1, 0, 5], 3, 4);
     let opts = GroupOptions {
         timeout: std::time::Duration::from_secs(30),
@@ -337,23 +337,41 @@ fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
                 let mesh = Mesh::new(&rdv, 1, [2, 2]).unwrap();
                 // Every rank holds the serial sample, to compare; only the source sends it.
                 let serial = Boltz2Inference::from_features(copy).unwrap();
-                let got =
-                    Boltz2Inference::distribute(&mesh, mesh.is_source().then_some((7, &serial)))
-                        .unwrap();
                 let want =
                     Boltz2Inference::local(&serial.pad([2, 2]).unwrap(), mesh.cp_rank()).unwrap();
-                assert_eq!(got.sample, 7);
-                assert_eq!(got.meta.len(), 58);
-                assert_eq!(
-                    got.meta["token_pair_pad_mask"].global_shape,
-                    vec![12, 12],
-                    "tokens padded to a multiple of 2"
-                );
-                let (g, w) = (got.local.to_features(), want.to_features());
-                assert_eq!(g.keys().collect::<Vec<_>>(), w.keys().collect::<Vec<_>>());
-                for (name, x) in &w {
-                    assert!(g[name].equal(x), "rank {}: {name}", mesh.rank());
+                // Without a pool, then twice through one: the second step reuses the
+                // first one's buffers, dropped by then.
+                let pool = BufferPool::new(if mesh.is_source() { 5 } else { 1 });
+                let mut received = None;
+                for (step, pool) in [None, Some(&pool), Some(&pool)].into_iter().enumerate() {
+                    // The previous sample is dropped before this step.
+                    let prev = received.take().map(|(at, _)| at);
+                    let source = mesh.is_source().then_some((7 + step, &serial));
+                    let got = Boltz2Inference::distribute_with(&mesh, source, pool).unwrap();
+                    assert_eq!(got.sample, 7 + step);
+                    assert_eq!(got.meta.len(), 58);
+                    assert_eq!(
+                        got.meta["token_pair_pad_mask"].global_shape,
+                        vec![12, 12],
+                        "tokens padded to a multiple of 2"
+                    );
+                    let (g, w) = (got.local.to_features(), want.to_features());
+                    assert_eq!(g.keys().collect::<Vec<_>>(), w.keys().collect::<Vec<_>>());
+                    for (name, x) in &w {
+                        assert!(
+                            g[name].equal(x),
+                            "rank {}, step {step}: {name}",
+                            mesh.rank()
+                        );
+                    }
+                    let at = g["token_pair_pad_mask"].data_ptr();
+                    if step == 2 {
+                        let rank = mesh.rank();
+                        assert_eq!(Some(at), prev, "rank {rank}: the receive buffer is reused");
+                    }
+                    received = Some((at, got));
                 }
+                let got = received.unwrap().1;
                 (got.layout, got.local)
             })
         })

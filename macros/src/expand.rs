@@ -176,6 +176,21 @@ pub fn expand(input: &syn::DeriveInput, model: &Model) -> syn::Result<TokenStrea
                 ::featshard::runtime::dist::Distributed<#local>,
                 ::featshard::runtime::dist::DistError,
             > {
+                Self::distribute_with(mesh, source, ::core::option::Option::None)
+            }
+
+            /// [`Self::distribute`] through this rank's buffer pool: the source's send
+            /// buffers and every rank's receive buffer come from `pool` (room for the
+            /// CP group's buffers and one more on the source), reused from call to call
+            /// once the previous sample is dropped.
+            pub fn distribute_with(
+                mesh: &::featshard::runtime::dist::Mesh,
+                source: ::core::option::Option<(usize, &Self)>,
+                pool: ::core::option::Option<&::featshard::runtime::dist::BufferPool>,
+            ) -> ::core::result::Result<
+                ::featshard::runtime::dist::Distributed<#local>,
+                ::featshard::runtime::dist::DistError,
+            > {
                 // Written once the header is out, while the other ranks ready their buffers.
                 let source = source.map(|(index, sample)| {
                     ::featshard::runtime::dist::prepare_deferred(
@@ -184,14 +199,14 @@ pub fn expand(input: &syn::DeriveInput, model: &Model) -> syn::Result<TokenStrea
                         &Self::options(),
                         index,
                         &sample.to_features(),
-                        ::core::option::Option::None,
+                        pool,
                     )
                     .map_err(|e| ::featshard::runtime::dist::SourceFailure {
                         sample: ::core::option::Option::Some(index),
                         message: e.to_string(),
                     })
                 });
-                ::featshard::runtime::dist::distribute_then(mesh, source, |local| {
+                ::featshard::runtime::dist::distribute_with(mesh, source, pool, |local| {
                     local.typed(#local::from_features).map_err(|e| e.to_string())
                 })
             }
