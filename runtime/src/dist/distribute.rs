@@ -154,7 +154,7 @@ impl BufferPool {
         if let Some(t) = reuse {
             return Ok((t.f_narrow(0, 0, bytes as i64)?, false));
         }
-        let new = Tensor::f_empty([bytes as i64], (Kind::Uint8, device))?;
+        let (new, _) = buffer(None, bytes, device)?;
         let lent = new.f_narrow(0, 0, bytes as i64)?;
         if kept.len() >= self.cap {
             let smallest = kept
@@ -171,6 +171,19 @@ impl BufferPool {
             kept.push(new);
         }
         Ok((lent, true))
+    }
+}
+
+/// `bytes` bytes on `device` from `pool`, or new without one; `true` when new (its
+/// memory never touched).
+fn buffer(
+    pool: Option<&BufferPool>,
+    bytes: usize,
+    device: Device,
+) -> Result<(Tensor, bool), tch::TchError> {
+    match pool {
+        Some(p) => p.lend(bytes, device),
+        None => Tensor::f_empty([bytes as i64], (Kind::Uint8, device)).map(|t| (t, true)),
     }
 }
 
@@ -321,10 +334,7 @@ pub fn prepare_deferred(
     let bytes = wire::lay_out(&mut slots);
     let world: usize = cp.iter().product();
     let buffers = (0..world)
-        .map(|_| match pool {
-            Some(p) => p.take(bytes, Device::Cpu),
-            None => Tensor::f_empty([bytes as i64], (Kind::Uint8, Device::Cpu)),
-        })
+        .map(|_| buffer(pool, bytes, Device::Cpu).map(|(t, _)| t))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| torch_err("*", e))?;
     Ok(Prepared {
@@ -451,13 +461,10 @@ pub fn distribute_with<T>(
             deferred,
         } => {
             let device = cp.device();
-            let buf = match pool {
-                Some(p) => p.lend(bytes, device),
-                None => Tensor::f_empty([bytes as i64], (Kind::Uint8, device)).map(|t| (t, true)),
-            };
-            let (mut buf, fresh) = buf.map_err(|e| DistError::Protocol {
-                message: format!("a {bytes}-byte buffer: {e}"),
-            })?;
+            let (mut buf, fresh) =
+                buffer(pool, bytes, device).map_err(|e| DistError::Protocol {
+                    message: format!("a {bytes}-byte buffer: {e}"),
+                })?;
             // While a deferred source writes its blocks, the others fault a new receive
             // buffer in (zeroing it), which the scatter would otherwise wait on.
             if fresh && deferred && prepared.is_none() {
