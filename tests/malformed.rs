@@ -166,18 +166,14 @@ fn alias_bomb_is_refused() {
     let text = with_features(&format!(
         "  x: {{axes: [tokens], dtype: int64, pad: {bomb}}}\n"
     ));
-    let start = std::time::Instant::now();
+    // The outcome is asserted here; how fast the refusal is belongs to
+    // `cargo bench --bench hostile_specs`.
     let rendered = errors_of(&text);
     assert!(
         rendered.contains("budget"),
         "expected the alias budget to be breached, got:\n{rendered}"
     );
     assert!(rendered.contains("spec.yaml:13:"), "{rendered}");
-    assert!(
-        start.elapsed().as_secs() < 5,
-        "alias bomb took {:?}",
-        start.elapsed()
-    );
 }
 
 #[test]
@@ -634,7 +630,5 @@ fn too_many_features() {
     for i in 0..=featshard_spec::limits::MAX_FEATURES {
         text.push_str(&format!("  f{i}: {{axes: [tokens], dtype: int64}}\n"));
     }
-    let start = std::time::Instant::now();
     assert_error(&text, &["features declared, more than the limit of 100000"]);
-    assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
 }
