@@ -4,7 +4,7 @@
 //! hold layout only.
 
 use featshard_spec::infer::Split;
-use featshard_spec::ir::{IndexScope, OwnerSource, PadValue, Placement, Role};
+use featshard_spec::ir::{DeriveRule, IncomingSource, IndexScope, PadValue, Placement, Role};
 use featshard_spec::plan::{FeaturePlan, Padding, Plan, Remap, TensorPlan};
 use serde::Serialize;
 use tera::{Context, Tera};
@@ -86,6 +86,10 @@ struct Ctx {
     metadata: Vec<String>,
     all_features: Vec<String>,
     workflows: Vec<WorkflowRow>,
+    optional: Vec<String>,
+    derived: Vec<MaskRow>,
+    drop: Vec<String>,
+    other_keys: &'static str,
 }
 
 #[derive(Serialize)]
@@ -96,9 +100,11 @@ struct SemanticRow {
     mesh_axes: String,
     owner: String,
     root: String,
-    owner_source: String,
-    owner_feature: String,
+    owner_counts: String,
+    owner_map: String,
     window: String,
+    incoming: String,
+    unowned_rows: &'static str,
 }
 
 #[derive(Serialize)]
@@ -166,15 +172,19 @@ fn context(plan: &Plan) -> Ctx {
                     Some((owner, root, source)),
                 ),
             };
-            let (o, r, src, feat) = match owner {
-                Some((o, r, src)) => {
-                    let (kind, f) = match src {
-                        OwnerSource::Counts { feature } => ("counts", feature),
-                        OwnerSource::Map { feature } => ("map", feature),
-                    };
-                    (py_str(o), py_str(r), py_str(kind), py_str(f))
-                }
+            let opt = |f: Option<&str>| f.map_or("None".into(), py_str);
+            let (o, r, counts, map) = match owner {
+                Some((o, r, src)) => (py_str(o), py_str(r), opt(src.counts()), opt(src.map())),
                 None => ("None".into(), "None".into(), "None".into(), "None".into()),
+            };
+            let incoming = match &s.incoming {
+                Some(IncomingSource::Mask { feature }) => {
+                    format!("(\"mask\", {})", py_str(feature))
+                }
+                Some(IncomingSource::Counts { feature }) => {
+                    format!("(\"counts\", {})", py_str(feature))
+                }
+                None => "None".into(),
             };
             SemanticRow {
                 name: name.clone(),
@@ -183,9 +193,11 @@ fn context(plan: &Plan) -> Ctx {
                 mesh_axes: py_tuple(mesh_axes.iter().map(ToString::to_string)),
                 owner: o,
                 root: r,
-                owner_source: src,
-                owner_feature: feat,
+                owner_counts: counts,
+                owner_map: map,
                 window: s.window.map_or("None".into(), |w| w.to_string()),
+                incoming,
+                unowned_rows: py_bool(s.unowned_rows_are_pads),
             }
         })
         .collect();
@@ -196,14 +208,28 @@ fn context(plan: &Plan) -> Ctx {
     let mut metadata = Vec::new();
     let mut shard_local = Vec::new();
     let mut repad = Vec::new();
+    let mut optional = Vec::new();
+    let mut derived = Vec::new();
     for (name, f) in &plan.features {
         let t = match f {
-            FeaturePlan::Metadata { .. } => {
+            FeaturePlan::Metadata { optional: o, .. } => {
                 metadata.push(name.clone());
+                if *o {
+                    optional.push(name.clone());
+                }
                 continue;
             }
             FeaturePlan::Tensor(t) => t,
         };
+        if t.optional {
+            optional.push(name.clone());
+        }
+        if let Some(DeriveRule::Outer { of: [a, b] }) = &t.derived {
+            derived.push(MaskRow {
+                name: name.clone(),
+                of: format!("({}, {})", py_str(a), py_str(b)),
+            });
+        }
         tensors.push(TensorRow {
             name: name.clone(),
             placements: py_tuple(t.placements.iter().map(py_placement)),
@@ -295,6 +321,10 @@ fn context(plan: &Plan) -> Ctx {
                 features: fs.clone(),
             })
             .collect(),
+        optional,
+        derived,
+        drop: plan.inputs.drop.clone(),
+        other_keys: plan.inputs.other_keys.name(),
     }
 }
 

@@ -120,7 +120,7 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
     let mut workflows = Vec::new();
     for f in plan.features.values() {
         let wf = match f {
-            FeaturePlan::Metadata { workflows } => workflows,
+            FeaturePlan::Metadata { workflows, .. } => workflows,
             FeaturePlan::Tensor(t) => &t.workflows,
         };
         let wf = wf.iter().map(|w| ident(w));

@@ -3,11 +3,17 @@
 //! ```text
 //! struct: module = "name" | spec = "path.yaml" | workflow = "name"
 //!         | mesh(cp0, cp1, dp = dp) | workflows(training, inference)
-//!         | semantic(NAME [, shard] [, owner = SEM, counts = FEATURE | map = FEATURE] [, window = N])
+//!         | semantic(NAME [, shard] [, owner = SEM [, counts = FEATURE] [, map = FEATURE]]
+//!                    [, window = N] [, incoming_pads(mask = FEATURE) | incoming_pads(counts)]
+//!                    [, unowned_rows = pad | refuse])
+//!         | other_keys = refuse | drop | pass | drop(KEY, ...)
 //! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
 //!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS])
 //!         | coshard(axis = A, follows = L) | replicate_axes(A, ...) | replicated
 //!         | placement("Shard(0)", "Replicate()") | only(WORKFLOW, ...) | name = "feature"
+//!         | derive(outer(FEATURE [, FEATURE]))
+//! An `Option<Tensor>` field is an optional feature (or, with `derive`, one the
+//! pipeline makes when it is `None`).
 //! ```
 
 use proc_macro2::Span;
@@ -35,6 +41,8 @@ pub struct StructAttrs {
     pub mesh: Option<MeshAttr>,
     pub workflows: Vec<At<String>>,
     pub semantics: Vec<SemanticAttr>,
+    pub other_keys: Option<At<String>>,
+    pub drop: Vec<At<String>>,
 }
 
 /// `mesh(cp0, cp1, dp = dp)`.
@@ -51,6 +59,15 @@ pub struct SemanticAttr {
     pub counts: Option<At<String>>,
     pub map: Option<At<String>>,
     pub window: Option<u32>,
+    pub incoming: Option<At<IncomingAttr>>,
+    pub unowned_rows: Option<At<String>>,
+}
+
+/// `incoming_pads(mask = FEATURE)` or `incoming_pads(counts)`.
+#[derive(Clone, Debug)]
+pub enum IncomingAttr {
+    Mask(String),
+    Counts,
 }
 
 #[derive(Default)]
@@ -65,6 +82,8 @@ pub struct FieldAttrs {
     pub replicated: bool,
     pub placement: Option<At<Vec<String>>>,
     pub only: Option<Vec<At<String>>>,
+    /// `derive(outer(a, b))`: the features the outer product is taken of.
+    pub derive: Option<At<Vec<String>>>,
     /// The feature's name, when it differs from the field's.
     pub name: Option<At<String>>,
     /// Whether any `#[featshard]` attribute was present.
@@ -171,11 +190,15 @@ pub fn struct_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> Struct
                 out.mesh = Some(MeshAttr { cp, dp, span });
             } else if p.is_ident("semantic") {
                 out.semantics.push(semantic(&meta)?);
+            } else if p.is_ident("other_keys") {
+                out.other_keys = Some(ident_string(&meta)?);
+            } else if p.is_ident("drop") {
+                out.drop.extend(name_list(&meta)?);
             } else {
                 return Err(unknown(
                     &meta,
                     "struct",
-                    "`module`, `spec`, `workflow`, `workflows`, `mesh`, `semantic`",
+                    "`module`, `spec`, `workflow`, `workflows`, `mesh`, `semantic`, `other_keys`, `drop`",
                 ));
             }
             Ok(())
@@ -196,6 +219,8 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
         counts: None,
         map: None,
         window: None,
+        incoming: None,
+        unowned_rows: None,
     };
     meta.parse_nested_meta(|m| {
         let p = &m.path;
@@ -209,6 +234,24 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             s.map = Some(ident_string(&m)?);
         } else if p.is_ident("window") {
             s.window = Some(int(&m)?);
+        } else if p.is_ident("incoming_pads") {
+            let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
+            let mut inc = None;
+            m.parse_nested_meta(|i| {
+                if i.path.is_ident("mask") {
+                    inc = Some(IncomingAttr::Mask(ident_string(&i)?.value));
+                } else if i.path.is_ident("counts") {
+                    inc = Some(IncomingAttr::Counts);
+                } else {
+                    return Err(unknown(&i, "incoming_pads", "`mask = FEATURE`, `counts`"));
+                }
+                Ok(())
+            })?;
+            let inc =
+                inc.ok_or_else(|| m.error("`incoming_pads` needs `mask = FEATURE` or `counts`"))?;
+            s.incoming = Some(At::new(inc, span));
+        } else if p.is_ident("unowned_rows") {
+            s.unowned_rows = Some(ident_string(&m)?);
         } else if name.is_none()
             && !m.input.peek(syn::Token![=])
             && !m.input.peek(syn::token::Paren)
@@ -221,7 +264,7 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             return Err(unknown(
                 &m,
                 "semantic",
-                "`shard`, `owner`, `counts`, `map`, `window`",
+                "`shard`, `owner`, `counts`, `map`, `window`, `incoming_pads`, `unowned_rows`",
             ));
         }
         Ok(())
@@ -301,11 +344,23 @@ pub fn field_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> FieldAt
                 out.only = Some(name_list(&meta)?);
             } else if p.is_ident("name") {
                 out.name = Some(ident_string(&meta)?);
+            } else if p.is_ident("derive") {
+                let mut of = None;
+                meta.parse_nested_meta(|m| {
+                    if m.path.is_ident("outer") {
+                        of = Some(name_list(&m)?.into_iter().map(|n| n.value).collect());
+                        Ok(())
+                    } else {
+                        Err(unknown(&m, "derive", "`outer(FEATURE, FEATURE)`"))
+                    }
+                })?;
+                let of = of.ok_or_else(|| meta.error("`derive` needs `outer(FEATURE, FEATURE)`"))?;
+                out.derive = Some(At::new(of, span));
             } else {
                 return Err(unknown(
                     &meta,
                     "field",
-                    "`axes`, `dtype`, `pad`, `mask`, `index`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`",
+                    "`axes`, `dtype`, `pad`, `mask`, `index`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`, `derive`",
                 ));
             }
             Ok(())

@@ -181,12 +181,20 @@ fn from_attributes(
                 },
                 source_loc: Loc::UNKNOWN,
             }),
+            (Some(o), Some(c), Some(m)) => Some(Owner {
+                owner: named(&o.value),
+                source: OwnerSource::CountsOrMap {
+                    counts: c.value.clone(),
+                    map: m.value.clone(),
+                },
+                source_loc: Loc::UNKNOWN,
+            }),
             (None, None, None) => None,
             _ => {
                 errors.push(syn::Error::new(
                     s.name.span,
                     format!(
-                        "semantic `{}`: `owner = SEM` goes with exactly one of `counts = FEATURE` or `map = FEATURE`",
+                        "semantic `{}`: `owner = SEM` goes with `counts = FEATURE`, `map = FEATURE` or both",
                         s.name.value
                     ),
                 ));
@@ -202,6 +210,35 @@ fn from_attributes(
                 format!("semantic `{}` is declared twice", s.name.value),
             ));
         }
+        let incoming = match s.incoming.as_ref().map(|i| &i.value) {
+            Some(attr::IncomingAttr::Mask(m)) => Some(IncomingSource::Mask { feature: m.clone() }),
+            Some(attr::IncomingAttr::Counts) => {
+                match owner.as_ref().and_then(|o| o.source.counts()) {
+                    Some(c) => Some(IncomingSource::Counts {
+                        feature: c.to_owned(),
+                    }),
+                    None => {
+                        errors.push(syn::Error::new(
+                        s.incoming.as_ref().map_or(s.name.span, |i| i.span),
+                        format!("semantic `{}`: `incoming_pads(counts)` needs `owner = SEM, counts = FEATURE`", s.name.value),
+                    ));
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let unowned_rows = match s.unowned_rows.as_ref().map(|u| (u.value.as_str(), u.span)) {
+            Some(("pad", _)) => Some(Loc::UNKNOWN),
+            Some(("refuse", _)) | None => None,
+            Some((other, span)) => {
+                errors.push(syn::Error::new(
+                    span,
+                    format!("semantic `{}`: unknown `unowned_rows` value `{other}`; expected `pad` or `refuse`", s.name.value),
+                ));
+                None
+            }
+        };
         semantics.insert(
             s.name.value.clone(),
             Semantic {
@@ -211,6 +248,11 @@ fn from_attributes(
                 window: s.window,
                 // The derive describes context-parallel structs; domain specs are YAML.
                 batch: false,
+                incoming: incoming.map(|source| Incoming {
+                    source,
+                    loc: Loc::UNKNOWN,
+                }),
+                unowned_rows,
                 loc: Loc::UNKNOWN,
             },
         );
@@ -224,6 +266,22 @@ fn from_attributes(
             Err(e) => errors.push(e),
         }
     }
+    let other_keys = match &sattrs.other_keys {
+        Some(p) => match KeyPolicy::parse(&p.value) {
+            Some(k) => k,
+            None => {
+                errors.push(syn::Error::new(
+                    p.span,
+                    format!(
+                        "unknown `other_keys` policy `{}`; expected `refuse`, `drop` or `pass`",
+                        p.value
+                    ),
+                ));
+                KeyPolicy::Refuse
+            }
+        },
+        None => KeyPolicy::Refuse,
+    };
     if !errors.is_empty() {
         return None;
     }
@@ -249,6 +307,11 @@ fn from_attributes(
             .map(|w| (w.value.clone(), Loc::UNKNOWN))
             .collect(),
         features,
+        inputs: Inputs {
+            other_keys,
+            other_keys_loc: Loc::UNKNOWN,
+            drop: sattrs.drop.iter().map(|d| named(&d.value)).collect(),
+        },
     };
     match plan::plan(&spec) {
         Ok(plan) => Some(Model {
@@ -351,6 +414,27 @@ fn feature_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Feature> {
         }
         None => None,
     };
+    let derived = match &a.derive {
+        Some(d) => {
+            let of = match d.value.as_slice() {
+                [x] => [x.clone(), x.clone()],
+                [x, y] => [x.clone(), y.clone()],
+                _ => {
+                    return Err(syn::Error::new(
+                        d.span,
+                        format!("feature `{}`: `outer` takes one or two features", f.feature),
+                    ))
+                }
+            };
+            Some(Derived {
+                rule: DeriveRule::Outer { of },
+                loc: Loc::UNKNOWN,
+            })
+        }
+        None => None,
+    };
+    // An `Option` field is optional, unless it is one the pipeline derives.
+    let optional = (f.optional && derived.is_none()).then_some(Loc::UNKNOWN);
     Ok(Feature {
         name: f.feature.clone(),
         kind: FeatureKind::Tensor(Box::new(TensorFeature {
@@ -393,7 +477,9 @@ fn feature_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Feature> {
                 .collect(),
             replicated: a.replicated,
             placement,
+            derived,
         })),
+        optional,
         only: a
             .only
             .as_ref()

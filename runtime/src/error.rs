@@ -61,6 +61,18 @@ pub enum RuntimeError {
         axis: usize,
         message: String,
     },
+    /// An axis that arrives padded does not fit the rule that tells its real items.
+    Incoming {
+        feature: String,
+        axis: usize,
+        semantic: String,
+        message: String,
+    },
+    /// A derived feature given in the sample differs from what its rule makes.
+    Derived {
+        feature: String,
+        rule: String,
+    },
     /// A block-diagonal feature with entries outside the diagonal blocks: sharding
     /// would drop them.
     OffDiagonal {
@@ -97,7 +109,7 @@ impl fmt::Display for RuntimeError {
             Missing { feature } => write!(f, "feature `{feature}`: missing from the sample"),
             Unknown { features } => write!(
                 f,
-                "features not in the spec: {} (pass them through explicitly to keep them)",
+                "features not in the spec: {} (declare them, list them under `drop`, or set `other_keys: drop | pass`)",
                 features.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
             ),
             Rank { feature, expected, got } => write!(
@@ -125,6 +137,14 @@ impl fmt::Display for RuntimeError {
             OneHot { feature, axis, message } => {
                 write!(f, "feature `{feature}`, axis {axis} (one-hot): {message}")
             }
+            Incoming { feature, axis, semantic, message } => write!(
+                f,
+                "feature `{feature}`, axis {axis} ({semantic}, incoming pads): {message}"
+            ),
+            Derived { feature, rule } => write!(
+                f,
+                "feature `{feature}`: the sample's value differs from {rule}, which the spec derives it as"
+            ),
             OffDiagonal { feature, axis, semantic } => write!(
                 f,
                 "feature `{feature}`, axis {axis} ({semantic}): nonzero entries outside the diagonal blocks; each item must point at an item of its own shard"

@@ -14,6 +14,7 @@
 #[cfg(feature = "c10d")]
 pub mod dist;
 pub mod error;
+pub mod intake;
 pub mod kind;
 pub mod pack;
 pub mod pad;
@@ -23,6 +24,7 @@ pub mod shard;
 pub mod synthetic;
 
 pub use error::RuntimeError;
-pub use pad::{pad, place, unpad, Padded, Placed};
+pub use intake::{intake, Intake};
+pub use pad::{pad, place, unpad, IntakeReport, Padded, Placed};
 pub use sample::{Features, Options};
 pub use shard::{assemble, coords, DTensorMeta, LocalBlock};

@@ -9,6 +9,7 @@ use featshard_spec::plan::Plan;
 use tch::{Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
+use crate::intake::intake;
 use crate::pad::{pad_feature, position_tensors, write_padded, AxisMap, Padded};
 use crate::sample::{check, Features, Options};
 use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
@@ -39,9 +40,11 @@ pub fn pack(
             feature: "*".into(),
             message: format!("semantic `{semantic}` has no `window`, so it cannot be packed"),
         })?;
-    let checked = check(plan, features, opts)?;
+    let taken = intake(plan, features, opts)?;
+    let features = &taken.features;
+    let checked = check(plan, &taken, opts)?;
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
-    let shapes = plan.shapes(&layout, opts.workflow.as_deref())?;
+    let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
     let positions = position_tensors(&layout);
     let len = checked.sizes.get(semantic).copied().unwrap_or(0);
     let packed_len = Plan::packed_length(pack.window, len, mesh);

@@ -16,6 +16,7 @@ use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan}
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
+use crate::intake::intake;
 use crate::kind::scalar;
 use crate::par::try_map;
 use crate::sample::{check, handles, tensor_plan, Features, Options};
@@ -41,6 +42,19 @@ pub struct Placed {
     pub tensors: BTreeMap<String, Tensor>,
     /// Features carried along untouched.
     pub passthrough: BTreeMap<String, Tensor>,
+    /// What intake did to the sample as emitted (incoming pads, dropped keys).
+    pub intake: IntakeReport,
+}
+
+/// What intake removed from a sample as emitted, for manifests and messages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IntakeReport {
+    /// Keys removed from the sample, sorted.
+    pub dropped: Vec<String>,
+    /// Semantics whose axes arrived padded: the length they arrived with.
+    pub arrived: BTreeMap<String, usize>,
+    /// Owner-map rows without an owner dropped as pads, per semantic.
+    pub unowned: BTreeMap<String, usize>,
 }
 
 /// Validates a serial sample and pads it for `mesh`.
@@ -61,9 +75,11 @@ pub fn place(
     features: &Features,
     opts: &Options,
 ) -> Result<Placed, RuntimeError> {
-    let checked = check(plan, features, opts)?;
+    let taken = intake(plan, features, opts)?;
+    let features = &taken.features;
+    let checked = check(plan, &taken, opts)?;
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
-    let shapes = plan.shapes(&layout, opts.workflow.as_deref())?;
+    let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
     let placed = try_map(
         &checked.names,
         opts.threads,
@@ -86,6 +102,11 @@ pub fn place(
         shapes,
         tensors,
         passthrough,
+        intake: IntakeReport {
+            dropped: taken.dropped,
+            arrived: taken.arrived,
+            unowned: taken.unowned,
+        },
     })
 }
 
@@ -98,6 +119,7 @@ impl Placed {
             shapes: self.shapes.clone(),
             tensors: handles(&self.tensors),
             passthrough: handles(&self.passthrough),
+            intake: self.intake.clone(),
         }
     }
 

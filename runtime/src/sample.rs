@@ -4,12 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use featshard_spec::ir::OwnerSource;
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeaturePlan, Ownership, Padding, Plan, TensorPlan};
 use tch::{Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
+use crate::intake::Intake;
 use crate::kind::{kind_name, kind_of};
 use crate::par::try_map;
 
@@ -49,9 +49,9 @@ pub struct Checked {
     pub owners: BTreeMap<String, Ownership>,
 }
 
-/// Checks a sample: every feature present, no unknown ones, ranks, dtypes, channel
+/// Checks a sample after [`intake`](crate::intake::intake): ranks, dtypes, channel
 /// sizes, equal lengths per semantic, ownership data and index ranges.
-pub fn check(plan: &Plan, features: &Features, opts: &Options) -> Result<Checked, RuntimeError> {
+pub fn check(plan: &Plan, taken: &Intake, opts: &Options) -> Result<Checked, RuntimeError> {
     if plan.mesh.domain.is_some() {
         return Err(RuntimeError::Unsupported {
             message: format!(
@@ -60,45 +60,13 @@ pub fn check(plan: &Plan, features: &Features, opts: &Options) -> Result<Checked
             ),
         });
     }
-    let wanted: BTreeSet<&str> = plan
-        .feature_names(opts.workflow.as_deref())?
-        .into_iter()
-        .collect();
-    let mut names = Vec::new();
-    let mut passthrough = Vec::new();
-    for name in &wanted {
-        match plan.features.get(*name) {
-            Some(FeaturePlan::Tensor(_)) if features.contains_key(*name) => {
-                names.push((*name).to_owned())
-            }
-            Some(FeaturePlan::Tensor(_)) => {
-                return Err(RuntimeError::Missing {
-                    feature: (*name).to_owned(),
-                })
-            }
-            // Metadata is optional in a tensor sample; when present it passes through.
-            _ if features.contains_key(*name) => passthrough.push((*name).to_owned()),
-            _ => {}
-        }
-    }
-    let unknown: Vec<String> = features
+    let features = &taken.features;
+    let passthrough = taken.passthrough.clone();
+    let names: Vec<String> = features
         .keys()
-        .filter(|n| !wanted.contains(n.as_str()))
-        .filter(|n| {
-            if opts.passthrough.contains(*n) {
-                passthrough.push((*n).clone());
-                false
-            } else {
-                true
-            }
-        })
+        .filter(|n| !passthrough.contains(n))
         .cloned()
         .collect();
-    if !unknown.is_empty() {
-        return Err(RuntimeError::Unknown { features: unknown });
-    }
-    passthrough.sort();
-
     let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
     let mut first: BTreeMap<String, String> = BTreeMap::new();
     for name in &names {
@@ -202,56 +170,109 @@ fn ownership(
             continue;
         };
         let Some(&len) = sizes.get(sem) else { continue };
-        let fname = source.feature();
-        let x = features.get(fname).ok_or_else(|| RuntimeError::Missing {
-            feature: fname.to_owned(),
-        })?;
         let owner_len = sizes.get(owner).copied().unwrap_or(0);
-        match source {
-            OwnerSource::Counts { .. } => {
-                let counts = to_vec_i64(x, fname)?;
-                let bad = |message: String| RuntimeError::Ownership {
-                    feature: fname.to_owned(),
-                    axis: 0,
-                    semantic: owner.clone(),
-                    message,
-                };
-                if let Some(c) = counts.iter().find(|&&c| c < 0) {
-                    return Err(bad(format!("negative count {c} of `{sem}`")));
+        let counts = source.counts().filter(|c| features.contains_key(*c));
+        let map = source.map().filter(|m| features.contains_key(*m));
+        let ownership = match (counts, map) {
+            (Some(c), map) => {
+                let counts = owner_counts(c, &features[c], sem, owner, len)?;
+                if let Some(m) = map {
+                    check_map_counts(m, &features[m], c, &counts, sem, owner, owner_len)?;
                 }
-                let sum: i64 = counts.iter().sum();
-                if usize::try_from(sum).ok() != Some(len) {
-                    return Err(bad(format!(
-                        "counts of `{sem}` sum to {sum}, but the sample has {len} {sem}"
-                    )));
-                }
-                let counts = counts.into_iter().map(|c| c as usize).collect();
-                owners.insert(sem.clone(), Ownership::Counts(counts));
+                Ownership::Counts(counts)
             }
-            OwnerSource::Map { .. } => {
-                let rows = x.f_sum_dim_intlist(1, false, Kind::Int64).feature(fname)?;
-                let rows = to_vec_i64(&rows, fname)?;
-                if let Some((r, n)) = rows.iter().enumerate().find(|(_, &n)| n != 1) {
-                    return Err(RuntimeError::Ownership {
-                        feature: fname.to_owned(),
-                        axis: 1,
-                        semantic: owner.clone(),
-                        message: format!("row {r} of `{sem}` must have exactly one owner, has {n}"),
-                    });
-                }
-                let of = if rows.is_empty() || owner_len == 0 {
-                    Vec::new()
-                } else {
-                    to_vec_i64(&x.f_argmax(1, false).feature(fname)?, fname)?
-                };
-                owners.insert(
-                    sem.clone(),
-                    Ownership::Owners(of.into_iter().map(|o| o as usize).collect()),
-                );
+            (None, Some(m)) => {
+                Ownership::Owners(map_owners(m, &features[m], sem, owner, owner_len)?)
             }
-        }
+            (None, None) => {
+                return Err(RuntimeError::Missing {
+                    feature: source.feature().to_owned(),
+                })
+            }
+        };
+        owners.insert(sem.clone(), ownership);
     }
     Ok(owners)
+}
+
+fn owner_counts(
+    fname: &str,
+    x: &Tensor,
+    sem: &str,
+    owner: &str,
+    len: usize,
+) -> Result<Vec<usize>, RuntimeError> {
+    let counts = to_vec_i64(x, fname)?;
+    let bad = |message: String| RuntimeError::Ownership {
+        feature: fname.to_owned(),
+        axis: 0,
+        semantic: owner.to_owned(),
+        message,
+    };
+    if let Some(c) = counts.iter().find(|&&c| c < 0) {
+        return Err(bad(format!("negative count {c} of `{sem}`")));
+    }
+    let sum: i64 = counts.iter().sum();
+    if usize::try_from(sum).ok() != Some(len) {
+        return Err(bad(format!(
+            "counts of `{sem}` sum to {sum}, but the sample has {len} {sem}"
+        )));
+    }
+    Ok(counts.into_iter().map(|c| c as usize).collect())
+}
+
+/// The owner of every row of a one-hot `[items, owner]` map.
+fn map_owners(
+    fname: &str,
+    x: &Tensor,
+    sem: &str,
+    owner: &str,
+    owner_len: usize,
+) -> Result<Vec<usize>, RuntimeError> {
+    let rows = x.f_sum_dim_intlist(1, false, Kind::Int64).feature(fname)?;
+    let rows = to_vec_i64(&rows, fname)?;
+    if let Some((r, n)) = rows.iter().enumerate().find(|(_, &n)| n != 1) {
+        return Err(RuntimeError::Ownership {
+            feature: fname.to_owned(),
+            axis: 1,
+            semantic: owner.to_owned(),
+            message: format!("row {r} of `{sem}` must have exactly one owner, has {n}"),
+        });
+    }
+    let of = if rows.is_empty() || owner_len == 0 {
+        Vec::new()
+    } else {
+        to_vec_i64(&x.f_argmax(1, false).feature(fname)?, fname)?
+    };
+    Ok(of.into_iter().map(|o| o as usize).collect())
+}
+
+/// Owner counts and an owner map given together must say the same, in owner order.
+fn check_map_counts(
+    mname: &str,
+    x: &Tensor,
+    cname: &str,
+    counts: &[usize],
+    sem: &str,
+    owner: &str,
+    owner_len: usize,
+) -> Result<(), RuntimeError> {
+    let of = map_owners(mname, x, sem, owner, owner_len)?;
+    let expected = counts
+        .iter()
+        .enumerate()
+        .flat_map(|(o, &c)| std::iter::repeat_n(o, c));
+    if let Some((item, (want, got))) = expected.zip(&of).enumerate().find(|(_, (w, g))| w != *g) {
+        return Err(RuntimeError::Ownership {
+            feature: mname.to_owned(),
+            axis: 1,
+            semantic: owner.to_owned(),
+            message: format!(
+                "`{sem}` item {item} belongs to `{owner}` {got} here, but to {want} by `{cname}`"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn check_index(

@@ -251,7 +251,25 @@ pub fn assemble(
             ),
         });
     }
-    let shapes = plan.shapes(layout, workflow)?;
+    // The features the blocks hold (optional ones may be absent), of the workflow.
+    let wanted = plan.feature_names(workflow)?;
+    let names = ranks[0]
+        .keys()
+        .map(String::as_str)
+        .filter(|n| wanted.contains(n));
+    let shapes = plan.shapes_of(layout, names)?;
+    for (name, t) in plan.tensors() {
+        if wanted.contains(&name)
+            && !t.optional
+            && t.derived.is_none()
+            && !shapes.contains_key(name)
+        {
+            return Err(RuntimeError::Blocks {
+                feature: name.to_owned(),
+                message: "rank 0 has no block".into(),
+            });
+        }
+    }
     let mut out = BTreeMap::new();
     for (name, s) in &shapes {
         let t = tensor_plan(plan, name)?;

@@ -42,8 +42,13 @@ pub fn sample(
         else {
             continue;
         };
-        let owners = match source {
-            OwnerSource::Counts { .. } => {
+        let by_counts = match source {
+            OwnerSource::Counts { .. } => true,
+            OwnerSource::Map { .. } => false,
+            OwnerSource::CountsOrMap { .. } => shape.counts.contains_key(sem),
+        };
+        let owners = match by_counts {
+            true => {
                 let counts = shape.counts.get(sem).cloned().unwrap_or_default();
                 counts
                     .iter()
@@ -51,7 +56,7 @@ pub fn sample(
                     .flat_map(|(o, &c)| std::iter::repeat_n(o, c))
                     .collect::<Vec<_>>()
             }
-            OwnerSource::Map { .. } => {
+            false => {
                 let n = shape.mapped.get(sem).copied().unwrap_or(0);
                 let owner_len = sizes.get(owner).copied().unwrap_or(0);
                 if owner_len == 0 {
@@ -70,6 +75,10 @@ pub fn sample(
         let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
             continue;
         };
+        // The pipeline makes derived features itself.
+        if t.derived.is_some() {
+            continue;
+        }
         let dims: Vec<i64> = t
             .axes
             .iter()
@@ -98,25 +107,34 @@ fn structured(
     sizes: &BTreeMap<String, usize>,
     kind: Kind,
 ) -> Result<Option<Tensor>, RuntimeError> {
+    if plan
+        .semantics
+        .values()
+        .any(|s| s.incoming.as_ref().is_some_and(|i| i.feature() == name))
+    {
+        // Every item of a synthetic sample is real.
+        return Tensor::f_ones(dims, (kind, Device::Cpu))
+            .feature(name)
+            .map(Some);
+    }
     for (sem, s) in &plan.semantics {
         let Padding::OwnerBlocks { owner, source, .. } = &s.padding else {
             continue;
         };
-        if source.feature() != name {
+        let is_counts = source.counts() == Some(name);
+        if !is_counts && source.map() != Some(name) {
             continue;
         }
         let owners = &owner_of[sem];
-        return Ok(Some(match source {
-            OwnerSource::Counts { .. } => {
+        return Ok(Some(match is_counts {
+            true => {
                 let mut counts = vec![0i64; sizes.get(owner).copied().unwrap_or(0)];
                 for &o in owners {
                     counts[o] += 1;
                 }
                 Tensor::from_slice(&counts).f_to_kind(kind).feature(name)?
             }
-            OwnerSource::Map { .. } => {
-                one_hot(name, dims, owners.iter().copied().enumerate(), kind)?
-            }
+            false => one_hot(name, dims, owners.iter().copied().enumerate(), kind)?,
         }));
     }
     let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::diag::SpecError;
 use crate::ir::*;
 use crate::limits;
+use crate::loc::Loc;
 use crate::names::{did_you_mean, is_keyword, is_snake_case, upper_camel};
 
 /// Every problem found in `spec`, in a stable order (empty when the spec is valid).
@@ -18,6 +19,7 @@ pub fn check(spec: &Spec) -> Vec<SpecError> {
     };
     c.names();
     c.semantics();
+    c.inputs();
     c.domain();
     for (name, _, t) in spec.tensors() {
         c.tensor(name, t);
@@ -33,7 +35,7 @@ struct Checker<'a> {
     errors: Vec<SpecError>,
 }
 
-impl Checker<'_> {
+impl<'a> Checker<'a> {
     fn err(&mut self, e: SpecError) {
         self.errors.push(e);
     }
@@ -227,6 +229,14 @@ impl Checker<'_> {
             }
             self.owner_source(s, owner);
         }
+        for s in spec.semantics.values() {
+            if let Some(inc) = &s.incoming {
+                self.incoming(s, inc);
+            }
+            if let Some(at) = s.unowned_rows {
+                self.unowned_rows(s, at);
+            }
+        }
         // Ownership must form trees: follow owners until a root or a repeat.
         for s in spec.semantics.values() {
             let mut seen = BTreeSet::from([s.name.as_str()]);
@@ -255,34 +265,37 @@ impl Checker<'_> {
         }
     }
 
-    fn owner_source(&mut self, s: &Semantic, owner: &Owner) {
-        let spec = self.spec;
-        let fname = owner.source.feature();
+    /// The tensor feature `fname` that semantic `s` names as `what`, or an error.
+    fn named_tensor(
+        &mut self,
+        s: &Semantic,
+        fname: &str,
+        what: &str,
+        at: Loc,
+    ) -> Option<&'a TensorFeature> {
+        let spec: &'a Spec = self.spec;
         let Some(f) = spec.features.get(fname) else {
-            let mut e = SpecError::new(
-                format!("owner feature `{fname}` is not declared"),
-                owner.source_loc,
-            )
-            .semantic(&s.name);
+            let mut e =
+                SpecError::new(format!("{what} `{fname}` is not declared"), at).semantic(&s.name);
             if let Some(h) = did_you_mean(fname, spec.features.keys().map(String::as_str)) {
                 e = e.help(h);
             }
             self.err(e);
-            return;
+            return None;
         };
         let FeatureKind::Tensor(t) = &f.kind else {
             self.err(
-                SpecError::new("owner feature must be a tensor, not metadata", f.loc)
+                SpecError::new(format!("{what} must be a tensor, not metadata"), f.loc)
                     .feature(fname)
                     .semantic(&s.name),
             );
-            return;
+            return None;
         };
         if f.only.is_some() {
             self.err(
                 SpecError::new(
                     format!(
-                        "gives the owners of `{}`, so it must be in every workflow (remove `only`)",
+                        "is the {what} of `{}`, so it must be in every workflow (remove `only`)",
                         s.name
                     ),
                     f.loc,
@@ -290,32 +303,51 @@ impl Checker<'_> {
                 .feature(fname),
             );
         }
-        let sems: Vec<Option<&str>> = t.axes.iter().map(Axis::semantic).collect();
-        match &owner.source {
-            OwnerSource::Counts { .. } => {
-                if sems != [Some(owner.owner.name.as_str())] {
-                    self.err(
-                        SpecError::new(
-                            format!(
-                                "counts of `{}` per `{}` must have axes `[{}]`",
-                                s.name, owner.owner.name, owner.owner.name
-                            ),
-                            t.axes_loc,
-                        )
-                        .feature(fname),
-                    );
-                }
-                if !t.dtype.is_integer() {
-                    self.err(
-                        SpecError::new(
-                            format!("owner counts must be an integer dtype, not {}", t.dtype),
-                            t.dtype_loc,
-                        )
-                        .feature(fname),
-                    );
-                }
+        if let Some(d) = &t.derived {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "is the {what} of `{}`, so the sample must hold it: it cannot be derived",
+                        s.name
+                    ),
+                    d.loc,
+                )
+                .feature(fname),
+            );
+        }
+        Some(t)
+    }
+
+    /// A feature every sample must hold: not optional.
+    fn required(&mut self, s: &Semantic, fname: &str, what: &str) {
+        if let Some(at) = self.spec.features.get(fname).and_then(|f| f.optional) {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "is the {what} of `{}`, which every sample needs: it cannot be optional",
+                        s.name
+                    ),
+                    at,
+                )
+                .feature(fname),
+            );
+        }
+    }
+
+    fn owner_source(&mut self, s: &Semantic, owner: &Owner) {
+        let source = &owner.source;
+        if let Some(fname) = source.counts() {
+            if !matches!(source, OwnerSource::CountsOrMap { .. }) {
+                self.required(s, fname, "owner counts");
             }
-            OwnerSource::Map { .. } => {
+            if let Some(t) = self.named_tensor(s, fname, "owner counts", owner.source_loc) {
+                self.owner_counts(s, owner, fname, t);
+            }
+        }
+        if let Some(fname) = source.map() {
+            self.required(s, fname, "owner map");
+            if let Some(t) = self.named_tensor(s, fname, "owner map", owner.source_loc) {
+                let sems: Vec<Option<&str>> = t.axes.iter().map(Axis::semantic).collect();
                 if sems != [Some(s.name.as_str()), Some(owner.owner.name.as_str())] {
                     self.err(
                         SpecError::new(
@@ -329,6 +361,206 @@ impl Checker<'_> {
                     );
                 }
             }
+        }
+    }
+
+    fn owner_counts(&mut self, s: &Semantic, owner: &Owner, fname: &str, t: &TensorFeature) {
+        let sems: Vec<Option<&str>> = t.axes.iter().map(Axis::semantic).collect();
+        if sems != [Some(owner.owner.name.as_str())] {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "counts of `{}` per `{}` must have axes `[{}]`",
+                        s.name, owner.owner.name, owner.owner.name
+                    ),
+                    t.axes_loc,
+                )
+                .feature(fname),
+            );
+        }
+        if !t.dtype.is_integer() {
+            self.err(
+                SpecError::new(
+                    format!("owner counts must be an integer dtype, not {}", t.dtype),
+                    t.dtype_loc,
+                )
+                .feature(fname),
+            );
+        }
+    }
+
+    /// Incoming pads: the feature that tells the real items must be in every sample,
+    /// and a mask must be 1-D over the semantic.
+    fn incoming(&mut self, s: &Semantic, inc: &Incoming) {
+        let fname = inc.source.feature();
+        match &inc.source {
+            IncomingSource::Counts { .. } => self.required(s, fname, "real-item counts"),
+            IncomingSource::Mask { .. } => {
+                self.required(s, fname, "incoming-pad mask");
+                let Some(t) = self.named_tensor(s, fname, "incoming-pad mask", inc.loc) else {
+                    return;
+                };
+                let one_d =
+                    matches!(t.axes.as_slice(), [a] if a.semantic() == Some(s.name.as_str()));
+                let masks = matches!(&t.role, Role::Mask { of } if of.contains(&s.name));
+                if !one_d || !masks {
+                    self.err(
+                        SpecError::new(
+                            format!(
+                                "tells the real items of `{}`, so it must be a mask with axes `[{}]` (`mask: {}`)",
+                                s.name, s.name, s.name
+                            ),
+                            t.axes_loc,
+                        )
+                        .feature(fname),
+                    );
+                }
+            }
+        }
+    }
+
+    /// `unowned_rows: pad` needs a one-hot owner map, and no value index may point at
+    /// rows that can vanish.
+    fn unowned_rows(&mut self, s: &Semantic, at: Loc) {
+        let spec = self.spec;
+        if !matches!(
+            s.owner.as_ref().map(|o| &o.source),
+            Some(OwnerSource::Map { .. })
+        ) {
+            self.err(
+                SpecError::new(
+                    "`unowned_rows: pad` applies to items owned through `map: <feature>`",
+                    at,
+                )
+                .semantic(&s.name),
+            );
+        }
+        for (name, _, t) in spec.tensors() {
+            if let Role::Index(ix) = &t.role {
+                if ix.of == s.name && ix.one_hot.is_none() {
+                    self.err(
+                        SpecError::new(
+                            format!("index values point at `{}` rows, which `unowned_rows: pad` may drop", s.name),
+                            t.role_loc,
+                        )
+                        .feature(name)
+                        .semantic(&s.name),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Optional and derived features, and the keys a sample may drop.
+    fn inputs(&mut self) {
+        let spec = self.spec;
+        let mut seen = BTreeSet::new();
+        for d in &spec.inputs.drop {
+            if !seen.insert(d.name.as_str()) {
+                self.err(SpecError::new(
+                    format!("`{}` is listed twice in `drop`", d.name),
+                    d.loc,
+                ));
+            }
+            if spec.features.contains_key(&d.name) {
+                self.err(
+                    SpecError::new(
+                        format!("`{}` is a feature, so it cannot be dropped", d.name),
+                        d.loc,
+                    )
+                    .feature(&d.name),
+                );
+            }
+        }
+        let workflows = spec.workflow_features();
+        for (name, f, t) in spec.tensors() {
+            let Some(d) = &t.derived else { continue };
+            if let Some(at) = f.optional {
+                self.err(
+                    SpecError::new(
+                        "a derived feature is always made: it cannot be optional",
+                        at,
+                    )
+                    .feature(name),
+                );
+            }
+            self.derived(name, t, d, &workflows);
+        }
+    }
+
+    fn derived(
+        &mut self,
+        name: &str,
+        t: &TensorFeature,
+        d: &Derived,
+        workflows: &BTreeMap<String, BTreeSet<String>>,
+    ) {
+        let spec = self.spec;
+        let mut axes: Vec<&AxisKind> = Vec::new();
+        for input in d.rule.inputs() {
+            let Some(f) = spec.features.get(input) else {
+                let mut e = SpecError::new(
+                    format!("derives from `{input}`, which is not declared"),
+                    d.loc,
+                )
+                .feature(name);
+                if let Some(h) = did_you_mean(input, spec.features.keys().map(String::as_str)) {
+                    e = e.help(h);
+                }
+                self.err(e);
+                return;
+            };
+            let FeatureKind::Tensor(it) = &f.kind else {
+                self.err(
+                    SpecError::new(format!("derives from `{input}`, which is metadata"), d.loc)
+                        .feature(name),
+                );
+                return;
+            };
+            if it.derived.is_some() || f.optional.is_some() || input == name {
+                self.err(
+                    SpecError::new(
+                        format!("derives from `{input}`, which a sample may lack (it is derived or optional)"),
+                        d.loc,
+                    )
+                    .feature(name),
+                );
+                return;
+            }
+            let missing = workflows
+                .iter()
+                .find(|(_, fs)| fs.contains(name) && !fs.contains(input));
+            if let Some((w, _)) = missing {
+                self.err(
+                    SpecError::new(
+                        format!("derives from `{input}`, which is not in workflow `{w}`"),
+                        d.loc,
+                    )
+                    .feature(name),
+                );
+            }
+            axes.extend(it.axes.iter().map(|a| &a.kind));
+        }
+        let own: Vec<&AxisKind> = t.axes.iter().map(|a| &a.kind).collect();
+        if own != axes {
+            let show = |v: &[&AxisKind]| {
+                v.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            self.err(
+                SpecError::new(
+                    format!(
+                        "the outer product of {} has axes [{}], but this feature has [{}]",
+                        d.rule.inputs().join(" and "),
+                        show(&axes),
+                        show(&own)
+                    ),
+                    t.axes_loc,
+                )
+                .feature(name),
+            );
         }
     }
 

@@ -25,6 +25,47 @@ pub struct Spec {
     /// Declared workflows, each a subset of the features (see [`Feature::only`]).
     pub workflows: BTreeMap<String, Loc>,
     pub features: BTreeMap<String, Feature>,
+    /// What happens to sample keys the spec does not place.
+    pub inputs: Inputs,
+}
+
+/// How a sample's keys that are not features are treated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inputs {
+    /// Keys that are neither features nor listed in [`Inputs::drop`].
+    pub other_keys: KeyPolicy,
+    pub other_keys_loc: Loc,
+    /// Keys the featurizer emits that the model never reads: removed from every sample.
+    pub drop: Vec<Named>,
+}
+
+/// What happens to a sample key the spec does not declare.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyPolicy {
+    /// An error that lists every such key at once.
+    #[default]
+    Refuse,
+    /// Removed from the sample.
+    Drop,
+    /// Carried untouched to every rank, like metadata.
+    Pass,
+}
+
+impl KeyPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyPolicy::Refuse => "refuse",
+            KeyPolicy::Drop => "drop",
+            KeyPolicy::Pass => "pass",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<KeyPolicy> {
+        [KeyPolicy::Refuse, KeyPolicy::Drop, KeyPolicy::Pass]
+            .into_iter()
+            .find(|p| p.name() == s)
+    }
 }
 
 /// A name with the location it was written at.
@@ -91,7 +132,35 @@ pub struct Semantic {
     pub window: Option<u32>,
     /// The per-domain-group batch axis (domain-parallel specs): never sharded, length 1.
     pub batch: bool,
+    /// Axes of this semantic may arrive padded at the end; this says which items are real.
+    pub incoming: Option<Incoming>,
+    /// Rows of the owner map with no owner are pads (dropped), not an error.
+    pub unowned_rows: Option<Loc>,
     pub loc: Loc,
+}
+
+/// How a sample tells the real items of a semantic whose axes arrive padded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    pub source: IncomingSource,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum IncomingSource {
+    /// A 1-D mask over the semantic: 1 at the real items (a prefix), 0 at the pads.
+    Mask { feature: String },
+    /// The semantic's owner counts: they sum to the number of real items.
+    Counts { feature: String },
+}
+
+impl IncomingSource {
+    pub fn feature(&self) -> &str {
+        match self {
+            IncomingSource::Mask { feature } | IncomingSource::Counts { feature } => feature,
+        }
+    }
 }
 
 /// An owner relation: items of this semantic belong to items of `owner`.
@@ -112,12 +181,34 @@ pub enum OwnerSource {
     Counts { feature: String },
     /// A one-hot `[items, owner]` feature: the owner of each item.
     Map { feature: String },
+    /// The counts when the sample has them (checked against the map), else the map.
+    CountsOrMap { counts: String, map: String },
 }
 
 impl OwnerSource {
+    /// The feature every sample must hold (the map when counts may be absent).
     pub fn feature(&self) -> &str {
         match self {
             OwnerSource::Counts { feature } | OwnerSource::Map { feature } => feature,
+            OwnerSource::CountsOrMap { map, .. } => map,
+        }
+    }
+
+    /// The counts feature, if any.
+    pub fn counts(&self) -> Option<&str> {
+        match self {
+            OwnerSource::Counts { feature } => Some(feature),
+            OwnerSource::CountsOrMap { counts, .. } => Some(counts),
+            OwnerSource::Map { .. } => None,
+        }
+    }
+
+    /// The one-hot map feature, if any.
+    pub fn map(&self) -> Option<&str> {
+        match self {
+            OwnerSource::Map { feature } => Some(feature),
+            OwnerSource::CountsOrMap { map, .. } => Some(map),
+            OwnerSource::Counts { .. } => None,
         }
     }
 }
@@ -129,6 +220,8 @@ pub struct Feature {
     pub kind: FeatureKind,
     /// Workflows this feature belongs to; `None` means every workflow (the base set).
     pub only: Option<Vec<Named>>,
+    /// A sample may lack it; when present it is placed and checked.
+    pub optional: Option<Loc>,
     pub doc: Option<String>,
     pub loc: Loc,
 }
@@ -159,6 +252,32 @@ pub struct TensorFeature {
     pub replicated: bool,
     /// An explicit placement on the CP sub-mesh, checked against the inference.
     pub placement: Option<(Vec<Placement>, Loc)>,
+    /// Computed by the pipeline from other features (when the sample lacks it).
+    pub derived: Option<Derived>,
+}
+
+/// A feature the pipeline makes from others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Derived {
+    pub rule: DeriveRule,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum DeriveRule {
+    /// The outer product `a[..., None, ...] * b[None, ..., ...]`: its axes are `a`'s
+    /// followed by `b`'s (`token_pair_pad_mask` from `token_pad_mask` twice).
+    Outer { of: [String; 2] },
+}
+
+impl DeriveRule {
+    /// The features this one is made from.
+    pub fn inputs(&self) -> Vec<&str> {
+        match self {
+            DeriveRule::Outer { of } => of.iter().map(String::as_str).collect(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -142,6 +142,7 @@ impl Lower {
         let semantics = self.semantics(raw.semantics);
         let workflows = self.workflows(raw.workflows);
         let features = self.features(raw.features);
+        let inputs = self.inputs(raw.other_keys, raw.drop);
         Spec {
             source: Source {
                 name: name.to_owned(),
@@ -152,6 +153,7 @@ impl Lower {
             semantics,
             workflows,
             features,
+            inputs,
         }
     }
 
@@ -303,19 +305,14 @@ impl Lower {
                     );
                     None
                 }
-                (Some(owner), Some(_), Some(map)) => {
-                    self.err(
-                        SpecError::new(
-                            format!(
-                                "owner `{}` is given both by `counts` and by `map`; keep one",
-                                owner.value
-                            ),
-                            loc(&map),
-                        )
-                        .semantic(&name),
-                    );
-                    None
-                }
+                (Some(owner), Some(counts), Some(map)) => Some(Owner {
+                    owner: Named::new(owner.value.clone(), loc(&owner)),
+                    source_loc: loc(&counts),
+                    source: OwnerSource::CountsOrMap {
+                        counts: counts.value,
+                        map: map.value,
+                    },
+                }),
                 (None, counts, map) => {
                     let at = counts.as_ref().map(loc).or(map.as_ref().map(loc));
                     self.err(
@@ -345,6 +342,10 @@ impl Lower {
                     self.err(SpecError::new("window must be at least 1", loc(w)).semantic(&name));
                 }
             }
+            let incoming = body
+                .incoming_pads
+                .and_then(|i| self.incoming(&name, owner.as_ref(), i));
+            let unowned_rows = body.unowned_rows.and_then(|u| self.unowned_rows(&name, u));
             out.insert(
                 name.clone(),
                 Semantic {
@@ -353,11 +354,115 @@ impl Lower {
                     owner,
                     window: body.window.map(|w| w.value),
                     batch: body.batch.as_ref().is_some_and(|b| b.value),
+                    incoming,
+                    unowned_rows,
                     loc: loc(&key),
                 },
             );
         }
         out
+    }
+
+    fn incoming(
+        &mut self,
+        name: &str,
+        owner: Option<&Owner>,
+        raw: Spanned<RawIncoming>,
+    ) -> Option<Incoming> {
+        let at = loc(&raw);
+        let source = match (raw.value.mask, raw.value.counts) {
+            (Some(mask), None) => IncomingSource::Mask {
+                feature: mask.value,
+            },
+            (None, Some(c)) if c.value => match owner.and_then(|o| o.source.counts()) {
+                Some(counts) => IncomingSource::Counts {
+                    feature: counts.to_owned(),
+                },
+                None => {
+                    self.err(
+                        SpecError::new(
+                            "`incoming_pads: {counts: true}` needs `owner` and `counts: <feature>` on this semantic",
+                            loc(&c),
+                        )
+                        .semantic(name),
+                    );
+                    return None;
+                }
+            },
+            (None, Some(c)) => {
+                self.err(
+                    SpecError::new(
+                        "`counts: false` says nothing; remove `incoming_pads`",
+                        loc(&c),
+                    )
+                    .semantic(name),
+                );
+                return None;
+            }
+            (Some(_), Some(c)) => {
+                self.err(
+                    SpecError::new(
+                        "the real items are given by `mask` or by `counts`, not both",
+                        loc(&c),
+                    )
+                    .semantic(name),
+                );
+                return None;
+            }
+            (None, None) => {
+                self.err(
+                    SpecError::new(
+                        "`incoming_pads` needs `mask: <feature>` or `counts: true`",
+                        at,
+                    )
+                    .semantic(name),
+                );
+                return None;
+            }
+        };
+        Some(Incoming { source, loc: at })
+    }
+
+    fn unowned_rows(&mut self, name: &str, raw: Spanned<String>) -> Option<Loc> {
+        match raw.value.as_str() {
+            "pad" => Some(loc(&raw)),
+            "refuse" => None,
+            other => {
+                self.err(
+                    SpecError::new(format!("unknown `unowned_rows` value `{other}`"), loc(&raw))
+                        .semantic(name)
+                        .help("`pad` (rows without an owner are pads) or `refuse` (the default)"),
+                );
+                None
+            }
+        }
+    }
+
+    fn inputs(&mut self, other: Option<Spanned<String>>, drop: Vec<Spanned<String>>) -> Inputs {
+        let (other_keys, other_keys_loc) = match other {
+            None => (KeyPolicy::Refuse, Loc::UNKNOWN),
+            Some(o) => match KeyPolicy::parse(&o.value) {
+                Some(p) => (p, loc(&o)),
+                None => {
+                    self.err(
+                        SpecError::new(
+                            format!("unknown `other_keys` policy `{}`", o.value),
+                            loc(&o),
+                        )
+                        .help("one of `refuse`, `drop`, `pass`"),
+                    );
+                    (KeyPolicy::Refuse, loc(&o))
+                }
+            },
+        };
+        Inputs {
+            other_keys,
+            other_keys_loc,
+            drop: drop
+                .into_iter()
+                .map(|d| Named::new(d.value.clone(), loc(&d)))
+                .collect(),
+        }
     }
 
     fn workflows(&mut self, raw: Vec<Spanned<String>>) -> BTreeMap<String, Loc> {
@@ -415,8 +520,10 @@ impl Lower {
                 .map(|w| Named::new(w.value.clone(), loc(w)))
                 .collect()
         });
+        let optional = raw.optional.as_ref().filter(|o| o.value).map(loc);
         if raw.metadata.as_ref().is_some_and(|m| m.value) {
             let extra = [
+                raw.derive.as_ref().map(|a| ("derive", loc(a))),
                 raw.axes.as_ref().map(|a| ("axes", loc(a))),
                 raw.dtype.as_ref().map(|a| ("dtype", loc(a))),
                 raw.pad.as_ref().map(|a| ("pad", loc(a))),
@@ -438,6 +545,7 @@ impl Lower {
                 name: name.to_owned(),
                 kind: FeatureKind::Metadata,
                 only,
+                optional,
                 doc: raw.doc,
                 loc: at,
             });
@@ -540,6 +648,7 @@ impl Lower {
             }
             (parsed, loc(&p))
         });
+        let derived = raw.derive.and_then(|d| self.derive(name, d));
         let (pad, pad_loc) = match raw.pad {
             Some(p) => (
                 match p.value {
@@ -581,9 +690,40 @@ impl Lower {
                     .unwrap_or_default(),
                 replicated: raw.replicated.is_some_and(|r| r.value),
                 placement,
+                derived,
             })),
             only,
+            optional,
             doc: raw.doc,
+            loc: at,
+        })
+    }
+
+    fn derive(&mut self, name: &str, raw: Spanned<RawDerive>) -> Option<Derived> {
+        let at = loc(&raw);
+        let of: Vec<String> = raw
+            .value
+            .outer
+            .value
+            .iter()
+            .map(|n| n.value.clone())
+            .collect();
+        let of = match of.as_slice() {
+            [a] => [a.clone(), a.clone()],
+            [a, b] => [a.clone(), b.clone()],
+            _ => {
+                self.err(
+                    SpecError::new(
+                        format!("`outer` takes one or two features, {} given", of.len()),
+                        loc(&raw.value.outer),
+                    )
+                    .feature(name),
+                );
+                return None;
+            }
+        };
+        Some(Derived {
+            rule: DeriveRule::Outer { of },
             loc: at,
         })
     }

@@ -33,6 +33,19 @@ pub struct Plan {
     pub features: BTreeMap<String, FeaturePlan>,
     /// Workflow -> sorted feature names (base set plus the workflow's own).
     pub workflows: BTreeMap<String, Vec<String>>,
+    /// What happens to sample keys that are not features.
+    #[serde(default)]
+    pub inputs: InputsPlan,
+}
+
+/// How a sample's keys that the spec does not place are treated.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputsPlan {
+    /// Keys that are neither features nor in `drop`: refused, dropped or passed.
+    pub other_keys: KeyPolicy,
+    /// Keys removed from every sample, sorted.
+    pub drop: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -88,6 +101,13 @@ pub struct SemanticPlan {
     pub masked_by: Vec<String>,
     /// Attention window for packing, when declared.
     pub window: Option<u32>,
+    /// Axes of this semantic may arrive padded: how the real items are known. The
+    /// incoming pads are dropped before the layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<IncomingSource>,
+    /// Owner-map rows without an owner are pads (dropped), not an error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unowned_rows_are_pads: bool,
 }
 
 /// How a semantic's run-time length becomes its padded length.
@@ -119,6 +139,9 @@ pub enum FeaturePlan {
     /// Passed through untouched.
     Metadata {
         workflows: Vec<String>,
+        /// A sample may lack it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        optional: bool,
     },
 }
 
@@ -135,6 +158,12 @@ pub struct TensorPlan {
     pub role: Role,
     pub remap: Remap,
     pub workflows: Vec<String>,
+    /// A sample may lack it; when present it is placed and checked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+    /// Made by the pipeline from other features (checked against them when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derived: Option<DeriveRule>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -200,6 +229,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                     name.clone(),
                     FeaturePlan::Metadata {
                         workflows: workflows_of(name),
+                        optional: f.optional.is_some(),
                     },
                 );
                 continue;
@@ -269,6 +299,8 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 role: t.role.clone(),
                 remap,
                 workflows: workflows_of(name),
+                optional: f.optional.is_some(),
+                derived: t.derived.as_ref().map(|d| d.rule.clone()),
             })),
         );
     }
@@ -292,6 +324,8 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 padding,
                 masked_by: masked_by.remove(s.name.as_str()).unwrap_or_default(),
                 window: s.window,
+                incoming: s.incoming.as_ref().map(|i| i.source.clone()),
+                unowned_rows_are_pads: s.unowned_rows.is_some(),
             };
             (s.name.clone(), plan)
         })
@@ -314,6 +348,17 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
             .into_iter()
             .map(|(w, fs)| (w, fs.into_iter().collect()))
             .collect(),
+        inputs: InputsPlan {
+            other_keys: spec.inputs.other_keys,
+            drop: spec
+                .inputs
+                .drop
+                .iter()
+                .map(|d| d.name.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        },
     })
 }
 
@@ -753,15 +798,37 @@ impl Plan {
         Ok(layout)
     }
 
-    /// Every feature's shapes (of `workflow`, or all) under a sample layout.
+    /// Every feature's shapes (of `workflow`, or all) under a sample layout. Optional
+    /// features whose lengths the layout lacks (absent from the sample) are left out.
     pub fn shapes(
         &self,
         layout: &SampleLayout,
         workflow: Option<&str>,
     ) -> Result<BTreeMap<String, FeatureShapes>, ResolveError> {
+        let names = self.feature_names(workflow)?;
+        let present = |t: &TensorPlan| {
+            t.axes.iter().all(|a| {
+                a.semantic
+                    .as_ref()
+                    .is_none_or(|s| layout.sizes.contains_key(s))
+            })
+        };
+        let names = names.into_iter().filter(|n| match self.features.get(*n) {
+            Some(FeaturePlan::Tensor(t)) => !t.optional || present(t),
+            _ => false,
+        });
+        self.shapes_of(layout, names)
+    }
+
+    /// The shapes of the named tensor features under a sample layout.
+    pub fn shapes_of<'n>(
+        &self,
+        layout: &SampleLayout,
+        names: impl IntoIterator<Item = &'n str>,
+    ) -> Result<BTreeMap<String, FeatureShapes>, ResolveError> {
         let mesh = layout.mesh;
         let mut features = BTreeMap::new();
-        for name in self.feature_names(workflow)? {
+        for name in names {
             let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else {
                 continue;
             };

@@ -35,6 +35,15 @@ pub struct RawSpec {
     /// The model's input features, by name.
     #[serde(default)]
     pub features: Option<SpannedMap<RawFeature>>,
+    /// Sample keys that are neither features nor dropped: `refuse` (the default: an
+    /// error listing them all), `drop`, or `pass` (carried untouched to every rank).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub other_keys: Option<Spanned<String>>,
+    /// Keys the featurizer emits that the model never reads: removed from every sample.
+    #[serde(default)]
+    #[schemars(with = "Vec<String>")]
+    pub drop: Vec<Spanned<String>>,
 }
 
 /// Mesh axis names; sizes are chosen at run time.
@@ -89,8 +98,41 @@ pub struct RawSemantic {
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
     pub batch: Option<Spanned<bool>>,
+    /// Axes of this semantic may arrive padded at the end (as a featurizer pads to a
+    /// window or a maximum): how the real items are told apart.
+    #[serde(default)]
+    #[schemars(with = "Option<RawIncoming>")]
+    pub incoming_pads: Option<Spanned<RawIncoming>>,
+    /// `pad`: rows of the owner map with no owner are pads (dropped), not an error.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub unowned_rows: Option<Spanned<String>>,
     #[serde(default)]
     pub doc: Option<String>,
+}
+
+/// How the real items of a semantic that arrives padded are known.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawIncoming {
+    /// A 1-D mask feature over the semantic: 1 at the real items (a prefix), 0 at pads.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub mask: Option<Spanned<String>>,
+    /// `true`: the semantic's owner counts sum to the number of real items.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub counts: Option<Spanned<bool>>,
+}
+
+/// How the pipeline makes a derived feature.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawDerive {
+    /// Outer product of two features (one name: of that feature with itself); the
+    /// derived axes are the first's followed by the second's.
+    #[schemars(with = "Vec<String>", length(min = 1, max = 2))]
+    pub outer: Spanned<Vec<Spanned<String>>>,
 }
 
 /// One feature.
@@ -142,6 +184,15 @@ pub struct RawFeature {
     #[serde(default)]
     #[schemars(with = "Option<Vec<String>>")]
     pub only: Option<Spanned<Vec<Spanned<String>>>>,
+    /// A sample may lack this feature; when present it is placed and checked.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub optional: Option<Spanned<bool>>,
+    /// Made by the pipeline from other features when the sample lacks it (and checked
+    /// against them when it has it).
+    #[serde(default)]
+    #[schemars(with = "Option<RawDerive>")]
+    pub derive: Option<Spanned<RawDerive>>,
     #[serde(default)]
     pub doc: Option<String>,
 }
