@@ -238,7 +238,7 @@ pub fn explain(
         "padded global shape".to_owned(),
         "local shape".to_owned(),
     ]];
-    for name in names {
+    for &name in &names {
         let Some(f) = plan.features.get(name) else {
             continue;
         };
@@ -252,11 +252,10 @@ pub fn explain(
             ]);
             continue;
         };
-        let (global, local) = match &resolved {
-            Some(r) => {
-                let s = &r.features[name];
-                (shape(&s.global_shape), local_text(&plan, t, s, mesh))
-            }
+        let (global, local) = match resolved.as_ref().map(|r| r.features.get(name)) {
+            Some(Some(s)) => (shape(&s.global_shape), local_text(&plan, t, s, mesh)),
+            // An optional feature whose lengths were not given: as if absent.
+            Some(None) => ("absent (optional)".into(), "-".into()),
             None => symbolic_shapes(&plan, t, mesh),
         };
         rows.push([
@@ -287,6 +286,7 @@ pub fn explain(
             .unwrap_or_default()
     );
     out.push_str(&table(&rows));
+    out.push_str(&intake_text(&plan, &names));
     if let Some(r) = &resolved {
         out.push('\n');
         for (s, p) in &r.padded {
@@ -297,6 +297,75 @@ pub fn explain(
         let _ = writeln!(out, "note: {n}");
     }
     Ok(out)
+}
+
+/// What the pipeline does to a sample as the featurizer emits it, before the table's
+/// layout: incoming pads, unowned rows, derived and optional features, dropped keys.
+fn intake_text(plan: &Plan, names: &[&str]) -> String {
+    let mut out = String::new();
+    let mut line = |label: &str, items: Vec<String>| {
+        if !items.is_empty() {
+            let _ = writeln!(out, "{label}: {}", items.join(", "));
+        }
+    };
+    line(
+        "\nincoming pads dropped",
+        plan.semantics
+            .iter()
+            .filter_map(|(n, s)| {
+                let how = match s.incoming.as_ref()? {
+                    featshard_spec::ir::IncomingSource::Mask { feature } => {
+                        format!("mask `{feature}`")
+                    }
+                    featshard_spec::ir::IncomingSource::Counts { feature } => {
+                        format!("counts `{feature}`")
+                    }
+                };
+                Some(format!("{n} (real items by {how})"))
+            })
+            .collect(),
+    );
+    line(
+        "map rows without an owner are pads",
+        plan.semantics
+            .iter()
+            .filter(|(_, s)| s.unowned_rows_are_pads)
+            .map(|(n, _)| n.clone())
+            .collect(),
+    );
+    let tensors = || names.iter().filter_map(|n| Some((*n, tensor_of(plan, n)?)));
+    line(
+        "derived",
+        tensors()
+            .filter_map(|(n, t)| match t.derived.as_ref()? {
+                featshard_spec::ir::DeriveRule::Outer { of: [a, b] } => {
+                    Some(format!("{n} = outer({a}, {b})"))
+                }
+            })
+            .collect(),
+    );
+    line(
+        "optional",
+        names
+            .iter()
+            .filter(|n| match plan.features.get(**n) {
+                Some(FeaturePlan::Tensor(t)) => t.optional,
+                Some(FeaturePlan::Metadata { optional, .. }) => *optional,
+                None => false,
+            })
+            .map(|n| (*n).to_owned())
+            .collect(),
+    );
+    line("dropped keys", plan.inputs.drop.clone());
+    let _ = writeln!(out, "other keys: {}", plan.inputs.other_keys.name());
+    out
+}
+
+fn tensor_of<'p>(plan: &'p Plan, name: &str) -> Option<&'p TensorPlan> {
+    match plan.features.get(name) {
+        Some(FeaturePlan::Tensor(t)) => Some(t),
+        _ => None,
+    }
 }
 
 /// A local shape; an uneven domain axis lists every rank's extent (`3|3|1`).

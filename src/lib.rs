@@ -24,4 +24,6 @@ pub mod __private {
     pub use serde_json;
 }
 #[cfg(feature = "runtime")]
+pub mod files;
+#[cfg(feature = "runtime")]
 pub mod shards;

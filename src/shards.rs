@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use featshard_runtime::shard::{contiguous_stride, coords};
 use featshard_runtime::{assemble, pad, unpad, Features, Options, Padded};
 use featshard_spec::ir::Placement;
-use featshard_spec::plan::{Plan, SampleLayout};
+use featshard_spec::plan::{FeaturePlan, Plan, SampleLayout};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
 use crate::commands::{load, Failure};
+use crate::files::{self, Metadata};
 
 /// Version of manifest.json.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -28,6 +29,21 @@ pub struct Manifest {
     pub features: BTreeMap<String, FeatureEntry>,
     /// Features carried along untouched, in every rank file.
     pub passthrough: Vec<String>,
+    /// Metadata features (non-tensor values, as text) from the sample file's header,
+    /// in every rank file's header too.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// What intake removed from the sample as emitted: keys dropped, the lengths of
+    /// semantics that arrived padded (their pads are not kept), unowned rows dropped.
+    #[serde(default)]
+    pub incoming: Incoming,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Incoming {
+    pub dropped: Vec<String>,
+    pub arrived: BTreeMap<String, usize>,
+    pub unowned_rows: BTreeMap<String, usize>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -47,18 +63,18 @@ fn other(e: impl std::fmt::Display) -> Failure {
 }
 
 fn read_features(path: &Path) -> Result<Features, Failure> {
-    let tensors = Tensor::read_safetensors(path)
-        .map_err(|e| other(format!("cannot read {}: {e}", path.display())))?;
-    Ok(tensors.into_iter().collect())
+    files::read_tensors(path)
 }
 
-fn write_features(path: &Path, features: &BTreeMap<String, Tensor>) -> Result<(), Failure> {
-    let contiguous: Vec<(String, Tensor)> = features
-        .iter()
-        .map(|(n, t)| (n.clone(), t.contiguous()))
-        .collect();
-    Tensor::write_safetensors(&contiguous, path)
-        .map_err(|e| other(format!("cannot write {}: {e}", path.display())))
+/// The metadata features of `workflow` that the sample file's header holds.
+fn sample_metadata(plan: &Plan, path: &Path, workflow: Option<&str>) -> Result<Metadata, Failure> {
+    let wanted = plan.feature_names(workflow).map_err(other)?;
+    let mut meta = files::read_metadata(path)?;
+    meta.retain(|k, _| {
+        wanted.contains(&k.as_str())
+            && matches!(plan.features.get(k), Some(FeaturePlan::Metadata { .. }))
+    });
+    Ok(meta)
 }
 
 /// A sibling folder to write into before renaming over `out`.
@@ -87,6 +103,7 @@ pub fn shard(
         )));
     }
     let sample = read_features(features)?;
+    let metadata = sample_metadata(&plan, features, workflow)?;
     let opts = Options {
         workflow: workflow.map(str::to_owned),
         passthrough: passthrough.iter().cloned().collect::<BTreeSet<_>>(),
@@ -94,7 +111,7 @@ pub fn shard(
     };
     let padded = pad(&plan, mesh, &sample, &opts).map_err(other)?;
     let staging = staging_dir(out);
-    let result = write_shards(&plan, &padded, workflow, &staging);
+    let result = write_shards(&plan, &padded, workflow, &metadata, &staging);
     if let Err(e) = result {
         let _ = std::fs::remove_dir_all(&staging);
         return Err(e);
@@ -117,6 +134,7 @@ fn write_shards(
     plan: &Plan,
     padded: &Padded,
     workflow: Option<&str>,
+    metadata: &Metadata,
     dir: &Path,
 ) -> Result<(), Failure> {
     std::fs::create_dir_all(dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
@@ -131,7 +149,11 @@ fn write_shards(
         for (n, t) in &padded.passthrough {
             tensors.insert(n.clone(), t.shallow_clone());
         }
-        write_features(&dir.join(format!("rank-{rank}.safetensors")), &tensors)?;
+        files::write(
+            &dir.join(format!("rank-{rank}.safetensors")),
+            &tensors,
+            metadata,
+        )?;
         let [i, j] = coords(padded.mesh(), rank);
         eprintln!("rank {rank} ({i}, {j}): {} of {world} written", rank + 1);
     }
@@ -162,6 +184,12 @@ fn write_shards(
         layout: padded.layout.clone(),
         features,
         passthrough: padded.passthrough.keys().cloned().collect(),
+        metadata: metadata.clone(),
+        incoming: Incoming {
+            dropped: padded.intake.dropped.clone(),
+            arrived: padded.intake.arrived.clone(),
+            unowned_rows: padded.intake.unowned.clone(),
+        },
     };
     let text = serde_json::to_string_pretty(&manifest).map_err(other)?;
     std::fs::write(dir.join("manifest.json"), text + "\n")
@@ -229,7 +257,7 @@ pub fn assemble_files(
             .unwrap_or_default(),
         std::process::id()
     ));
-    write_features(&tmp, &result)?;
+    files::write(&tmp, &result, &manifest.metadata)?;
     std::fs::rename(&tmp, out).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         other(format!("cannot write {}: {e}", out.display()))

@@ -89,9 +89,8 @@ fn check_names_a_missing_file_and_exits_1() {
 fn validate_reports_a_valid_spec() {
     let out = featshard(&["validate", &boltz2()]);
     assert_eq!(out.status.code(), Some(0));
-    assert!(
-        text(&out.stdout).contains("ok (60 features, 7 semantics, workflows: inference, training)")
-    );
+    assert!(text(&out.stdout)
+        .contains("ok (89 features, 16 semantics, workflows: inference, training)"));
 }
 
 #[test]
@@ -382,7 +381,7 @@ fn explain_svg_draws_every_feature_of_a_workflow() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc = std::fs::read_to_string(&svg).unwrap();
     assert!(doc.starts_with("<svg"), "{doc}");
-    assert_eq!(doc.matches("class=\"feature\"").count(), 58);
+    assert_eq!(doc.matches("class=\"feature\"").count(), 79);
     let one = dir.path().join("one.svg");
     featshard(&[
         "explain",

@@ -12,18 +12,24 @@ use featshard::Features;
 #[derive(Features)]
 #[featshard(module = "boltz2_placements", mesh(cp0, cp1, dp = dp), workflows(inference))]
 #[featshard(
-    semantic(tokens, shard),
-    semantic(atoms, shard, owner = tokens, counts = atom_counts_per_token, window = 32),
-    semantic(rset, shard, owner = atoms, map = r_set_to_rep_atom),
+    semantic(tokens, shard, incoming_pads(mask = token_pad_mask)),
+    semantic(atoms, shard, owner = tokens, counts = atom_counts_per_token, map = atom_to_token,
+             window = 32, incoming_pads(mask = atom_pad_mask)),
+    semantic(rset, shard, owner = atoms, map = r_set_to_rep_atom, unowned_rows = pad),
     semantic(msa, shard),
     semantic(ensemble),
     semantic(disto_ensemble),
-    semantic(templates)
+    semantic(templates),
+    semantic(rdkit_bounds), semantic(chiral), semantic(stereo), semantic(planar_bonds),
+    semantic(planar_ring_5), semantic(planar_ring_6), semantic(connections),
+    semantic(chain_pairs), semantic(contacts),
+    drop(token_to_center_atom, ensemble_ref_idxs),
+    other_keys = refuse
 )]
 struct Boltz2Inference {
     #[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = serial))]
     token_index: Tensor,
-    #[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = serial))]
+    #[featshard(axes(tokens), dtype = int64)]
     residue_index: Tensor,
     #[featshard(axes(tokens), dtype = int64)]
     asym_id: Tensor,
@@ -50,7 +56,7 @@ struct Boltz2Inference {
     #[featshard(axes(tokens), dtype = int64)]
     modified: Tensor,
     #[featshard(axes(tokens), dtype = int64)]
-    atom_counts_per_token: Tensor,
+    atom_counts_per_token: Option<Tensor>,
     #[featshard(axes(tokens), dtype = float32)]
     deletion_mean: Tensor,
     #[featshard(axes(tokens, 33), dtype = float32)]
@@ -61,8 +67,8 @@ struct Boltz2Inference {
     token_bonds: Tensor,
     #[featshard(axes(tokens, tokens), dtype = int64)]
     type_bonds: Tensor,
-    #[featshard(axes(tokens, tokens), dtype = float32, mask(tokens))]
-    token_pair_pad_mask: Tensor,
+    #[featshard(axes(tokens, tokens), dtype = float32, mask(tokens), derive(outer(token_pad_mask)))]
+    token_pair_pad_mask: Option<Tensor>,
     #[featshard(axes(tokens, tokens, 5), dtype = int64)]
     contact_conditioning: Tensor,
     #[featshard(axes(tokens, tokens), dtype = float32)]
@@ -102,7 +108,7 @@ struct Boltz2Inference {
     #[featshard(axes(atoms, 17), dtype = int64)]
     atom_backbone_feat: Tensor,
     #[featshard(axes(atoms, atoms), dtype = float32, mask(atoms))]
-    pair_mask: Tensor,
+    pair_mask: Option<Tensor>,
     #[featshard(axes(atoms, tokens), dtype = int64, coshard(axis = 1, follows = 0), index(of = tokens, scope = shard_local, one_hot = 1))]
     atom_to_token: Tensor,
     #[featshard(axes(tokens, atoms), dtype = int64, coshard(axis = 1, follows = 0), index(of = atoms, scope = shard_local, one_hot = 1))]
@@ -137,6 +143,49 @@ struct Boltz2Inference {
     visibility_ids: Tensor,
     #[featshard(axes(templates, tokens), dtype = int64)]
     query_to_template: Tensor,
+    // Constraint lists (optional, ids remapped into the padded atom layout).
+    #[featshard(axes(2, rdkit_bounds), dtype = int64, pad = -1, index(of = atoms, scope = padded_global))]
+    rdkit_bounds_index: Option<Tensor>,
+    #[featshard(axes(rdkit_bounds), dtype = bool)]
+    rdkit_bounds_bond_mask: Option<Tensor>,
+    #[featshard(axes(rdkit_bounds), dtype = bool)]
+    rdkit_bounds_angle_mask: Option<Tensor>,
+    #[featshard(axes(rdkit_bounds), dtype = float32)]
+    rdkit_upper_bounds: Option<Tensor>,
+    #[featshard(axes(rdkit_bounds), dtype = float32)]
+    rdkit_lower_bounds: Option<Tensor>,
+    #[featshard(axes(4, chiral), dtype = int64, pad = -1, index(of = atoms, scope = padded_global))]
+    chiral_atom_index: Option<Tensor>,
+    #[featshard(axes(chiral), dtype = bool)]
+    chiral_reference_mask: Option<Tensor>,
+    #[featshard(axes(chiral), dtype = bool)]
+    chiral_atom_orientations: Option<Tensor>,
+    #[featshard(axes(4, stereo), dtype = int64, pad = -1, index(of = atoms, scope = padded_global))]
+    stereo_bond_index: Option<Tensor>,
+    #[featshard(axes(stereo), dtype = bool)]
+    stereo_reference_mask: Option<Tensor>,
+    #[featshard(axes(stereo), dtype = bool)]
+    stereo_bond_orientations: Option<Tensor>,
+    #[featshard(axes(6, planar_bonds), dtype = int64, pad = -1, index(of = atoms, scope = padded_global))]
+    planar_bond_index: Option<Tensor>,
+    #[featshard(axes(5, planar_ring_5), dtype = int64, pad = -1, index(of = atoms, scope = padded_global))]
+    planar_ring_5_index: Option<Tensor>,
+    #[featshard(axes(6, planar_ring_6), dtype = int64, pad = -1, index(of = atoms, scope = padded_global))]
+    planar_ring_6_index: Option<Tensor>,
+    #[featshard(axes(2, connections), dtype = int64, pad = -1)]
+    connected_chain_index: Option<Tensor>,
+    #[featshard(axes(2, connections), dtype = int64, pad = -1, index(of = atoms, scope = padded_global))]
+    connected_atom_index: Option<Tensor>,
+    #[featshard(axes(2, chain_pairs), dtype = int64, pad = -1)]
+    symmetric_chain_index: Option<Tensor>,
+    #[featshard(axes(2, contacts), dtype = int64, pad = -1, index(of = atoms, scope = padded_global))]
+    contact_pair_index: Option<Tensor>,
+    #[featshard(axes(contacts), dtype = int64, pad = -1)]
+    contact_union_index: Option<Tensor>,
+    #[featshard(axes(contacts), dtype = bool)]
+    contact_negation_mask: Option<Tensor>,
+    #[featshard(axes(contacts), dtype = float32)]
+    contact_thresholds: Option<Tensor>,
 }
 
 // Each derive emits its spec's table module, so a second struct of the same spec lives
@@ -163,12 +212,12 @@ mod from_yaml {
         cyclic_period: Tensor,
         method_feature: Tensor,
         modified: Tensor,
-        atom_counts_per_token: Tensor,
+        atom_counts_per_token: Option<Tensor>,
         deletion_mean: Tensor,
         profile: Tensor,
         token_bonds: Tensor,
         type_bonds: Tensor,
-        token_pair_pad_mask: Tensor,
+        token_pair_pad_mask: Option<Tensor>,
         contact_conditioning: Tensor,
         contact_threshold: Tensor,
         disto_target: Tensor,
@@ -188,7 +237,7 @@ mod from_yaml {
         ref_space_uid: Tensor,
         ref_chirality: Tensor,
         atom_backbone_feat: Tensor,
-        pair_mask: Tensor,
+        pair_mask: Option<Tensor>,
         atom_to_token: Tensor,
         token_to_rep_atom: Tensor,
         r_set_to_rep_atom: Tensor,
@@ -207,14 +256,45 @@ mod from_yaml {
         visibility_ids: Tensor,
         query_to_template: Tensor,
         #[featshard(dtype = float32, axes(tokens))]
-        affinity_token_mask: Option<Tensor>,
+        affinity_token_mask: Tensor,
+        rdkit_bounds_index: Option<Tensor>,
+        rdkit_bounds_bond_mask: Option<Tensor>,
+        rdkit_bounds_angle_mask: Option<Tensor>,
+        rdkit_upper_bounds: Option<Tensor>,
+        rdkit_lower_bounds: Option<Tensor>,
+        chiral_atom_index: Option<Tensor>,
+        chiral_reference_mask: Option<Tensor>,
+        chiral_atom_orientations: Option<Tensor>,
+        stereo_bond_index: Option<Tensor>,
+        stereo_reference_mask: Option<Tensor>,
+        stereo_bond_orientations: Option<Tensor>,
+        planar_bond_index: Option<Tensor>,
+        planar_ring_5_index: Option<Tensor>,
+        planar_ring_6_index: Option<Tensor>,
+        connected_chain_index: Option<Tensor>,
+        connected_atom_index: Option<Tensor>,
+        symmetric_chain_index: Option<Tensor>,
+        contact_pair_index: Option<Tensor>,
+        contact_union_index: Option<Tensor>,
+        contact_negation_mask: Option<Tensor>,
+        contact_thresholds: Option<Tensor>,
     }
 }
 
+/// The YAML's inference plan, less its metadata: a struct of tensors holds no
+/// non-tensor values, so an attribute-only derive declares none.
 fn yaml_plan() -> featshard::spec::Plan {
+    yaml_plan_with(false)
+}
+
+fn yaml_plan_with(metadata: bool) -> featshard::spec::Plan {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/boltz2.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
-    let spec = featshard::spec::lower::parse_str("boltz2.yaml", &text).unwrap();
+    let mut spec = featshard::spec::lower::parse_str("boltz2.yaml", &text).unwrap();
+    if !metadata {
+        spec.features
+            .retain(|_, f| matches!(f.kind, featshard::spec::ir::FeatureKind::Tensor(_)));
+    }
     let spec = spec.for_workflow("inference").unwrap();
     featshard::spec::plan::plan(&spec).unwrap()
 }
@@ -247,7 +327,7 @@ fn field_attributes_give_the_same_generated_rust_tables() {
 fn the_spec_file_mode_plans_the_yaml_itself() {
     assert_eq!(
         without_source(from_yaml::FromYaml::plan().clone()),
-        without_source(yaml_plan())
+        without_source(yaml_plan_with(true))
     );
     assert_eq!(from_yaml::FromYaml::WORKFLOW, Some("inference"));
 }
@@ -272,7 +352,7 @@ fn associated_consts_hold_the_tables() {
         .find(|(n, _)| *n == "atom_to_token")
         .unwrap();
     assert_eq!(*axes, &[Some(Semantic::Atoms), Some(Semantic::Tokens)]);
-    assert_eq!(Boltz2Inference::PLACEMENTS.len(), 58);
+    assert_eq!(Boltz2Inference::PLACEMENTS.len(), 79);
 }
 
 /// A Boltz-shaped sample: one token per entry of `atoms` (its atom count), `msa` MSA
@@ -305,6 +385,8 @@ fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
         .collect();
     // Typed access to a rank's block.
     assert_eq!(locals[4].token_pair_pad_mask.size(), vec![5, 5]);
+    // The pipeline made the derived pair mask: the serial struct had none.
+    assert!(serial.token_pair_pad_mask.is_none());
     let back = Boltz2Inference::assemble(&padded.layout, &locals).unwrap();
     for (name, x) in serial.to_features() {
         assert!(
@@ -349,7 +431,7 @@ fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
                     let source = mesh.is_source().then_some((7 + step, &serial));
                     let got = Boltz2Inference::distribute_with(&mesh, source, pool).unwrap();
                     assert_eq!(got.sample, 7 + step);
-                    assert_eq!(got.meta.len(), 58);
+                    assert_eq!(got.meta.len(), 79);
                     assert_eq!(
                         got.meta["token_pair_pad_mask"].global_shape,
                         vec![12, 12],

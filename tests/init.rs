@@ -40,7 +40,7 @@ fn write_sample(
         .collect();
     let with_atoms: Vec<usize> = (0..n).filter(|&t| counts[t] > 0).collect();
     let rset: Vec<usize> = with_atoms.iter().copied().step_by(2).collect();
-    let len: BTreeMap<&str, usize> = [
+    let mut len: BTreeMap<&str, usize> = [
         ("tokens", n),
         ("atoms", a),
         ("rset", rset.len()),
@@ -50,11 +50,18 @@ fn write_sample(
         ("templates", templates),
     ]
     .into();
+    // Constraint lists: empty, as when the featurizer has no constraints to give.
+    for s in plan.semantics.keys() {
+        len.entry(s.as_str()).or_insert(0);
+    }
     let mut data: BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> = BTreeMap::new();
     for name in &plan.workflows["inference"] {
         let FeaturePlan::Tensor(t) = &plan.features[name] else {
             continue;
         };
+        if t.derived.is_some() {
+            continue; // the pipeline makes it; a featurizer does not emit it
+        }
         let shape: Vec<usize> = t
             .axes
             .iter()
@@ -155,7 +162,10 @@ fn answer(draft: &str, plan: &Plan) -> String {
                 .enumerate()
                 .map(|(d, a)| {
                     if a.starts_with("QUESTION(") {
-                        t.axes[d].semantic.clone().unwrap()
+                        let x = &t.axes[d];
+                        x.semantic
+                            .clone()
+                            .unwrap_or_else(|| x.size.unwrap().to_string())
                     } else {
                         a.to_owned()
                     }
@@ -175,18 +185,25 @@ fn answer(draft: &str, plan: &Plan) -> String {
         .join("\n")
 }
 
-fn assert_same_placements(draft: &str, plan: &Plan) {
+/// The draft validates, and every feature it shares with the example is placed alike;
+/// it has every tensor feature of the example that a featurizer emits.
+fn assert_same_placements(draft: &str, plan: &Plan) -> Plan {
     let (_, ours) = featshard::spec::compile_str("draft.yaml", draft)
         .unwrap_or_else(|d| panic!("draft does not validate:\n{}\n{draft}", d.render_plain()));
     for name in &plan.workflows["inference"] {
-        let (FeaturePlan::Tensor(a), FeaturePlan::Tensor(b)) =
-            (&ours.features[name], &plan.features[name])
-        else {
-            panic!("{name}")
+        let FeaturePlan::Tensor(b) = &plan.features[name] else {
+            continue;
+        };
+        let Some(FeaturePlan::Tensor(a)) = ours.features.get(name) else {
+            assert!(
+                b.optional || b.derived.is_some(),
+                "{name} is missing from the draft"
+            );
+            continue;
         };
         assert_eq!(a.placements, b.placements, "{name}");
     }
-    assert_eq!(ours.features.len(), plan.workflows["inference"].len());
+    ours
 }
 
 #[test]
@@ -203,14 +220,16 @@ fn a_draft_without_ambiguities_validates_and_places_as_the_example() {
         .any(|l| l.contains("QUESTION("));
     assert!(!open_questions, "{draft}");
     assert!(
-        draft.contains("atoms: {shard: true, owner: tokens, counts: atom_counts_per_token}"),
+        draft.contains(
+            "atoms: {shard: true, owner: tokens, counts: atom_counts_per_token, map: atom_to_token}"
+        ),
         "{draft}"
     );
     assert!(
         draft.contains("rset: {shard: true, owner: atoms, map: r_set_to_rep_atom}"),
         "{draft}"
     );
-    assert_same_placements(&draft, &plan);
+    let _ = assert_same_placements(&draft, &plan);
 }
 
 #[test]
@@ -244,5 +263,115 @@ fn equal_token_and_atom_counts_are_questions_not_guesses() {
         featshard::spec::compile_str("draft.yaml", &draft).is_err(),
         "a draft with open questions must not validate"
     );
-    assert_same_placements(&answer(&draft, &plan), &plan);
+    let _ = assert_same_placements(&answer(&draft, &plan), &plan);
+}
+
+/// The questions a user answers for the real Boltz-2 output, the way the example spec
+/// does: every questioned axis as the example has it, `atom_pad_mask` as the mask of
+/// real atoms, and the keys the example drops under `drop:`.
+fn answer_real(draft: &str, plan: &Plan) -> String {
+    let mut dropped = Vec::new();
+    let kept: Vec<String> = draft
+        .lines()
+        .filter(|line| {
+            let name = line.trim().split(':').next().unwrap_or("");
+            let is_feature =
+                line.starts_with("  ") && !line.starts_with("  #") && line.contains("{axes:");
+            if is_feature && !plan.features.contains_key(name) {
+                dropped.push(name.to_owned());
+                return false;
+            }
+            true
+        })
+        .map(|l| {
+            l.replace(
+                "{mask: QUESTION(atom_pad_mask|atom_resolved_mask)}",
+                "{mask: atom_pad_mask}",
+            )
+            .replace(
+                "atom_pad_mask: {axes: [atoms], dtype: float32}",
+                "atom_pad_mask: {axes: [atoms], dtype: float32, mask: atoms}",
+            )
+        })
+        .collect();
+    // The distogram ensemble is a semantic `init` does not know: declared by hand.
+    let answered = answer(&kept.join("\n"), plan).replace(
+        "semantics:\n",
+        "semantics:\n  disto_ensemble: {shard: false}\n",
+    );
+    format!("{answered}\ndrop: [{}]\n", dropped.join(", "))
+}
+
+#[cfg(feature = "runtime")]
+#[test]
+fn a_draft_from_real_featurizer_output_once_answered_shards_that_sample() {
+    let plan = boltz2();
+    let sample = root().join("tests/data/real/prot60_smiles.safetensors");
+    let draft = init(&sample);
+    // What it proposes from the values it sees.
+    for proposal in [
+        "incoming_pads: {mask: QUESTION(atom_pad_mask|atom_resolved_mask)}, owner: tokens, map: atom_to_token}",
+        "rset: {shard: true, owner: atoms, map: r_set_to_rep_atom}",
+        "rdkit_bounds: {shard: false}  # proposed: a list of length 78",
+        "rdkit_bounds_index: {axes: [2, rdkit_bounds], dtype: int64, pad: -1, index: {of: atoms, scope: padded_global}}",
+        "rdkit_upper_bounds: {axes: [rdkit_bounds], dtype: float32}",
+        "connected_chain_index: {axes: [2, connected_chain], dtype: int64, pad: -1}",
+    ] {
+        assert!(draft.contains(proposal), "no `{proposal}` in:\n{draft}");
+    }
+    assert!(featshard::spec::compile_str("draft.yaml", &draft).is_err());
+    let answered = answer_real(&draft, &plan);
+    assert!(
+        answered.contains("drop: [ensemble_ref_idxs, token_to_center_atom]"),
+        "{answered}"
+    );
+    let ours = assert_same_placements(&answered, &plan);
+    let features: featshard::runtime::Features = featshard::tch::Tensor::read_safetensors(&sample)
+        .unwrap()
+        .into_iter()
+        .collect();
+    let padded = featshard::runtime::pad(&ours, [2, 3], &features, &Default::default())
+        .unwrap_or_else(|e| panic!("the answered draft does not shard the sample: {e}"));
+    assert_eq!(
+        padded.layout.sizes["atoms"], 481,
+        "the incoming atom pads are dropped"
+    );
+}
+
+#[test]
+fn a_feature_that_is_the_outer_product_of_a_mask_is_proposed_as_derived() {
+    let plan = boltz2();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sample.safetensors");
+    let mask = [1.0f32, 1.0, 0.0, 1.0];
+    let pair: Vec<f32> = (0..16).map(|k| mask[k / 4] * mask[k % 4]).collect();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (m, p) = (bytes(&mask), bytes(&pair));
+    let views = vec![
+        (
+            "token_pad_mask".to_owned(),
+            TensorView::new(Dtype::F32, vec![4], &m).unwrap(),
+        ),
+        (
+            "token_pair_pad_mask".to_owned(),
+            TensorView::new(Dtype::F32, vec![4, 4], &p).unwrap(),
+        ),
+    ];
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    let _ = plan;
+    let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
+        .args(["init", "--from"])
+        .arg(&path)
+        .args(["--tokens", "token_pad_mask"])
+        .output()
+        .unwrap();
+    let draft = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        draft.contains(
+            "token_pair_pad_mask: {axes: [tokens, tokens], dtype: float32, mask: tokens, derive: {outer: [token_pad_mask]}}"
+        ),
+        "{draft}"
+    );
+    featshard::spec::compile_str("draft.yaml", &draft)
+        .unwrap_or_else(|d| panic!("{}\n{draft}", d.render_plain()));
 }

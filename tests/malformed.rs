@@ -458,7 +458,7 @@ fn owner_counts_feature_missing() {
         &[
             "spec.yaml:8:47",
             "semantic `atoms`",
-            "owner feature `atoms_per_token` is not declared",
+            "owner counts `atoms_per_token` is not declared",
         ],
     );
 }

@@ -121,10 +121,12 @@ fn shard_then_assemble_gives_back_the_input_tensors() {
         String::from_utf8_lossy(&out.stderr)
     );
     let back = read(&back);
-    assert_eq!(
-        back.keys().collect::<Vec<_>>(),
-        sample.keys().collect::<Vec<_>>()
-    );
+    // The pipeline made the derived pair mask; everything else is the input.
+    let mut names: Vec<&String> = sample.keys().collect();
+    let derived = "token_pair_pad_mask".to_owned();
+    names.push(&derived);
+    names.sort();
+    assert_eq!(back.keys().collect::<Vec<_>>(), names);
     for (name, x) in &sample {
         assert!(back[name].equal(x), "{name} differs after the round trip");
     }
@@ -232,4 +234,213 @@ fn assemble_refuses_shards_of_another_spec() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("was sharded with a different spec"));
+}
+
+fn real(name: &str) -> PathBuf {
+    root()
+        .join("tests/data/real")
+        .join(format!("{name}.safetensors"))
+}
+
+fn shard_to(input: &Path, mesh: &str, out: &Path) -> Output {
+    featshard(&[
+        "shard",
+        &spec(),
+        "--features",
+        &input.display().to_string(),
+        "--mesh",
+        mesh,
+        "--workflow",
+        "inference",
+        "--out",
+        &out.display().to_string(),
+    ])
+}
+
+/// Each real sample, unchanged, through `shard` and `assemble`: the round trip gives
+/// the sample's real items (incoming atom pads dropped, as the manifest records), the
+/// dropped keys gone and the derived pair mask made.
+#[test]
+fn real_featurizer_samples_shard_and_assemble_back() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["prot60_smiles", "boltz_cp/prot60_nomsa"] {
+        let sample = read(&real(name));
+        let real_atoms = sample["atom_pad_mask"]
+            .sum(tch::Kind::Int64)
+            .int64_value(&[]);
+        for mesh in ["1x1", "2x2", "3x3", "2x3"] {
+            let shards = dir
+                .path()
+                .join(format!("{}-{mesh}", name.replace('/', "_")));
+            let out = shard_to(&real(name), mesh, &shards);
+            assert!(
+                out.status.success(),
+                "{name} {mesh}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let manifest: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(shards.join("manifest.json")).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(
+                manifest["incoming"]["arrived"]["atoms"],
+                sample["ref_pos"].size()[0]
+            );
+            assert_eq!(
+                manifest["incoming"]["dropped"],
+                serde_json::json!(["ensemble_ref_idxs", "token_to_center_atom"])
+            );
+            let back = shards.with_extension("back.safetensors");
+            let out = featshard(&[
+                "assemble",
+                &spec(),
+                "--shards",
+                &shards.display().to_string(),
+                "--out",
+                &back.display().to_string(),
+            ]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let back = read(&back);
+            assert!(!back.contains_key("token_to_center_atom"));
+            assert!(back.contains_key("token_pair_pad_mask"));
+            for (f, x) in &sample {
+                let Some(y) = back.get(f) else { continue };
+                // Axes that arrived padded come back with their real items only.
+                let mut x = x.shallow_clone();
+                for (d, (&a, &b)) in x.size().clone().iter().zip(&y.size()).enumerate() {
+                    if a != b {
+                        assert_eq!(b, real_atoms, "{name} {f}: axis {d}");
+                        x = x.narrow(d as i64, 0, b);
+                    }
+                }
+                assert!(
+                    y.equal(&x),
+                    "{name} {mesh} {f}: differs after the round trip"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn metadata_in_the_sample_header_reaches_every_rank_file_and_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = read(&real("prot60_smiles"));
+    let input = dir.path().join("with_record.safetensors");
+    let tensors: featshard::files::Tensors = sample;
+    let record = r#"{"id": "prot60_smiles", "chains": 2}"#.to_owned();
+    let meta: featshard::files::Metadata = [
+        ("record".to_owned(), record.clone()),
+        ("format".to_owned(), "pt".to_owned()),
+    ]
+    .into();
+    featshard::files::write(&input, &tensors, &meta).unwrap();
+    let shards = dir.path().join("shards");
+    let out = shard_to(&input, "2x2", &shards);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for rank in 0..4 {
+        let m = featshard::files::read_metadata(&shards.join(format!("rank-{rank}.safetensors")))
+            .unwrap();
+        assert_eq!(m.get("record"), Some(&record), "rank {rank}");
+        assert!(
+            !m.contains_key("format"),
+            "only the spec's metadata features travel"
+        );
+    }
+    let back = dir.path().join("back.safetensors");
+    let out = featshard(&[
+        "assemble",
+        &spec(),
+        "--shards",
+        &shards.display().to_string(),
+        "--out",
+        &back.display().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        featshard::files::read_metadata(&back)
+            .unwrap()
+            .get("record"),
+        Some(&record)
+    );
+}
+
+/// Bad real input: each error names the feature, the axis and the rule, and nothing
+/// is written.
+#[test]
+fn bad_real_input_is_refused_by_name_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = read(&real("boltz_cp/prot60_smiles"));
+    let save = |name: &str, s: &BTreeMap<String, Tensor>| {
+        let path = dir.path().join(format!("{name}.safetensors"));
+        featshard::files::write(&path, s, &Default::default()).unwrap();
+        path
+    };
+    // A truncated file.
+    let bytes = std::fs::read(real("prot60_smiles")).unwrap();
+    let truncated = dir.path().join("truncated.safetensors");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    // A mask that disagrees with the counts: one real atom fewer.
+    let fewer = sample
+        .iter()
+        .map(|(n, t)| (n.clone(), t.copy()))
+        .collect::<BTreeMap<_, _>>();
+    let _ = fewer["atom_pad_mask"].narrow(0, 480, 1).fill_(0.0);
+    // A constraint id out of range: atom 481 of 481 real atoms.
+    let out_of_range = sample
+        .iter()
+        .map(|(n, t)| (n.clone(), t.copy()))
+        .collect::<BTreeMap<_, _>>();
+    let _ = out_of_range["rdkit_bounds_index"]
+        .narrow(1, 0, 1)
+        .fill_(481);
+    let cases: Vec<(PathBuf, Vec<&str>)> = vec![
+        (truncated, vec!["truncated.safetensors"]),
+        (
+            save("fewer", &fewer),
+            vec![
+                "feature `atom_counts_per_token`, axis 0 (tokens)",
+                "sum to 481, but `atom_pad_mask` marks 480 real atoms",
+            ],
+        ),
+        (
+            save("out_of_range", &out_of_range),
+            vec![
+                "feature `rdkit_bounds_index`",
+                "index values must lie in [0, 481) of `atoms`",
+            ],
+        ),
+    ];
+    for (input, needles) in cases {
+        let shards = dir.path().join("shards");
+        let out = shard_to(&input, "2x2", &shards);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", input.display());
+        for n in needles {
+            assert!(err.contains(n), "{}: `{n}` not in: {err}", input.display());
+        }
+        assert!(
+            !shards.exists(),
+            "a failed shard wrote {}",
+            shards.display()
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".shards"))
+            .collect();
+        assert!(left.is_empty(), "staging left behind");
+    }
 }

@@ -198,6 +198,19 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
 
     let is_meta: Vec<TokenStream> = is_meta.iter().map(|b| quote!(#b)).collect();
     let is_meta_arms = grouped_arms(&idents, is_meta);
+    // A sample may lack optional features, and the pipeline makes derived ones.
+    let may_lack: Vec<TokenStream> = plan
+        .features
+        .values()
+        .map(|f| {
+            let b = match f {
+                FeaturePlan::Tensor(t) => t.optional || t.derived.is_some(),
+                FeaturePlan::Metadata { optional, .. } => *optional,
+            };
+            quote!(#b)
+        })
+        .collect();
+    let may_lack_arms = grouped_arms(&idents, may_lack);
     let dtypes_arms = grouped_arms(&idents, dtypes);
     let axes_arms = grouped_arms(&idents, axes);
     let channels_arms = grouped_arms(&idents, channels);
@@ -332,6 +345,12 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
             /// Non-tensor metadata, passed through untouched.
             pub const fn is_metadata(self) -> bool {
                 #is_meta_arms
+            }
+
+            /// Whether a sample may lack this feature: it is optional, or the pipeline
+            /// derives it.
+            pub const fn may_be_absent(self) -> bool {
+                #may_lack_arms
             }
 
             pub const fn dtype(self) -> Option<DType> {

@@ -19,6 +19,8 @@ pub struct TensorField {
     /// The feature name (the field's, unless renamed).
     pub feature: String,
     pub optional: bool,
+    /// Made by the pipeline when absent (always present in a rank's blocks).
+    pub derived: bool,
     pub span: Span,
 }
 
@@ -73,6 +75,7 @@ pub fn model(input: &syn::DeriveInput, errors: &mut Vec<syn::Error>) -> Option<M
             ident,
             feature,
             optional,
+            derived: a.derive.is_some(),
             span: field_span(f),
         });
         fattrs.push(a);
@@ -494,7 +497,7 @@ fn from_spec_file(
     input: &syn::DeriveInput,
     sattrs: &StructAttrs,
     path: &attr::At<String>,
-    fields: Vec<TensorField>,
+    mut fields: Vec<TensorField>,
     fattrs: &[FieldAttrs],
     errors: &mut Vec<syn::Error>,
 ) -> Option<Model> {
@@ -556,6 +559,23 @@ fn from_spec_file(
         }
     };
     let at = |l: Loc| format!("{}:{}:{}", path.value, l.line, l.column);
+    for f in &mut fields {
+        let Some(feat) = spec.features.get(&f.feature) else {
+            continue;
+        };
+        let derived = matches!(&feat.kind, FeatureKind::Tensor(t) if t.derived.is_some());
+        f.derived = derived;
+        if f.optional && !derived && feat.optional.is_none() {
+            errors.push(syn::Error::new(
+                f.span,
+                format!(
+                    "feature `{}` (at {}) is in every sample: its field is `Tensor`, not `Option<Tensor>`",
+                    f.feature,
+                    at(feat.loc)
+                ),
+            ));
+        }
+    }
     for (f, a) in fields.iter().zip(fattrs) {
         let Some(feat) = spec.features.get(&f.feature) else {
             let scope = sattrs

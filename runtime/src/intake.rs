@@ -39,6 +39,14 @@ pub struct Intake {
 
 /// Runs intake on one serial sample (see the module documentation).
 pub fn intake(plan: &Plan, features: &Features, opts: &Options) -> Result<Intake, RuntimeError> {
+    if plan.mesh.domain.is_some() {
+        return Err(RuntimeError::Unsupported {
+            message: format!(
+                "`{}` is a domain-parallel (ShardTensor) plan: its generated Python module scatters it; this runtime shards CP (DTensor) plans",
+                plan.module
+            ),
+        });
+    }
     let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
     let real = real_lengths(plan, &kept)?;
     let mut arrived = BTreeMap::new();

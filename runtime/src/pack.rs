@@ -10,6 +10,7 @@ use tch::{Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
 use crate::intake::intake;
+use crate::pad::IntakeReport;
 use crate::pad::{pad_feature, position_tensors, write_padded, AxisMap, Padded};
 use crate::sample::{check, Features, Options};
 use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
@@ -58,6 +59,11 @@ pub fn pack(
                 .iter()
                 .map(|n| (n.clone(), features[n].shallow_clone()))
                 .collect(),
+            intake: IntakeReport {
+                dropped: taken.dropped.clone(),
+                arrived: taken.arrived.clone(),
+                unowned: taken.unowned.clone(),
+            },
         },
         packed_len,
         tensors: BTreeMap::new(),

@@ -30,6 +30,8 @@ pub struct Padded {
     pub tensors: BTreeMap<String, Tensor>,
     /// Features carried along untouched.
     pub passthrough: BTreeMap<String, Tensor>,
+    /// What intake did to the sample as emitted (incoming pads, dropped keys).
+    pub intake: IntakeReport,
 }
 
 /// A validated sample placed on one mesh, not yet padded.
@@ -185,6 +187,7 @@ impl Placed {
             shapes: self.shapes,
             tensors,
             passthrough: self.passthrough,
+            intake: self.intake,
         })
     }
 }

@@ -52,14 +52,6 @@ pub struct Checked {
 /// Checks a sample after [`intake`](crate::intake::intake): ranks, dtypes, channel
 /// sizes, equal lengths per semantic, ownership data and index ranges.
 pub fn check(plan: &Plan, taken: &Intake, opts: &Options) -> Result<Checked, RuntimeError> {
-    if plan.mesh.domain.is_some() {
-        return Err(RuntimeError::Unsupported {
-            message: format!(
-                "`{}` is a domain-parallel (ShardTensor) plan: its generated Python module scatters it; this runtime shards CP (DTensor) plans",
-                plan.module
-            ),
-        });
-    }
     let features = &taken.features;
     let passthrough = taken.passthrough.clone();
     let names: Vec<String> = features

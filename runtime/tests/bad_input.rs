@@ -117,10 +117,58 @@ fn a_wrong_channel_size() {
 #[test]
 fn unequal_lengths_of_one_semantic() {
     let (plan, mut s) = sample();
+    s.insert("msa_paired".into(), s["msa_paired"].narrow(0, 0, 4));
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::Length { feature, axis: 0, semantic, .. } if feature == "msa_paired" && semantic == "msa"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_axis_shorter_than_the_real_items_of_a_padded_semantic() {
+    // Tokens may arrive padded (the spec says so): an axis shorter than the real
+    // tokens the mask counts is an error on that axis.
+    let (plan, mut s) = sample();
     s.insert("token_bonds".into(), s["token_bonds"].narrow(1, 0, 5));
     let e = error(&plan, &s);
     assert!(
-        matches!(&e, RuntimeError::Length { feature, axis: 1, semantic, .. } if feature == "token_bonds" && semantic == "tokens"),
+        matches!(&e, RuntimeError::Incoming { feature, axis: 1, semantic, .. } if feature == "token_bonds" && semantic == "tokens"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("length 5, fewer than the 6 real tokens"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_incoming_mask_that_disagrees_with_the_counts() {
+    let (plan, mut s) = sample();
+    let m = s["atom_pad_mask"].copy();
+    let _ = m.narrow(0, 8, 1).fill_(0); // 9 atoms; the mask now says 8 are real
+    s.insert("atom_pad_mask".into(), m);
+    let e = error(&plan, &s);
+    assert_eq!(
+        e.to_string(),
+        "feature `atom_counts_per_token`, axis 0 (tokens): counts of `atoms` sum to 9, but `atom_pad_mask` marks 8 real atoms"
+    );
+}
+
+#[test]
+fn an_incoming_mask_with_a_real_item_after_a_pad() {
+    let (plan, mut s) = sample();
+    let m = s["atom_pad_mask"].copy();
+    let _ = m.narrow(0, 3, 1).fill_(0);
+    s.insert("atom_pad_mask".into(), m);
+    let e = error(&plan, &s);
+    assert!(
+        matches!(&e, RuntimeError::Incoming { feature, axis: 0, semantic, .. } if feature == "atom_pad_mask" && semantic == "atoms"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("item 4 is real after a pad at 3"),
         "{e}"
     );
 }
@@ -153,15 +201,42 @@ fn negative_owner_counts() {
 }
 
 #[test]
-fn an_owner_map_row_without_an_owner() {
+fn an_owner_map_row_without_an_owner_is_a_pad_where_the_spec_says_so() {
     let (plan, mut s) = sample();
     let m = s["r_set_to_rep_atom"].copy();
+    let rows = m.size()[0] as usize;
     let _ = m.get(0).fill_(0);
+    s.insert("r_set_to_rep_atom".into(), m);
+    let padded = pad(&plan, [2, 3], &s, &inference()).expect("an unowned row is a pad");
+    assert_eq!(padded.layout.sizes["rset"], rows - 1);
+    assert_eq!(padded.intake.unowned["rset"], 1);
+}
+
+#[test]
+fn an_owner_map_row_with_two_owners() {
+    let (plan, mut s) = sample();
+    let m = s["r_set_to_rep_atom"].copy();
+    let _ = m.get(0).fill_(1);
     s.insert("r_set_to_rep_atom".into(), m);
     let e = error(&plan, &s);
     assert!(
-        e.to_string().starts_with("feature `r_set_to_rep_atom`, axis 1 (atoms): row 0 of `rset` must have exactly one owner"),
+        e.to_string().starts_with("feature `r_set_to_rep_atom`, axis 1 (atoms): row 0 of `rset` must have exactly one owner, has 9"),
         "{e}"
+    );
+}
+
+#[test]
+fn an_owner_map_that_disagrees_with_the_counts() {
+    let (plan, mut s) = sample();
+    // Atom 0 (token 0 by the counts) claims token 5 as its owner.
+    let m = s["atom_to_token"].copy();
+    let _ = m.get(0).fill_(0);
+    let _ = m.get(0).get(5).fill_(1);
+    s.insert("atom_to_token".into(), m);
+    let e = error(&plan, &s);
+    assert_eq!(
+        e.to_string(),
+        "feature `atom_to_token`, axis 1 (tokens): `atoms` item 0 belongs to `tokens` 5 here, but to 0 by `atom_counts_per_token`"
     );
 }
 
@@ -210,15 +285,16 @@ fn a_one_hot_that_is_not_one_hot() {
 #[test]
 fn a_map_entry_outside_its_diagonal_block() {
     let (plan, mut s) = sample();
-    // Atom 0 (token 0, first shard) claims token 5 (last shard) as its owner.
-    let m = s["atom_to_token"].copy();
+    // Token 0 (first shard) takes the last atom (token 5's, last shard) as its
+    // representative.
+    let m = s["token_to_rep_atom"].copy();
     let _ = m.get(0).fill_(0);
-    let _ = m.get(0).get(5).fill_(1);
-    s.insert("atom_to_token".into(), m);
+    let _ = m.get(0).get(8).fill_(1);
+    s.insert("token_to_rep_atom".into(), m);
     let e = error(&plan, &s);
     assert_eq!(
         e.to_string(),
-        "feature `atom_to_token`, axis 1 (tokens): nonzero entries outside the diagonal blocks; each item must point at an item of its own shard"
+        "feature `token_to_rep_atom`, axis 1 (atoms): nonzero entries outside the diagonal blocks; each item must point at an item of its own shard"
     );
 }
 

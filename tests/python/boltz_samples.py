@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -30,13 +31,25 @@ def random_sample(
     rset_tokens = with_atoms[::2]
     lengths = {"tokens": n_tokens, "atoms": n_atoms, "rset": len(rset_tokens), "msa": msa_rows,
                "ensemble": ensemble, "disto_ensemble": 1, "templates": templates}
+    # Constraint lists have lengths of their own; one of them is empty.
+    for i, sem in enumerate(s for s, info in placements.SEMANTICS.items() if s not in lengths):
+        lengths[sem] = 0 if i == 0 else 1 + i % 3
+    incoming_masks = {i[1] for i in (info.incoming for info in placements.SEMANTICS.values())
+                      if i is not None and i[0] == "mask"}
     sample: dict[str, torch.Tensor] = {}
     for name in sorted(placements.WORKFLOWS["inference"]):
+        if name in placements.METADATA_FEATURES or name in placements.DERIVED:
+            continue  # metadata is not a tensor; the pipeline makes derived features
         axes = placements.FEATURE_AXIS_SEMANTICS[name]
         shape = [lengths[s] if s is not None else int(c)
                  for s, c in zip(axes, placements.CHANNEL_SIZES[name])]
         dtype = placements.DTYPES[name]
-        if dtype == torch.bool:
+        role = placements.INDEX_FEATURES.get(name)
+        if name in incoming_masks:
+            x = torch.ones(shape, dtype=dtype)  # every item is real
+        elif role is not None and role.one_hot is None and role.of == "atoms":
+            x = torch.randint(0, max(n_atoms, 1), shape, generator=g, dtype=dtype)
+        elif dtype == torch.bool:
             x = torch.rand(shape, generator=g) > 0.5
         elif dtype.is_floating_point:
             x = torch.rand(shape, generator=g, dtype=torch.float64).to(dtype) + 0.5
@@ -57,3 +70,14 @@ def random_sample(
     sample["r_set_to_rep_atom"] = r
     sample["frames_idx"] = torch.randint(0, max(n_atoms, 1), (ensemble, n_tokens, 3), generator=g)
     return sample
+
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "real"
+REAL_NAMES = ("prot60_nomsa", "prot60_smiles", "boltz_cp/prot60_nomsa", "boltz_cp/prot60_smiles")
+
+
+def real_samples() -> list[dict[str, torch.Tensor]]:
+    """The real Boltz-2 featurizer samples of tests/data/real, as emitted."""
+    from safetensors.torch import load_file
+
+    return [load_file(str(REAL / f"{name}.safetensors")) for name in REAL_NAMES]

@@ -29,7 +29,7 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     import boltz2_placements as P
     import boltz2_placements_data as D
-    from boltz_samples import random_sample
+    from boltz_samples import random_sample, real_samples
 
     coord = mesh.get_coordinate()
     assert coord is not None
@@ -45,6 +45,15 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
             _check_parity(P, D, got, sample, cp, (i, j))
         elif scenario == "collate":
             _check_collate(P, D, mesh, dp, cp, source, rank)
+        elif scenario == "real":
+            for real in real_samples():
+                got = D.distribute_features(real if source else None, mesh)
+                _check_parity(P, D, got, real, cp, (i, j))
+                _check_remapped_ids(P, got, real)
+        elif scenario == "real_collate":
+            _check_real_collate(P, D, mesh, dp, source)
+        elif scenario == "predict":
+            _check_predict(P, D, mesh)
         elif scenario == "lightning":
             _check_lightning(P, D, mesh)
         elif scenario == "dataset":
@@ -72,6 +81,7 @@ def _check_parity(P: Any, D: Any, got: dict[str, Any], sample: dict[str, Any],
     from torch.distributed.tensor import DTensor
 
     expected = D.rank_blocks(sample, cp)[coord[0] * cp[1] + coord[1]]
+    taken = P.intake(sample)
     padded = P.pad_features(sample, cp)
     lay = P.layouts(sample, cp)
     assert sorted(n for n in got if isinstance(got[n], DTensor)) == sorted(expected)
@@ -96,16 +106,95 @@ def _check_parity(P: Any, D: Any, got: dict[str, Any], sample: dict[str, Any],
                               for c in range(cp[m])], dim=lead)
         assert torch.equal(full, want), f"{name}: full_tensor differs from the padded sample"
         if name in P.MASKS:
-            assert int(full.ne(0).sum()) == int(sample[name].ne(0).sum()), f"{name}: pads not masked"
+            assert int(full.ne(0).sum()) == int(taken[name].ne(0).sum()), f"{name}: pads not masked"
     # atom_to_token by meaning: argmax per row + shard offset = the serial owner token.
     a2t = got["atom_to_token"].full_tensor()
-    counts = sample["atom_counts_per_token"].tolist()
-    owner = [t for t, c in enumerate(counts) for _ in range(c)]
+    owner = taken["atom_to_token"].argmax(dim=1).tolist()
     positions = lay["atoms"].positions.tolist()
     a_loc = a2t.shape[0] // cp[0]
     for atom, p in enumerate(positions):
         shard = p // a_loc
         assert int(a2t[p].argmax()) + shard * a2t.shape[1] == owner[atom], f"atom {atom}"
+
+
+def _check_remapped_ids(P: Any, got: dict[str, Any], sample: dict[str, Any]) -> None:
+    """Every padded-global atom id (frames, constraint lists) points at the same atom as in
+    the serial sample: the atom at the new position has the same reference position."""
+    import torch
+
+    taken = P.intake(sample)
+    ref = got["ref_pos"].full_tensor()
+    checked = 0
+    for name, role in P.INDEX_FEATURES.items():
+        if role.scope != "padded_global" or role.one_hot is not None or name not in taken:
+            continue
+        serial = taken[name]
+        moved = got[name].full_tensor()[tuple(slice(0, n) for n in serial.shape)]
+        assert torch.equal(ref[moved.flatten()], taken["ref_pos"][serial.flatten()]), name
+        checked += serial.numel()
+    assert checked > 0
+
+
+def _check_real_collate(P: Any, D: Any, mesh: Any, dp: int, source: bool) -> None:
+    """Two DP replicas with different real samples: collate pads every list with -1
+    (never an id), and every id still points at the same atom after the re-pad."""
+    import torch
+    from boltz_samples import real_samples
+
+    sample = real_samples()[[1, 2][dp]]  # pypi prot60_smiles (78 bounds), CP prot60_nomsa (0)
+    batch = [D.distribute_features(sample if source else None, mesh)]
+    out = D.collate(batch, mesh)
+    taken = P.intake(sample)
+    ref = out["ref_pos"].full_tensor()[dp]
+    for name, role in P.INDEX_FEATURES.items():
+        if role.scope != "padded_global" or role.one_hot is not None or name not in taken:
+            continue
+        x = out[name].full_tensor()[dp]
+        if name != "frames_idx":
+            k = taken[name].shape[-1]
+            assert bool((x[..., k:] == -1).all()), f"{name}: collate pads are not -1"
+            assert bool((x[..., :k] >= 0).all()), name
+            assert torch.equal(ref[x[..., :k].flatten()], taken["ref_pos"][taken[name].flatten()]), name
+    bounds = out["rdkit_bounds_index"].full_tensor()
+    assert bounds.shape[-1] == 78, "the longer replica's list length"
+
+
+def _check_predict(P: Any, D: Any, mesh: Any) -> None:
+    """Lightning's predict loop over real samples, as Boltz's predict datamodule runs it:
+    each batch reaches the model on the model's mesh with a batch axis of 1."""
+    import lightning.pytorch as pl
+    import torch
+    import torch.distributed as dist
+    from boltz_samples import real_samples
+    from torch.distributed.tensor import DTensor
+
+    samples = real_samples()[:2]
+
+    class Serial:
+        def __len__(self) -> int:
+            return len(samples)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return samples[i]
+
+    class Model(pl.LightningModule):
+        def predict_step(self, batch: dict[str, Any], batch_idx: int) -> int:
+            m = batch["token_pad_mask"]
+            assert isinstance(m, DTensor) and m.device_mesh is mesh
+            assert m.shape[0] == 1 and tuple(m.placements) == P.PLACEMENTS_DP["token_pad_mask"][1:]
+            pair = batch["token_pair_pad_mask"]
+            assert pair.shape[0] == 1 and pair.to_local().shape[1] < pair.shape[1]
+            return int(m.full_tensor().sum())
+
+    dm = D.lightning_datamodule(mesh, predict=Serial())
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False)
+    out = trainer.predict(Model(), datamodule=dm)
+    assert out == [60, 73], out
+    # The data moved over gloo groups the pipeline made, not over the default group.
+    cpu = D.cpu_mesh_like(mesh)
+    assert all(dist.get_backend(cpu.get_group(d)) == "gloo" for d in range(cpu.mesh.dim()))
+    del torch
 
 
 def _check_collate(P: Any, D: Any, mesh: Any, dp: int, cp: tuple[int, int], source: bool,
@@ -240,4 +329,27 @@ def test_the_dataset_wrapper_retries_and_raises_fetch_errors_everywhere(
 
 def test_the_lightning_datamodule_yields_collated_dtensors(generated_dir: Path, tmp_path: Path) -> None:
     for r in _run(generated_dir, (2, 1, 2), "lightning", tmp_path):
+        assert r["status"] == "ok", r
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 2), (3, 3), (2, 3)],
+                         ids=["cp1x1", "cp2x2", "cp3x3", "cp2x3"])
+def test_real_featurizer_samples_distribute_unchanged(
+    generated_dir: Path, tmp_path: Path, shape: tuple[int, ...]
+) -> None:
+    for r in _run(generated_dir, shape, "real", tmp_path):
+        assert r["status"] == "ok", r
+
+
+def test_real_samples_collate_over_dp_with_lists_padded_by_minus_one(
+    generated_dir: Path, tmp_path: Path
+) -> None:
+    for r in _run(generated_dir, (2, 2, 2), "real_collate", tmp_path):
+        assert r["status"] == "ok", r
+
+
+def test_the_lightning_predict_loop_gives_the_model_batched_dtensors_of_real_samples(
+    generated_dir: Path, tmp_path: Path
+) -> None:
+    for r in _run(generated_dir, (2, 2), "predict", tmp_path):
         assert r["status"] == "ok", r

@@ -83,7 +83,7 @@ def test_pad_features_gives_the_planned_shapes_and_pad_values(
 ) -> None:
     sample = random_sample(placements, n_tokens, seed=n_tokens * 31 + mesh[0] * 7 + mesh[1])
     out = placements.pad_features(sample, mesh)
-    assert set(out) == set(sample)
+    assert set(out) == set(sample) | set(placements.DERIVED)
 
     blocks = math.lcm(*mesh)  # tokens and atoms are sharded on both mesh axes
     n_pad = -(-n_tokens // blocks) * blocks
@@ -100,6 +100,11 @@ def test_pad_features_gives_the_planned_shapes_and_pad_values(
               "ensemble": 2, "disto_ensemble": 1, "templates": 2}
     positions = {"tokens": list(range(n_tokens)), "atoms": atom_pos, "rset": rset_pos,
                  "msa": list(range(5)), "ensemble": [0, 1], "disto_ensemble": [0], "templates": [0, 1]}
+    # Unsharded lists are never padded: each keeps its own length.
+    for name, x in sample.items():
+        for s, n in zip(placements.FEATURE_AXIS_SEMANTICS[name], x.shape):
+            if s is not None and s not in padded:
+                padded[s], positions[s] = int(n), list(range(int(n)))
     _ = first_atom
 
     for name, x in sample.items():
@@ -110,12 +115,13 @@ def test_pad_features_gives_the_planned_shapes_and_pad_values(
         assert y.dtype == x.dtype, name
         # Real values sit at their layout positions; everything else is the pad value.
         index = tuple(
-            torch.tensor(positions[s]).view([-1 if i == d else 1 for i in range(len(axes))])
+            torch.tensor(positions[s], dtype=torch.long).view([-1 if i == d else 1 for i in range(len(axes))])
             if s is not None else torch.arange(int(c)).view([-1 if i == d else 1 for i in range(len(axes))])
             for d, (s, c) in enumerate(zip(axes, placements.CHANNEL_SIZES[name]))
         )
         expected = x
-        if name == "frames_idx":
+        role = placements.INDEX_FEATURES.get(name)
+        if role is not None and role.scope == "padded_global" and role.one_hot is None:
             expected = torch.tensor(atom_pos, dtype=torch.int64)[x]
         assert torch.equal(y[index], expected), f"{name}: real values misplaced"
         pad_mask = torch.ones(y.shape, dtype=torch.bool)
@@ -146,9 +152,9 @@ def test_bad_samples_raise_errors_naming_the_feature(placements: ModuleType) -> 
     with pytest.raises(ValueError, match=r"feature `ref_pos`, axis 1 \(channel\)"):
         placements.pad_features(bad, (2, 2))
     bad = dict(sample, res_type=sample["res_type"][:-1])
-    with pytest.raises(ValueError, match=r"feature `\w+`, axis 0 \(tokens\)"):
+    with pytest.raises(ValueError, match=r"feature `\w+`, axis 0 \(tokens"):
         placements.pad_features(bad, (2, 2))
-    with pytest.raises(ValueError, match="not in the spec: nope"):
+    with pytest.raises(ValueError, match="not in the spec: `nope`"):
         placements.pad_features(dict(sample, nope=torch.zeros(1)), (2, 2))
     with pytest.raises(ValueError, match="mesh"):
         placements.pad_features(sample, (0, 2))

@@ -55,6 +55,7 @@ fn target_length(
 }
 
 /// `(idx // old) * new + idx % old`: positions in a layout whose per-block stride grows.
+/// Negative values (pads of index lists) stay as they are.
 fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, RuntimeError> {
     if old == 0 || old == new {
         return Ok(x.shallow_clone());
@@ -62,11 +63,13 @@ fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, Runti
     let (old, new) = (old as i64, new as i64);
     let block = x.f_floor_divide_scalar(old).feature(name)?;
     let within = x.f_remainder(old).feature(name)?;
-    block
+    let moved = block
         .f_mul_scalar(new)
         .feature(name)?
         .f_add(&within)
-        .feature(name)
+        .feature(name)?;
+    let real = x.f_ge(0).feature(name)?;
+    moved.f_where_self(&real, x).feature(name)
 }
 
 fn global_shape(t: &TensorPlan, target: &[i64], batch: usize, mesh: &Mesh) -> Vec<usize> {

@@ -1,0 +1,126 @@
+//! Safetensors files of tch tensors, with the header's `__metadata__` (string -> string)
+//! that carries values a tensor cannot hold (a featurizer's record, as JSON text).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, View};
+use tch::{Kind, Tensor};
+
+use crate::commands::Failure;
+
+/// Feature name -> tensor.
+pub type Tensors = BTreeMap<String, Tensor>;
+/// The header's `__metadata__`: name -> text.
+pub type Metadata = BTreeMap<String, String>;
+
+fn other(e: impl std::fmt::Display) -> Failure {
+    Failure::Other(e.to_string())
+}
+
+/// Every tensor of a safetensors file.
+pub fn read_tensors(path: &Path) -> Result<Tensors, Failure> {
+    let tensors = Tensor::read_safetensors(path)
+        .map_err(|e| other(format!("cannot read {}: {e}", path.display())))?;
+    Ok(tensors.into_iter().collect())
+}
+
+/// The `__metadata__` of a safetensors file's header (empty when it has none). Reads the
+/// header only: its length is bounded by the file's size.
+pub fn read_metadata(path: &Path) -> Result<Metadata, Failure> {
+    use std::io::Read;
+    let bad = |e: String| other(format!("cannot read {}: {e}", path.display()));
+    let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let size = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| bad(e.to_string()))?;
+    let n = u64::from_le_bytes(len);
+    if n > size.saturating_sub(8) {
+        return Err(bad(format!(
+            "its header claims {n} bytes, more than the file holds"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header)
+        .map_err(|e| bad(e.to_string()))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("its header is not JSON: {e}")))?;
+    Ok(value
+        .get("__metadata__")
+        .and_then(|m| m.as_object())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// One tensor's bytes as safetensors stores them (little-endian, row-major).
+struct Bytes {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &Bytes {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn dtype_of(kind: Kind) -> Option<Dtype> {
+    Some(match kind {
+        Kind::Bool => Dtype::BOOL,
+        Kind::Uint8 => Dtype::U8,
+        Kind::Int8 => Dtype::I8,
+        Kind::Int16 => Dtype::I16,
+        Kind::Int => Dtype::I32,
+        Kind::Int64 => Dtype::I64,
+        Kind::Half => Dtype::F16,
+        Kind::BFloat16 => Dtype::BF16,
+        Kind::Float => Dtype::F32,
+        Kind::Double => Dtype::F64,
+        _ => return None,
+    })
+}
+
+fn bytes_of(name: &str, t: &Tensor) -> Result<Bytes, Failure> {
+    let dtype = dtype_of(t.kind()).ok_or_else(|| {
+        other(format!(
+            "feature `{name}`: dtype {:?} cannot be stored",
+            t.kind()
+        ))
+    })?;
+    let t = t.contiguous();
+    let numel = t.numel();
+    let mut data = vec![0u8; numel * t.kind().elt_size_in_bytes()];
+    t.f_copy_data_u8(&mut data, numel)
+        .map_err(|e| other(format!("feature `{name}`: {e}")))?;
+    Ok(Bytes {
+        dtype,
+        shape: t.size().iter().map(|&d| d as usize).collect(),
+        data,
+    })
+}
+
+/// Writes tensors (and `__metadata__`, when any) to a safetensors file.
+pub fn write(path: &Path, tensors: &Tensors, metadata: &Metadata) -> Result<(), Failure> {
+    let bytes: Vec<(String, Bytes)> = tensors
+        .iter()
+        .map(|(n, t)| Ok((n.clone(), bytes_of(n, t)?)))
+        .collect::<Result<_, Failure>>()?;
+    let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    safetensors::serialize_to_file(bytes.iter().map(|(n, b)| (n.as_str(), b)), info, path)
+        .map_err(|e| other(format!("cannot write {}: {e}", path.display())))
+}

@@ -1,0 +1,455 @@
+//! What the values of one sample suggest: every axis' semantic (or a question), and the
+//! rules a featurizer's output needs (incoming pads, owners, lists, derived features).
+
+use std::collections::BTreeMap;
+
+use super::read::{Anchor, Sample, Tensor};
+
+/// A semantic of the draft: anchored, or a list with a length of its own.
+pub struct SemanticDraft {
+    pub name: String,
+    pub sharded: bool,
+    /// `key: value` entries after `shard`, e.g. `owner: tokens`.
+    pub keys: Vec<String>,
+    /// `# proposed:` when `keys` came from the values; else a plain note.
+    pub proposed: bool,
+    pub note: String,
+}
+
+#[derive(Default)]
+pub struct FeatureDraft {
+    /// Each axis: a semantic, a channel size or `QUESTION(a|b)`.
+    pub axes: Vec<String>,
+    /// `key: value` entries after `dtype`.
+    pub keys: Vec<String>,
+    /// `# QUESTION` and `# proposed:` comment lines.
+    pub notes: Vec<String>,
+}
+
+pub struct Proposals {
+    pub semantics: Vec<SemanticDraft>,
+    pub features: BTreeMap<String, FeatureDraft>,
+}
+
+/// Every proposal for one sample.
+pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
+    let lists = lists(sample, lengths);
+    let mut features = axes(sample, lengths, &lists);
+    let mut semantics: Vec<SemanticDraft> = lengths
+        .iter()
+        .map(|a| SemanticDraft {
+            name: a.semantic.to_owned(),
+            sharded: a.sharded,
+            keys: Vec::new(),
+            proposed: false,
+            note: format!("length {} (axis 0 of {})", a.len, a.key),
+        })
+        .collect();
+    let real = incoming(sample, lengths, &mut semantics, &mut features);
+    owners(sample, lengths, &real, &mut semantics);
+    one_hot_maps(sample, &mut features);
+    list_roles(
+        sample,
+        lengths,
+        &lists,
+        &real,
+        &mut semantics,
+        &mut features,
+    );
+    derived(sample, &mut features);
+    Proposals {
+        semantics,
+        features,
+    }
+}
+
+/// A list of ids with a length of its own: `NAME_index` of shape `[c, K]`.
+struct List {
+    semantic: String,
+    len: usize,
+    /// The features on it and the axis that is the list.
+    members: Vec<(String, usize)>,
+}
+
+/// `*_index` integer tensors `[c, K]` (c <= 8) start a list each; a 1-D tensor whose
+/// name starts with the same word and that has the same length joins it when exactly
+/// one list fits.
+fn lists(sample: &Sample, lengths: &[Anchor]) -> Vec<List> {
+    let mut out: Vec<List> = Vec::new();
+    for (name, t) in &sample.tensors {
+        let Some(stem) = name.strip_suffix("_index") else {
+            continue;
+        };
+        let anchored = lengths.iter().any(|a| &a.key == name);
+        if let ([c, k], false) = (t.shape.as_slice(), anchored) {
+            if *c <= 8 && t.is_integer() {
+                out.push(List {
+                    semantic: stem.to_owned(),
+                    len: *k,
+                    members: vec![(name.clone(), 1)],
+                });
+            }
+        }
+    }
+    let first_word = |s: &str| s.split('_').next().unwrap_or(s).to_owned();
+    for (name, t) in &sample.tensors {
+        let [k] = t.shape.as_slice() else { continue };
+        let fits: Vec<usize> = (0..out.len())
+            .filter(|&i| out[i].len == *k && first_word(&out[i].semantic) == first_word(name))
+            .collect();
+        if let [i] = fits.as_slice() {
+            out[*i].members.push((name.clone(), 0));
+        }
+    }
+    out
+}
+
+fn axes(sample: &Sample, lengths: &[Anchor], lists: &[List]) -> BTreeMap<String, FeatureDraft> {
+    let mut out = BTreeMap::new();
+    for (name, t) in &sample.tensors {
+        let mut draft = FeatureDraft::default();
+        for (d, &n) in t.shape.iter().enumerate() {
+            let list = lists
+                .iter()
+                .find(|l| l.members.iter().any(|(m, a)| m == name && *a == d));
+            // The first axis of a list's `[c, K]` ids is a channel (c ids per entry).
+            let starts_list = lists
+                .iter()
+                .any(|l| l.members.first().is_some_and(|(m, _)| m == name));
+            if starts_list && d == 0 {
+                draft.axes.push(n.to_string());
+                continue;
+            }
+            let anchored = lengths.iter().find(|a| &a.key == name && d == 0);
+            let matches: Vec<&str> = lengths
+                .iter()
+                .filter(|a| a.len == n)
+                .map(|a| a.semantic)
+                .collect();
+            draft.axes.push(match (list, anchored, matches.as_slice()) {
+                (Some(l), _, _) => l.semantic.clone(),
+                (None, Some(a), _) => a.semantic.to_owned(),
+                (None, None, []) => n.to_string(),
+                (None, None, [one]) => (*one).to_owned(),
+                (None, None, many) => {
+                    draft.notes.push(format!(
+                        "# QUESTION {name}: axis {d} has length {n}, which is the length of {}: which is it?",
+                        many.join(" and ")
+                    ));
+                    format!("QUESTION({})", many.join("|"))
+                }
+            });
+        }
+        out.insert(name.clone(), draft);
+    }
+    out
+}
+
+fn len_of(lengths: &[Anchor], s: &str) -> Option<usize> {
+    lengths.iter().find(|a| a.semantic == s).map(|a| a.len)
+}
+
+/// Whether a tensor has exactly these anchored semantics' lengths, axis by axis.
+fn shaped(t: &Tensor, lengths: &[Anchor], want: &[&str]) -> bool {
+    t.shape.len() == want.len()
+        && t.shape
+            .iter()
+            .zip(want)
+            .all(|(&n, s)| len_of(lengths, s) == Some(n))
+}
+
+/// How many leading ones a 0/1 vector has, if there is at least one, the rest are
+/// zeros and there is a zero.
+fn padded_prefix(v: &[f64]) -> Option<usize> {
+    let n = v.iter().take_while(|&&x| x == 1.0).count();
+    (n > 0 && n < v.len() && v[n..].iter().all(|&x| x == 0.0)).then_some(n)
+}
+
+/// Incoming pads: a 1-D 0/1 feature over a sharded semantic that is 1 on a prefix and 0
+/// after. Returns the real item count of every semantic that arrives padded.
+fn incoming(
+    sample: &Sample,
+    lengths: &[Anchor],
+    semantics: &mut [SemanticDraft],
+    features: &mut BTreeMap<String, FeatureDraft>,
+) -> BTreeMap<String, usize> {
+    let _ = lengths;
+    let mut real = BTreeMap::new();
+    for s in semantics.iter_mut().filter(|s| s.sharded) {
+        let mut found: Vec<(&String, usize)> = sample
+            .tensors
+            .iter()
+            .filter(|(n, _)| features.get(*n).is_some_and(|f| f.axes == [s.name.clone()]))
+            .filter_map(|(n, t)| Some((n, padded_prefix(t.zero_one()?)?)))
+            .collect();
+        // Of several, those named as masks.
+        if found.iter().filter(|(n, _)| n.contains("mask")).count() > 0 {
+            found.retain(|(n, _)| n.contains("mask"));
+        }
+        if found.is_empty() {
+            continue;
+        }
+        if found.iter().all(|(_, n)| *n == found[0].1) {
+            real.insert(s.name.clone(), found[0].1);
+        }
+        let names: Vec<&String> = found.iter().map(|(m, _)| *m).collect();
+        let mask = question_or(&names, "").unwrap_or_default();
+        for (m, n) in &found {
+            let Some(f) = features.get_mut(*m) else {
+                continue;
+            };
+            if found.len() == 1 {
+                f.keys.push(format!("mask: {}", s.name));
+            }
+            let choose = if found.len() > 1 {
+                format!(" (if you choose it, add `mask: {}`)", s.name)
+            } else {
+                String::new()
+            };
+            f.notes.push(format!(
+                "# proposed: {m} is 1 on the first {n} {} and 0 after: a mask of the real items{choose}",
+                s.name
+            ));
+        }
+        s.keys.push(format!("incoming_pads: {{mask: {mask}}}"));
+        s.proposed = true;
+    }
+    real
+}
+
+/// Whether a 2-axis tensor is a one-hot map along axis 1 (0/1, at most one 1 per row,
+/// at least one 1), and how many rows hold a 1.
+fn one_hot(t: &Tensor) -> Option<usize> {
+    let (v, [rows, cols]) = (t.zero_one()?, t.shape.as_slice()) else {
+        return None;
+    };
+    if *cols == 0 || !v.contains(&1.0) {
+        return None;
+    }
+    let mut owned = 0;
+    for r in 0..*rows {
+        match v[r * cols..(r + 1) * cols]
+            .iter()
+            .filter(|&&x| x == 1.0)
+            .count()
+        {
+            0 => {}
+            1 => owned += 1,
+            _ => return None,
+        }
+    }
+    Some(owned)
+}
+
+fn named(s: &mut [SemanticDraft], name: &str) -> Option<usize> {
+    s.iter().position(|d| d.name == name)
+}
+
+fn question_or(one_of: &[&String], none: &str) -> Option<String> {
+    match one_of {
+        [] => (!none.is_empty()).then(|| format!("QUESTION({none})")),
+        [one] => Some((*one).clone()),
+        many => Some(format!(
+            "QUESTION({})",
+            many.iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("|")
+        )),
+    }
+}
+
+/// Owners: atoms by a counts feature and/or a one-hot map onto tokens, R-set rows by a
+/// map onto atoms (with `unowned_rows: pad` when some rows have none).
+fn owners(
+    sample: &Sample,
+    lengths: &[Anchor],
+    real: &BTreeMap<String, usize>,
+    semantics: &mut [SemanticDraft],
+) {
+    if let (Some(_), Some(n_atoms), Some(i)) = (
+        len_of(lengths, "tokens"),
+        len_of(lengths, "atoms"),
+        named(semantics, "atoms"),
+    ) {
+        let atoms = real.get("atoms").copied().unwrap_or(n_atoms);
+        let counts: Vec<&String> = sample
+            .tensors
+            .iter()
+            .filter(|(_, t)| shaped(t, lengths, &["tokens"]) && t.is_integer())
+            .filter(|(_, t)| {
+                t.values.as_ref().is_some_and(|v| {
+                    v.iter().all(|&x| x >= 0.0) && v.iter().sum::<f64>() == atoms as f64
+                })
+            })
+            .map(|(n, _)| n)
+            .collect();
+        let maps: Vec<&String> = sample
+            .tensors
+            .iter()
+            .filter(|(_, t)| shaped(t, lengths, &["atoms", "tokens"]) && one_hot(t) == Some(atoms))
+            .map(|(n, _)| n)
+            .collect();
+        let s = &mut semantics[i];
+        s.keys.push("owner: tokens".into());
+        let none = if maps.is_empty() {
+            "no [tokens] integer feature sums to the atoms"
+        } else {
+            ""
+        };
+        if let Some(c) = question_or(&counts, none) {
+            s.keys.push(format!("counts: {c}"));
+        }
+        if let Some(m) = question_or(&maps, "") {
+            s.keys.push(format!("map: {m}"));
+        }
+        s.proposed = true;
+    }
+    if let (Some(rows), Some(_), Some(i)) = (
+        len_of(lengths, "rset"),
+        len_of(lengths, "atoms"),
+        named(semantics, "rset"),
+    ) {
+        let maps: Vec<(&String, usize)> = sample
+            .tensors
+            .iter()
+            .filter(|(_, t)| shaped(t, lengths, &["rset", "atoms"]))
+            .filter_map(|(n, t)| Some((n, one_hot(t)?)))
+            .collect();
+        if let [(m, owned)] = maps.as_slice() {
+            let s = &mut semantics[i];
+            s.keys.push(format!("owner: atoms, map: {m}"));
+            if *owned < rows {
+                s.keys.push("unowned_rows: pad".into());
+            }
+            s.proposed = true;
+        }
+    }
+}
+
+/// A one-hot map between an owner and its items is a block diagonal. Questions count
+/// with each of their options.
+fn one_hot_maps(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) {
+    let options = |x: &str| -> Vec<String> {
+        match x
+            .strip_prefix("QUESTION(")
+            .and_then(|r| r.strip_suffix(')'))
+        {
+            Some(inner) => inner.split('|').map(str::to_owned).collect(),
+            None => vec![x.to_owned()],
+        }
+    };
+    for (name, f) in features.iter_mut() {
+        let [a, b] = f.axes.as_slice() else { continue };
+        let related = options(a).iter().any(|x| {
+            options(b).iter().any(|y| {
+                matches!(
+                    (x.as_str(), y.as_str()),
+                    ("atoms", "tokens") | ("tokens", "atoms") | ("rset", "atoms")
+                )
+            })
+        });
+        if related && one_hot(&sample.tensors[name]).is_some() {
+            f.notes.push(format!(
+                "# proposed: {name} is a one-hot map along axis 1, co-sharded with axis 0"
+            ));
+            let b = b.clone();
+            f.keys.push(format!(
+                "coshard: [{{axis: 1, follows: 0}}], index: {{of: {b}, scope: shard_local, one_hot: 1}}"
+            ));
+        }
+    }
+}
+
+/// Lists: unsharded semantics; their integer features pad with -1 at DP collate, and
+/// `*_index` lists whose values all name real atoms are atom ids.
+fn list_roles(
+    sample: &Sample,
+    lengths: &[Anchor],
+    lists: &[List],
+    real: &BTreeMap<String, usize>,
+    semantics: &mut Vec<SemanticDraft>,
+    features: &mut BTreeMap<String, FeatureDraft>,
+) {
+    let atoms = real.get("atoms").copied().or(len_of(lengths, "atoms"));
+    for l in lists {
+        semantics.push(SemanticDraft {
+            name: l.semantic.clone(),
+            sharded: false,
+            keys: Vec::new(),
+            proposed: true,
+            note: format!(
+                "a list of length {} (axis 1 of {}_index)",
+                l.len, l.semantic
+            ),
+        });
+        for (m, _) in &l.members {
+            let t = &sample.tensors[m];
+            let Some(f) = features.get_mut(m) else {
+                continue;
+            };
+            if !t.is_integer() {
+                continue;
+            }
+            f.keys.push("pad: -1".into());
+            let ids = t.values.as_ref();
+            let atom_ids = m.ends_with("_index")
+                && match (ids, atoms) {
+                    (Some(v), Some(n)) if !v.is_empty() => {
+                        v.iter().all(|&x| x >= 0.0 && x < n as f64)
+                    }
+                    // An empty list shows nothing: its name says what it holds.
+                    (Some(_), _) => !m.contains("chain") && t.shape.len() == 2,
+                    _ => false,
+                };
+            if atom_ids {
+                f.keys
+                    .push("index: {of: atoms, scope: padded_global}".into());
+                f.notes.push(format!(
+                    "# proposed: {m} holds atom ids (a list of its own length; -1 pads it at collate)"
+                ));
+            }
+        }
+    }
+}
+
+/// A `[S, S]` 0/1 feature equal to the outer product of a 1-D 0/1 feature over `S`.
+fn derived(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) {
+    let masks: Vec<(&String, &[f64], String)> = sample
+        .tensors
+        .iter()
+        .filter_map(|(n, t)| {
+            let axis = features.get(n)?.axes.first()?.clone();
+            let v = t.zero_one().filter(|v| v.contains(&1.0))?;
+            (t.shape.len() == 1).then_some((n, v, axis))
+        })
+        .collect();
+    for (name, t) in &sample.tensors {
+        let Some(f) = features.get_mut(name) else {
+            continue;
+        };
+        let ([a, b], Some(v)) = (f.axes.as_slice(), t.zero_one().filter(|v| v.contains(&1.0)))
+        else {
+            continue;
+        };
+        if a != b || a.starts_with("QUESTION(") {
+            continue;
+        }
+        let of: Vec<&String> = masks
+            .iter()
+            .filter(|(m, x, s)| {
+                *m != name && s == a && x.len() * x.len() == v.len() && {
+                    let n = x.len();
+                    (0..n * n).all(|k| v[k] == x[k / n] * x[k % n])
+                }
+            })
+            .map(|(m, _, _)| *m)
+            .collect();
+        if let Some(m) = question_or(&of, "") {
+            f.keys.push(format!("mask: {a}, derive: {{outer: [{m}]}}"));
+            f.notes.push(format!(
+                "# proposed: {name} is the outer product of {m}: the pipeline can make it"
+            ));
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Reading the sample: every tensor's dtype, shape and (for small tensors) values, the
+//! header's metadata keys, and the lengths the anchors give.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+
+use super::Anchors;
+use crate::commands::Failure;
+
+/// Semantics `init` knows, in declaration order: name and whether it shards.
+pub const KNOWN: [(&str, bool); 6] = [
+    ("tokens", true),
+    ("atoms", true),
+    ("msa", true),
+    ("rset", true),
+    ("ensemble", false),
+    ("templates", false),
+];
+
+/// Tensors larger than this are described by shape and dtype only.
+const MAX_INSPECTED_BYTES: usize = 256 * 1024 * 1024;
+
+pub struct Tensor {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Values (exact for integers below 2^53), for tensors small enough to inspect.
+    pub values: Option<Vec<f64>>,
+}
+
+impl Tensor {
+    pub fn is_integer(&self) -> bool {
+        matches!(
+            self.dtype,
+            Dtype::U8 | Dtype::I8 | Dtype::I16 | Dtype::I32 | Dtype::I64
+        )
+    }
+
+    /// Values that are all 0 or 1.
+    pub fn zero_one(&self) -> Option<&[f64]> {
+        self.values
+            .as_deref()
+            .filter(|v| v.iter().all(|&x| x == 0.0 || x == 1.0))
+    }
+}
+
+pub struct Sample {
+    pub tensors: BTreeMap<String, Tensor>,
+    /// Keys of the header's `__metadata__` (values a tensor cannot hold), but `format`.
+    pub metadata: Vec<String>,
+}
+
+/// One anchored semantic: its length is axis 0 of `key`.
+pub struct Anchor {
+    pub semantic: &'static str,
+    pub sharded: bool,
+    pub len: usize,
+    pub key: String,
+}
+
+pub fn dtype_name(d: Dtype) -> Option<&'static str> {
+    Some(match d {
+        Dtype::BOOL => "bool",
+        Dtype::U8 => "uint8",
+        Dtype::I8 => "int8",
+        Dtype::I16 => "int16",
+        Dtype::I32 => "int32",
+        Dtype::I64 => "int64",
+        Dtype::F16 => "float16",
+        Dtype::BF16 => "bfloat16",
+        Dtype::F32 => "float32",
+        Dtype::F64 => "float64",
+        _ => return None,
+    })
+}
+
+/// Values of a tensor (little-endian, as safetensors stores them) as f64.
+fn values(d: Dtype, data: &[u8]) -> Option<Vec<f64>> {
+    let c = |n: usize| data.chunks_exact(n);
+    Some(match d {
+        Dtype::BOOL | Dtype::U8 => data.iter().map(|&b| f64::from(b)).collect(),
+        Dtype::I8 => data.iter().map(|&b| f64::from(b as i8)).collect(),
+        Dtype::I16 => c(2)
+            .map(|b| f64::from(i16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        Dtype::I32 => c(4)
+            .map(|b| f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect(),
+        Dtype::I64 => c(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64)
+            .collect(),
+        Dtype::F32 => c(4)
+            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect(),
+        Dtype::F64 => c(8)
+            .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect(),
+        _ => return None,
+    })
+}
+
+pub fn sample(path: &Path) -> Result<Sample, Failure> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Failure::Other(format!("cannot read {}: {e}", path.display())))?;
+    let bad =
+        |e: String| Failure::Other(format!("{}: not a safetensors file: {e}", path.display()));
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+    let tensors = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let small = view.data().len() <= MAX_INSPECTED_BYTES;
+            let t = Tensor {
+                dtype: view.dtype(),
+                shape: view.shape().to_vec(),
+                values: if small {
+                    values(view.dtype(), view.data())
+                } else {
+                    None
+                },
+            };
+            (name, t)
+        })
+        .collect();
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+    let mut metadata: Vec<String> = header
+        .metadata()
+        .as_ref()
+        .map(|m| m.keys().filter(|k| *k != "format").cloned().collect())
+        .unwrap_or_default();
+    metadata.sort();
+    Ok(Sample { tensors, metadata })
+}
+
+/// The lengths of the anchored semantics.
+pub fn anchored_lengths(
+    sample: &Sample,
+    anchors: &Anchors,
+    path: &Path,
+) -> Result<Vec<Anchor>, Failure> {
+    let mut out = Vec::new();
+    for (semantic, sharded) in KNOWN {
+        let Some(key) = anchors.get(semantic) else {
+            continue;
+        };
+        let t = sample.tensors.get(key).ok_or_else(|| {
+            Failure::Other(format!(
+                "--{semantic} {key}: no feature `{key}` in {}",
+                path.display()
+            ))
+        })?;
+        let len = *t.shape.first().ok_or_else(|| {
+            Failure::Other(format!(
+                "--{semantic} {key}: feature `{key}` is a scalar, it has no axis 0"
+            ))
+        })?;
+        out.push(Anchor {
+            semantic,
+            sharded,
+            len,
+            key: key.clone(),
+        });
+    }
+    if out.is_empty() {
+        return Err(Failure::Other(
+            "give at least one anchor, e.g. --tokens token_index --atoms ref_pos".into(),
+        ));
+    }
+    Ok(out)
+}

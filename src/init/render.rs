@@ -1,0 +1,78 @@
+//! The draft spec as YAML text, with its questions and proposals as comments.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::propose::Proposals;
+use super::read::{dtype_name, Anchor, Sample};
+use crate::commands::Failure;
+
+pub fn spec(
+    path: &Path,
+    module: &str,
+    sample: &Sample,
+    _lengths: &[Anchor],
+    p: &Proposals,
+) -> Result<String, Failure> {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Draft featshard spec from {} (featshard init).",
+        path.display()
+    );
+    let _ = writeln!(
+        out,
+        "# Answer every QUESTION(...) (write one of the listed names or a channel"
+    );
+    let _ = writeln!(
+        out,
+        "# size) and check every `# proposed:` line; `featshard validate` fails until then."
+    );
+    let _ = writeln!(
+        out,
+        "# Keys the model never reads go under `drop:`; features a sample may lack get"
+    );
+    let _ = writeln!(out, "# `optional: true`.");
+    let _ = writeln!(
+        out,
+        "version: 1\nmodule: {module}\nmesh:\n  cp: [cp0, cp1]\n  dp: dp\nsemantics:"
+    );
+    for s in &p.semantics {
+        let keys: String = s.keys.iter().map(|k| format!(", {k}")).collect();
+        let tag = if s.proposed { "proposed: " } else { "" };
+        let _ = writeln!(
+            out,
+            "  {}: {{shard: {}{keys}}}  # {tag}{}",
+            s.name, s.sharded, s.note
+        );
+    }
+    let _ = writeln!(out, "features:");
+    for (name, t) in &sample.tensors {
+        let Some(dtype) = dtype_name(t.dtype) else {
+            return Err(Failure::Other(format!(
+                "feature `{name}`: dtype {:?} has no featshard equivalent",
+                t.dtype
+            )));
+        };
+        let Some(f) = p.features.get(name) else {
+            continue;
+        };
+        for n in &f.notes {
+            let _ = writeln!(out, "  {n}");
+        }
+        let keys: String = f.keys.iter().map(|k| format!(", {k}")).collect();
+        let _ = writeln!(
+            out,
+            "  {name}: {{axes: [{}], dtype: {dtype}{keys}}}",
+            f.axes.join(", ")
+        );
+    }
+    for m in &sample.metadata {
+        let _ = writeln!(
+            out,
+            "  # proposed: {m} is in the file's metadata: a value that is not a tensor"
+        );
+        let _ = writeln!(out, "  {m}: {{metadata: true}}");
+    }
+    Ok(out)
+}
