@@ -144,8 +144,12 @@ fn check(
     opts: &Options,
     local: &LocalSample,
 ) -> Result<(), String> {
-    let serial = data.serial(local.sample)?;
-    let padded = pad(plan, mesh.cp_shape(), &serial, opts).map_err(|e| e.to_string())?;
+    let emitted = data.serial(local.sample)?;
+    let padded = pad(plan, mesh.cp_shape(), &emitted, opts).map_err(|e| e.to_string())?;
+    // The sample the plan lays out: its derived features made.
+    let serial = featshard_runtime::intake(plan, &emitted, opts)
+        .map_err(|e| e.to_string())?
+        .features;
     let expected = padded
         .rank_blocks(plan, mesh.cp_rank())
         .map_err(|e| e.to_string())?;

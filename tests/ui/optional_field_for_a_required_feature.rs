@@ -1,0 +1,14 @@
+// trybuild compiles this in target/tests/trybuild/featshard, the manifest dir that
+// spec paths are relative to. Every sample holds `ref_pos`: its field cannot be optional.
+use featshard::tch::Tensor;
+use featshard::Features;
+
+#[derive(Features)]
+#[featshard(spec = "../../../../tests/ui/small.yaml")]
+struct Sample {
+    atom_counts: Tensor,
+    ref_pos: Option<Tensor>,
+    token_pad_mask: Tensor,
+}
+
+fn main() {}
