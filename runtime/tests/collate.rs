@@ -142,3 +142,48 @@ fn replicas_of_different_lengths_collate_to_one_shape() {
 fn atoms_local(features: &featshard_runtime::Features) -> i64 {
     features["atom_pad_mask"].size()[0]
 }
+
+#[test]
+fn replicas_whose_samples_hold_different_features_fail_collate_by_name() {
+    // Replica 1's sample lacks an optional feature: every rank's collate says which,
+    // instead of a collective of mismatched sizes.
+    let plan = Arc::new(common::boltz2_plan());
+    let opts = GroupOptions {
+        timeout: Duration::from_secs(30),
+        ..GroupOptions::default()
+    };
+    let handles: Vec<_> = Rendezvous::in_process(4, opts)
+        .unwrap()
+        .into_iter()
+        .map(|rdv| {
+            let plan = Arc::clone(&plan);
+            thread::spawn(move || {
+                let mesh = Mesh::new(&rdv, 2, [2, 1]).unwrap();
+                let sopts = Options {
+                    workflow: Some("inference".into()),
+                    ..Options::default()
+                };
+                let replica = mesh.dp_index();
+                let source = mesh.is_source().then(|| {
+                    let mut s = common::boltz_sample(&plan, &[2, 1, 3, 1], replica as i64);
+                    if replica == 1 {
+                        s.remove("pair_mask");
+                    }
+                    Ok(prepare(&plan, [2, 1], &sopts, replica, &s).unwrap())
+                });
+                let local = distribute(&mesh, source).unwrap();
+                collate(&mesh, &plan, vec![local])
+                    .map(|_| ())
+                    .unwrap_err()
+                    .to_string()
+            })
+        })
+        .collect();
+    for h in handles {
+        let e = h.join().unwrap();
+        assert!(
+            e.contains("DP replicas hold different features: `pair_mask` absent on some replicas"),
+            "{e}"
+        );
+    }
+}

@@ -52,6 +52,10 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
                 _check_remapped_ids(P, got, real)
         elif scenario == "real_collate":
             _check_real_collate(P, D, mesh, dp, source)
+        elif scenario == "collate_mismatch":
+            # Replica 1's sample lacks an optional feature replica 0's has.
+            real = real_samples()[[3, 1][dp]]
+            D.collate([D.distribute_features(real if source else None, mesh)], mesh)
         elif scenario == "predict":
             _check_predict(P, D, mesh)
         elif scenario == "lightning":
@@ -141,7 +145,7 @@ def _check_real_collate(P: Any, D: Any, mesh: Any, dp: int, source: bool) -> Non
     import torch
     from boltz_samples import real_samples
 
-    sample = real_samples()[[1, 2][dp]]  # pypi prot60_smiles (78 bounds), CP prot60_nomsa (0)
+    sample = real_samples()[[1, 0][dp]]  # prot60_smiles (78 bounds), prot60_nomsa (0)
     batch = [D.distribute_features(sample if source else None, mesh)]
     out = D.collate(batch, mesh)
     taken = P.intake(sample)
@@ -353,3 +357,12 @@ def test_the_lightning_predict_loop_gives_the_model_batched_dtensors_of_real_sam
 ) -> None:
     for r in _run(generated_dir, (2, 2), "predict", tmp_path):
         assert r["status"] == "ok", r
+
+
+def test_replicas_whose_samples_hold_different_features_fail_collate_by_name(
+    generated_dir: Path, tmp_path: Path
+) -> None:
+    results = _run(generated_dir, (2, 2, 2), "collate_mismatch", tmp_path)
+    errors = {r.get("error") for r in results}
+    assert len(errors) == 1 and all(r["status"] == "error" for r in results), results
+    assert "`atom_counts_per_token` (replicas [1])" in errors.pop()

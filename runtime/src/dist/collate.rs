@@ -85,6 +85,41 @@ fn global_shape(t: &TensorPlan, target: &[i64], batch: usize, mesh: &Mesh) -> Ve
     shape
 }
 
+/// DP replicas must stack the same features (a sample may lack optional ones). A
+/// presence vector over the plan's tensor features, the same length everywhere, is
+/// reduced by min and max: where they differ, some replica lacks the feature. Every
+/// rank returns the same error.
+fn agree_on_features(mesh: &Mesh, plan: &Plan, names: &[String]) -> Result<(), DistError> {
+    let all: Vec<&str> = plan.tensors().map(|(n, _)| n).collect();
+    let here: Vec<i64> = all
+        .iter()
+        .map(|n| i64::from(names.iter().any(|m| m == n)))
+        .collect();
+    let reduce = |op| -> Result<Vec<i64>, DistError> {
+        let mut t = Tensor::from_slice(&here).to_device(mesh.dp().device());
+        mesh.dp().all_reduce(&mut t, op)?;
+        Vec::<i64>::try_from(&t.to_device(Device::Cpu)).map_err(|e| DistError::Protocol {
+            message: e.to_string(),
+        })
+    };
+    let (lo, hi) = (reduce(ReduceOp::Min)?, reduce(ReduceOp::Max)?);
+    let differ: Vec<String> = all
+        .iter()
+        .zip(lo.iter().zip(&hi))
+        .filter(|(_, (a, b))| a != b)
+        .map(|(n, _)| format!("`{n}`"))
+        .collect();
+    if differ.is_empty() {
+        return Ok(());
+    }
+    Err(DistError::Protocol {
+        message: format!(
+            "collate: DP replicas hold different features: {} absent on some replicas",
+            differ.join(", ")
+        ),
+    })
+}
+
 /// Stacks `batch` (this replica's samples, all of one workflow) into DTensor blocks on
 /// `(dp, cp0, cp1)`. Every rank of the world calls it with the same batch length.
 pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batch, DistError> {
@@ -107,6 +142,7 @@ pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batc
             });
         }
     }
+    agree_on_features(mesh, plan, &names)?;
     // One all-reduce for every axis of every feature: the largest local length.
     let mut longest = Vec::new();
     for name in &names {

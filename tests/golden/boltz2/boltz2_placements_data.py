@@ -297,6 +297,18 @@ def collate(batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) -> dict[str, A
     dp_size = int(mesh.mesh.shape[0])
     cp = (int(mesh.mesh.shape[1]), int(mesh.mesh.shape[2]))
     names = sorted(n for n in batch[0] if isinstance(batch[0][n], DTensor))
+    for s in batch:
+        if sorted(n for n in s if isinstance(s[n], DTensor)) != names:
+            raise ValueError("collate: the samples of a batch hold different features")
+    # Replicas must stack the same features (optional ones may be absent from a sample):
+    # agree on the names before the one all-reduce that depends on them.
+    everyone: list[Any] = [None] * dp_size
+    dist.all_gather_object(everyone, names, group=dp_group)
+    if any(other != names for other in everyone):
+        union = sorted(set().union(*everyone))
+        missing = {n: [r for r, o in enumerate(everyone) if n not in o] for n in union}
+        lacking = ", ".join(f"`{n}` (replicas {r})" for n, r in missing.items() if r)
+        raise ValueError(f"collate: DP replicas hold different features: {lacking} lack them")
     locals_ = {n: [s[n].to_local() for s in batch] for n in names}
     # One all-reduce for every axis of every feature: the largest local length.
     dims = [(n, d) for n in names for d in range(locals_[n][0].dim())]
