@@ -169,7 +169,7 @@ fn ownership(
             (Some(c), map) => {
                 let counts = owner_counts(c, &features[c], sem, owner, len)?;
                 if let Some(m) = map {
-                    check_map_counts(m, &features[m], c, &counts, sem, owner, owner_len)?;
+                    check_map_counts(m, &features[m], c, &counts, sem, owner)?;
                 }
                 Ownership::Counts(counts)
             }
@@ -239,7 +239,9 @@ fn map_owners(
     Ok(of.into_iter().map(|o| o as usize).collect())
 }
 
-/// Owner counts and an owner map given together must say the same, in owner order.
+/// Owner counts and an owner map given together must say the same, in owner order:
+/// every item's entry at its owner by the counts is 1. One gather, not a pass over the
+/// map; that no row holds a second 1 is the one-hot check every index map gets.
 fn check_map_counts(
     mname: &str,
     x: &Tensor,
@@ -247,24 +249,35 @@ fn check_map_counts(
     counts: &[usize],
     sem: &str,
     owner: &str,
-    owner_len: usize,
 ) -> Result<(), RuntimeError> {
-    let of = map_owners(mname, x, sem, owner, owner_len)?;
-    let expected = counts
+    let by_counts: Vec<i64> = counts
         .iter()
         .enumerate()
-        .flat_map(|(o, &c)| std::iter::repeat_n(o, c));
-    if let Some((item, (want, got))) = expected.zip(&of).enumerate().find(|(_, (w, g))| w != *g) {
-        return Err(RuntimeError::Ownership {
-            feature: mname.to_owned(),
-            axis: 1,
-            semantic: owner.to_owned(),
-            message: format!(
-                "`{sem}` item {item} belongs to `{owner}` {got} here, but to {want} by `{cname}`"
-            ),
-        });
+        .flat_map(|(o, &c)| std::iter::repeat_n(o as i64, c))
+        .collect();
+    if by_counts.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let at = Tensor::from_slice(&by_counts).view([-1, 1]);
+    let hits = x.f_gather(1, &at, false).feature(mname)?;
+    let hits = to_vec_i64(&hits, mname)?;
+    let Some(item) = hits.iter().position(|&h| h != 1) else {
+        return Ok(());
+    };
+    let row = x.f_get(item as i64).feature(mname)?;
+    let got = to_vec_i64(&row, mname)?
+        .iter()
+        .position(|&v| v != 0)
+        .map_or("no".to_owned(), |o| o.to_string());
+    Err(RuntimeError::Ownership {
+        feature: mname.to_owned(),
+        axis: 1,
+        semantic: owner.to_owned(),
+        message: format!(
+            "`{sem}` item {item} belongs to `{owner}` {got} here, but to {} by `{cname}`",
+            by_counts[item]
+        ),
+    })
 }
 
 fn check_index(
