@@ -263,7 +263,12 @@ fn shard_to(input: &Path, mesh: &str, out: &Path) -> Output {
 #[test]
 fn real_featurizer_samples_shard_and_assemble_back() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["prot60_smiles", "boltz_cp/prot60_nomsa"] {
+    for name in [
+        "prot60_nomsa",
+        "prot60_smiles",
+        "boltz_cp/prot60_nomsa",
+        "boltz_cp/prot60_smiles",
+    ] {
         let sample = read(&real(name));
         let real_atoms = sample["atom_pad_mask"]
             .sum(tch::Kind::Int64)
