@@ -75,19 +75,41 @@ pub fn render_with(path: &Path, tests: bool) -> Result<Vec<GeneratedFile>, Failu
     Ok(files)
 }
 
-/// `featshard generate`: writes every generated file into `out`, each one atomically
-/// (a temporary file renamed into place). Returns the paths written.
+/// `featshard generate`: writes every generated file into `out`, all or nothing. Every
+/// file is written first into a private staging folder made for this run (created
+/// exclusively, so nothing planted there is followed), then each is renamed into
+/// place; a failure before the renames leaves `out` as it was. Returns the paths.
 pub fn generate(path: &Path, out: &Path, tests: bool) -> Result<Vec<PathBuf>, Failure> {
     let files = render_with(path, tests)?;
-    std::fs::create_dir_all(out)
-        .map_err(|e| Failure::Other(format!("cannot create {}: {e}", out.display())))?;
+    let fail = |what: &str, p: &Path, e: std::io::Error| {
+        Failure::Other(format!("cannot {what} {}: {e}", p.display()))
+    };
+    std::fs::create_dir_all(out).map_err(|e| fail("create", out, e))?;
+    // What would make a rename fail is refused before any file is replaced.
+    if let Some(f) = files.iter().find(|f| out.join(&f.name).is_dir()) {
+        return Err(Failure::Other(format!(
+            "cannot write {}: a directory is in the way",
+            out.join(&f.name).display()
+        )));
+    }
+    let staging = tempfile::Builder::new()
+        .prefix(".featshard-staging-")
+        .tempdir_in(out)
+        .map_err(|e| fail("stage files in", out, e))?;
+    for f in &files {
+        let tmp = staging.path().join(&f.name);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .and_then(|mut file| std::io::Write::write_all(&mut file, f.contents.as_bytes()))
+            .map_err(|e| fail("write", &out.join(&f.name), e))?;
+    }
     let mut written = Vec::new();
-    for f in files {
+    for f in &files {
         let dest = out.join(&f.name);
-        let tmp = out.join(format!(".{}.tmp", f.name));
-        std::fs::write(&tmp, &f.contents)
-            .and_then(|()| std::fs::rename(&tmp, &dest))
-            .map_err(|e| Failure::Other(format!("cannot write {}: {e}", dest.display())))?;
+        std::fs::rename(staging.path().join(&f.name), &dest)
+            .map_err(|e| fail("write", &dest, e))?;
         written.push(dest);
     }
     Ok(written)
@@ -133,7 +155,9 @@ pub fn parse_mesh(s: &str) -> Result<[usize; CP_AXES], String> {
             _ => Err(format!("mesh `{s}`: `{p}` is not a size of at least 1")),
         }
     };
-    Ok([parse(a)?, parse(b)?])
+    let mesh = [parse(a)?, parse(b)?];
+    featshard_spec::limits::check_mesh(&mesh)?;
+    Ok(mesh)
 }
 
 /// Parses `tokens=2048,atoms=20000` into semantic lengths.
@@ -148,6 +172,7 @@ pub fn parse_lengths(s: &str) -> Result<Vec<(String, usize)>, String> {
                 .trim()
                 .parse::<usize>()
                 .map_err(|_| format!("length `{p}`: `{v}` is not a non-negative integer"))?;
+            featshard_spec::limits::check_length(k.trim(), n)?;
             Ok((k.trim().to_owned(), n))
         })
         .collect()

@@ -19,26 +19,37 @@ fn other(e: impl std::fmt::Display) -> Failure {
     Failure::Other(e.to_string())
 }
 
-/// Every tensor of a safetensors file.
+/// Largest safetensors header read (the format's own limit is 100 MB).
+const MAX_HEADER_BYTES: u64 = 100 * 1000 * 1000;
+
+/// Every tensor of a safetensors file. The header is checked first against the file's
+/// size, so a device, a pipe or a file whose header claims more than it holds is
+/// refused before anything large is read.
 pub fn read_tensors(path: &Path) -> Result<Tensors, Failure> {
+    check_claims(path)?;
     let tensors = Tensor::read_safetensors(path)
         .map_err(|e| other(format!("cannot read {}: {e}", path.display())))?;
     Ok(tensors.into_iter().collect())
 }
 
-/// The `__metadata__` of a safetensors file's header (empty when it has none). Reads the
-/// header only: its length is bounded by the file's size.
-pub fn read_metadata(path: &Path) -> Result<Metadata, Failure> {
+/// A safetensors file's header (JSON) and the size of the data after it. Reads the
+/// header only, bounded by the file's size: a regular file is required.
+fn read_header(path: &Path) -> Result<(serde_json::Value, u64), Failure> {
     use std::io::Read;
     let bad = |e: String| other(format!("cannot read {}: {e}", path.display()));
     let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let size = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+    let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    let size = meta.len();
     let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(|e| bad(e.to_string()))?;
+    file.read_exact(&mut len)
+        .map_err(|_| bad(format!("{size} bytes is too short for a safetensors file")))?;
     let n = u64::from_le_bytes(len);
-    if n > size.saturating_sub(8) {
+    if n > size.saturating_sub(8) || n > MAX_HEADER_BYTES {
         return Err(bad(format!(
-            "its header claims {n} bytes, more than the file holds"
+            "its header claims {n} bytes, but the file holds {size} (truncated, or not safetensors)"
         )));
     }
     let mut header = vec![0u8; n as usize];
@@ -46,6 +57,35 @@ pub fn read_metadata(path: &Path) -> Result<Metadata, Failure> {
         .map_err(|e| bad(e.to_string()))?;
     let value: serde_json::Value =
         serde_json::from_slice(&header).map_err(|e| bad(format!("its header is not JSON: {e}")))?;
+    Ok((value, size - 8 - n))
+}
+
+/// Every tensor's data range must lie inside the file.
+fn check_claims(path: &Path) -> Result<(), Failure> {
+    let (header, data) = read_header(path)?;
+    let Some(entries) = header.as_object() else {
+        return Err(other(format!(
+            "{}: its header is not a JSON object",
+            path.display()
+        )));
+    };
+    for (name, entry) in entries.iter().filter(|(k, _)| *k != "__metadata__") {
+        let end = entry["data_offsets"]
+            .get(1)
+            .and_then(serde_json::Value::as_u64);
+        if end.is_none_or(|end| end > data) {
+            return Err(other(format!(
+                "{}: feature `{name}` claims data past the end of the file ({data} bytes of data; truncated?)",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The `__metadata__` of a safetensors file's header (empty when it has none).
+pub fn read_metadata(path: &Path) -> Result<Metadata, Failure> {
+    let (value, _) = read_header(path)?;
     Ok(value
         .get("__metadata__")
         .and_then(|m| m.as_object())

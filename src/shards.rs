@@ -14,7 +14,7 @@ use crate::commands::{load, Failure};
 use crate::files::{self, Metadata};
 
 /// Version of manifest.json.
-pub const MANIFEST_VERSION: u32 = 1;
+pub const MANIFEST_VERSION: u32 = 2;
 
 /// `DIR/manifest.json`: what the rank files hold and how to put them back together.
 #[derive(Debug, Serialize, Deserialize)]
@@ -37,6 +37,36 @@ pub struct Manifest {
     /// semantics that arrived padded (their pads are not kept), unowned rows dropped.
     #[serde(default)]
     pub incoming: Incoming,
+    /// This run's identity, which every rank file of it carries (with its rank, the
+    /// mesh and the SHA-256 of `layout`): rank files swapped, taken from another run or
+    /// a manifest edited after the run are refused.
+    pub run: String,
+}
+
+/// The header entry naming a rank file's place: `RANK_KEY` -> JSON of this. A spec
+/// feature cannot be named so (names are snake_case).
+const RANK_KEY: &str = "featshard.rank";
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct RankIdentity {
+    run: String,
+    rank: usize,
+    mesh: [usize; 2],
+    layout_sha256: String,
+}
+
+fn layout_digest(layout: &SampleLayout) -> Result<String, Failure> {
+    let text = serde_json::to_string(layout).map_err(other)?;
+    Ok(featshard_spec::lower::sha256_hex(&text))
+}
+
+/// A fresh identity for one run: time, process and spec, hashed.
+fn new_run_id(plan: &Plan) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let seed = format!("{nanos} {} {}", std::process::id(), plan.source.sha256);
+    featshard_spec::lower::sha256_hex(&seed)[..32].to_owned()
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -77,13 +107,47 @@ fn sample_metadata(plan: &Plan, path: &Path, workflow: Option<&str>) -> Result<M
     Ok(meta)
 }
 
-/// A sibling folder to write into before renaming over `out`.
-fn staging_dir(out: &Path) -> PathBuf {
+/// The prefix of the sibling folders runs write into before renaming over `out`.
+fn staging_prefix(out: &Path) -> String {
     let name = out
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "shards".into());
-    out.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+    format!(".{name}.tmp-")
+}
+
+/// This run's staging folder, `.<out>.tmp-<pid>` next to `out`.
+fn staging_dir(out: &Path) -> PathBuf {
+    out.with_file_name(format!("{}{}", staging_prefix(out), std::process::id()))
+}
+
+/// Removes staging folders of earlier runs into `out` whose process is gone (killed
+/// mid-run): on Linux, a pid without `/proc/<pid>`. A live run's folder is left alone.
+fn remove_stale_staging(out: &Path) {
+    let (Some(parent), prefix) = (out.parent(), staging_prefix(out)) else {
+        return;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = Path::new("/proc").join(pid.to_string()).exists();
+        if pid != std::process::id() && !alive && Path::new("/proc/self").exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Shards one serial sample file into `out/rank-<r>.safetensors` + `manifest.json`.
@@ -110,19 +174,25 @@ pub fn shard(
         ..Options::default()
     };
     let padded = pad(&plan, mesh, &sample, &opts).map_err(other)?;
+    remove_stale_staging(out);
     let staging = staging_dir(out);
-    let result = write_shards(&plan, &padded, workflow, &metadata, &staging);
+    // Whatever fails from here on, this run's staging folder goes.
+    let result = write_shards(&plan, &padded, workflow, &metadata, &staging).and_then(|()| {
+        if out.exists() {
+            std::fs::remove_dir(out).map_err(|e| {
+                other(format!(
+                    "{}: {e} (another run wrote it first?)",
+                    out.display()
+                ))
+            })?;
+        }
+        std::fs::rename(&staging, out)
+            .map_err(|e| other(format!("cannot move shards into {}: {e}", out.display())))
+    });
     if let Err(e) = result {
         let _ = std::fs::remove_dir_all(&staging);
         return Err(e);
     }
-    if out.exists() {
-        std::fs::remove_dir(out).map_err(|e| other(format!("{}: {e}", out.display())))?;
-    }
-    std::fs::rename(&staging, out).map_err(|e| {
-        let _ = std::fs::remove_dir_all(&staging);
-        other(format!("cannot move shards into {}: {e}", out.display()))
-    })?;
     Ok(format!(
         "wrote {} rank files and manifest.json to {}",
         padded.world_size(),
@@ -139,6 +209,8 @@ fn write_shards(
 ) -> Result<(), Failure> {
     std::fs::create_dir_all(dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
     let world = padded.world_size();
+    let run = new_run_id(plan);
+    let layout_sha256 = layout_digest(&padded.layout)?;
     for rank in 0..world {
         let mut tensors: BTreeMap<String, Tensor> = padded
             .rank_blocks(plan, rank)
@@ -149,10 +221,21 @@ fn write_shards(
         for (n, t) in &padded.passthrough {
             tensors.insert(n.clone(), t.shallow_clone());
         }
+        let identity = RankIdentity {
+            run: run.clone(),
+            rank,
+            mesh: padded.mesh(),
+            layout_sha256: layout_sha256.clone(),
+        };
+        let mut header = metadata.clone();
+        header.insert(
+            RANK_KEY.into(),
+            serde_json::to_string(&identity).map_err(other)?,
+        );
         files::write(
             &dir.join(format!("rank-{rank}.safetensors")),
             &tensors,
-            metadata,
+            &header,
         )?;
         let [i, j] = coords(padded.mesh(), rank);
         eprintln!("rank {rank} ({i}, {j}): {} of {world} written", rank + 1);
@@ -190,10 +273,52 @@ fn write_shards(
             arrived: padded.intake.arrived.clone(),
             unowned_rows: padded.intake.unowned.clone(),
         },
+        run,
     };
     let text = serde_json::to_string_pretty(&manifest).map_err(other)?;
     std::fs::write(dir.join("manifest.json"), text + "\n")
         .map_err(|e| other(format!("{}: {e}", dir.display())))
+}
+
+/// A rank file must say it is rank `rank` of this manifest's run and mesh, laid out as
+/// the manifest says.
+fn check_identity(
+    path: &Path,
+    manifest: &Manifest,
+    rank: usize,
+    layout_sha256: &str,
+) -> Result<(), Failure> {
+    let header = files::read_metadata(path)?;
+    let found: RankIdentity = header
+        .get(RANK_KEY)
+        .and_then(|t| serde_json::from_str(t).ok())
+        .ok_or_else(|| {
+            other(format!(
+                "{}: not a featshard rank file (no `{RANK_KEY}` in its header)",
+                path.display()
+            ))
+        })?;
+    let wrong = if found.run != manifest.run {
+        format!(
+            "is from run {}, the manifest's is {}",
+            found.run, manifest.run
+        )
+    } else if found.rank != rank {
+        format!(
+            "holds rank {}, not rank {rank} (rank files swapped?)",
+            found.rank
+        )
+    } else if found.mesh != manifest.mesh {
+        format!(
+            "was written for mesh {:?}, the manifest says {:?}",
+            found.mesh, manifest.mesh
+        )
+    } else if found.layout_sha256 != layout_sha256 {
+        "was written for another layout: the manifest's lengths or positions were edited".into()
+    } else {
+        return Ok(());
+    };
+    Err(other(format!("{}: {wrong}", path.display())))
 }
 
 /// Puts rank files back together into one sample file (serial, or padded with `padded`).
@@ -225,11 +350,16 @@ pub fn assemble_files(
             plan.source.sha256
         )));
     }
+    featshard_spec::limits::check_mesh(&manifest.mesh)
+        .map_err(|e| other(format!("{}: {e}", manifest_path.display())))?;
     let world: usize = manifest.mesh.iter().product();
+    let layout_sha256 = layout_digest(&manifest.layout)?;
     let mut ranks = Vec::with_capacity(world);
     let mut passthrough = BTreeMap::new();
     for rank in 0..world {
-        let mut f = read_features(&shards.join(format!("rank-{rank}.safetensors")))?;
+        let path = shards.join(format!("rank-{rank}.safetensors"));
+        check_identity(&path, &manifest, rank, &layout_sha256)?;
+        let mut f = read_features(&path)?;
         for n in &manifest.passthrough {
             if let Some(t) = f.remove(n) {
                 passthrough.entry(n.clone()).or_insert(t);
@@ -244,6 +374,8 @@ pub fn assemble_files(
         &ranks,
     )
     .map_err(other)?;
+    let mut metadata = manifest.metadata.clone();
+    metadata.remove(RANK_KEY);
     let mut result = if padded_output {
         padded
     } else {
@@ -257,7 +389,7 @@ pub fn assemble_files(
             .unwrap_or_default(),
         std::process::id()
     ));
-    files::write(&tmp, &result, &manifest.metadata)?;
+    files::write(&tmp, &result, &metadata)?;
     std::fs::rename(&tmp, out).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         other(format!("cannot write {}: {e}", out.display()))

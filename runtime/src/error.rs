@@ -73,6 +73,12 @@ pub enum RuntimeError {
         feature: String,
         rule: String,
     },
+    /// A mask holding a value that is neither 0 nor 1.
+    MaskValue {
+        feature: String,
+        index: i64,
+        value: f64,
+    },
     /// A block-diagonal feature with entries outside the diagonal blocks: sharding
     /// would drop them.
     OffDiagonal {
@@ -144,6 +150,10 @@ impl fmt::Display for RuntimeError {
             Derived { feature, rule } => write!(
                 f,
                 "feature `{feature}`: the sample's value differs from {rule}, which the spec derives it as"
+            ),
+            MaskValue { feature, index, value } => write!(
+                f,
+                "feature `{feature}`: a mask holds 0 or 1 (false/true, 0/1, 0.0/1.0), found {value} at flat index {index}"
             ),
             OffDiagonal { feature, axis, semantic } => write!(
                 f,

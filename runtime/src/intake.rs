@@ -102,6 +102,12 @@ fn sort_keys(plan: &Plan, features: &Features, opts: &Options) -> Result<Sorted,
     if !unknown.is_empty() {
         return Err(RuntimeError::Unknown { features: unknown });
     }
+    // A key asked to be passed through must be there: a typo would silently drop it.
+    if let Some(absent) = opts.passthrough.iter().find(|n| !features.contains_key(*n)) {
+        return Err(RuntimeError::Missing {
+            feature: absent.clone(),
+        });
+    }
     for name in &wanted {
         if let Some(FeaturePlan::Tensor(t)) = plan.features.get(*name) {
             if !t.optional && t.derived.is_none() && !kept.contains_key(*name) {

@@ -121,7 +121,10 @@ pub fn check(plan: &Plan, taken: &Intake, opts: &Options) -> Result<Checked, Run
         &names,
         opts.threads,
         || handles(features),
-        |features, name| check_index(plan, name, &features[name], &sizes),
+        |features, name| {
+            check_index(plan, name, &features[name], &sizes)?;
+            check_mask(plan, name, &features[name])
+        },
     )?;
     Ok(Checked {
         names,
@@ -277,6 +280,41 @@ fn check_map_counts(
             "`{sem}` item {item} belongs to `{owner}` {got} here, but to {} by `{cname}`",
             by_counts[item]
         ),
+    })
+}
+
+/// A mask's values are 0 or 1: `false`/`true`, integers 0 and 1, floats 0.0 and 1.0
+/// (NaN is neither).
+fn check_mask(plan: &Plan, name: &str, x: &Tensor) -> Result<(), RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    if !matches!(t.role, Role::Mask { .. }) || x.kind() == Kind::Bool || x.numel() == 0 {
+        return Ok(());
+    }
+    let bad = x
+        .f_ne(0)
+        .and_then(|nz| nz.f_logical_and(&x.f_ne(1)?))
+        .feature(name)?;
+    let found = bad
+        .f_any()
+        .and_then(|b| b.f_int64_value(&[]))
+        .feature(name)?
+        != 0;
+    if !found {
+        return Ok(());
+    }
+    let at = bad
+        .f_flatten(0, -1)
+        .and_then(|b| b.f_nonzero())
+        .and_then(|i| i.f_int64_value(&[0, 0]))
+        .feature(name)?;
+    let value = x
+        .f_flatten(0, -1)
+        .and_then(|f| f.f_double_value(&[at]))
+        .feature(name)?;
+    Err(RuntimeError::MaskValue {
+        feature: name.to_owned(),
+        index: at,
+        value,
     })
 }
 

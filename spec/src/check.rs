@@ -9,7 +9,9 @@ use crate::diag::SpecError;
 use crate::ir::*;
 use crate::limits;
 use crate::loc::Loc;
-use crate::names::{did_you_mean, is_keyword, is_snake_case, upper_camel};
+use crate::names::{
+    camel_is_keyword, did_you_mean, is_keyword, is_snake_case, shadows_an_import, upper_camel,
+};
 
 /// Every problem found in `spec`, in a stable order (empty when the spec is valid).
 pub fn check(spec: &Spec) -> Vec<SpecError> {
@@ -43,7 +45,27 @@ impl<'a> Checker<'a> {
     fn names(&mut self) {
         let spec = self.spec;
         let m = &spec.module;
-        if !is_snake_case(&m.name) || is_keyword(&m.name) {
+        if m.name.len() > limits::MAX_MODULE_NAME {
+            self.err(SpecError::new(
+                format!(
+                    "module name is {} characters, more than the limit of {} (it names the generated files)",
+                    m.name.len(),
+                    limits::MAX_MODULE_NAME
+                ),
+                m.loc,
+            ));
+        } else if shadows_an_import(&m.name) {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "module name `{}` would shadow the `{}` module the generated code imports",
+                        m.name, m.name
+                    ),
+                    m.loc,
+                )
+                .help("choose a name of your own, e.g. `boltz2_placements`"),
+            );
+        } else if !is_snake_case(&m.name) || is_keyword(&m.name) {
             self.err(
                 SpecError::new(
                     format!("module name `{}` is not a usable identifier", m.name),
@@ -71,19 +93,26 @@ impl<'a> Checker<'a> {
                 ));
             }
         }
+        let mut semantic_camel: BTreeMap<String, &str> = BTreeMap::new();
         for s in spec.semantics.values() {
             if !is_snake_case(&s.name) {
                 self.err(
                     SpecError::new("semantic names must be snake_case", s.loc).semantic(&s.name),
                 );
+            } else if let Some(e) = variant_problem(&mut semantic_camel, &s.name, s.loc, "Semantic")
+            {
+                self.err(e.semantic(&s.name));
             }
         }
+        let mut workflow_camel: BTreeMap<String, &str> = BTreeMap::new();
         for (w, loc) in &spec.workflows {
             if !is_snake_case(w) {
                 self.err(SpecError::new(
                     format!("workflow name `{w}` must be snake_case"),
                     *loc,
                 ));
+            } else if let Some(e) = variant_problem(&mut workflow_camel, w, *loc, "Workflow") {
+                self.err(e);
             }
         }
         // Rust variants are the UpperCamel names; two features must not collide there.
@@ -99,17 +128,8 @@ impl<'a> Checker<'a> {
                 );
                 continue;
             }
-            if let Some(other) = camel.insert(upper_camel(&f.name), &f.name) {
-                self.err(
-                    SpecError::new(
-                        format!(
-                            "name collides with `{other}` once converted to `{}`",
-                            upper_camel(&f.name)
-                        ),
-                        f.loc,
-                    )
-                    .feature(&f.name),
-                );
+            if let Some(e) = variant_problem(&mut camel, &f.name, f.loc, "Feature") {
+                self.err(e.feature(&f.name));
             }
         }
     }
@@ -736,6 +756,28 @@ impl<'a> Checker<'a> {
 
     fn coshard(&mut self, name: &str, t: &TensorFeature) {
         let spec = self.spec;
+        if let Some(c) = t.coshard.first() {
+            // A co-sharded axis takes its leader's shard: keeping it whole contradicts it.
+            let whole = t
+                .replicate_axes
+                .iter()
+                .find(|(a, _)| *a == c.axis || *a == c.follows);
+            if t.replicated || whole.is_some() {
+                let what = if t.replicated {
+                    "`replicated: true`"
+                } else {
+                    "`replicate_axes`"
+                };
+                self.err(
+                    SpecError::new(
+                        format!("{what} keeps axes whole, but `coshard` splits axis {} with axis {}: they contradict", c.axis, c.follows),
+                        c.loc,
+                    )
+                    .feature(name)
+                    .help("keep one of the two"),
+                );
+            }
+        }
         let mut followers = BTreeSet::new();
         for c in &t.coshard {
             let n = t.axes.len();
@@ -877,6 +919,30 @@ impl<'a> Checker<'a> {
             }
         }
     }
+}
+
+/// A name that cannot be a variant of the generated Rust enum `kind`: a keyword once
+/// converted (`self` -> `Self`), or the same variant as an earlier name (`e_1`, `e1`).
+fn variant_problem<'n>(
+    seen: &mut BTreeMap<String, &'n str>,
+    name: &'n str,
+    loc: Loc,
+    kind: &str,
+) -> Option<SpecError> {
+    let camel = upper_camel(name);
+    if camel_is_keyword(name) {
+        return Some(SpecError::new(
+            format!("`{name}` becomes `{kind}::{camel}` in the generated Rust, which is a keyword"),
+            loc,
+        ));
+    }
+    let other = seen.insert(camel.clone(), name)?;
+    Some(SpecError::new(
+        format!(
+            "`{name}` collides with `{other}`: both become `{kind}::{camel}` in the generated Rust"
+        ),
+        loc,
+    ))
 }
 
 /// Whether one semantic owns the other, directly or through a chain.

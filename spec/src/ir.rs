@@ -367,6 +367,17 @@ impl DType {
         )
     }
 
+    /// The largest finite value of a float dtype.
+    pub fn float_max(self) -> Option<f64> {
+        Some(match self {
+            DType::Float16 => 65504.0,
+            DType::Bfloat16 => 3.389_531_389_251_535_5e38,
+            DType::Float32 => f64::from(f32::MAX),
+            DType::Float64 => f64::MAX,
+            _ => return None,
+        })
+    }
+
     /// The inclusive integer range this dtype holds, for integer dtypes.
     pub fn int_range(self) -> Option<(i64, i64)> {
         Some(match self {
@@ -411,7 +422,9 @@ impl PadValue {
         }
     }
 
-    /// This value written as the given dtype, or `None` when it does not fit.
+    /// This value written as the given dtype, or `None` when it does not fit: an
+    /// integer outside the dtype's range, or a finite float beyond its largest value
+    /// (infinities fit every float dtype).
     pub fn coerce(self, dtype: DType) -> Option<PadValue> {
         match (self, dtype) {
             (PadValue::Bool(b), DType::Bool) => Some(PadValue::Bool(b)),
@@ -420,10 +433,16 @@ impl PadValue {
                 let (lo, hi) = d.int_range()?;
                 (lo..=hi).contains(&i).then_some(PadValue::Int(i))
             }
-            (PadValue::Int(i), d) if d.is_float() => Some(PadValue::Float(i as f64)),
-            (PadValue::Float(x), d) if d.is_float() => Some(PadValue::Float(x)),
+            (PadValue::Int(i), d) if d.is_float() => PadValue::Float(i as f64).coerce(d),
+            (PadValue::Float(x), d) if d.is_float() => {
+                let fits = !x.is_finite() || x.abs() <= d.float_max().unwrap_or(f64::MAX);
+                fits.then_some(PadValue::Float(x))
+            }
             (PadValue::Float(x), d) if d.is_integer() && x.fract() == 0.0 && x.is_finite() => {
-                PadValue::Int(x as i64).coerce(d)
+                let (lo, hi) = d.int_range()?;
+                // `hi as f64 + 1.0` is the first value past the range, exactly (2^63 for
+                // int64), so that no float saturates into range when cast.
+                (x >= lo as f64 && x < hi as f64 + 1.0).then_some(PadValue::Int(x as i64))
             }
             _ => None,
         }

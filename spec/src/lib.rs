@@ -42,16 +42,28 @@ pub fn compile_file(path: &std::path::Path) -> Result<(Spec, Plan), Diagnostics>
     compile_str(&name, &text)
 }
 
-/// Reads spec text, refusing files over [`limits::MAX_SPEC_BYTES`] before reading them.
+/// Reads spec text, refusing more than [`limits::MAX_SPEC_BYTES`]. The read itself is
+/// bounded, so a device or a pipe (`/dev/zero`) that never ends is refused too.
 pub fn read_spec(path: &std::path::Path) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read spec: {e}"))?;
-    if meta.len() > limits::MAX_SPEC_BYTES as u64 {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read spec: {e}"))?;
+    let mut bytes = Vec::new();
+    let limit = limits::MAX_SPEC_BYTES as u64;
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read spec: {e}"))?;
+    if bytes.len() as u64 > limit {
         return Err(format!(
-            "spec is {} bytes, more than the limit of {} bytes",
-            meta.len(),
+            "spec is more than the limit of {} bytes",
             limits::MAX_SPEC_BYTES
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read spec: {e}"))?;
-    String::from_utf8(bytes).map_err(|e| format!("spec is not UTF-8: {e}"))
+    String::from_utf8(bytes).map_err(|e| {
+        let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = good.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = good.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+        format!(
+            "spec is not UTF-8: an invalid byte at line {line}, column {column} (save it as UTF-8)"
+        )
+    })
 }

@@ -14,6 +14,39 @@ pub const MAX_DEPTH: usize = 32;
 pub const MAX_NODES: usize = 4_000_000;
 /// Most alias uses; alias expansion also counts towards [`MAX_NODES`].
 pub const MAX_ALIASES: usize = 10_000;
+/// Longest module name: it names files (`test_<module>_parity.py`), which most file
+/// systems limit to 255 bytes.
+pub const MAX_MODULE_NAME: usize = 64;
+/// Most ranks a mesh may have at run time, along one axis or in all.
+pub const MAX_RANKS: usize = 65_536;
+/// Largest run-time length of one semantic (items along an axis): layouts keep one
+/// position per item, so this bounds their memory (1 GiB of positions).
+pub const MAX_LENGTH: usize = 1 << 27;
+
+/// A run-time mesh within [`MAX_RANKS`]; the error names the size at fault.
+pub fn check_mesh(mesh: &[usize]) -> Result<(), String> {
+    let mut world: usize = 1;
+    for &n in mesh {
+        if n == 0 {
+            return Err(format!("mesh {mesh:?}: a mesh axis of size 0"));
+        }
+        world = world
+            .checked_mul(n)
+            .filter(|&w| w <= MAX_RANKS)
+            .ok_or_else(|| format!("mesh {mesh:?}: more than the limit of {MAX_RANKS} ranks"))?;
+    }
+    Ok(())
+}
+
+/// A run-time length within [`MAX_LENGTH`].
+pub fn check_length(semantic: &str, n: usize) -> Result<(), String> {
+    if n > MAX_LENGTH {
+        return Err(format!(
+            "`{semantic}` length {n} is more than the limit of {MAX_LENGTH}"
+        ));
+    }
+    Ok(())
+}
 
 /// The parser options that enforce these limits.
 pub(crate) fn yaml_options() -> serde_saphyr::Options {

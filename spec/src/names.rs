@@ -34,6 +34,34 @@ pub fn is_keyword(name: &str) -> bool {
     PYTHON_KEYWORDS.contains(&name) || RUST_KEYWORDS.contains(&name)
 }
 
+/// Modules the generated Python imports (or imports from) by name: a generated module
+/// named like one would shadow it for the code next to it.
+const IMPORTED_MODULES: &[&str] = &[
+    "builtins",
+    "collections",
+    "datetime",
+    "json",
+    "lightning",
+    "math",
+    "pathlib",
+    "physicsnemo",
+    "pytest",
+    "pytorch_lightning",
+    "sys",
+    "torch",
+    "typing",
+];
+
+pub fn shadows_an_import(name: &str) -> bool {
+    IMPORTED_MODULES.contains(&name)
+}
+
+/// A name whose UpperCamel form is a Rust keyword (`self` -> `Self`) cannot be an enum
+/// variant of the generated tables.
+pub fn camel_is_keyword(name: &str) -> bool {
+    upper_camel(name) == "Self"
+}
+
 /// `atom_to_token` -> `AtomToToken`, the Rust enum variant of a feature or semantic.
 pub fn upper_camel(name: &str) -> String {
     name.split('_')

@@ -524,7 +524,7 @@ pub enum ResolveError {
 impl fmt::Display for ResolveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ResolveError::BadMesh { mesh } => write!(f, "mesh sizes {mesh:?}: every CP mesh axis needs size at least 1"),
+            ResolveError::BadMesh { mesh } => write!(f, "mesh sizes {mesh:?}: every CP mesh axis needs size at least 1, and the mesh at most {} ranks", crate::limits::MAX_RANKS),
             ResolveError::MissingLength { semantic, feature, axis } => write!(
                 f,
                 "feature `{feature}`, axis {axis} ({semantic}): no run-time length given for semantic `{semantic}`"
@@ -746,7 +746,7 @@ impl Plan {
         sizes: &BTreeMap<String, usize>,
         roots: BTreeMap<String, Vec<usize>>,
     ) -> Result<SampleLayout, ResolveError> {
-        if mesh.contains(&0) {
+        if crate::limits::check_mesh(&mesh).is_err() {
             return Err(ResolveError::BadMesh {
                 mesh: mesh.to_vec(),
             });

@@ -158,6 +158,11 @@ def test_bad_samples_raise_errors_naming_the_feature(placements: ModuleType) -> 
         placements.pad_features(dict(sample, nope=torch.zeros(1)), (2, 2))
     with pytest.raises(ValueError, match="mesh"):
         placements.pad_features(sample, (0, 2))
+    for value in (7.0, float("nan")):
+        mask = sample["token_resolved_mask"].clone()
+        mask[2] = value
+        with pytest.raises(ValueError, match=r"feature `token_resolved_mask`: a mask holds 0 or 1 .* at flat index 2"):
+            placements.pad_features(dict(sample, token_resolved_mask=mask), (2, 2))
 
 
 def tool(name: str) -> str:

@@ -1197,6 +1197,19 @@ def layouts(features: Mapping[str, Any], mesh: tuple[int, int]) -> dict[str, Lay
     return out
 
 
+def _check_mask(name: str, x: torch.Tensor) -> None:
+    """A mask's values are 0 or 1: false/true, integers 0 and 1, floats 0.0 and 1.0."""
+    if x.dtype == torch.bool or x.numel() == 0:
+        return
+    bad = (x != 0) & (x != 1)
+    if bool(bad.any()):
+        at = int(bad.flatten().nonzero()[0])
+        raise ValueError(
+            f"feature `{name}`: a mask holds 0 or 1 (false/true, 0/1, 0.0/1.0), "
+            f"found {float(x.flatten()[at])} at flat index {at}"
+        )
+
+
 def _map_owners(m: torch.Tensor, name: str, sem: str, owner: str) -> torch.Tensor:
     """The owner of every row of a one-hot `[items, owner]` map."""
     rows = m.sum(dim=1)
@@ -1228,6 +1241,8 @@ def pad_features(features: Mapping[str, Any], mesh: tuple[int, int]) -> dict[str
         if not _is_spec_tensor(name):
             out[name] = x
             continue
+        if name in MASKS:
+            _check_mask(name, x)
         role = INDEX_FEATURES.get(name)
         if role is not None and role.scope == "padded_global" and role.one_hot is None:
             target = lay.get(role.of)
