@@ -117,7 +117,10 @@ pub fn generate(path: &Path, out: &Path, tests: bool) -> Result<Vec<PathBuf>, Fa
 
 /// `featshard check`: fails naming every generated file that is missing or stale.
 pub fn check(path: &Path, out: &Path) -> Result<String, Failure> {
-    let files = render(path)?;
+    // A parity test generated with `--tests` is checked too when it is there.
+    let (_, plan) = load(path)?;
+    let tests = out.join(format!("test_{}_parity.py", plan.module)).exists();
+    let files = render_with(path, tests)?;
     let mut problems = Vec::new();
     for f in &files {
         let dest = out.join(&f.name);

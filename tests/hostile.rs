@@ -498,3 +498,85 @@ mod files {
         );
     }
 }
+
+// Values of the wrong kind are named by feature and axis, with their line and column.
+
+#[test]
+fn an_axis_that_is_neither_a_name_nor_a_size() {
+    assert_error(
+        &with("  x: {axes: [tokens, {a: 1}], dtype: int64}\n"),
+        &[
+            "spec.yaml:9:22",
+            "feature `x`",
+            "axis 1",
+            "an axis is a semantic name or a channel size, not {\"a\":1}",
+        ],
+    );
+    assert_error(
+        &with("  x: {axes: [tokens, -3], dtype: int64}\n"),
+        &["spec.yaml:9:22", "feature `x`", "axis 1", "not -3"],
+    );
+}
+
+#[test]
+fn a_pad_that_is_not_a_scalar() {
+    assert_error(
+        &with("  x: {axes: [tokens], dtype: int64, pad: [1, 2]}\n"),
+        &[
+            "spec.yaml:9:",
+            "feature `x`",
+            "`pad` is a bool or a number, not [1,2]",
+        ],
+    );
+}
+
+#[test]
+fn a_mask_that_names_nothing() {
+    assert_error(
+        &with("  m: {axes: [tokens], dtype: float32, mask: {of: tokens}}\n"),
+        &[
+            "spec.yaml:9:",
+            "feature `m`",
+            "`mask` names a semantic or a list of them",
+        ],
+    );
+    assert_error(
+        &with("  m: {axes: [tokens], dtype: float32, mask: []}\n"),
+        &["spec.yaml:9:", "feature `m`", "`mask: []` masks nothing"],
+    );
+}
+
+#[test]
+fn check_covers_a_generated_parity_test() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gen");
+    let run = featshard(&[
+        "generate",
+        "examples/boltz2.yaml",
+        "--out",
+        out.to_str().unwrap(),
+        "--tests",
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(featshard(&[
+        "check",
+        "examples/boltz2.yaml",
+        "--out",
+        out.to_str().unwrap()
+    ])
+    .status
+    .success());
+    let test = out.join("test_boltz2_placements_parity.py");
+    std::fs::write(
+        &test,
+        std::fs::read_to_string(&test).unwrap() + "\n# edited\n",
+    )
+    .unwrap();
+    let run = featshard(&[
+        "check",
+        "examples/boltz2.yaml",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    refused(&run, &["stale:", "test_boltz2_placements_parity.py"]);
+}

@@ -580,17 +580,25 @@ impl Lower {
                 DType::Float32
             }
         };
-        let axes: Vec<Axis> = axes_raw
-            .value
-            .iter()
-            .map(|a| Axis {
-                kind: match &a.value {
-                    RawAxis::Size(n) => AxisKind::Channel(*n),
-                    RawAxis::Name(s) => AxisKind::Semantic(s.clone()),
-                },
-                loc: loc(a),
-            })
-            .collect();
+        let mut axes: Vec<Axis> = Vec::new();
+        for (i, a) in axes_raw.value.iter().enumerate() {
+            let kind = match &a.value {
+                RawAxis::Size(n) => AxisKind::Channel(*n),
+                RawAxis::Name(s) => AxisKind::Semantic(s.clone()),
+                RawAxis::Invalid(v) => {
+                    self.err(
+                        SpecError::new(
+                            format!("an axis is a semantic name or a channel size, not {v}"),
+                            loc(a),
+                        )
+                        .feature(name)
+                        .axis(i, v),
+                    );
+                    AxisKind::Channel(1)
+                }
+            };
+            axes.push(Axis { kind, loc: loc(a) });
+        }
         let (role, role_loc) = match (raw.mask, raw.index) {
             (Some(m), Some(i)) => {
                 self.err(
@@ -601,12 +609,30 @@ impl Lower {
             }
             (Some(m), None) => {
                 let l = loc(&m);
-                (
-                    Role::Mask {
-                        of: m.value.into_vec(),
-                    },
-                    l,
-                )
+                let of = match m.value.into_vec() {
+                    Ok(of) if !of.is_empty() => of,
+                    Ok(_) => {
+                        self.err(
+                            SpecError::new(
+                                "`mask: []` masks nothing: name the semantics it masks",
+                                l,
+                            )
+                            .feature(name),
+                        );
+                        Vec::new()
+                    }
+                    Err(v) => {
+                        self.err(
+                            SpecError::new(
+                                format!("`mask` names a semantic or a list of them, not {v}"),
+                                l,
+                            )
+                            .feature(name),
+                        );
+                        Vec::new()
+                    }
+                };
+                (Role::Mask { of }, l)
             }
             (None, Some(i)) => {
                 let l = loc(&i);
@@ -650,14 +676,24 @@ impl Lower {
         });
         let derived = raw.derive.and_then(|d| self.derive(name, d));
         let (pad, pad_loc) = match raw.pad {
-            Some(p) => (
-                match p.value {
-                    RawScalar::Bool(b) => PadValue::Bool(b),
-                    RawScalar::Int(i) => PadValue::Int(i),
-                    RawScalar::Float(x) => PadValue::Float(x),
-                },
-                loc(&p),
-            ),
+            Some(p) => {
+                let value = match &p.value {
+                    RawScalar::Bool(b) => PadValue::Bool(*b),
+                    RawScalar::Int(i) => PadValue::Int(*i),
+                    RawScalar::Float(x) => PadValue::Float(*x),
+                    RawScalar::Invalid(v) => {
+                        self.err(
+                            SpecError::new(
+                                format!("`pad` is a bool or a number, not {v}"),
+                                loc(&p),
+                            )
+                            .feature(name),
+                        );
+                        PadValue::default()
+                    }
+                };
+                (value, loc(&p))
+            }
             None => (PadValue::default(), at),
         };
         Some(Feature {

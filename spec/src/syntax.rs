@@ -197,21 +197,29 @@ pub struct RawFeature {
     pub doc: Option<String>,
 }
 
+// The untagged enums end with an `Invalid` catch-all, so that a value of the wrong kind
+// reaches lowering, which names the feature and axis, instead of failing the whole parse
+// with serde's "data did not match any variant". The schema lists the valid kinds only.
+
 /// An axis entry: a semantic name or a channel size.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawAxis {
     Size(u64),
     Name(String),
+    #[schemars(skip)]
+    Invalid(serde_json::Value),
 }
 
 /// A pad value.
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawScalar {
     Bool(bool),
     Int(i64),
     Float(f64),
+    #[schemars(skip)]
+    Invalid(serde_json::Value),
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -219,13 +227,17 @@ pub enum RawScalar {
 pub enum OneOrMany {
     One(String),
     Many(Vec<String>),
+    #[schemars(skip)]
+    Invalid(serde_json::Value),
 }
 
 impl OneOrMany {
-    pub fn into_vec(self) -> Vec<String> {
+    /// The names, or the value that is neither a name nor a list of names.
+    pub fn into_vec(self) -> Result<Vec<String>, serde_json::Value> {
         match self {
-            OneOrMany::One(s) => vec![s],
-            OneOrMany::Many(v) => v,
+            OneOrMany::One(s) => Ok(vec![s]),
+            OneOrMany::Many(v) => Ok(v),
+            OneOrMany::Invalid(v) => Err(v),
         }
     }
 }
