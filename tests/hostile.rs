@@ -580,3 +580,29 @@ fn check_covers_a_generated_parity_test() {
     ]);
     refused(&run, &["stale:", "test_boltz2_placements_parity.py"]);
 }
+
+#[test]
+fn a_deep_ownership_chain_is_refused_once_at_its_leaf() {
+    let mut text = String::from(
+        "version: 1\nmodule: demo\nmesh: {cp: [cp0, cp1]}\nsemantics:\n  s0: {shard: true}\n",
+    );
+    let mut features = String::from("features:\n");
+    for i in 1..997 {
+        text.push_str(&format!(
+            "  s{i}: {{shard: true, owner: s{}, counts: c{i}}}\n",
+            i - 1
+        ));
+        features.push_str(&format!("  c{i}: {{axes: [s{}], dtype: int64}}\n", i - 1));
+    }
+    let rendered = support::errors_of(&format!("{text}{features}"));
+    let deep: Vec<&str> = rendered
+        .lines()
+        .filter(|l| l.contains("owners deep"))
+        .collect();
+    assert_eq!(deep.len(), 1, "{rendered}");
+    assert!(
+        deep[0].contains("semantic `s996`") && deep[0].contains("more than 16 owners deep"),
+        "{}",
+        deep[0]
+    );
+}

@@ -257,14 +257,38 @@ impl<'a> Checker<'a> {
                 self.unowned_rows(s, at);
             }
         }
-        // Ownership must form trees: follow owners until a root or a repeat.
+        // Ownership must form trees: follow owners until a root, a repeat, or more
+        // than the depth limit (each walk is then bounded, so checking is linear). A
+        // chain too deep is reported once, at its leaf.
+        let owners: BTreeSet<&str> = spec
+            .semantics
+            .values()
+            .filter_map(|s| s.owner.as_ref().map(|o| o.owner.name.as_str()))
+            .collect();
         for s in spec.semantics.values() {
+            let leaf = !owners.contains(s.name.as_str());
             let mut seen = BTreeSet::from([s.name.as_str()]);
             let mut cur = s;
             while let Some(o) = &cur.owner {
                 let Some(next) = spec.semantics.get(&o.owner.name) else {
                     break;
                 };
+                if seen.len() > limits::MAX_OWNER_DEPTH {
+                    if !leaf {
+                        break;
+                    }
+                    self.err(
+                        SpecError::new(
+                            format!(
+                                "its ownership chain is more than {} owners deep",
+                                limits::MAX_OWNER_DEPTH
+                            ),
+                            s.loc,
+                        )
+                        .semantic(&s.name),
+                    );
+                    break;
+                }
                 if !seen.insert(next.name.as_str()) {
                     if next.name == s.name && next.name != cur.name {
                         self.err(

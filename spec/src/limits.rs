@@ -14,6 +14,8 @@ pub const MAX_DEPTH: usize = 32;
 pub const MAX_NODES: usize = 4_000_000;
 /// Most alias uses; alias expansion also counts towards [`MAX_NODES`].
 pub const MAX_ALIASES: usize = 10_000;
+/// Longest ownership chain (`rset -> atoms -> tokens` is 2 deep).
+pub const MAX_OWNER_DEPTH: usize = 16;
 /// Longest module name: it names files (`test_<module>_parity.py`), which most file
 /// systems limit to 255 bytes.
 pub const MAX_MODULE_NAME: usize = 64;

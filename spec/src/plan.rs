@@ -308,6 +308,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
         return Err(errors);
     }
 
+    let roots = roots_of(spec);
     let semantics = spec
         .semantics
         .values()
@@ -316,7 +317,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 .get(s.name.as_str())
                 .map(|m| m.iter().copied().collect())
                 .unwrap_or_default();
-            let padding = padding(spec, s, &sharded_on);
+            let padding = padding(spec, s, &roots, &sharded_on);
             let plan = SemanticPlan {
                 sharded: s.sharded,
                 batch: s.batch,
@@ -379,7 +380,20 @@ fn root_of<'a>(spec: &'a Spec, s: &'a Semantic) -> &'a Semantic {
     root
 }
 
-fn padding(spec: &Spec, s: &Semantic, sharded_on: &BTreeMap<&str, BTreeSet<usize>>) -> Padding {
+/// The root of every semantic's ownership tree, each walked once.
+fn roots_of(spec: &Spec) -> BTreeMap<&str, &str> {
+    spec.semantics
+        .values()
+        .map(|s| (s.name.as_str(), root_of(spec, s).name.as_str()))
+        .collect()
+}
+
+fn padding(
+    spec: &Spec,
+    s: &Semantic,
+    roots: &BTreeMap<&str, &str>,
+    sharded_on: &BTreeMap<&str, BTreeSet<usize>>,
+) -> Padding {
     if !s.sharded {
         return Padding::None;
     }
@@ -387,7 +401,7 @@ fn padding(spec: &Spec, s: &Semantic, sharded_on: &BTreeMap<&str, BTreeSet<usize
     let members = spec
         .semantics
         .values()
-        .filter(|m| m.sharded && std::ptr::eq(root_of(spec, m), root));
+        .filter(|m| m.sharded && roots.get(m.name.as_str()) == Some(&root.name.as_str()));
     let mesh_axes: Vec<usize> = members
         .filter_map(|m| sharded_on.get(m.name.as_str()))
         .flatten()
