@@ -630,5 +630,5 @@ fn too_many_features() {
     for i in 0..=featshard_spec::limits::MAX_FEATURES {
         text.push_str(&format!("  f{i}: {{axes: [tokens], dtype: int64}}\n"));
     }
-    assert_error(&text, &["features declared, more than the limit of 100000"]);
+    assert_error(&text, &["features declared, more than the limit of 10000"]);
 }
