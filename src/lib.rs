@@ -9,6 +9,7 @@ pub use featshard_spec as spec;
 
 pub mod commands;
 pub mod init;
+pub mod manifest;
 pub mod picture;
 
 #[cfg(feature = "derive")]

@@ -5,88 +5,14 @@ use std::path::{Path, PathBuf};
 
 use featshard_runtime::shard::{contiguous_stride, coords};
 use featshard_runtime::{assemble, pad, unpad, Features, Options, Padded};
-use featshard_spec::ir::Placement;
-use featshard_spec::plan::{FeaturePlan, Plan, SampleLayout};
-use serde::{Deserialize, Serialize};
+use featshard_spec::plan::{FeaturePlan, Plan};
 use tch::Tensor;
 
 use crate::commands::{load, Failure};
 use crate::files::{self, Metadata};
-
-/// Version of manifest.json.
-pub const MANIFEST_VERSION: u32 = 2;
-
-/// `DIR/manifest.json`: what the rank files hold and how to put them back together.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Manifest {
-    pub version: u32,
-    /// The spec file name and the SHA-256 of its text.
-    pub spec: featshard_spec::ir::Source,
-    pub mesh: [usize; 2],
-    pub workflow: Option<String>,
-    /// Run-time lengths, padded lengths and owner-block positions of the sample.
-    pub layout: SampleLayout,
-    pub features: BTreeMap<String, FeatureEntry>,
-    /// Features carried along untouched, in every rank file.
-    pub passthrough: Vec<String>,
-    /// Metadata features (non-tensor values, as text) from the sample file's header,
-    /// in every rank file's header too.
-    #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
-    /// What intake removed from the sample as emitted: keys dropped, the lengths of
-    /// semantics that arrived padded (their pads are not kept), unowned rows dropped.
-    #[serde(default)]
-    pub incoming: Incoming,
-    /// This run's identity, which every rank file of it carries (with its rank, the
-    /// mesh and the SHA-256 of `layout`): rank files swapped, taken from another run or
-    /// a manifest edited after the run are refused.
-    pub run: String,
-}
-
-/// The header entry naming a rank file's place: `RANK_KEY` -> JSON of this. A spec
-/// feature cannot be named so (names are snake_case).
-const RANK_KEY: &str = "featshard.rank";
-
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
-struct RankIdentity {
-    run: String,
-    rank: usize,
-    mesh: [usize; 2],
-    layout_sha256: String,
-}
-
-fn layout_digest(layout: &SampleLayout) -> Result<String, Failure> {
-    let text = serde_json::to_string(layout).map_err(other)?;
-    Ok(featshard_spec::lower::sha256_hex(&text))
-}
-
-/// A fresh identity for one run: time, process and spec, hashed.
-fn new_run_id(plan: &Plan) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let seed = format!("{nanos} {} {}", std::process::id(), plan.source.sha256);
-    featshard_spec::lower::sha256_hex(&seed)[..32].to_owned()
-}
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-pub struct Incoming {
-    pub dropped: Vec<String>,
-    pub arrived: BTreeMap<String, usize>,
-    pub unowned_rows: BTreeMap<String, usize>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct FeatureEntry {
-    pub dtype: String,
-    pub placements: Vec<Placement>,
-    /// The DTensor's global shape (co-sharded axes count one block).
-    pub global_shape: Vec<usize>,
-    pub global_stride: Vec<usize>,
-    pub padded_shape: Vec<usize>,
-    pub serial_shape: Vec<usize>,
-    pub local_shape: Vec<usize>,
-}
+use crate::manifest::{
+    self, layout_digest, new_run_id, FeatureEntry, Incoming, Manifest, RankIdentity, RANK_KEY,
+};
 
 fn other(e: impl std::fmt::Display) -> Failure {
     Failure::Other(e.to_string())
@@ -210,7 +136,7 @@ fn write_shards(
     std::fs::create_dir_all(dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
     let world = padded.world_size();
     let run = new_run_id(plan);
-    let layout_sha256 = layout_digest(&padded.layout)?;
+    let layout_sha256 = layout_digest(&padded.layout).map_err(other)?;
     for rank in 0..world {
         let mut tensors: BTreeMap<String, Tensor> = padded
             .rank_blocks(plan, rank)
@@ -260,7 +186,7 @@ fn write_shards(
         })
         .collect::<Result<_, Failure>>()?;
     let manifest = Manifest {
-        version: MANIFEST_VERSION,
+        version: manifest::MANIFEST_VERSION,
         spec: plan.source.clone(),
         mesh: padded.mesh(),
         workflow: workflow.map(str::to_owned),
@@ -332,28 +258,10 @@ pub fn assemble_files(
     let manifest_path = shards.join("manifest.json");
     let text = std::fs::read_to_string(&manifest_path)
         .map_err(|e| other(format!("cannot read {}: {e}", manifest_path.display())))?;
-    let manifest: Manifest = serde_json::from_str(&text)
-        .map_err(|e| other(format!("{}: {e}", manifest_path.display())))?;
-    if manifest.version != MANIFEST_VERSION {
-        return Err(other(format!(
-            "{}: manifest version {} (this featshard reads {MANIFEST_VERSION})",
-            manifest_path.display(),
-            manifest.version
-        )));
-    }
-    if manifest.spec.sha256 != plan.source.sha256 {
-        return Err(other(format!(
-            "{} was sharded with a different spec (sha256 {}); {} has sha256 {}",
-            shards.display(),
-            manifest.spec.sha256,
-            spec.display(),
-            plan.source.sha256
-        )));
-    }
-    featshard_spec::limits::check_mesh(&manifest.mesh)
+    let manifest = manifest::parse(&text, &plan)
         .map_err(|e| other(format!("{}: {e}", manifest_path.display())))?;
     let world: usize = manifest.mesh.iter().product();
-    let layout_sha256 = layout_digest(&manifest.layout)?;
+    let layout_sha256 = layout_digest(&manifest.layout).map_err(other)?;
     let mut ranks = Vec::with_capacity(world);
     let mut passthrough = BTreeMap::new();
     for rank in 0..world {

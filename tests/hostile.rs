@@ -606,3 +606,31 @@ fn a_deep_ownership_chain_is_refused_once_at_its_leaf() {
         deep[0]
     );
 }
+
+#[test]
+fn a_quoted_boolean_is_a_string_not_a_flag() {
+    let text = BASE.replace("  tokens: {shard: true}", "  tokens: {shard: \"yes\"}");
+    assert_error(
+        &text,
+        &[
+            "spec.yaml:5:12",
+            "string \"yes\", expected `true` or `false` (unquoted)",
+        ],
+    );
+}
+
+#[test]
+fn duplicate_entries_in_only_and_mask() {
+    let text = format!("{BASE}workflows: [a, b]\n").replace(
+        "features:\n",
+        "features:\n  x: {axes: [tokens], dtype: int64, only: [a, a]}\n  m: {axes: [tokens], dtype: float32, mask: [tokens, tokens]}\n",
+    );
+    assert_error(
+        &text,
+        &["feature `x`", "workflow `a` is listed twice in `only`"],
+    );
+    assert_error(
+        &text,
+        &["feature `m`", "`tokens` is listed twice in `mask`"],
+    );
+}

@@ -667,6 +667,13 @@ impl<'a> Checker<'a> {
         match &t.role {
             Role::Data => {}
             Role::Mask { of } => {
+                let mut seen = BTreeSet::new();
+                for s in of.iter().filter(|s| !seen.insert(s.as_str())) {
+                    self.err(
+                        SpecError::new(format!("`{s}` is listed twice in `mask`"), t.role_loc)
+                            .feature(name),
+                    );
+                }
                 for s in of {
                     if !spec.semantics.contains_key(s) {
                         let e = self.undeclared_semantic(s, t.role_loc);
@@ -931,7 +938,17 @@ impl<'a> Checker<'a> {
 
     fn workflows_of(&mut self, f: &Feature) {
         let Some(only) = &f.only else { return };
+        let mut seen = BTreeSet::new();
         for w in only {
+            if !seen.insert(w.name.as_str()) {
+                self.err(
+                    SpecError::new(
+                        format!("workflow `{}` is listed twice in `only`", w.name),
+                        w.loc,
+                    )
+                    .feature(&f.name),
+                );
+            }
             if !self.spec.workflows.contains_key(&w.name) {
                 let mut e = SpecError::new(format!("workflow `{}` is not declared", w.name), w.loc)
                     .feature(&f.name);

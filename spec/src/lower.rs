@@ -325,8 +325,8 @@ impl Lower {
                     None
                 }
             };
-            if let Some(b) = body.batch.as_ref().filter(|b| b.value) {
-                if body.shard.value {
+            if let Some(b) = body.batch.as_ref().filter(|b| b.value.0) {
+                if body.shard.value.0 {
                     self.err(
                         SpecError::new(
                             "a batch semantic is never sharded: scale the batch over the data-parallel axis",
@@ -350,10 +350,10 @@ impl Lower {
                 name.clone(),
                 Semantic {
                     name,
-                    sharded: body.shard.value,
+                    sharded: body.shard.value.0,
                     owner,
                     window: body.window.map(|w| w.value),
-                    batch: body.batch.as_ref().is_some_and(|b| b.value),
+                    batch: body.batch.as_ref().is_some_and(|b| b.value.0),
                     incoming,
                     unowned_rows,
                     loc: loc(&key),
@@ -374,7 +374,7 @@ impl Lower {
             (Some(mask), None) => IncomingSource::Mask {
                 feature: mask.value,
             },
-            (None, Some(c)) if c.value => match owner.and_then(|o| o.source.counts()) {
+            (None, Some(c)) if c.value.0 => match owner.and_then(|o| o.source.counts()) {
                 Some(counts) => IncomingSource::Counts {
                     feature: counts.to_owned(),
                 },
@@ -520,8 +520,8 @@ impl Lower {
                 .map(|w| Named::new(w.value.clone(), loc(w)))
                 .collect()
         });
-        let optional = raw.optional.as_ref().filter(|o| o.value).map(loc);
-        if raw.metadata.as_ref().is_some_and(|m| m.value) {
+        let optional = raw.optional.as_ref().filter(|o| o.value.0).map(loc);
+        if raw.metadata.as_ref().is_some_and(|m| m.value.0) {
             let extra = [
                 raw.derive.as_ref().map(|a| ("derive", loc(a))),
                 raw.axes.as_ref().map(|a| ("axes", loc(a))),
@@ -724,7 +724,7 @@ impl Lower {
                     .replicate_axes
                     .map(|r| r.value.iter().map(|a| (a.value, loc(a))).collect())
                     .unwrap_or_default(),
-                replicated: raw.replicated.is_some_and(|r| r.value),
+                replicated: raw.replicated.is_some_and(|r| r.value.0),
                 placement,
                 derived,
             })),

@@ -76,7 +76,7 @@ pub struct RawMesh {
 pub struct RawSemantic {
     /// Whether axes of this semantic are split over a CP mesh axis.
     #[schemars(with = "bool")]
-    pub shard: Spanned<bool>,
+    pub shard: Spanned<Flag>,
     /// Owning semantic: items are partitioned by the shard of their owner.
     #[serde(default)]
     #[schemars(with = "Option<String>")]
@@ -97,7 +97,7 @@ pub struct RawSemantic {
     /// of length 1 in every scattered input.
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
-    pub batch: Option<Spanned<bool>>,
+    pub batch: Option<Spanned<Flag>>,
     /// Axes of this semantic may arrive padded at the end (as a featurizer pads to a
     /// window or a maximum): how the real items are told apart.
     #[serde(default)]
@@ -122,7 +122,7 @@ pub struct RawIncoming {
     /// `true`: the semantic's owner counts sum to the number of real items.
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
-    pub counts: Option<Spanned<bool>>,
+    pub counts: Option<Spanned<Flag>>,
 }
 
 /// How the pipeline makes a derived feature.
@@ -170,11 +170,11 @@ pub struct RawFeature {
     /// Never sharded: `Replicate()` on every mesh axis.
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
-    pub replicated: Option<Spanned<bool>>,
+    pub replicated: Option<Spanned<Flag>>,
     /// Non-tensor metadata passed through untouched (no axes, no dtype).
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
-    pub metadata: Option<Spanned<bool>>,
+    pub metadata: Option<Spanned<Flag>>,
     /// Expected placement on `(cp0, cp1)`, e.g. `[Shard(0), Replicate()]`; must agree
     /// with the inferred one.
     #[serde(default)]
@@ -187,7 +187,7 @@ pub struct RawFeature {
     /// A sample may lack this feature; when present it is placed and checked.
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
-    pub optional: Option<Spanned<bool>>,
+    pub optional: Option<Spanned<Flag>>,
     /// Made by the pipeline from other features when the sample lacks it (and checked
     /// against them when it has it).
     #[serde(default)]
@@ -261,6 +261,37 @@ pub struct RawCoShard {
     pub axis: usize,
     /// The leader axis whose shard the follower takes.
     pub follows: usize,
+}
+
+/// A YAML boolean, `true` or `false` as written: a quoted `"yes"` or `"true"` is a
+/// string, not a flag (YAML 1.1's `yes`/`on` are not booleans either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flag(pub bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct FlagVisitor;
+        impl Visitor<'_> for FlagVisitor {
+            type Value = Flag;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`true` or `false` (unquoted)")
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<Flag, E> {
+                Ok(Flag(b))
+            }
+        }
+        d.deserialize_any(FlagVisitor)
+    }
+}
+
+impl JsonSchema for Flag {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Flag".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        bool::json_schema(generator)
+    }
 }
 
 /// A YAML mapping kept in source order, each key with its location.

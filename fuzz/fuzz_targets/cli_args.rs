@@ -1,0 +1,41 @@
+//! The CLI's run-time arguments: any `--mesh` and `--lengths` text parses or is refused
+//! with a message, and what parses resolves the example spec without a panic, an
+//! overflow or an allocation beyond the limits.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use featshard::commands::{parse_lengths, parse_mesh};
+use featshard::spec::plan::{Lengths, Plan};
+use libfuzzer_sys::fuzz_target;
+
+fn plan() -> &'static Plan {
+    static PLAN: OnceLock<Plan> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let text = include_str!("../../examples/boltz2.yaml");
+        featshard::spec::compile_str("boltz2.yaml", text).expect("example").1
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let (mesh, lengths) = text.split_once(';').unwrap_or((text, ""));
+    let Ok(mesh) = parse_mesh(mesh) else { return };
+    let _ = plan().pad_multiple("tokens", mesh);
+    let Ok(given) = parse_lengths(lengths) else { return };
+    // As explain does: owned items spread evenly over their owners (bounded by the
+    // length limit, which parse_lengths enforced).
+    let mut l = Lengths::default();
+    for (s, n) in given {
+        l.sizes.insert(s, n);
+    }
+    if let (Some(&t), Some(&a)) = (l.sizes.get("tokens"), l.sizes.get("atoms")) {
+        if t > 0 && t <= 1 << 16 {
+            let per = a / t;
+            let mut c = vec![per; t];
+            c[t - 1] += a - per * t;
+            l.counts.insert("atoms".into(), c);
+        }
+    }
+    let _ = plan().resolve(mesh, &l, Some("inference"));
+});

@@ -1,0 +1,26 @@
+//! The shard manifest reader: any text is read or refused with a message; a manifest
+//! it accepts has every size and position within bounds, so its layout resolves.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use featshard::spec::plan::Plan;
+use libfuzzer_sys::fuzz_target;
+
+fn plan() -> &'static Plan {
+    static PLAN: OnceLock<Plan> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let text = include_str!("../../examples/boltz2.yaml");
+        featshard::spec::compile_str("boltz2.yaml", text).expect("example").1
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(m) = featshard::manifest::parse(text, plan()) else { return };
+    let world: usize = m.mesh.iter().product();
+    assert!(world <= featshard::spec::limits::MAX_RANKS);
+    let names: Vec<&str> = m.features.keys().map(String::as_str).collect();
+    plan().shapes_of(&m.layout, names).expect("a parsed manifest resolves");
+    let _ = featshard::manifest::layout_digest(&m.layout);
+});
