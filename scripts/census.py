@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Writes docs/malformed-census.md: every spec-error test and the message it asserts.
+
+Reads tests/malformed.rs, tests/featurizer_spec.rs and tests/hostile.rs; run it from the
+repository root after adding a case.
+"""
+import re
+rows=[]
+for f in ['tests/malformed.rs','tests/featurizer_spec.rs','tests/hostile.rs']:
+    s=open(f).read()
+    # A test's body runs to the next test (or the end): enough to find its assertions.
+    for m in re.finditer(r'#\[test\]\s*fn (\w+)\(\)\s*\{(.*?)(?=#\[test\]|\Z)', s, re.S):
+        name, body = m.group(1), m.group(2)
+        needles=[]
+        for a in re.finditer(r'assert_error\(\s*&?[^;]*?&\[(.*?)\]\s*,?\s*\)', body, re.S):
+            parts=re.findall(r'"((?:[^"\\]|\\.)*)"', a.group(1))
+            msg=[p for p in parts if not re.match(r'spec\.yaml:\d+', p)]
+            if msg: needles.append(' ... '.join(msg))
+        for a in re.finditer(r'refused\([^;]*?&\[(.*?)\]\s*,?\s*\)', body, re.S):
+            parts=re.findall(r'"((?:[^"\\]|\\.)*)"', a.group(1))
+            if parts: needles.append(' ... '.join(parts))
+        if needles:
+            rows.append((f.split('/')[-1].replace('.rs',''), name, needles[0]))
+out=[]
+for a,b,c in rows:
+    c=c.replace('|','\\|').replace('`',"'").replace('\\"','"')
+    out.append('| %s | %s | %s |' % (a, b.replace('_',' '), c))
+head = [
+    "# Malformed and hostile specs: the census",
+    "",
+    "Every class of bad spec or hostile input that a test covers, and the message (or",
+    "its fragments, joined by ...) the test asserts; each spec error also names its",
+    "file:line:col. Written by `scripts/census.py` from the tests themselves.",
+    "",
+    "%d classes: %s." % (len(rows), ", ".join("%d in `tests/%s.rs`" % (sum(1 for r in rows if r[0] == f), f)
+                                         for f in ("malformed", "featurizer_spec", "hostile"))),
+    "",
+    "| test file | case | message |",
+    "|---|---|---|",
+]
+open("docs/malformed-census.md", "w").write("\n".join(head + out) + "\n")
+print(len(rows))
