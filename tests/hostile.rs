@@ -477,6 +477,30 @@ mod files {
     }
 
     #[test]
+    fn a_run_that_fails_after_staging_removes_its_staging() {
+        // `--out` is an empty folder at the start (so the run goes ahead), but one that
+        // cannot be replaced at the end: as when another run wrote it first.
+        let dir = tempfile::tempdir().unwrap();
+        let real_dir = dir.path().join("elsewhere");
+        std::fs::create_dir(&real_dir).unwrap();
+        let out = dir.path().join("s");
+        std::os::unix::fs::symlink(&real_dir, &out).unwrap();
+        let run = shard(&real(), "2x2", &out, &[]);
+        refused(&run, &["s"]);
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp-"))
+            .collect();
+        assert!(left.is_empty(), "staging left behind: {left:?}");
+        assert_eq!(
+            std::fs::read_dir(&real_dir).unwrap().count(),
+            0,
+            "nothing written through the link"
+        );
+    }
+
+    #[test]
     fn staging_left_by_a_killed_run_is_removed_by_the_next() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("s");
