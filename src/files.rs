@@ -154,13 +154,21 @@ fn bytes_of(name: &str, t: &Tensor) -> Result<Bytes, Failure> {
     })
 }
 
-/// Writes tensors (and `__metadata__`, when any) to a safetensors file.
-pub fn write(path: &Path, tensors: &Tensors, metadata: &Metadata) -> Result<(), Failure> {
+/// The size and CRC-32 of a file as written, to verify it later.
+pub type FileSum = crate::manifest::FileSum;
+
+/// Writes tensors (and `__metadata__`, when any) to a safetensors file; returns its
+/// size and checksum, taken from the bytes written.
+pub fn write(path: &Path, tensors: &Tensors, metadata: &Metadata) -> Result<FileSum, Failure> {
     let bytes: Vec<(String, Bytes)> = tensors
         .iter()
         .map(|(n, t)| Ok((n.clone(), bytes_of(n, t)?)))
         .collect::<Result<_, Failure>>()?;
     let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-    safetensors::serialize_to_file(bytes.iter().map(|(n, b)| (n.as_str(), b)), info, path)
-        .map_err(|e| other(format!("cannot write {}: {e}", path.display())))
+    let file = safetensors::serialize(bytes.iter().map(|(n, b)| (n.as_str(), b)), info)
+        .map_err(|e| other(format!("cannot write {}: {e}", path.display())))?;
+    drop(bytes);
+    std::fs::write(path, &file)
+        .map_err(|e| other(format!("cannot write {}: {e}", path.display())))?;
+    Ok(FileSum::of(&file))
 }

@@ -25,6 +25,8 @@ pub mod __private {
     pub use serde_json;
 }
 #[cfg(feature = "runtime")]
+pub mod dataset;
+#[cfg(feature = "runtime")]
 pub mod files;
 #[cfg(feature = "runtime")]
 pub mod shards;

@@ -54,12 +54,20 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
     },
-    /// Shard one serial sample (safetensors) into DIR/rank-<r>.safetensors + manifest.json.
+    /// Shard one serial sample (safetensors) into DIR/rank-<r>.safetensors + manifest.json,
+    /// or a dataset of them into DIR/<sample>/ + DIR/dataset.json.
     Shard {
         spec: PathBuf,
-        /// The serial sample, a safetensors file of feature name -> tensor.
-        #[arg(long, value_name = "FILE")]
-        features: PathBuf,
+        /// The serial sample, a safetensors file of feature name -> tensor; or a dataset:
+        /// a folder of them, a glob pattern, or @LIST (a file of paths, one per line).
+        #[arg(long, value_name = "FILE|DIR|GLOB|@LIST")]
+        features: String,
+        /// Datasets: samples sharded at a time.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Threads of each job (value checks and block writes).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
         /// CP mesh sizes, e.g. 3x3 or 2x3.
         #[arg(long, value_parser = commands::parse_mesh)]
         mesh: [usize; 2],
@@ -130,16 +138,36 @@ fn parse_lengths(s: &str) -> Result<LengthArg, String> {
     commands::parse_lengths(s).map(LengthArg)
 }
 
+/// `featshard shard`'s run-time arguments.
+#[cfg_attr(not(feature = "runtime"), allow(dead_code))]
+struct ShardArgs<'a> {
+    mesh: [usize; 2],
+    workflow: Option<&'a str>,
+    passthrough: &'a [String],
+    jobs: usize,
+    threads: usize,
+}
+
 #[cfg(feature = "runtime")]
 fn shard(
     spec: &std::path::Path,
-    features: &std::path::Path,
-    mesh: [usize; 2],
-    workflow: Option<&str>,
-    passthrough: &[String],
+    features: &str,
+    args: &ShardArgs,
     out: &std::path::Path,
 ) -> Result<String, Failure> {
-    featshard::shards::shard(spec, features, mesh, workflow, passthrough, out)
+    tch::set_num_threads(args.threads.max(1) as i32);
+    let run = featshard::dataset::Run {
+        mesh: args.mesh,
+        workflow: args.workflow,
+        passthrough: args.passthrough,
+        jobs: args.jobs,
+        threads: args.threads,
+    };
+    if featshard::dataset::is_dataset(features) {
+        return featshard::dataset::shard_dataset(spec, features, &run, out);
+    }
+    let path = std::path::Path::new(features);
+    featshard::shards::shard(spec, path, run.mesh, run.workflow, run.passthrough, out)
 }
 
 #[cfg(feature = "runtime")]
@@ -155,10 +183,8 @@ fn assemble(
 #[cfg(not(feature = "runtime"))]
 fn shard(
     _: &std::path::Path,
-    _: &std::path::Path,
-    _: [usize; 2],
-    _: Option<&str>,
-    _: &[String],
+    _: &str,
+    _: &ShardArgs,
     _: &std::path::Path,
 ) -> Result<String, Failure> {
     Err(no_runtime())
@@ -259,6 +285,8 @@ fn main() -> ExitCode {
         Command::Shard {
             spec,
             features,
+            jobs,
+            threads,
             mesh,
             workflow,
             passthrough,
@@ -266,9 +294,13 @@ fn main() -> ExitCode {
         } => shard(
             &spec,
             &features,
-            mesh,
-            workflow.as_deref(),
-            &passthrough,
+            &ShardArgs {
+                mesh,
+                workflow: workflow.as_deref(),
+                passthrough: &passthrough,
+                jobs,
+                threads,
+            },
             &out,
         ),
         Command::Assemble {

@@ -33,6 +33,10 @@ pub struct Manifest {
     /// semantics that arrived padded (their pads are not kept), unowned rows dropped.
     #[serde(default)]
     pub incoming: Incoming,
+    /// Size and CRC-32 of every rank file, as written: a finished sample is verified
+    /// against them before a dataset run skips it.
+    #[serde(default)]
+    pub files: BTreeMap<String, FileSum>,
     /// This run's identity, which every rank file of it carries (with its rank, the
     /// mesh and the SHA-256 of `layout`): rank files swapped, taken from another run or
     /// a manifest edited after the run are refused.
@@ -50,6 +54,42 @@ pub struct RankIdentity {
     pub rank: usize,
     pub mesh: [usize; 2],
     pub layout_sha256: String,
+}
+
+/// A file's size and CRC-32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSum {
+    pub bytes: u64,
+    pub crc32: u32,
+}
+
+impl FileSum {
+    pub fn of(data: &[u8]) -> FileSum {
+        FileSum {
+            bytes: data.len() as u64,
+            crc32: crc32fast::hash(data),
+        }
+    }
+
+    /// The file's sum, read in pieces (a finished sample being verified).
+    pub fn of_file(path: &std::path::Path) -> std::io::Result<FileSum> {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path)?;
+        let (mut hasher, mut bytes) = (crc32fast::Hasher::new(), 0u64);
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            bytes += n as u64;
+        }
+        Ok(FileSum {
+            bytes,
+            crc32: hasher.finalize(),
+        })
+    }
 }
 
 /// The SHA-256 of a layout's JSON, which rank files carry.

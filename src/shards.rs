@@ -76,6 +76,18 @@ fn remove_stale_staging(out: &Path) {
     }
 }
 
+/// What one sample is sharded with.
+pub struct Request<'a> {
+    pub plan: &'a Plan,
+    pub mesh: [usize; 2],
+    pub workflow: Option<&'a str>,
+    pub passthrough: &'a [String],
+    /// Threads for value checks and block writes.
+    pub threads: usize,
+    /// Report each rank file on stderr.
+    pub verbose: bool,
+}
+
 /// Shards one serial sample file into `out/rank-<r>.safetensors` + `manifest.json`.
 pub fn shard(
     spec: &Path,
@@ -92,18 +104,46 @@ pub fn shard(
             out.display()
         )));
     }
-    let sample = read_features(features)?;
-    let metadata = sample_metadata(&plan, features, workflow)?;
-    let opts = Options {
-        workflow: workflow.map(str::to_owned),
-        passthrough: passthrough.iter().cloned().collect::<BTreeSet<_>>(),
-        ..Options::default()
+    let req = Request {
+        plan: &plan,
+        mesh,
+        workflow,
+        passthrough,
+        threads: 0,
+        verbose: true,
     };
-    let padded = pad(&plan, mesh, &sample, &opts).map_err(other)?;
+    shard_sample(&req, features, out)?;
+    Ok(format!(
+        "wrote {} rank files and manifest.json to {}",
+        mesh[0] * mesh[1],
+        out.display()
+    ))
+}
+
+/// Shards one sample file into `out` (absent or empty): staged next to it, renamed into
+/// place at the end, so a failure leaves nothing. Returns the bytes written.
+pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, Failure> {
+    let sample = read_features(features)?;
+    let metadata = sample_metadata(req.plan, features, req.workflow)?;
+    let opts = Options {
+        workflow: req.workflow.map(str::to_owned),
+        passthrough: req.passthrough.iter().cloned().collect::<BTreeSet<_>>(),
+        threads: req.threads,
+    };
+    let padded = pad(req.plan, req.mesh, &sample, &opts).map_err(other)?;
+    drop(sample);
     remove_stale_staging(out);
     let staging = staging_dir(out);
     // Whatever fails from here on, this run's staging folder goes.
-    let result = write_shards(&plan, &padded, workflow, &metadata, &staging).and_then(|()| {
+    let result = write_shards(
+        req.plan,
+        &padded,
+        req.workflow,
+        &metadata,
+        &staging,
+        req.verbose,
+    )
+    .and_then(|bytes| {
         if out.exists() {
             std::fs::remove_dir(out).map_err(|e| {
                 other(format!(
@@ -113,17 +153,13 @@ pub fn shard(
             })?;
         }
         std::fs::rename(&staging, out)
-            .map_err(|e| other(format!("cannot move shards into {}: {e}", out.display())))
+            .map_err(|e| other(format!("cannot move shards into {}: {e}", out.display())))?;
+        Ok(bytes)
     });
-    if let Err(e) = result {
+    if result.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
-        return Err(e);
     }
-    Ok(format!(
-        "wrote {} rank files and manifest.json to {}",
-        padded.world_size(),
-        out.display()
-    ))
+    result
 }
 
 fn write_shards(
@@ -132,11 +168,13 @@ fn write_shards(
     workflow: Option<&str>,
     metadata: &Metadata,
     dir: &Path,
-) -> Result<(), Failure> {
+    verbose: bool,
+) -> Result<u64, Failure> {
     std::fs::create_dir_all(dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
     let world = padded.world_size();
     let run = new_run_id(plan);
     let layout_sha256 = layout_digest(&padded.layout).map_err(other)?;
+    let mut sums = BTreeMap::new();
     for rank in 0..world {
         let mut tensors: BTreeMap<String, Tensor> = padded
             .rank_blocks(plan, rank)
@@ -158,13 +196,13 @@ fn write_shards(
             RANK_KEY.into(),
             serde_json::to_string(&identity).map_err(other)?,
         );
-        files::write(
-            &dir.join(format!("rank-{rank}.safetensors")),
-            &tensors,
-            &header,
-        )?;
-        let [i, j] = coords(padded.mesh(), rank);
-        eprintln!("rank {rank} ({i}, {j}): {} of {world} written", rank + 1);
+        let name = format!("rank-{rank}.safetensors");
+        let sum = files::write(&dir.join(&name), &tensors, &header)?;
+        sums.insert(name, sum);
+        if verbose {
+            let [i, j] = coords(padded.mesh(), rank);
+            eprintln!("rank {rank} ({i}, {j}): {} of {world} written", rank + 1);
+        }
     }
     let features = padded
         .shapes
@@ -199,11 +237,48 @@ fn write_shards(
             arrived: padded.intake.arrived.clone(),
             unowned_rows: padded.intake.unowned.clone(),
         },
+        files: sums,
         run,
     };
     let text = serde_json::to_string_pretty(&manifest).map_err(other)?;
     std::fs::write(dir.join("manifest.json"), text + "\n")
-        .map_err(|e| other(format!("{}: {e}", dir.display())))
+        .map_err(|e| other(format!("{}: {e}", dir.display())))?;
+    Ok(manifest.files.values().map(|f| f.bytes).sum())
+}
+
+/// Whether `dir` holds a finished sample of this plan, mesh and workflow: its manifest
+/// reads, and every rank file has the size and checksum it was written with.
+pub fn verify(
+    plan: &Plan,
+    mesh: [usize; 2],
+    workflow: Option<&str>,
+    dir: &Path,
+) -> Result<u64, String> {
+    let text = std::fs::read_to_string(dir.join("manifest.json")).map_err(|e| e.to_string())?;
+    let m = manifest::parse(&text, plan)?;
+    if m.mesh != mesh || m.workflow.as_deref() != workflow {
+        return Err(format!(
+            "sharded for mesh {:?}, workflow {:?}",
+            m.mesh, m.workflow
+        ));
+    }
+    let world: usize = mesh.iter().product();
+    if m.files.len() != world {
+        return Err(format!(
+            "{} rank files recorded for {world} ranks",
+            m.files.len()
+        ));
+    }
+    for (name, want) in &m.files {
+        let got =
+            manifest::FileSum::of_file(&dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        if got != *want {
+            return Err(format!(
+                "{name} differs from what was written (size or checksum)"
+            ));
+        }
+    }
+    Ok(m.files.values().map(|f| f.bytes).sum())
 }
 
 /// A rank file must say it is rank `rank` of this manifest's run and mesh, laid out as

@@ -1,0 +1,261 @@
+//! `featshard shard` over a dataset: many sample files in one run, in parallel over
+//! samples, one folder per sample, with progress, a dataset manifest, and resume.
+//!
+//! One folder per sample (`OUT/<sample>/rank-<r>.safetensors`) rather than one file per
+//! rank holding every sample: a sample is then finished exactly when its folder is
+//! renamed into place, a failed or killed sample leaves nothing half-written to resume
+//! from, and a reader still opens only its own rank's file of each sample.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use featshard_spec::ir::Source;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use crate::commands::{load, Failure};
+use crate::shards::{self, Request};
+
+/// Version of `dataset.json`.
+pub const DATASET_VERSION: u32 = 1;
+
+/// `OUT/dataset.json`: every sample of the run and how it went.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DatasetManifest {
+    pub version: u32,
+    pub spec: Source,
+    pub mesh: [usize; 2],
+    pub workflow: Option<String>,
+    pub samples: Vec<SampleEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SampleEntry {
+    /// The sample's folder under OUT (its file name without `.safetensors`).
+    pub name: String,
+    pub source: PathBuf,
+    pub status: Status,
+    /// Bytes of its rank files.
+    pub bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Sharded by this run.
+    Sharded,
+    /// Already finished and verified: skipped.
+    Verified,
+    Failed,
+}
+
+/// Whether `--features` names a dataset rather than one sample file: a folder, a list
+/// file (`@FILE`, one path per line) or a glob pattern.
+pub fn is_dataset(features: &str) -> bool {
+    features.starts_with('@') || features.contains(['*', '?', '[']) || Path::new(features).is_dir()
+}
+
+/// The sample files a dataset argument names, sorted, each with its folder name.
+pub fn samples(features: &str) -> Result<Vec<(String, PathBuf)>, Failure> {
+    let bad = |e: String| Failure::Other(format!("--features {features}: {e}"));
+    let paths: Vec<PathBuf> = if let Some(list) = features.strip_prefix('@') {
+        let text = std::fs::read_to_string(list).map_err(|e| bad(e.to_string()))?;
+        let base = Path::new(list).parent().unwrap_or(Path::new("."));
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| base.join(l))
+            .collect()
+    } else if Path::new(features).is_dir() {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(features)
+            .map_err(|e| bad(e.to_string()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        v.sort();
+        v
+    } else {
+        let mut v: Vec<PathBuf> = glob::glob(features)
+            .map_err(|e| bad(e.to_string()))?
+            .filter_map(Result::ok)
+            .collect();
+        v.sort();
+        v
+    };
+    if paths.is_empty() {
+        return Err(bad("no sample files".into()));
+    }
+    let mut named: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for p in paths {
+        let name = p
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .filter(|s| !s.is_empty() && !s.starts_with('.'))
+            .ok_or_else(|| bad(format!("{}: not a sample file name", p.display())))?;
+        if let Some(first) = named.insert(name.clone(), p.clone()) {
+            return Err(bad(format!(
+                "{} and {} would both shard into `{name}`",
+                first.display(),
+                p.display()
+            )));
+        }
+    }
+    Ok(named.into_iter().collect())
+}
+
+/// How a dataset run goes: its jobs and the threads of each.
+pub struct Run<'a> {
+    pub mesh: [usize; 2],
+    pub workflow: Option<&'a str>,
+    pub passthrough: &'a [String],
+    pub jobs: usize,
+    pub threads: usize,
+}
+
+/// Shards every sample into `out/<name>/`, `jobs` samples at a time. A sample already
+/// finished (its manifest reads and every rank file has the size and checksum it was
+/// written with) is skipped; one that fails is reported by name while the others go
+/// on. Writes `out/dataset.json`; fails (exit 1) at the end if any sample failed.
+pub fn shard_dataset(
+    spec: &Path,
+    features: &str,
+    run: &Run,
+    out: &Path,
+) -> Result<String, Failure> {
+    let (_, plan) = load(spec)?;
+    let list = samples(features)?;
+    std::fs::create_dir_all(out)
+        .map_err(|e| Failure::Other(format!("cannot create {}: {e}", out.display())))?;
+    let bar = progress(list.len());
+    let req = Request {
+        plan: &plan,
+        mesh: run.mesh,
+        workflow: run.workflow,
+        passthrough: run.passthrough,
+        threads: run.threads,
+        verbose: false,
+    };
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<SampleEntry>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..run.jobs.clamp(1, list.len()) {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some((name, source)) = list.get(k) else {
+                    return;
+                };
+                let entry = one(&req, name, source, &out.join(name));
+                if let Ok(mut d) = done.lock() {
+                    d.push(entry);
+                }
+                bar.inc(1);
+                bar.set_message(format!("{} MB", bytes_done(&done) / 1_000_000));
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let mut entries = done
+        .into_inner()
+        .map_err(|_| Failure::Other("a job panicked".into()))?;
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    write_manifest(&plan, run, out, &entries)?;
+    summary(&entries, out)
+}
+
+/// One sample: skipped if finished and verified, else (re)sharded.
+fn one(req: &Request, name: &str, source: &Path, target: &Path) -> SampleEntry {
+    let entry = |status, bytes, error| SampleEntry {
+        name: name.to_owned(),
+        source: source.to_path_buf(),
+        status,
+        bytes,
+        error,
+    };
+    if target.join("manifest.json").exists() {
+        match shards::verify(req.plan, req.mesh, req.workflow, target) {
+            Ok(bytes) => return entry(Status::Verified, bytes, None),
+            // Corrupt or of another run: redone from scratch.
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(target);
+            }
+        }
+    } else if target.exists() {
+        let _ = std::fs::remove_dir_all(target);
+    }
+    match shards::shard_sample(req, source, target) {
+        Ok(bytes) => entry(Status::Sharded, bytes, None),
+        Err(e) => entry(Status::Failed, 0, Some(e.to_string())),
+    }
+}
+
+fn bytes_done(done: &Mutex<Vec<SampleEntry>>) -> u64 {
+    done.lock().map_or(0, |d| d.iter().map(|e| e.bytes).sum())
+}
+
+/// Samples, rate and ETA on a terminal; nothing when stderr is not one.
+fn progress(len: usize) -> ProgressBar {
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
+    let bar = ProgressBar::with_draw_target(Some(len as u64), target);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} samples, {msg} written, {per_sec}, ETA {eta}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn write_manifest(
+    plan: &featshard_spec::Plan,
+    run: &Run,
+    out: &Path,
+    entries: &[SampleEntry],
+) -> Result<(), Failure> {
+    let m = DatasetManifest {
+        version: DATASET_VERSION,
+        spec: plan.source.clone(),
+        mesh: run.mesh,
+        workflow: run.workflow.map(str::to_owned),
+        samples: entries.to_vec(),
+    };
+    let text = serde_json::to_string_pretty(&m).map_err(|e| Failure::Other(e.to_string()))?;
+    let tmp = out.join(".dataset.json.tmp");
+    std::fs::write(&tmp, text + "\n")
+        .and_then(|()| std::fs::rename(&tmp, out.join("dataset.json")))
+        .map_err(|e| Failure::Other(format!("cannot write {}: {e}", out.display())))
+}
+
+fn summary(entries: &[SampleEntry], out: &Path) -> Result<String, Failure> {
+    let count = |s: Status| entries.iter().filter(|e| e.status == s).count();
+    let bytes: u64 = entries.iter().map(|e| e.bytes).sum();
+    let line = format!(
+        "{} samples into {}: {} sharded, {} already done and verified, {} failed ({:.1} MB of rank files)",
+        entries.len(),
+        out.display(),
+        count(Status::Sharded),
+        count(Status::Verified),
+        count(Status::Failed),
+        bytes as f64 / 1e6
+    );
+    let failed: Vec<String> = entries
+        .iter()
+        .filter(|e| e.status == Status::Failed)
+        .map(|e| format!("  {}: {}", e.name, e.error.as_deref().unwrap_or("")))
+        .collect();
+    if failed.is_empty() {
+        Ok(line)
+    } else {
+        Err(Failure::Other(format!(
+            "{line}\nfailed:\n{}",
+            failed.join("\n")
+        )))
+    }
+}
