@@ -58,6 +58,8 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
             D.collate([D.distribute_features(real if source else None, mesh)], mesh)
         elif scenario == "predict":
             _check_predict(P, D, mesh)
+        elif scenario == "presharded":
+            _check_presharded(P, D, mesh, Path(results).parent / "sharded_data", len(shape) == 3)
         elif scenario == "lightning":
             _check_lightning(P, D, mesh)
         elif scenario == "dataset":
@@ -199,6 +201,54 @@ def _check_predict(P: Any, D: Any, mesh: Any) -> None:
     cpu = D.cpu_mesh_like(mesh)
     assert all(dist.get_backend(cpu.get_group(d)) == "gloo" for d in range(cpu.mesh.dim()))
     del torch
+
+
+def _check_presharded(P: Any, D: Any, mesh: Any, root: Path, dp: bool) -> None:
+    """Each rank reads only its own rank files of pre-sharded real samples: the same
+    DTensors (local block, placements, shape, stride) as the online path, collated too."""
+    import torch
+    import torch.distributed as dist
+    from boltz_samples import real_samples
+    from torch.distributed.tensor import DTensor
+
+    samples = real_samples()  # sharded as s0..s3, in this order
+    ds = D.PreshardedDataset(root, mesh)
+    assert len(ds) == len(samples)
+    coord = mesh.get_coordinate()
+    source = coord[-2] == 0 and coord[-1] == 0
+    indices = list(D.dp_sampler(ds, mesh, shuffle=False))
+    offline = [ds[i] for i in indices]
+    online = [D.distribute_features(samples[i] if source else None, mesh) for i in indices]
+    if dp:
+        # One sample a step: step k stacks both replicas' k-th samples (the pypi ones,
+        # then the Boltz-CP ones: the same features within a step).
+        offline = [D.collate([x], mesh) for x in offline]
+        online = [D.collate([x], mesh) for x in online]
+    for a, b in zip(offline, online):
+        tensors = sorted(n for n in b if isinstance(b[n], DTensor))
+        assert sorted(n for n in a if isinstance(a[n], DTensor)) == tensors
+        for n in tensors:
+            x, y = a[n], b[n]
+            assert tuple(x.placements) == tuple(y.placements), n
+            assert x.shape == y.shape and x.stride() == y.stride(), n
+            assert torch.equal(x.to_local(), y.to_local()), f"{n}: blocks differ"
+    if dp:
+        return
+    # Refused: a folder sharded for another mesh, and a rank file that is another rank's.
+    try:
+        D.PreshardedDataset(root.parent / "sharded_2x2", mesh)
+    except ValueError as e:
+        assert "sharded for mesh (2, 2)" in str(e), str(e)
+    else:
+        raise AssertionError("a folder of another mesh was read")
+    swapped = D.PreshardedDataset(root.parent / "swapped", mesh)
+    try:
+        swapped[0]
+    except ValueError as e:
+        assert ds.rank == 1 and "not rank 1" in str(e), str(e)
+    else:
+        assert ds.rank != 1, "rank 1 read rank 0's file"
+    del dist
 
 
 def _check_collate(P: Any, D: Any, mesh: Any, dp: int, cp: tuple[int, int], source: bool,
@@ -366,3 +416,36 @@ def test_replicas_whose_samples_hold_different_features_fail_collate_by_name(
     errors = {r.get("error") for r in results}
     assert len(errors) == 1 and all(r["status"] == "error" for r in results), results
     assert "`atom_counts_per_token` (replicas [1])" in errors.pop()
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 2, 2)], ids=["cp3x3", "dp2xcp2x2"])
+def test_presharded_samples_read_by_each_rank_equal_the_online_path(
+    generated_dir: Path, tmp_path: Path, shape: tuple[int, ...]
+) -> None:
+    import shutil
+    import subprocess
+
+    from boltz_samples import REAL, REAL_NAMES
+    from conftest import ROOT, featshard_bin
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, name in enumerate(REAL_NAMES):
+        shutil.copy(REAL / f"{name}.safetensors", data / f"s{i}.safetensors")
+    subprocess.run(
+        [str(featshard_bin()), "shard", str(ROOT / "examples" / "boltz2.yaml"), "--features", str(data),
+         "--mesh", f"{shape[-2]}x{shape[-1]}", "--workflow", "inference",
+         "--out", str(tmp_path / "sharded_data")],
+        check=True,
+    )
+    if len(shape) == 2:
+        subprocess.run(
+            [str(featshard_bin()), "shard", str(ROOT / "examples" / "boltz2.yaml"), "--features", str(data),
+             "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "sharded_2x2")],
+            check=True,
+        )
+        shutil.copytree(tmp_path / "sharded_data", tmp_path / "swapped")
+        shutil.copy(tmp_path / "swapped" / "s0" / "rank-0.safetensors",
+                    tmp_path / "swapped" / "s0" / "rank-1.safetensors")
+    for r in _run(generated_dir, shape, "presharded", tmp_path):
+        assert r["status"] == "ok", r

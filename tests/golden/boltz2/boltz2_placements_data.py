@@ -12,7 +12,10 @@ Import it with the placements module on the path.
 from __future__ import annotations
 
 import builtins
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +29,7 @@ from torch.utils.data import Dataset, DistributedSampler
 # third-party depending on where they run, so its place is fixed here.
 from boltz2_placements import (
     FEATURE_AXIS_SEMANTICS,
+    SPEC_SHA256,
     PAD_VALUES,
     PLACEMENTS,
     PLACEMENTS_DP,
@@ -413,6 +417,69 @@ class _Failed(Mapping[str, Any]):
 
     def __len__(self) -> int:
         raise self.error
+
+
+class PreshardedDataset(Dataset[dict[str, Any]]):
+    """Samples pre-sharded by `featshard shard` over a dataset (`ROOT/<sample>/`): each
+    rank opens only its own rank file of each sample, memory-mapped (safetensors must
+    be importable), and builds its DTensors with explicit shape, stride and placements
+    from the sample's manifest. No source rank, no collective; the same indices on every
+    rank of a CP group (see `dp_sampler`) give the online `distribute_features` result.
+
+    Refuses a folder sharded with another spec or mesh, and a rank file that is not this
+    rank's of this run and layout.
+    """
+
+    def __init__(self, root: str | Path, mesh: DeviceMesh) -> None:
+        self.root = Path(root)
+        self.mesh = mesh
+        _, ranks, self.cp_mesh = _cp_groups(mesh)
+        self.cp = (self.cp_mesh.size(0), self.cp_mesh.size(1))
+        me = ranks.index(dist.get_rank())
+        self.rank = me
+        dataset = json.loads((self.root / "dataset.json").read_text())
+        self._check(dataset, self.root / "dataset.json")
+        self.names = [s["name"] for s in dataset["samples"] if s["status"] != "failed"]
+
+    def _check(self, doc: Mapping[str, Any], where: Path) -> None:
+        if doc["spec"]["sha256"] != SPEC_SHA256:
+            raise ValueError(f"{where}: sharded with another spec (sha256 {doc['spec']['sha256']})")
+        if tuple(doc["mesh"]) != self.cp:
+            raise ValueError(f"{where}: sharded for mesh {tuple(doc['mesh'])}, this CP mesh is {self.cp}")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        try:
+            from safetensors import safe_open
+        except ImportError as e:
+            raise ImportError("PreshardedDataset needs the `safetensors` package") from e
+        folder = self.root / self.names[index]
+        manifest = json.loads((folder / "manifest.json").read_text())
+        self._check(manifest, folder / "manifest.json")
+        path = folder / f"rank-{self.rank}.safetensors"
+        layout = json.dumps(manifest["layout"], separators=(",", ":"))
+        want = {"run": manifest["run"], "rank": self.rank, "mesh": list(self.cp),
+                "layout_sha256": hashlib.sha256(layout.encode()).hexdigest()}
+        out: dict[str, Any] = {}
+        with safe_open(str(path), framework="pt") as f:
+            got = json.loads((f.metadata() or {}).get("featshard.rank", "null"))
+            if got != want:
+                raise ValueError(f"{path}: not rank {self.rank} of this sample's run ({got})")
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                x = f.get_tensor(name)
+                entry = manifest["features"].get(name)
+                if entry is None:
+                    out[name] = x
+                    continue
+                shape = tuple(entry["global_shape"])
+                out[name] = DTensor.from_local(
+                    x, self.cp_mesh, PLACEMENTS[name], run_check=False,
+                    shape=torch.Size(shape), stride=tuple(entry["global_stride"]),
+                )
+        out.update(manifest.get("metadata", {}))
+        return out
 
 
 def lightning_datamodule(
