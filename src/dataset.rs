@@ -12,47 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use featshard_spec::ir::Source;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::{Deserialize, Serialize};
 
 use crate::commands::{load, Failure};
+use crate::manifest::{DatasetManifest, SampleEntry, Status, DATASET_VERSION};
 use crate::shards::{self, Request};
-
-/// Version of `dataset.json`.
-pub const DATASET_VERSION: u32 = 1;
-
-/// `OUT/dataset.json`: every sample of the run and how it went.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct DatasetManifest {
-    pub version: u32,
-    pub spec: Source,
-    pub mesh: [usize; 2],
-    pub workflow: Option<String>,
-    pub samples: Vec<SampleEntry>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SampleEntry {
-    /// The sample's folder under OUT (its file name without `.safetensors`).
-    pub name: String,
-    pub source: PathBuf,
-    pub status: Status,
-    /// Bytes of its rank files.
-    pub bytes: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Sharded by this run.
-    Sharded,
-    /// Already finished and verified: skipped.
-    Verified,
-    Failed,
-}
 
 /// Whether `--features` names a dataset rather than one sample file: a folder, a list
 /// file (`@FILE`, one path per line) or a glob pattern.

@@ -26,7 +26,8 @@ pub mod __private {
 }
 #[cfg(feature = "runtime")]
 pub mod dataset;
+/// Safetensors files with header metadata (from the runtime).
 #[cfg(feature = "runtime")]
-pub mod files;
+pub use featshard_runtime::files;
 #[cfg(feature = "runtime")]
 pub mod shards;

@@ -19,13 +19,13 @@ fn other(e: impl std::fmt::Display) -> Failure {
 }
 
 fn read_features(path: &Path) -> Result<Features, Failure> {
-    files::read_tensors(path)
+    files::read_tensors(path).map_err(other)
 }
 
 /// The metadata features of `workflow` that the sample file's header holds.
 fn sample_metadata(plan: &Plan, path: &Path, workflow: Option<&str>) -> Result<Metadata, Failure> {
     let wanted = plan.feature_names(workflow).map_err(other)?;
-    let mut meta = files::read_metadata(path)?;
+    let mut meta = files::read_metadata(path).map_err(other)?;
     meta.retain(|k, _| {
         wanted.contains(&k.as_str())
             && matches!(plan.features.get(k), Some(FeaturePlan::Metadata { .. }))
@@ -197,7 +197,11 @@ fn write_shards(
             serde_json::to_string(&identity).map_err(other)?,
         );
         let name = format!("rank-{rank}.safetensors");
-        let sum = files::write(&dir.join(&name), &tensors, &header)?;
+        let bytes = files::serialize(&tensors, &header).map_err(other)?;
+        drop(tensors);
+        let sum = manifest::sum_of(&bytes);
+        std::fs::write(dir.join(&name), &bytes)
+            .map_err(|e| other(format!("cannot write {}: {e}", dir.join(&name).display())))?;
         sums.insert(name, sum);
         if verbose {
             let [i, j] = coords(padded.mesh(), rank);
@@ -270,8 +274,7 @@ pub fn verify(
         ));
     }
     for (name, want) in &m.files {
-        let got =
-            manifest::FileSum::of_file(&dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        let got = manifest::sum_of_file(&dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
         if got != *want {
             return Err(format!(
                 "{name} differs from what was written (size or checksum)"
@@ -289,7 +292,7 @@ fn check_identity(
     rank: usize,
     layout_sha256: &str,
 ) -> Result<(), Failure> {
-    let header = files::read_metadata(path)?;
+    let header = files::read_metadata(path).map_err(other)?;
     let found: RankIdentity = header
         .get(RANK_KEY)
         .and_then(|t| serde_json::from_str(t).ok())
@@ -372,7 +375,7 @@ pub fn assemble_files(
             .unwrap_or_default(),
         std::process::id()
     ));
-    files::write(&tmp, &result, &metadata)?;
+    files::write(&tmp, &result, &metadata).map_err(other)?;
     std::fs::rename(&tmp, out).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         other(format!("cannot write {}: {e}", out.display()))

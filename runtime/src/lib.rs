@@ -14,6 +14,7 @@
 #[cfg(feature = "c10d")]
 pub mod dist;
 pub mod error;
+pub mod files;
 pub mod intake;
 pub mod kind;
 pub mod pack;

@@ -19,6 +19,7 @@ pub mod lower;
 pub mod names;
 pub mod pack;
 pub mod plan;
+pub mod shards;
 pub mod syntax;
 
 pub use diag::{Diagnostics, SpecError};

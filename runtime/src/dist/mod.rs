@@ -11,6 +11,7 @@ pub mod error;
 pub mod group;
 pub mod loader;
 pub mod mesh;
+pub mod presharded;
 
 pub use collate::{collate, Batch};
 pub use distribute::{
@@ -21,3 +22,4 @@ pub use error::DistError;
 pub use group::{nccl_compiled, Backend, GroupOptions, ProcessGroup, ReduceOp, Rendezvous};
 pub use loader::{Epoch, LoaderOptions, Order, Samples, SerialDataset, ShardedLoader};
 pub use mesh::Mesh;
+pub use presharded::PreshardedDataset;

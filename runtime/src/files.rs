@@ -8,15 +8,18 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, View};
 use tch::{Kind, Tensor};
 
-use crate::commands::Failure;
+use crate::error::{RuntimeError, TorchContext};
 
 /// Feature name -> tensor.
 pub type Tensors = BTreeMap<String, Tensor>;
 /// The header's `__metadata__`: name -> text.
 pub type Metadata = BTreeMap<String, String>;
 
-fn other(e: impl std::fmt::Display) -> Failure {
-    Failure::Other(e.to_string())
+fn io(path: &Path, message: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Io {
+        path: path.display().to_string(),
+        message: message.to_string(),
+    }
 }
 
 /// Largest safetensors header read (the format's own limit is 100 MB).
@@ -25,18 +28,18 @@ const MAX_HEADER_BYTES: u64 = 100 * 1000 * 1000;
 /// Every tensor of a safetensors file. The header is checked first against the file's
 /// size, so a device, a pipe or a file whose header claims more than it holds is
 /// refused before anything large is read.
-pub fn read_tensors(path: &Path) -> Result<Tensors, Failure> {
+pub fn read_tensors(path: &Path) -> Result<Tensors, RuntimeError> {
     check_claims(path)?;
-    let tensors = Tensor::read_safetensors(path)
-        .map_err(|e| other(format!("cannot read {}: {e}", path.display())))?;
+    let tensors =
+        Tensor::read_safetensors(path).map_err(|e| io(path, format!("cannot read: {e}")))?;
     Ok(tensors.into_iter().collect())
 }
 
 /// A safetensors file's header (JSON) and the size of the data after it. Reads the
 /// header only, bounded by the file's size: a regular file is required.
-fn read_header(path: &Path) -> Result<(serde_json::Value, u64), Failure> {
+fn read_header(path: &Path) -> Result<(serde_json::Value, u64), RuntimeError> {
     use std::io::Read;
-    let bad = |e: String| other(format!("cannot read {}: {e}", path.display()));
+    let bad = |e: String| io(path, format!("cannot read: {e}"));
     let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
     let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
     if !meta.is_file() {
@@ -61,30 +64,27 @@ fn read_header(path: &Path) -> Result<(serde_json::Value, u64), Failure> {
 }
 
 /// Every tensor's data range must lie inside the file.
-fn check_claims(path: &Path) -> Result<(), Failure> {
+fn check_claims(path: &Path) -> Result<(), RuntimeError> {
     let (header, data) = read_header(path)?;
     let Some(entries) = header.as_object() else {
-        return Err(other(format!(
-            "{}: its header is not a JSON object",
-            path.display()
-        )));
+        return Err(io(path, "its header is not a JSON object"));
     };
     for (name, entry) in entries.iter().filter(|(k, _)| *k != "__metadata__") {
         let end = entry["data_offsets"]
             .get(1)
             .and_then(serde_json::Value::as_u64);
         if end.is_none_or(|end| end > data) {
-            return Err(other(format!(
-                "{}: feature `{name}` claims data past the end of the file ({data} bytes of data; truncated?)",
-                path.display()
-            )));
+            return Err(io(
+                path,
+                format!("feature `{name}` claims data past the end of the file ({data} bytes of data; truncated?)"),
+            ));
         }
     }
     Ok(())
 }
 
 /// The `__metadata__` of a safetensors file's header (empty when it has none).
-pub fn read_metadata(path: &Path) -> Result<Metadata, Failure> {
+pub fn read_metadata(path: &Path) -> Result<Metadata, RuntimeError> {
     let (value, _) = read_header(path)?;
     Ok(value
         .get("__metadata__")
@@ -135,18 +135,15 @@ fn dtype_of(kind: Kind) -> Option<Dtype> {
     })
 }
 
-fn bytes_of(name: &str, t: &Tensor) -> Result<Bytes, Failure> {
-    let dtype = dtype_of(t.kind()).ok_or_else(|| {
-        other(format!(
-            "feature `{name}`: dtype {:?} cannot be stored",
-            t.kind()
-        ))
+fn bytes_of(name: &str, t: &Tensor) -> Result<Bytes, RuntimeError> {
+    let dtype = dtype_of(t.kind()).ok_or_else(|| RuntimeError::Blocks {
+        feature: name.to_owned(),
+        message: format!("dtype {:?} cannot be stored in safetensors", t.kind()),
     })?;
     let t = t.contiguous();
     let numel = t.numel();
     let mut data = vec![0u8; numel * t.kind().elt_size_in_bytes()];
-    t.f_copy_data_u8(&mut data, numel)
-        .map_err(|e| other(format!("feature `{name}`: {e}")))?;
+    t.f_copy_data_u8(&mut data, numel).feature(name)?;
     Ok(Bytes {
         dtype,
         shape: t.size().iter().map(|&d| d as usize).collect(),
@@ -154,21 +151,23 @@ fn bytes_of(name: &str, t: &Tensor) -> Result<Bytes, Failure> {
     })
 }
 
-/// The size and CRC-32 of a file as written, to verify it later.
-pub type FileSum = crate::manifest::FileSum;
-
-/// Writes tensors (and `__metadata__`, when any) to a safetensors file; returns its
-/// size and checksum, taken from the bytes written.
-pub fn write(path: &Path, tensors: &Tensors, metadata: &Metadata) -> Result<FileSum, Failure> {
+/// The bytes of a safetensors file of these tensors (and `__metadata__`, when any).
+pub fn serialize(tensors: &Tensors, metadata: &Metadata) -> Result<Vec<u8>, RuntimeError> {
     let bytes: Vec<(String, Bytes)> = tensors
         .iter()
         .map(|(n, t)| Ok((n.clone(), bytes_of(n, t)?)))
-        .collect::<Result<_, Failure>>()?;
+        .collect::<Result<_, RuntimeError>>()?;
     let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
-    let file = safetensors::serialize(bytes.iter().map(|(n, b)| (n.as_str(), b)), info)
-        .map_err(|e| other(format!("cannot write {}: {e}", path.display())))?;
-    drop(bytes);
-    std::fs::write(path, &file)
-        .map_err(|e| other(format!("cannot write {}: {e}", path.display())))?;
-    Ok(FileSum::of(&file))
+    safetensors::serialize(bytes.iter().map(|(n, b)| (n.as_str(), b)), info).map_err(|e| {
+        RuntimeError::Blocks {
+            feature: "*".into(),
+            message: e.to_string(),
+        }
+    })
+}
+
+/// Writes tensors (and `__metadata__`, when any) to a safetensors file.
+pub fn write(path: &Path, tensors: &Tensors, metadata: &Metadata) -> Result<(), RuntimeError> {
+    let file = serialize(tensors, metadata)?;
+    std::fs::write(path, &file).map_err(|e| io(path, format!("cannot write: {e}")))
 }

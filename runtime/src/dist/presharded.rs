@@ -1,0 +1,154 @@
+//! Reading pre-sharded samples (`featshard shard` over a dataset): every rank opens
+//! only its own rank file of each sample and gets the same [`LocalSample`] the online
+//! [`distribute`](super::distribute) hands it, with no source rank and no collective.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use featshard_spec::plan::{FeaturePlan, Plan};
+use featshard_spec::shards::{self, layout_digest, Manifest, RankIdentity, RANK_KEY};
+
+use super::distribute::LocalSample;
+use super::error::DistError;
+use crate::files;
+use crate::shard::{coords, DTensorMeta, LocalBlock};
+use crate::Features;
+
+/// A folder of pre-sharded samples, read from one rank.
+#[derive(Debug)]
+pub struct PreshardedDataset {
+    root: PathBuf,
+    names: Vec<String>,
+    cp: [usize; 2],
+}
+
+fn setup(message: String) -> DistError {
+    DistError::Setup { message }
+}
+
+impl PreshardedDataset {
+    /// Opens `root` (with its `dataset.json`) for `plan` on a CP mesh of sizes `cp`:
+    /// refuses a folder sharded with another spec or mesh. Failed samples are left out.
+    pub fn open(root: &Path, plan: &Plan, cp: [usize; 2]) -> Result<Self, DistError> {
+        let path = root.join("dataset.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| setup(format!("{}: {e}", path.display())))?;
+        let d = shards::parse_dataset(&text, plan, cp)
+            .map_err(|e| setup(format!("{}: {e}", path.display())))?;
+        let names = d
+            .samples
+            .into_iter()
+            .filter(|s| s.status != shards::Status::Failed)
+            .map(|s| s.name)
+            .collect();
+        Ok(PreshardedDataset {
+            root: root.to_path_buf(),
+            names,
+            cp,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The CP rank's part of sample `index`, read from its own rank file alone: the
+    /// blocks with their DTensor metadata, as the online path delivers them. The file
+    /// must say it is this rank's of the sample's run and layout.
+    pub fn read(
+        &self,
+        plan: &Plan,
+        index: usize,
+        cp_rank: usize,
+    ) -> Result<LocalSample, DistError> {
+        let name = self.names.get(index).ok_or_else(|| {
+            setup(format!(
+                "sample {index} of {} pre-sharded samples",
+                self.names.len()
+            ))
+        })?;
+        let folder = self.root.join(name);
+        let path = folder.join("manifest.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| setup(format!("{}: {e}", path.display())))?;
+        let m =
+            shards::parse(&text, plan).map_err(|e| setup(format!("{}: {e}", path.display())))?;
+        if m.mesh != self.cp {
+            return Err(setup(format!(
+                "{}: sharded for mesh {:?}",
+                path.display(),
+                m.mesh
+            )));
+        }
+        let file = folder.join(format!("rank-{cp_rank}.safetensors"));
+        check_identity(&file, &m, cp_rank)?;
+        let mut tensors = files::read_tensors(&file)?;
+        let blocks = blocks_of(plan, &m, &mut tensors)?;
+        Ok(LocalSample {
+            sample: index,
+            layout: m.layout,
+            coord: coords(self.cp, cp_rank),
+            blocks,
+            passthrough: tensors,
+        })
+    }
+}
+
+fn check_identity(file: &Path, m: &Manifest, rank: usize) -> Result<(), DistError> {
+    let header = files::read_metadata(file)?;
+    let want = RankIdentity {
+        run: m.run.clone(),
+        rank,
+        mesh: m.mesh,
+        layout_sha256: layout_digest(&m.layout).map_err(setup)?,
+    };
+    let found: Option<RankIdentity> = header
+        .get(RANK_KEY)
+        .and_then(|t| serde_json::from_str(t).ok());
+    if found.as_ref() != Some(&want) {
+        return Err(setup(format!(
+            "{}: not rank {rank} of this sample's run and layout ({found:?})",
+            file.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The tensor features of the rank file as blocks with the manifest's DTensor metadata;
+/// what is left in `tensors` is passed through.
+fn blocks_of(
+    plan: &Plan,
+    m: &Manifest,
+    tensors: &mut Features,
+) -> Result<BTreeMap<String, LocalBlock>, DistError> {
+    let mut blocks = BTreeMap::new();
+    for (name, entry) in &m.features {
+        let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
+            continue;
+        };
+        let tensor = tensors.remove(name).ok_or_else(|| DistError::Protocol {
+            message: format!("feature `{name}`: in the manifest, not in the rank file"),
+        })?;
+        let local: Vec<i64> = entry.local_shape.iter().map(|&d| d as i64).collect();
+        if tensor.size() != local {
+            return Err(DistError::Protocol {
+                message: format!(
+                    "feature `{name}`: the rank file holds {:?}, the manifest says {:?}",
+                    tensor.size(),
+                    entry.local_shape
+                ),
+            });
+        }
+        let meta = DTensorMeta {
+            global_shape: entry.global_shape.clone(),
+            stride: entry.global_stride.clone(),
+            placements: t.placements.clone(),
+        };
+        blocks.insert(name.clone(), LocalBlock { tensor, meta });
+    }
+    Ok(blocks)
+}

@@ -1,0 +1,199 @@
+//! The on-disk format of pre-sharded samples: a sample's `manifest.json` (what its rank
+//! files hold and how to put them back together), the identity every rank file carries,
+//! and a dataset's `dataset.json`. Read with every number checked before anything
+//! trusts it; shared by the writer (`featshard shard`) and every reader.
+
+use std::collections::BTreeMap;
+
+use crate::ir::{Placement, Source};
+use crate::limits::{check_length, check_mesh};
+use crate::plan::{Plan, SampleLayout};
+use serde::{Deserialize, Serialize};
+
+/// Version of manifest.json.
+pub const MANIFEST_VERSION: u32 = 2;
+
+/// `DIR/manifest.json`: what the rank files hold and how to put them back together.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    /// The spec file name and the SHA-256 of its text.
+    pub spec: Source,
+    pub mesh: [usize; 2],
+    pub workflow: Option<String>,
+    /// Run-time lengths, padded lengths and owner-block positions of the sample.
+    pub layout: SampleLayout,
+    pub features: BTreeMap<String, FeatureEntry>,
+    /// Features carried along untouched, in every rank file.
+    pub passthrough: Vec<String>,
+    /// Metadata features (non-tensor values, as text) from the sample file's header,
+    /// in every rank file's header too.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// What intake removed from the sample as emitted: keys dropped, the lengths of
+    /// semantics that arrived padded (their pads are not kept), unowned rows dropped.
+    #[serde(default)]
+    pub incoming: Incoming,
+    /// Size and CRC-32 of every rank file, as written: a finished sample is verified
+    /// against them before a dataset run skips it.
+    #[serde(default)]
+    pub files: BTreeMap<String, FileSum>,
+    /// This run's identity, which every rank file of it carries (with its rank, the
+    /// mesh and the SHA-256 of `layout`): rank files swapped, taken from another run or
+    /// a manifest edited after the run are refused.
+    pub run: String,
+}
+
+/// The header entry naming a rank file's place: `RANK_KEY` -> JSON of this. A spec
+/// feature cannot be named so (names are snake_case).
+pub const RANK_KEY: &str = "featshard.rank";
+
+/// What a rank file says of itself.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankIdentity {
+    pub run: String,
+    pub rank: usize,
+    pub mesh: [usize; 2],
+    pub layout_sha256: String,
+}
+
+/// A file's size and CRC-32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSum {
+    pub bytes: u64,
+    pub crc32: u32,
+}
+
+/// The SHA-256 of a layout's JSON, which rank files carry.
+pub fn layout_digest(layout: &SampleLayout) -> Result<String, String> {
+    let text = serde_json::to_string(layout).map_err(|e| e.to_string())?;
+    Ok(crate::lower::sha256_hex(&text))
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Incoming {
+    pub dropped: Vec<String>,
+    pub arrived: BTreeMap<String, usize>,
+    pub unowned_rows: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct FeatureEntry {
+    pub dtype: String,
+    pub placements: Vec<Placement>,
+    /// The DTensor's global shape (co-sharded axes count one block).
+    pub global_shape: Vec<usize>,
+    pub global_stride: Vec<usize>,
+    pub padded_shape: Vec<usize>,
+    pub serial_shape: Vec<usize>,
+    pub local_shape: Vec<usize>,
+}
+
+/// Reads a manifest for `plan`: its version, spec, mesh and layout checked. Every size
+/// within the spec crate's limits, every position inside its padded axis, and the
+/// layout's shapes resolvable, so nothing later indexes out of range.
+pub fn parse(text: &str, plan: &Plan) -> Result<Manifest, String> {
+    let m: Manifest = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if m.version != MANIFEST_VERSION {
+        return Err(format!(
+            "manifest version {} (this featshard reads {MANIFEST_VERSION})",
+            m.version
+        ));
+    }
+    if m.spec.sha256 != plan.source.sha256 {
+        return Err(format!(
+            "sharded with a different spec (sha256 {}); this spec has sha256 {}",
+            m.spec.sha256, plan.source.sha256
+        ));
+    }
+    check_mesh(&m.mesh)?;
+    check_layout(&m, plan)?;
+    Ok(m)
+}
+
+fn check_layout(m: &Manifest, plan: &Plan) -> Result<(), String> {
+    let l = &m.layout;
+    if l.mesh != m.mesh {
+        return Err(format!(
+            "the layout is for mesh {:?}, the manifest's is {:?}",
+            l.mesh, m.mesh
+        ));
+    }
+    for (s, &n) in l.sizes.iter().chain(&l.padded) {
+        check_length(s, n)?;
+    }
+    for (s, pos) in &l.positions {
+        let (Some(&n), Some(&padded)) = (l.sizes.get(s), l.padded.get(s)) else {
+            return Err(format!("`{s}` has positions but no length"));
+        };
+        if pos.len() != n || pos.iter().any(|&p| p >= padded) {
+            return Err(format!(
+                "the positions of `{s}` do not fit its {n} items in {padded} places"
+            ));
+        }
+    }
+    let names: Vec<&str> = m.features.keys().map(String::as_str).collect();
+    plan.shapes_of(l, names)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Version of `dataset.json`.
+pub const DATASET_VERSION: u32 = 1;
+
+/// `OUT/dataset.json`: every sample of the run and how it went.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DatasetManifest {
+    pub version: u32,
+    pub spec: Source,
+    pub mesh: [usize; 2],
+    pub workflow: Option<String>,
+    pub samples: Vec<SampleEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SampleEntry {
+    /// The sample's folder under OUT (its file name without `.safetensors`).
+    pub name: String,
+    pub source: std::path::PathBuf,
+    pub status: Status,
+    /// Bytes of its rank files.
+    pub bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Sharded by this run.
+    Sharded,
+    /// Already finished and verified: skipped.
+    Verified,
+    Failed,
+}
+
+/// Reads a dataset's `dataset.json` for `plan` and a CP mesh: refuses another spec or
+/// mesh.
+pub fn parse_dataset(text: &str, plan: &Plan, mesh: [usize; 2]) -> Result<DatasetManifest, String> {
+    let d: DatasetManifest = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if d.version != DATASET_VERSION {
+        return Err(format!(
+            "dataset version {} (this featshard reads {DATASET_VERSION})",
+            d.version
+        ));
+    }
+    if d.spec.sha256 != plan.source.sha256 {
+        return Err(format!(
+            "sharded with a different spec (sha256 {})",
+            d.spec.sha256
+        ));
+    }
+    if d.mesh != mesh {
+        return Err(format!(
+            "sharded for mesh {:?}, this CP mesh is {mesh:?}",
+            d.mesh
+        ));
+    }
+    Ok(d)
+}
