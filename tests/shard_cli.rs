@@ -233,7 +233,8 @@ fn assemble_refuses_shards_of_another_spec() {
         &dir.path().join("x.safetensors").display().to_string(),
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("was sharded with a different spec"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("manifest.json: sharded with a different spec"), "{err}");
 }
 
 fn real(name: &str) -> PathBuf {
