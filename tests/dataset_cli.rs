@@ -104,7 +104,10 @@ fn a_dataset_shards_into_one_folder_per_sample_and_names_its_failures() {
         err.contains("4 sharded, 0 already done and verified, 1 failed"),
         "{err}"
     );
-    assert!(err.contains("  broken: cannot read"), "{err}");
+    assert!(
+        err.contains("  broken: ") && err.contains("broken.safetensors: cannot read"),
+        "{err}"
+    );
     for name in &names {
         for r in 0..4 {
             assert!(out

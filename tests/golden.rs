@@ -130,3 +130,39 @@ fn golden_rust_module_compiles_alone_with_rustc() {
         "generated Rust module does not compile on its own"
     );
 }
+
+/// `schema/featshard.schema.json`, where every example's `yaml-language-server` line
+/// points, is `featshard schema`'s output (rewritten with `FEATSHARD_BLESS=1`).
+#[test]
+fn the_shipped_schema_is_the_generated_one_and_every_example_points_at_it() {
+    let path = root().join("schema/featshard.schema.json");
+    let generated = commands::schema(false);
+    let shipped = std::fs::read_to_string(&path).unwrap_or_default();
+    if shipped != generated && std::env::var_os("FEATSHARD_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &generated).unwrap();
+    } else {
+        assert!(
+            shipped == generated,
+            "{} is stale: rerun with FEATSHARD_BLESS=1 ({})",
+            path.display(),
+            first_difference(&shipped, &generated)
+        );
+    }
+    for e in std::fs::read_dir(root().join("examples")).unwrap() {
+        let example = e.unwrap().path();
+        let text = std::fs::read_to_string(&example).unwrap();
+        let reference = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# yaml-language-server: $schema="))
+            .unwrap_or_else(|| panic!("{} names no schema", example.display()));
+        let target = example.parent().unwrap().join(reference);
+        assert!(
+            target.exists(),
+            "{}: {reference} does not resolve",
+            example.display()
+        );
+        assert_eq!(target.canonicalize().unwrap(), path.canonicalize().unwrap());
+    }
+}

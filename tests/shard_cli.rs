@@ -234,7 +234,10 @@ fn assemble_refuses_shards_of_another_spec() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("manifest.json: sharded with a different spec"), "{err}");
+    assert!(
+        err.contains("manifest.json: sharded with a different spec"),
+        "{err}"
+    );
 }
 
 fn real(name: &str) -> PathBuf {

@@ -202,6 +202,19 @@ def test_example_spec_validates_against_the_json_schema() -> None:
         jsonschema.validate(spec, schema)
 
 
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_every_example_validates_against_the_schema_it_points_at(example: str) -> None:
+    import jsonschema
+    import yaml
+
+    path = ROOT / "examples" / example
+    first = path.read_text().splitlines()[0]
+    reference = first.removeprefix("# yaml-language-server: $schema=")
+    assert reference != first, f"{example} names no schema"
+    schema = json.loads((path.parent / reference).read_text())
+    jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+
+
 def test_generate_tests_writes_a_parity_test_that_passes(tmp_path: Path) -> None:
     """`featshard generate --tests`: the user's own parity test, linted, typed and run."""
     out = tmp_path / "gen"
