@@ -49,8 +49,8 @@ def random_sample(
             x = torch.ones(shape, dtype=dtype)  # every item is real
         elif role is not None and role.one_hot is None and role.of == "atoms":
             x = torch.randint(0, max(n_atoms, 1), shape, generator=g, dtype=dtype)
-        elif dtype == torch.bool:
-            x = torch.rand(shape, generator=g) > 0.5
+        elif dtype == torch.bool or name in placements.MASKS:
+            x = (torch.rand(shape, generator=g) > 0.5).to(dtype)
         elif dtype.is_floating_point:
             x = torch.rand(shape, generator=g, dtype=torch.float64).to(dtype) + 0.5
         else:
