@@ -501,6 +501,56 @@ mod files {
     }
 
     #[test]
+    fn concurrent_runs_into_one_folder_leave_one_whole_result_and_no_staging() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("s");
+        let input = real();
+        let args = [
+            "shard",
+            "examples/boltz2.yaml",
+            "--features",
+            &input,
+            "--mesh",
+            "2x2",
+            "--workflow",
+            "inference",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        let runs: Vec<_> = (0..3)
+            .map(|_| {
+                Command::new(env!("CARGO_BIN_EXE_featshard"))
+                    .args(args)
+                    .current_dir(root())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("run featshard")
+            })
+            .collect();
+        let outputs: Vec<Output> = runs
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        let won = outputs.iter().filter(|o| o.status.success()).count();
+        assert_eq!(won, 1, "exactly one run writes the folder");
+        for lost in outputs.iter().filter(|o| !o.status.success()) {
+            refused(lost, &["s"]);
+        }
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["s"], "only the result, no staging");
+        let back = dir.path().join("back.safetensors");
+        let run = assemble(&out, &back);
+        assert!(
+            run.status.success(),
+            "the winner's folder is whole: {}",
+            stderr(&run)
+        );
+    }
+
+    #[test]
     fn staging_left_by_a_killed_run_is_removed_by_the_next() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("s");

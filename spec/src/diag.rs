@@ -115,7 +115,10 @@ pub struct Diagnostics {
 }
 
 impl Diagnostics {
-    pub fn new(source_name: &str, source: &str, errors: Vec<SpecError>) -> Self {
+    pub fn new(source_name: &str, source: &str, mut errors: Vec<SpecError>) -> Self {
+        for e in &mut errors {
+            e.loc = e.loc.anchored(source);
+        }
         Diagnostics {
             source_name: source_name.to_owned(),
             source: Arc::new(source.to_owned()),

@@ -43,8 +43,76 @@ impl Loc {
     }
 }
 
+impl Loc {
+    /// This location with its byte offset moved to its line and column in `text`, when
+    /// the two disagree (YAML syntax errors come with a line and column but no byte
+    /// offset, which would underline the first character instead).
+    pub(crate) fn anchored(self, text: &str) -> Loc {
+        if !self.is_known() || line_col(text, self.offset) == (self.line, self.column) {
+            return self;
+        }
+        let Some(offset) = offset_of(text, self.line, self.column) else {
+            return self;
+        };
+        Loc {
+            offset,
+            len: self.len.min(text.len() - offset).max(1),
+            ..self
+        }
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_col(text: &str, offset: usize) -> (u32, u32) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (
+        u32::try_from(line).unwrap_or(u32::MAX),
+        u32::try_from(column).unwrap_or(u32::MAX),
+    )
+}
+
+/// The byte offset of a 1-based line and column, if the text has them.
+fn offset_of(text: &str, line: u32, column: u32) -> Option<usize> {
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(usize::try_from(line).ok()?.checked_sub(1)?)
+        .map(str::len)
+        .sum();
+    let rest = text.get(start..)?;
+    let col = usize::try_from(column).ok()?.checked_sub(1)?;
+    let within = rest.char_indices().nth(col).map(|(i, _)| i);
+    within
+        .or((col == rest.chars().count()).then_some(rest.len()))
+        .map(|i| start + i)
+}
+
 impl std::fmt::Display for Loc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_location_without_its_offset_is_anchored_at_its_line_and_column() {
+        let text = "a: 1\nbé: [2\n";
+        let bare = Loc {
+            line: 2,
+            column: 4,
+            offset: 0,
+            len: 1,
+        };
+        let at = bare.anchored(text);
+        assert_eq!(at.offset, 9);
+        assert_eq!(line_col(text, at.offset), (2, 4));
+        // A consistent location is left as it is; one past the text is not moved.
+        assert_eq!(at.anchored(text), at);
+        let past = Loc { line: 9, ..bare };
+        assert_eq!(past.anchored(text), past);
     }
 }

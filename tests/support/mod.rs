@@ -18,8 +18,30 @@ pub fn errors_of(text: &str) -> String {
     }
     match compile_str("spec.yaml", text) {
         Ok(_) => panic!("spec was accepted:\n{text}"),
-        Err(d) => d.render_plain(),
+        Err(d) => {
+            for e in &d.errors {
+                assert_snippet_at_message(text, e);
+            }
+            d.render_plain()
+        }
     }
+}
+
+/// The snippet a rendered error underlines starts where its message says: the label's
+/// byte offset lies at the error's line:col.
+pub fn assert_snippet_at_message(text: &str, e: &featshard_spec::diag::SpecError) {
+    if !e.loc.is_known() {
+        return;
+    }
+    let before = &text[..e.loc.offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    assert_eq!(
+        (line, column),
+        (e.loc.line as usize, e.loc.column as usize),
+        "`{e}` says {} but its snippet starts at {line}:{column}",
+        e.loc
+    );
 }
 
 /// Asserts that some error line holds every `needle`.
