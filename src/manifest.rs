@@ -5,14 +5,6 @@ pub use featshard_spec::shards::*;
 
 use featshard_spec::plan::Plan;
 
-/// The size and CRC-32 of bytes about to be written.
-pub fn sum_of(data: &[u8]) -> FileSum {
-    FileSum {
-        bytes: data.len() as u64,
-        crc32: crc32fast::hash(data),
-    }
-}
-
 /// A file's size and CRC-32, read in pieces (a finished sample being verified).
 pub fn sum_of_file(path: &std::path::Path) -> std::io::Result<FileSum> {
     use std::io::Read;

@@ -3,15 +3,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use featshard_runtime::shard::{contiguous_stride, coords};
-use featshard_runtime::{assemble, pad, unpad, Features, Options, Padded};
+use featshard_runtime::mapping::Mapping;
+use featshard_runtime::rank_files::write_rank_files;
+use featshard_runtime::shard::contiguous_stride;
+use featshard_runtime::{assemble, place, unpad, Features, Options, Placed};
 use featshard_spec::plan::{FeaturePlan, Plan};
-use tch::Tensor;
 
 use crate::commands::{load, Failure};
 use crate::files::{self, Metadata};
 use crate::manifest::{
-    self, layout_digest, new_run_id, FeatureEntry, Incoming, Manifest, RankIdentity, RANK_KEY,
+    self, layout_digest, new_run_id, FeatureEntry, FileSum, Incoming, Manifest, RankIdentity,
+    RANK_KEY,
 };
 
 fn other(e: impl std::fmt::Display) -> Failure {
@@ -123,39 +125,33 @@ pub fn shard(
 /// Shards one sample file into `out` (absent or empty): staged next to it, renamed into
 /// place at the end, so a failure leaves nothing. Returns the bytes written.
 pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, Failure> {
-    let sample = read_features(features)?;
+    let (sample, mapping) = files::map_tensors(features).map_err(other)?;
     let metadata = sample_metadata(req.plan, features, req.workflow)?;
     let opts = Options {
         workflow: req.workflow.map(str::to_owned),
         passthrough: req.passthrough.iter().cloned().collect::<BTreeSet<_>>(),
         threads: req.threads,
     };
-    let padded = pad(req.plan, req.mesh, &sample, &opts).map_err(other)?;
+    let placed = place(req.plan, req.mesh, &sample, &opts).map_err(other)?;
+    // The placed sample holds what it needs; the rest of the mapped file can go.
     drop(sample);
     remove_stale_staging(out);
     let staging = staging_dir(out);
     // Whatever fails from here on, this run's staging folder goes.
-    let result = write_shards(
-        req.plan,
-        &padded,
-        req.workflow,
-        &metadata,
-        &staging,
-        req.verbose,
-    )
-    .and_then(|bytes| {
-        if out.exists() {
-            std::fs::remove_dir(out).map_err(|e| {
-                other(format!(
-                    "{}: {e} (another run wrote it first?)",
-                    out.display()
-                ))
-            })?;
-        }
-        std::fs::rename(&staging, out)
-            .map_err(|e| other(format!("cannot move shards into {}: {e}", out.display())))?;
-        Ok(bytes)
-    });
+    let result =
+        write_shards(req, placed, mapping.as_ref(), &metadata, &staging).and_then(|bytes| {
+            if out.exists() {
+                std::fs::remove_dir(out).map_err(|e| {
+                    other(format!(
+                        "{}: {e} (another run wrote it first?)",
+                        out.display()
+                    ))
+                })?;
+            }
+            std::fs::rename(&staging, out)
+                .map_err(|e| other(format!("cannot move shards into {}: {e}", out.display())))?;
+            Ok(bytes)
+        });
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }
@@ -163,53 +159,51 @@ pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, F
 }
 
 fn write_shards(
-    plan: &Plan,
-    padded: &Padded,
-    workflow: Option<&str>,
+    req: &Request,
+    placed: Placed,
+    mapping: Option<&Mapping>,
     metadata: &Metadata,
     dir: &Path,
-    verbose: bool,
 ) -> Result<u64, Failure> {
+    let plan = req.plan;
     std::fs::create_dir_all(dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
-    let world = padded.world_size();
+    let mesh = placed.layout.mesh;
+    let world: usize = mesh.iter().product();
     let run = new_run_id(plan);
-    let layout_sha256 = layout_digest(&padded.layout).map_err(other)?;
-    let mut sums = BTreeMap::new();
-    for rank in 0..world {
-        let mut tensors: BTreeMap<String, Tensor> = padded
-            .rank_blocks(plan, rank)
-            .map_err(other)?
-            .into_iter()
-            .map(|(n, b)| (n, b.tensor))
-            .collect();
-        for (n, t) in &padded.passthrough {
-            tensors.insert(n.clone(), t.shallow_clone());
-        }
-        let identity = RankIdentity {
-            run: run.clone(),
-            rank,
-            mesh: padded.mesh(),
-            layout_sha256: layout_sha256.clone(),
-        };
-        let mut header = metadata.clone();
-        header.insert(
-            RANK_KEY.into(),
-            serde_json::to_string(&identity).map_err(other)?,
+    let layout_sha256 = layout_digest(&placed.layout).map_err(other)?;
+    let headers = (0..world)
+        .map(|rank| {
+            let identity = RankIdentity {
+                run: run.clone(),
+                rank,
+                mesh,
+                layout_sha256: layout_sha256.clone(),
+            };
+            let mut header = metadata.clone();
+            header.insert(
+                RANK_KEY.into(),
+                serde_json::to_string(&identity).map_err(other)?,
+            );
+            Ok(header)
+        })
+        .collect::<Result<Vec<_>, Failure>>()?;
+    let names: Vec<String> = (0..world)
+        .map(|r| format!("rank-{r}.safetensors"))
+        .collect();
+    let paths: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
+    let (layout, shapes) = (placed.layout.clone(), placed.shapes.clone());
+    let intake = placed.intake.clone();
+    let passthrough: Vec<String> = placed.passthrough.keys().cloned().collect();
+    let written =
+        write_rank_files(plan, placed, mapping, &headers, &paths, req.threads).map_err(other)?;
+    if req.verbose {
+        eprintln!(
+            "{world} rank files written ({} x {} mesh)",
+            mesh[0], mesh[1]
         );
-        let name = format!("rank-{rank}.safetensors");
-        let bytes = files::serialize(&tensors, &header).map_err(other)?;
-        drop(tensors);
-        let sum = manifest::sum_of(&bytes);
-        std::fs::write(dir.join(&name), &bytes)
-            .map_err(|e| other(format!("cannot write {}: {e}", dir.join(&name).display())))?;
-        sums.insert(name, sum);
-        if verbose {
-            let [i, j] = coords(padded.mesh(), rank);
-            eprintln!("rank {rank} ({i}, {j}): {} of {world} written", rank + 1);
-        }
     }
-    let features = padded
-        .shapes
+    let sums: BTreeMap<String, FileSum> = names.into_iter().zip(written).collect();
+    let features = shapes
         .iter()
         .map(|(n, s)| {
             let t = featshard_runtime::sample::tensor_plan(plan, n).map_err(other)?;
@@ -230,16 +224,16 @@ fn write_shards(
     let manifest = Manifest {
         version: manifest::MANIFEST_VERSION,
         spec: plan.source.clone(),
-        mesh: padded.mesh(),
-        workflow: workflow.map(str::to_owned),
-        layout: padded.layout.clone(),
+        mesh,
+        workflow: req.workflow.map(str::to_owned),
+        layout,
         features,
-        passthrough: padded.passthrough.keys().cloned().collect(),
+        passthrough,
         metadata: metadata.clone(),
         incoming: Incoming {
-            dropped: padded.intake.dropped.clone(),
-            arrived: padded.intake.arrived.clone(),
-            unowned_rows: padded.intake.unowned.clone(),
+            dropped: intake.dropped,
+            arrived: intake.arrived,
+            unowned_rows: intake.unowned,
         },
         files: sums,
         run,

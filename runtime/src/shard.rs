@@ -131,7 +131,11 @@ impl Placed {
 
 /// The region of a feature's padded layout the rank at `coord` holds, `(start, len)`
 /// per axis: a co-sharded (follower) axis takes its leader's coordinate.
-fn block_window(t: &TensorPlan, local: &[usize], coord: [usize; CP_AXES]) -> Vec<(i64, i64)> {
+pub(crate) fn block_window(
+    t: &TensorPlan,
+    local: &[usize],
+    coord: [usize; CP_AXES],
+) -> Vec<(i64, i64)> {
     t.axes
         .iter()
         .zip(local)

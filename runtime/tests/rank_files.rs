@@ -1,0 +1,109 @@
+//! Parity: the rank files written straight from a memory-mapped sample (pages given
+//! back as they go) hold exactly the blocks of the padded global layout, on random
+//! meshes, atom counts and thread counts.
+
+mod common;
+
+use featshard_runtime::files::{self, Metadata};
+use featshard_runtime::rank_files::write_rank_files;
+use featshard_runtime::{pad, place, Options};
+use proptest::prelude::*;
+
+fn inference() -> Options {
+    Options {
+        workflow: Some("inference".into()),
+        ..Options::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    #[test]
+    fn rank_files_hold_the_padded_layouts_blocks(
+        mesh in (1usize..=3, 1usize..=3),
+        counts in prop::collection::vec(0i64..5, 1..16),
+        threads in 1usize..=3,
+        seed in 0i64..1000,
+    ) {
+        let mut counts = counts;
+        if counts.iter().all(|&c| c == 0) {
+            counts[0] = 1;
+        }
+        check_rank_files([mesh.0, mesh.1], &counts, threads, seed)?;
+    }
+}
+
+/// Pair features of 120 tokens span many pages: rows are given back block row by
+/// block row while later ranks still read the rest.
+#[test]
+fn pages_given_back_while_writing_leave_every_block_whole() {
+    let counts: Vec<i64> = (0..120).map(|i| i % 4).collect();
+    check_rank_files([3, 3], &counts, 1, 7).unwrap();
+    check_rank_files([2, 3], &counts, 2, 8).unwrap();
+}
+
+fn check_rank_files(
+    mesh: [usize; 2],
+    counts: &[i64],
+    threads: usize,
+    seed: i64,
+) -> Result<(), TestCaseError> {
+    let plan = common::boltz2_plan();
+    let sample = common::boltz_sample(&plan, counts, seed);
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("sample.safetensors");
+    files::write(&input, &sample, &Metadata::new()).unwrap();
+    let padded = pad(&plan, mesh, &sample, &inference()).unwrap();
+
+    let (mapped, mapping) = files::map_tensors(&input).unwrap();
+    prop_assert!(mapping.is_some());
+    let placed = place(&plan, mesh, &mapped, &inference()).unwrap();
+    drop(mapped);
+    let world = mesh[0] * mesh[1];
+    let headers: Vec<Metadata> = (0..world)
+        .map(|r| [("rank".to_owned(), r.to_string())].into())
+        .collect();
+    let paths: Vec<_> = (0..world)
+        .map(|r| dir.path().join(format!("rank-{r}.safetensors")))
+        .collect();
+    let sums =
+        write_rank_files(&plan, placed, mapping.as_ref(), &headers, &paths, threads).unwrap();
+
+    for (rank, path) in paths.iter().enumerate() {
+        let bytes = std::fs::read(path).unwrap();
+        prop_assert_eq!(sums[rank].bytes, bytes.len() as u64);
+        prop_assert_eq!(sums[rank].crc32, crc32fast::hash(&bytes));
+        prop_assert_eq!(files::read_metadata(path).unwrap(), headers[rank].clone());
+        let got = files::read_tensors(path).unwrap();
+        let want = padded.rank_blocks(&plan, rank).unwrap();
+        prop_assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>()
+        );
+        for (name, block) in &want {
+            let x = &got[name];
+            prop_assert_eq!(
+                x.size(),
+                block.tensor.size(),
+                "rank {} {}: shape",
+                rank,
+                name
+            );
+            prop_assert!(
+                x.equal(&block.tensor),
+                "rank {} {}: values differ",
+                rank,
+                name
+            );
+        }
+        // Byte for byte what serializing the padded path's blocks gives.
+        let tensors = want.into_iter().map(|(n, b)| (n, b.tensor)).collect();
+        prop_assert!(
+            bytes == files::serialize(&tensors, &headers[rank]).unwrap(),
+            "rank {}: bytes",
+            rank
+        );
+    }
+    Ok(())
+}
