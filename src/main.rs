@@ -65,7 +65,7 @@ enum Command {
         /// Datasets: samples sharded at a time.
         #[arg(long, default_value_t = 1)]
         jobs: usize,
-        /// Threads of each job (value checks and block writes).
+        /// Threads of each job, or of the one sample (value checks and block writes).
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// CP mesh sizes, e.g. 3x3 or 2x3.
@@ -167,7 +167,15 @@ fn shard(
         return featshard::dataset::shard_dataset(spec, features, &run, out);
     }
     let path = std::path::Path::new(features);
-    featshard::shards::shard(spec, path, run.mesh, run.workflow, run.passthrough, out)
+    featshard::shards::shard(
+        spec,
+        path,
+        run.mesh,
+        run.workflow,
+        run.passthrough,
+        run.threads,
+        out,
+    )
 }
 
 #[cfg(feature = "runtime")]

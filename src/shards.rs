@@ -97,6 +97,7 @@ pub fn shard(
     mesh: [usize; 2],
     workflow: Option<&str>,
     passthrough: &[String],
+    threads: usize,
     out: &Path,
 ) -> Result<String, Failure> {
     let (_, plan) = load(spec)?;
@@ -111,7 +112,7 @@ pub fn shard(
         mesh,
         workflow,
         passthrough,
-        threads: 0,
+        threads,
         verbose: true,
     };
     shard_sample(&req, features, out)?;

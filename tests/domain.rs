@@ -301,3 +301,124 @@ fn resolving_lengths_that_leave_a_shard_empty_names_the_feature_and_axis() {
         "the largest of 3, 3, 1"
     );
 }
+
+/// A 2D domain: `xs` uneven over dx, `ys` padded over dy; lines 1-11.
+const STENCIL: &str = "\
+version: 1
+module: field
+mesh:
+  domain: [dx, dy]
+  uneven: [dx]
+semantics:
+  batch: {shard: false, batch: true}
+  xs: {shard: true, halo: 2}
+  ys: {shard: true, stride: 2, halo: 3}
+features:
+  u: {axes: [batch, xs, ys], dtype: float32}
+";
+
+fn stencil_lengths(xs: usize, ys: usize) -> featshard_spec::plan::Lengths {
+    featshard_spec::plan::Lengths {
+        sizes: [("batch", 1), ("xs", xs), ("ys", ys)]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn stride_and_halo_pad_an_even_axis_until_every_shard_meets_them() {
+    let (_, plan) = compile_str("spec.yaml", STENCIL).unwrap();
+    // (ys, dy ranks) -> padded ys: a multiple of 2 x ranks, at least 3 per shard.
+    for (ys, ranks, want) in [(5, 2, 8), (9, 2, 12), (1, 2, 8), (5, 3, 12), (13, 1, 14)] {
+        let r = plan
+            .resolve([3, ranks], &stencil_lengths(8, ys), None)
+            .unwrap();
+        assert_eq!(r.padded["ys"], want, "ys = {ys} over {ranks} ranks");
+        let shard = want / ranks;
+        assert!(shard % 2 == 0 && shard >= 3, "shard {shard}");
+    }
+}
+
+#[test]
+fn an_uneven_axis_whose_chunks_break_the_halo_is_refused_naming_axis_mesh_and_lengths() {
+    let (_, plan) = compile_str("spec.yaml", STENCIL).unwrap();
+    let e = plan
+        .resolve([3, 2], &stencil_lengths(7, 4), None)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "feature `u`, axis 1 (xs): 7 items over 3 ranks of mesh axis `dx` give shards [3, 3, 1], \
+         but `xs` needs every shard at least 2 long; no uneven layout exists: pad the axis \
+         (drop `dx` from `uneven`) or change the length or the mesh"
+    );
+    let r = plan.resolve([3, 2], &stencil_lengths(8, 4), None).unwrap();
+    assert_eq!(r.features["u"].local_shape, vec![1, 3, 4], "chunks 3, 3, 2");
+    // A stride on an uneven axis: 7 over 2 ranks gives 4 and 3.
+    let strided = STENCIL.replace("xs: {shard: true, halo: 2}", "xs: {shard: true, stride: 2}");
+    let (_, plan) = compile_str("spec.yaml", &strided).unwrap();
+    let e = plan
+        .resolve([2, 1], &stencil_lengths(7, 4), None)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("give shards [4, 3], but `xs` needs every shard a multiple of 2;"),
+        "{e}"
+    );
+    assert!(plan.resolve([2, 1], &stencil_lengths(8, 4), None).is_ok());
+}
+
+#[test]
+fn stride_and_halo_where_they_cannot_apply_are_spec_errors() {
+    assert_error(
+        &STENCIL.replace("stride: 2, halo: 3", "stride: 0, halo: 3"),
+        &["spec.yaml:9:", "semantic `ys`", "stride must be at least 1"],
+    );
+    assert_error(
+        &STENCIL.replace(
+            "batch: {shard: false, batch: true}",
+            "batch: {shard: false, batch: true, halo: 1}",
+        ),
+        &[
+            "spec.yaml:7:",
+            "semantic `batch`",
+            "`halo` constrains shards, but this semantic is not sharded",
+        ],
+    );
+    assert_error(
+        &STENCIL.replace("halo: 3}", "halo: 300000000}"),
+        &[
+            "spec.yaml:9:",
+            "semantic `ys`",
+            "halo 300000000 is more than the length limit",
+        ],
+    );
+    let cp = "\
+version: 1
+module: cp
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true, stride: 4}
+  atoms: {shard: true, owner: tokens, counts: n, halo: 2}
+features:
+  n: {axes: [tokens], dtype: int64}
+  x: {axes: [atoms], dtype: float32}
+";
+    assert_error(
+        cp,
+        &[
+            "spec.yaml:5:",
+            "semantic `tokens`",
+            "`stride` and `halo` apply to domain-parallel specs",
+        ],
+    );
+    assert_error(
+        cp,
+        &[
+            "spec.yaml:6:",
+            "semantic `atoms`",
+            "`halo` applies to axes a mesh splits directly, not to owned items",
+        ],
+    );
+}

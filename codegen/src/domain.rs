@@ -35,6 +35,8 @@ struct SemanticRow {
     sharded: &'static str,
     batch: &'static str,
     pad_mesh_axes: String,
+    stride: u32,
+    halo: u32,
 }
 
 #[derive(Serialize)]
@@ -69,6 +71,8 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
                 .iter()
                 .map(ToString::to_string),
             ),
+            stride: s.stride.max(1),
+            halo: s.halo,
         })
         .collect();
     let mut features = Vec::new();
@@ -93,14 +97,15 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
             pad: py_pad(t.pad_value),
         });
     }
-    // The generated test: uneven shards on 3 ranks, and ddp x domain on 4 ranks.
+    // The generated test: domain only with uneven shards on 3 ranks (3 x 2 on a 2D
+    // domain: both axes split), and ddp 2 x domain 2.
     let n = plan.mesh.cp.len();
-    let one = |first: usize| {
+    let sizes = |lead: &[usize]| {
         let mut v = vec![1usize; n];
-        v[0] = first;
+        v[..lead.len().min(n)].copy_from_slice(&lead[..lead.len().min(n)]);
         py_tuple(v.iter().map(ToString::to_string))
     };
-    let test_meshes = format!("[(1, {}), (2, {})]", one(3), one(2));
+    let test_meshes = format!("[(1, {}), (2, {})]", sizes(&[3, 2]), sizes(&[2]));
     Ok(Ctx {
         header,
         module: plan.module.clone(),

@@ -256,6 +256,7 @@ fn from_attributes(
                     loc: Loc::UNKNOWN,
                 }),
                 unowned_rows,
+                shards: Default::default(),
                 loc: Loc::UNKNOWN,
             },
         );

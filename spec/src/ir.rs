@@ -136,6 +136,19 @@ pub struct Semantic {
     pub incoming: Option<Incoming>,
     /// Rows of the owner map with no owner are pads (dropped), not an error.
     pub unowned_rows: Option<Loc>,
+    /// Shard constraints of a domain-parallel spec (stencils, downsampling).
+    pub shards: ShardRule,
+    pub loc: Loc,
+}
+
+/// What every shard of a semantic's axes must satisfy: a multiple of `stride` long
+/// (a downsampling stride), at least `halo` long (a stencil's halo). Padded axes are
+/// padded until they do; uneven axes are refused when they do not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardRule {
+    pub stride: Option<u32>,
+    pub halo: Option<u32>,
+    /// Where the first of them was declared.
     pub loc: Loc,
 }
 

@@ -140,6 +140,17 @@ impl Lower {
         }
         let mesh = self.mesh(&raw.mesh);
         let semantics = self.semantics(raw.semantics);
+        if mesh.domain.is_none() {
+            for s in semantics.values().filter(|s| s.shards.loc.is_known()) {
+                self.err(
+                    SpecError::new(
+                        "`stride` and `halo` apply to domain-parallel specs (`mesh: {domain: [...]}`)",
+                        s.shards.loc,
+                    )
+                    .semantic(&s.name),
+                );
+            }
+        }
         let workflows = self.workflows(raw.workflows);
         let features = self.features(raw.features);
         let inputs = self.inputs(raw.other_keys, raw.drop);
@@ -278,6 +289,7 @@ impl Lower {
                 );
                 continue;
             };
+            let shards = self.shard_rule(&name, &body);
             let owner = match (body.owner, body.counts, body.map) {
                 (None, None, None) => None,
                 (Some(owner), Some(counts), None) => Some(Owner {
@@ -356,11 +368,71 @@ impl Lower {
                     batch: body.batch.as_ref().is_some_and(|b| b.value.0),
                     incoming,
                     unowned_rows,
+                    shards,
                     loc: loc(&key),
                 },
             );
         }
         out
+    }
+
+    /// `stride` and `halo`: on sharded semantics without an owner (whose axes a domain
+    /// mesh splits directly); a stride of at least 1.
+    fn shard_rule(&mut self, name: &str, body: &RawSemantic) -> ShardRule {
+        let declared = body
+            .stride
+            .as_ref()
+            .map(loc)
+            .or(body.halo.as_ref().map(loc));
+        let Some(at) = declared else {
+            return ShardRule::default();
+        };
+        let key = if body.stride.is_some() {
+            "stride"
+        } else {
+            "halo"
+        };
+        if !body.shard.value.0 {
+            self.err(
+                SpecError::new(
+                    format!("`{key}` constrains shards, but this semantic is not sharded"),
+                    at,
+                )
+                .semantic(name)
+                .help("set `shard: true`, or drop it"),
+            );
+        } else if body.owner.is_some() {
+            self.err(
+                SpecError::new(
+                    format!("`{key}` applies to axes a mesh splits directly, not to owned items"),
+                    at,
+                )
+                .semantic(name),
+            );
+        }
+        if let Some(s) = body.stride.as_ref().filter(|s| s.value == 0) {
+            self.err(SpecError::new("stride must be at least 1", loc(s)).semantic(name));
+        }
+        for (key, v) in [("stride", &body.stride), ("halo", &body.halo)] {
+            if let Some(v) = v.as_ref().filter(|v| v.value as usize > limits::MAX_LENGTH) {
+                self.err(
+                    SpecError::new(
+                        format!(
+                            "{key} {} is more than the length limit {}",
+                            v.value,
+                            limits::MAX_LENGTH
+                        ),
+                        loc(v),
+                    )
+                    .semantic(name),
+                );
+            }
+        }
+        ShardRule {
+            stride: body.stride.as_ref().map(|s| s.value),
+            halo: body.halo.as_ref().map(|h| h.value),
+            loc: at,
+        }
     }
 
     fn incoming(

@@ -108,6 +108,34 @@ pub struct SemanticPlan {
     /// Owner-map rows without an owner are pads (dropped), not an error.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unowned_rows_are_pads: bool,
+    /// Every shard of this semantic's axes is a multiple of `stride` long.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub stride: u32,
+    /// Every shard of this semantic's axes is at least `halo` long.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub halo: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl SemanticPlan {
+    /// Whether the `torch.chunk` pieces of an uneven axis meet the stride and halo.
+    pub fn admits_shards(&self, sizes: &[usize]) -> bool {
+        let stride = self.stride.max(1) as usize;
+        sizes
+            .iter()
+            .all(|&n| n % stride == 0 && n >= self.halo as usize)
+    }
 }
 
 /// How a semantic's run-time length becomes its padded length.
@@ -327,6 +355,8 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 window: s.window,
                 incoming: s.incoming.as_ref().map(|i| i.source.clone()),
                 unowned_rows_are_pads: s.unowned_rows.is_some(),
+                stride: s.shards.stride.unwrap_or(1).max(1),
+                halo: s.shards.halo.unwrap_or(0),
             };
             (s.name.clone(), plan)
         })
@@ -533,6 +563,18 @@ pub enum ResolveError {
         len: usize,
         ranks: usize,
     },
+    /// An uneven domain axis whose shards break the semantic's stride or halo.
+    ShardRule {
+        feature: String,
+        axis: usize,
+        semantic: String,
+        len: usize,
+        ranks: usize,
+        mesh_axis: String,
+        sizes: Vec<usize>,
+        stride: u32,
+        halo: u32,
+    },
 }
 
 impl fmt::Display for ResolveError {
@@ -564,8 +606,27 @@ impl fmt::Display for ResolveError {
                 f,
                 "feature `{feature}`, axis {axis} ({semantic}): {len} items over {ranks} ranks would leave a shard empty"
             ),
+            ResolveError::ShardRule { feature, axis, semantic, len, ranks, mesh_axis, sizes, stride, halo } => write!(
+                f,
+                "feature `{feature}`, axis {axis} ({semantic}): {len} items over {ranks} ranks of mesh axis `{mesh_axis}` \
+                 give shards {sizes:?}, but `{semantic}` needs every shard {}; no uneven layout exists: \
+                 pad the axis (drop `{mesh_axis}` from `uneven`) or change the length or the mesh",
+                shard_needs(*stride, *halo)
+            ),
         }
     }
+}
+
+/// `a multiple of 2 and at least 3 long`: what a semantic's shards must be.
+fn shard_needs(stride: u32, halo: u32) -> String {
+    let mut needs = Vec::new();
+    if stride > 1 {
+        needs.push(format!("a multiple of {stride}"));
+    }
+    if halo > 0 {
+        needs.push(format!("at least {halo} long"));
+    }
+    needs.join(" and ")
 }
 
 impl std::error::Error for ResolveError {}
@@ -593,15 +654,65 @@ impl Plan {
         }
     }
 
-    /// The padding multiple of a semantic on this mesh (1 when never padded).
+    /// The padding multiple of a semantic on this mesh (1 when never padded): the lcm
+    /// of the sizes of the mesh axes that split it, times its stride.
     pub fn pad_multiple(&self, semantic: &str, mesh: [usize; CP_AXES]) -> usize {
-        match self.semantics.get(semantic).map(|s| &s.padding) {
-            Some(Padding::Multiple { mesh_axes })
-            | Some(Padding::OwnerBlocks { mesh_axes, .. }) => {
-                lcm_of(mesh_axes.iter().map(|&m| mesh[m]))
+        let Some(s) = self.semantics.get(semantic) else {
+            return 1;
+        };
+        match &s.padding {
+            Padding::Multiple { mesh_axes } => {
+                lcm_of(mesh_axes.iter().map(|&m| mesh[m])) * s.stride.max(1) as usize
             }
-            _ => 1,
+            Padding::OwnerBlocks { mesh_axes, .. } => lcm_of(mesh_axes.iter().map(|&m| mesh[m])),
+            Padding::None => 1,
         }
+    }
+
+    /// The `torch.chunk` pieces of an uneven axis must meet its semantic's stride and
+    /// halo: nothing can be padded to make them.
+    fn check_shard_rule(
+        &self,
+        feature: &str,
+        axis: usize,
+        semantic: Option<&str>,
+        mesh_axis: usize,
+        sizes: &[usize],
+    ) -> Result<(), ResolveError> {
+        let Some((name, s)) = semantic.and_then(|n| Some((n, self.semantics.get(n)?))) else {
+            return Ok(());
+        };
+        if s.admits_shards(sizes) {
+            return Ok(());
+        }
+        Err(ResolveError::ShardRule {
+            feature: feature.to_owned(),
+            axis,
+            semantic: name.to_owned(),
+            len: sizes.iter().sum(),
+            ranks: sizes.len(),
+            mesh_axis: self.mesh.cp.get(mesh_axis).cloned().unwrap_or_default(),
+            sizes: sizes.to_vec(),
+            stride: s.stride,
+            halo: s.halo,
+        })
+    }
+
+    /// The padded length of a semantic's axes for `len` items: a multiple of
+    /// [`Plan::pad_multiple`], and long enough that every shard holds its halo.
+    pub fn padded_length(&self, semantic: &str, len: usize, mesh: [usize; CP_AXES]) -> usize {
+        let halo_min = match self.semantics.get(semantic) {
+            Some(SemanticPlan {
+                padding: Padding::Multiple { mesh_axes },
+                halo,
+                ..
+            }) => {
+                let most = mesh_axes.iter().map(|&m| mesh[m]).max().unwrap_or(1);
+                *halo as usize * most
+            }
+            _ => 0,
+        };
+        round_up(len.max(halo_min), self.pad_multiple(semantic, mesh))
     }
 
     /// Evaluates the plan for a mesh and one sample's lengths, for the features of
@@ -779,7 +890,7 @@ impl Plan {
             if !matches!(s.padding, Padding::OwnerBlocks { .. }) {
                 layout
                     .padded
-                    .insert(name.clone(), round_up(len, self.pad_multiple(name, mesh)));
+                    .insert(name.clone(), self.padded_length(name, len, mesh));
             }
         }
         for (name, of_items) in roots {
@@ -890,6 +1001,7 @@ impl Plan {
                                 ranks,
                             }
                         })?;
+                        self.check_shard_rule(name, i, a.semantic.as_deref(), mesh_axis, &sizes)?;
                         (full, sizes[0])
                     }
                     Split::Mesh { mesh_axis } => (full, full / mesh[mesh_axis]),

@@ -103,6 +103,16 @@ pub struct RawSemantic {
     #[serde(default)]
     #[schemars(with = "Option<RawIncoming>")]
     pub incoming_pads: Option<Spanned<RawIncoming>>,
+    /// Domain-parallel specs: every shard of an axis of this semantic is a multiple of
+    /// `stride` long (a downsampling stride); padded axes are padded to make it so.
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub stride: Option<Spanned<u32>>,
+    /// Domain-parallel specs: every shard of an axis of this semantic is at least
+    /// `halo` long (a stencil's halo); padded axes are padded to make it so.
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub halo: Option<Spanned<u32>>,
     /// `pad`: rows of the owner map with no owner are pads (dropped), not an error.
     #[serde(default)]
     #[schemars(with = "Option<String>")]

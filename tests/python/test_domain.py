@@ -133,3 +133,42 @@ def test_domain_examples_validate_against_the_json_schema(name: str) -> None:
 
     schema = json.loads(subprocess.run([str(featshard_bin()), "schema"], capture_output=True, check=True).stdout)
     jsonschema.validate(yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text()), schema)
+
+
+@pytest.fixture(scope="module")
+def volume(domain_dir: Path) -> ModuleType:
+    sys.path.insert(0, str(domain_dir))
+    return importlib.import_module("volume_placements")
+
+
+def _explain(mesh: str, xs: int, ys: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(featshard_bin()), "explain", str(ROOT / "examples" / "volume.yaml"), "--mesh", mesh,
+         "--lengths", f"batch=1,xs={xs},ys={ys}"],
+        capture_output=True, text=True, check=False,
+    )
+
+
+@pytest.mark.parametrize("mesh", [(3, 2), (2, 3), (1, 1), (4, 2)])
+def test_stride_and_halo_padding_is_the_rust_plans(volume: ModuleType, mesh: tuple[int, int]) -> None:
+    for ys in (1, 2, 5, 9, 13):
+        r = _explain(f"{mesh[0]}x{mesh[1]}", 12, ys)
+        assert r.returncode == 0, r.stderr
+        rust = int(next(line for line in r.stdout.splitlines() if line.startswith("ys: padded to")).split()[-1])
+        ours = volume.padded_length("ys", ys, mesh)
+        assert ours == rust, (ys, mesh)
+        assert ours % (2 * mesh[1]) == 0 and ours // mesh[1] >= 3
+
+
+def test_uneven_chunks_that_break_a_halo_are_refused_as_rust_refuses_them(volume: ModuleType) -> None:
+    inputs = {
+        "velocity": torch.randn(1, 7, 4, 3), "pressure": torch.randn(1, 7, 4),
+        "fluid_mask": torch.ones(7, 4, dtype=torch.bool), "reynolds": torch.tensor([100.0]),
+    }
+    with pytest.raises(volume.FeatureDistributionError) as e:
+        volume.check_inputs(inputs, (3, 2))
+    r = _explain("3x2", 7, 4)
+    assert r.returncode != 0
+    assert str(e.value) in r.stderr, (str(e.value), r.stderr)
+    assert "7 items over 3 ranks of mesh axis `dx` give shards [3, 3, 1]" in str(e.value)
+    assert "at least 2 long" in str(e.value)
