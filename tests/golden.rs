@@ -1,4 +1,5 @@
-//! Golden files: every generated output of `examples/boltz2.yaml`, byte for byte.
+//! Golden files: every generated output of `examples/boltz2.yaml` and of the
+//! domain-parallel examples, byte for byte.
 //!
 //! Run with `FEATSHARD_BLESS=1` to rewrite the goldens after an intended change, then
 //! review the diff in git.
@@ -64,6 +65,16 @@ fn boltz2_generated_files_match_the_goldens() {
         &root().join("examples/boltz2.yaml"),
         &root().join("tests/golden/boltz2"),
     );
+}
+
+#[test]
+fn domain_parallel_examples_generated_files_match_the_goldens() {
+    for name in ["weather", "pointcloud", "volume"] {
+        check_goldens(
+            &root().join(format!("examples/{name}.yaml")),
+            &root().join(format!("tests/golden/{name}")),
+        );
+    }
 }
 
 #[test]
