@@ -146,6 +146,25 @@ where
     lit.base10_parse()
 }
 
+/// A key given twice is an error (as serde's "duplicate serde attribute"), not a
+/// silent overwrite of the first.
+fn duplicate(meta: &ParseNestedMeta) -> syn::Error {
+    let key = meta
+        .path
+        .get_ident()
+        .map_or_else(|| "?".to_owned(), ToString::to_string);
+    meta.error(format!("duplicate featshard attribute `{key}`"))
+}
+
+/// Sets a key's value once.
+fn once<T>(slot: &mut Option<T>, value: T, meta: &ParseNestedMeta) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(duplicate(meta));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
 fn unknown(meta: &ParseNestedMeta, what: &str, known: &str) -> syn::Error {
     let name = meta
         .path
@@ -164,11 +183,11 @@ pub fn struct_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> Struct
         let result = attr.parse_nested_meta(|meta| {
             let p = &meta.path;
             if p.is_ident("module") {
-                out.module = Some(ident_string(&meta)?);
+                once(&mut out.module, ident_string(&meta)?, &meta)?;
             } else if p.is_ident("spec") {
-                out.spec = Some(ident_string(&meta)?);
+                once(&mut out.spec, ident_string(&meta)?, &meta)?;
             } else if p.is_ident("workflow") {
-                out.workflow = Some(ident_string(&meta)?);
+                once(&mut out.workflow, ident_string(&meta)?, &meta)?;
             } else if p.is_ident("workflows") {
                 out.workflows.extend(name_list(&meta)?);
             } else if p.is_ident("mesh") {
@@ -187,11 +206,11 @@ pub fn struct_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> Struct
                     }
                     Ok(())
                 })?;
-                out.mesh = Some(MeshAttr { cp, dp, span });
+                once(&mut out.mesh, MeshAttr { cp, dp, span }, &meta)?;
             } else if p.is_ident("semantic") {
                 out.semantics.push(semantic(&meta)?);
             } else if p.is_ident("other_keys") {
-                out.other_keys = Some(ident_string(&meta)?);
+                once(&mut out.other_keys, ident_string(&meta)?, &meta)?;
             } else if p.is_ident("drop") {
                 out.drop.extend(name_list(&meta)?);
             } else {
@@ -225,15 +244,18 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
     meta.parse_nested_meta(|m| {
         let p = &m.path;
         if p.is_ident("shard") {
+            if s.shard {
+                return Err(duplicate(&m));
+            }
             s.shard = true;
         } else if p.is_ident("owner") {
-            s.owner = Some(ident_string(&m)?);
+            once(&mut s.owner, ident_string(&m)?, &m)?;
         } else if p.is_ident("counts") {
-            s.counts = Some(ident_string(&m)?);
+            once(&mut s.counts, ident_string(&m)?, &m)?;
         } else if p.is_ident("map") {
-            s.map = Some(ident_string(&m)?);
+            once(&mut s.map, ident_string(&m)?, &m)?;
         } else if p.is_ident("window") {
-            s.window = Some(int(&m)?);
+            once(&mut s.window, int(&m)?, &m)?;
         } else if p.is_ident("incoming_pads") {
             let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
             let mut inc = None;
@@ -249,9 +271,9 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             })?;
             let inc =
                 inc.ok_or_else(|| m.error("`incoming_pads` needs `mask = FEATURE` or `counts`"))?;
-            s.incoming = Some(At::new(inc, span));
+            once(&mut s.incoming, At::new(inc, span), &m)?;
         } else if p.is_ident("unowned_rows") {
-            s.unowned_rows = Some(ident_string(&m)?);
+            once(&mut s.unowned_rows, ident_string(&m)?, &m)?;
         } else if name.is_none()
             && !m.input.peek(syn::Token![=])
             && !m.input.peek(syn::token::Paren)
@@ -299,17 +321,17 @@ pub fn field_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> FieldAt
                         content.parse::<syn::Token![,]>()?;
                     }
                 }
-                out.axes = Some(At::new(axes, span));
+                once(&mut out.axes, At::new(axes, span), &meta)?;
             } else if p.is_ident("dtype") {
-                out.dtype = Some(ident_string(&meta)?);
+                once(&mut out.dtype, ident_string(&meta)?, &meta)?;
             } else if p.is_ident("pad") {
                 let e: Expr = meta.value()?.parse()?;
-                out.pad = Some(At::new(pad_literal(&e)?, span));
+                once(&mut out.pad, At::new(pad_literal(&e)?, span), &meta)?;
             } else if p.is_ident("mask") {
                 let names = name_list(&meta)?.into_iter().map(|n| n.value).collect();
-                out.mask = Some(At::new(names, span));
+                once(&mut out.mask, At::new(names, span), &meta)?;
             } else if p.is_ident("index") {
-                out.index = Some(At::new(index(&meta)?, span));
+                once(&mut out.index, At::new(index(&meta)?, span), &meta)?;
             } else if p.is_ident("coshard") {
                 let (mut axis, mut follows) = (None, None);
                 meta.parse_nested_meta(|m| {
@@ -334,16 +356,19 @@ pub fn field_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> FieldAt
                     out.replicate_axes.push(At::new(n.base10_parse()?, n.span()));
                 }
             } else if p.is_ident("replicated") {
+                if out.replicated {
+                    return Err(duplicate(&meta));
+                }
                 out.replicated = true;
             } else if p.is_ident("placement") {
                 let content;
                 syn::parenthesized!(content in meta.input);
                 let list = content.parse_terminated(<LitStr as syn::parse::Parse>::parse, syn::Token![,])?;
-                out.placement = Some(At::new(list.iter().map(LitStr::value).collect(), span));
+                once(&mut out.placement, At::new(list.iter().map(LitStr::value).collect(), span), &meta)?;
             } else if p.is_ident("only") {
-                out.only = Some(name_list(&meta)?);
+                once(&mut out.only, name_list(&meta)?, &meta)?;
             } else if p.is_ident("name") {
-                out.name = Some(ident_string(&meta)?);
+                once(&mut out.name, ident_string(&meta)?, &meta)?;
             } else if p.is_ident("derive") {
                 let mut of = None;
                 meta.parse_nested_meta(|m| {
@@ -355,7 +380,7 @@ pub fn field_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> FieldAt
                     }
                 })?;
                 let of = of.ok_or_else(|| meta.error("`derive` needs `outer(FEATURE, FEATURE)`"))?;
-                out.derive = Some(At::new(of, span));
+                once(&mut out.derive, At::new(of, span), &meta)?;
             } else {
                 return Err(unknown(
                     &meta,
