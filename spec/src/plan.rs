@@ -564,17 +564,7 @@ pub enum ResolveError {
         ranks: usize,
     },
     /// An uneven domain axis whose shards break the semantic's stride or halo.
-    ShardRule {
-        feature: String,
-        axis: usize,
-        semantic: String,
-        len: usize,
-        ranks: usize,
-        mesh_axis: String,
-        sizes: Vec<usize>,
-        stride: u32,
-        halo: u32,
-    },
+    ShardRule(Box<ShardBreach>),
 }
 
 impl fmt::Display for ResolveError {
@@ -606,13 +596,16 @@ impl fmt::Display for ResolveError {
                 f,
                 "feature `{feature}`, axis {axis} ({semantic}): {len} items over {ranks} ranks would leave a shard empty"
             ),
-            ResolveError::ShardRule { feature, axis, semantic, len, ranks, mesh_axis, sizes, stride, halo } => write!(
+            ResolveError::ShardRule(b) => {
+                let ShardBreach { feature, axis, semantic, len, ranks, mesh_axis, sizes, stride, halo } = &**b;
+                write!(
                 f,
                 "feature `{feature}`, axis {axis} ({semantic}): {len} items over {ranks} ranks of mesh axis `{mesh_axis}` \
                  give shards {sizes:?}, but `{semantic}` needs every shard {}; no uneven layout exists: \
                  pad the axis (drop `{mesh_axis}` from `uneven`) or change the length or the mesh",
                 shard_needs(*stride, *halo)
-            ),
+            )
+            }
         }
     }
 }
@@ -627,6 +620,20 @@ fn shard_needs(stride: u32, halo: u32) -> String {
         needs.push(format!("at least {halo} long"));
     }
     needs.join(" and ")
+}
+
+/// The `torch.chunk` pieces of an uneven axis that break its semantic's stride or halo.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardBreach {
+    pub feature: String,
+    pub axis: usize,
+    pub semantic: String,
+    pub len: usize,
+    pub ranks: usize,
+    pub mesh_axis: String,
+    pub sizes: Vec<usize>,
+    pub stride: u32,
+    pub halo: u32,
 }
 
 impl std::error::Error for ResolveError {}
@@ -685,7 +692,7 @@ impl Plan {
         if s.admits_shards(sizes) {
             return Ok(());
         }
-        Err(ResolveError::ShardRule {
+        Err(ResolveError::ShardRule(Box::new(ShardBreach {
             feature: feature.to_owned(),
             axis,
             semantic: name.to_owned(),
@@ -695,7 +702,7 @@ impl Plan {
             sizes: sizes.to_vec(),
             stride: s.stride,
             halo: s.halo,
-        })
+        })))
     }
 
     /// The padded length of a semantic's axes for `len` items: a multiple of
