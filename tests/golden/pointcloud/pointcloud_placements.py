@@ -7,14 +7,18 @@ PhysicsNeMo's `ShardTensor`; uneven axes take `torch.chunk` pieces (no padding),
 others are padded to even shards. The batch axis must be 1 per domain group: scale the
 batch over the data-parallel axis. In the training script:
 
-    inputs = scatter_inputs(sample if is_source else None, mesh)   # ShardTensors
-    outputs = gather_outputs(model_outputs)                         # full tensors
+    model = wrap_model(model, mesh, "ddp")                          # synced, wrapped
+    s = scatter(sample if is_source else None, mesh)                # ShardTensors
+    outputs = gather_outputs(model_outputs, s.lengths)              # full tensors
+
+`check_gradients` runs a model serially and on the scattered inputs and compares
+outputs, weight gradients and input gradients.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import torch
@@ -390,3 +394,113 @@ def adopt_process_group(device: torch.device | None = None) -> None:
         _cuda=dev.type == "cuda",
         _initialization_method="env",
     )
+    _register_shard_patches()
+
+
+def _register_shard_patches() -> None:
+    """PhysicsNeMo registers its shard-aware ops (the convolutions that exchange halos
+    among them) when it is imported, but only where CUDA is available: on CPU ranks a
+    convolution would then run on each shard alone, without its halo. Registered here
+    where CUDA is not (the modules register on first import only)."""
+    import physicsnemo.domain_parallel as pdp  # type: ignore[import-untyped]
+
+    if not torch.cuda.is_available():
+        pdp.register_custom_ops()
+
+
+def wrap_model(model: torch.nn.Module, mesh: DeviceMesh, strategy: str = "none") -> torch.nn.Module:
+    """Readies a model for the (dp, domain...) mesh: its plain parameters and buffers are
+    broadcast over every domain axis (each domain rank starts from the same weights: DDP
+    syncs the data-parallel axis only, FSDP2 none), then `strategy`: "none", "ddp"
+    (DistributedDataParallel over the data-parallel group) or "fsdp2" (`fully_shard` on
+    the data-parallel mesh, after the sync, while parameters are still plain)."""
+    from physicsnemo.domain_parallel import sync_module_over_mesh
+
+    names = tuple(mesh.mesh_dim_names or ())
+    for axis in DOMAIN_MESH_AXES:
+        if axis in names and mesh[axis].size() > 1:
+            sync_module_over_mesh(model, mesh[axis])
+    if strategy == "none":
+        return model
+    dp = DP_MESH_AXIS
+    if dp is None or dp not in names:
+        raise FeatureDistributionError(f"strategy `{strategy}` needs the data-parallel mesh axis `{dp}` in {names}")
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, process_group=mesh[dp].get_group())
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=mesh[dp])
+        return model
+    raise FeatureDistributionError(f"unknown strategy `{strategy}`: expected none, ddp or fsdp2")
+
+
+def _full(x: Any) -> Any:
+    return x.full_tensor() if hasattr(x, "full_tensor") else x
+
+
+def _close(what: str, got: Any, want: torch.Tensor, atol: float, rtol: float) -> None:
+    got = _full(got).detach()
+    if tuple(got.shape) != tuple(want.shape):
+        raise AssertionError(f"{what}: shape {tuple(got.shape)}, serially {tuple(want.shape)}")
+    if not torch.allclose(got, want.detach(), atol=atol, rtol=rtol):
+        err = float((got - want.detach()).abs().max())
+        raise AssertionError(f"{what}: differs from the serial run by up to {err:.3g}")
+
+
+def check_gradients(
+    model_factory: Callable[[], torch.nn.Module],
+    forward: Callable[[torch.nn.Module, Mapping[str, Any]], torch.Tensor],
+    loss: Callable[[torch.Tensor], torch.Tensor],
+    sample: Mapping[str, Any],
+    mesh: DeviceMesh,
+    strategy: str = "none",
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> None:
+    """Gradient parity of one sample, checked on every rank with TF32 off.
+
+    `forward(model, inputs)` then `loss(output)` run serially on the padded sample and,
+    through `wrap_model(..., strategy)`, on its scattered ShardTensors. The output, the
+    loss, every weight gradient and every floating-point input's gradient (which keeps
+    the input's placements) must agree within `atol` + `rtol`. Every rank passes the
+    same full `sample` (data-parallel replicas too, so that averaging keeps the serial
+    gradients); `model_factory` must build the same model on every call (seed it).
+    Raises AssertionError naming what differs.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dmesh = domain_mesh(mesh)
+    sizes = tuple(int(n) for n in dmesh.mesh.shape)
+    serial: dict[str, Any] = {n: sample[n] for n in METADATA if n in sample}
+    for name, x in pad_inputs(sample, sizes).items():
+        serial[name] = x.detach().clone().requires_grad_(x.dtype.is_floating_point)
+    reference = model_factory()
+    want = forward(reference, serial)
+    want_loss = loss(want)
+    torch.autograd.backward(want_loss)
+    model = wrap_model(model_factory(), mesh, strategy)
+    is_source = dist.get_rank() == int(dmesh.mesh.flatten()[0])
+    inputs = scatter(sample if is_source else None, mesh, requires_grad=True).inputs
+    got = forward(model, inputs)
+    got_loss = loss(got)
+    torch.autograd.backward(got_loss)
+    _close("output", got, want, atol, rtol)
+    _close("loss", got_loss, want_loss, atol, rtol)
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    for (name, p), (_, q) in zip(inner.named_parameters(), reference.named_parameters()):
+        if q.grad is None or p.grad is None:
+            raise AssertionError(f"weight `{name}`: no gradient ({'distributed' if p.grad is None else 'serial'})")
+        _close(f"weight `{name}` gradient", p.grad, q.grad, atol, rtol)
+    for name, x in serial.items():
+        if not isinstance(x, torch.Tensor) or not x.requires_grad or x.grad is None:
+            continue
+        g = inputs[name].grad
+        if g is None:
+            raise AssertionError(f"input `{name}`: no gradient on the ShardTensor")
+        if tuple(g.placements) != FEATURES[name].placements:
+            raise AssertionError(f"input `{name}`: gradient at {tuple(g.placements)}, not {FEATURES[name].placements}")
+        _close(f"input `{name}` gradient", g, x.grad, atol, rtol)
+
