@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Writes docs/malformed-census.md: every spec-error test and the message it asserts.
 
-Reads tests/malformed.rs, tests/featurizer_spec.rs and tests/hostile.rs; run it from the
+Reads tests/malformed.rs, tests/featurizer_spec.rs, tests/hostile.rs and tests/domain.rs; run it from the
 repository root after adding a case.
 """
 import re
 rows=[]
-for f in ['tests/malformed.rs','tests/featurizer_spec.rs','tests/hostile.rs']:
+for f in ['tests/malformed.rs','tests/featurizer_spec.rs','tests/hostile.rs','tests/domain.rs']:
     s=open(f).read()
     # A test's body runs to the next test (or the end): enough to find its assertions.
     for m in re.finditer(r'#\[test\]\s*fn (\w+)\(\)\s*\{(.*?)(?=#\[test\]|\Z)', s, re.S):
@@ -33,7 +33,7 @@ head = [
     "file:line:col. Written by `scripts/census.py` from the tests themselves.",
     "",
     "%d classes: %s." % (len(rows), ", ".join("%d in `tests/%s.rs`" % (sum(1 for r in rows if r[0] == f), f)
-                                         for f in ("malformed", "featurizer_spec", "hostile"))),
+                                         for f in ("malformed", "featurizer_spec", "hostile", "domain"))),
     "",
     "| test file | case | message |",
     "|---|---|---|",
