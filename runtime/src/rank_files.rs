@@ -23,11 +23,11 @@ pub use featshard_spec::shards::FileSum;
 const MAX_OPEN_FILES: usize = 256;
 
 /// Writes `paths[r]` (created new) for every rank `r`, with `headers[r]` as its
-/// `__metadata__`; `threads` share the ranks (0: one per core). Returns each file's sum.
+/// `__metadata__`; `threads` (at least 1) share the ranks. Returns each file's sum.
 ///
-/// With the `mapping` the sample's tensors view, the pages of each feature are given
-/// back once every rank of a batch has read them, rows as they are finished (a pair
-/// feature goes block row by block row), and those validation read go first.
+/// With the `mapping` the sample's tensors view, the sample's pages are given back
+/// first (those validation touched), then each feature's rows as soon as no later rank
+/// of a batch reads them: a pair feature leaves memory block row by block row.
 pub fn write_rank_files(
     plan: &Plan,
     placed: Placed,
@@ -36,10 +36,6 @@ pub fn write_rank_files(
     paths: &[PathBuf],
     threads: usize,
 ) -> Result<Vec<FileSum>, RuntimeError> {
-    let pages = mapping.map(Mapping::pages);
-    if let Some(p) = pages {
-        p.release_all();
-    }
     let world = placed.layout.mesh.iter().product::<usize>();
     if headers.len() != world || paths.len() != world {
         return Err(RuntimeError::Blocks {
@@ -51,6 +47,10 @@ pub fn write_rank_files(
             ),
         });
     }
+    let pages = mapping.map(Mapping::pages);
+    if let Some(p) = pages {
+        p.release_all();
+    }
     let order = data_order(&placed)?;
     let threads = threads.clamp(1, world.max(1));
     let batch = world.div_ceil(threads).min(MAX_OPEN_FILES);
@@ -61,7 +61,28 @@ pub fn write_rank_files(
         jobs[k % threads].push((ranks, placed.shallow_clone()));
     }
     drop(placed);
-    let order = &order;
+    let batch = |ranks: &[usize], placed: Placed| {
+        let b = Batch {
+            plan,
+            pages,
+            ranks,
+            headers,
+            paths,
+        };
+        b.write(placed, &order)
+    };
+    let mut sums = vec![FileSum { bytes: 0, crc32: 0 }; world];
+    for (rank, sum) in run_jobs(jobs, &batch)? {
+        sums[rank] = sum;
+    }
+    Ok(sums)
+}
+
+/// Runs every thread's batches on a thread of its own; each rank's sum, in any order.
+fn run_jobs(
+    jobs: Vec<Vec<(Vec<usize>, Placed)>>,
+    batch: &(impl Fn(&[usize], Placed) -> Result<Vec<FileSum>, RuntimeError> + Sync),
+) -> Result<Vec<(usize, FileSum)>, RuntimeError> {
     let done: Vec<Result<Vec<(usize, FileSum)>, RuntimeError>> = std::thread::scope(|scope| {
         let workers: Vec<_> = jobs
             .into_iter()
@@ -69,14 +90,7 @@ pub fn write_rank_files(
                 scope.spawn(move || {
                     let mut sums = Vec::new();
                     for (ranks, placed) in mine {
-                        let batch = Batch {
-                            plan,
-                            pages,
-                            ranks: &ranks,
-                            headers,
-                            paths,
-                        };
-                        let s = batch.write(placed, order)?;
+                        let s = batch(&ranks, placed)?;
                         sums.extend(ranks.into_iter().zip(s));
                     }
                     Ok(sums)
@@ -89,16 +103,12 @@ pub fn write_rank_files(
             .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
-    let mut sums = vec![FileSum { bytes: 0, crc32: 0 }; world];
-    for (rank, sum) in done
+    Ok(done
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .flatten()
-    {
-        sums[rank] = sum;
-    }
-    Ok(sums)
+        .collect())
 }
 
 /// One entry of a rank file: name, dtype, block shape, and whether it is carried along.
