@@ -78,6 +78,27 @@ fn remove_stale_staging(out: &Path) {
     }
 }
 
+/// Without `--workflow` every feature of the spec is required; a missing one that only
+/// some workflows have says so, and names them.
+fn without_workflow(req: &Request, e: featshard_runtime::RuntimeError) -> Failure {
+    let featshard_runtime::RuntimeError::Missing { feature } = &e else {
+        return other(e);
+    };
+    let with: Vec<&str> = req
+        .plan
+        .workflows
+        .iter()
+        .filter(|(_, fs)| fs.contains(feature))
+        .map(|(w, _)| w.as_str())
+        .collect();
+    if req.workflow.is_some() || with.len() == req.plan.workflows.len() {
+        return other(e);
+    }
+    other(format!(
+        "{e}; without --workflow every feature of the spec is required, and `{feature}` is in workflow {with:?} only: pass --workflow for the workflow this sample is for"
+    ))
+}
+
 /// What one sample is sharded with.
 pub struct Request<'a> {
     pub plan: &'a Plan,
@@ -133,7 +154,7 @@ pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, F
         passthrough: req.passthrough.iter().cloned().collect::<BTreeSet<_>>(),
         threads: req.threads,
     };
-    let placed = place(req.plan, req.mesh, &sample, &opts).map_err(other)?;
+    let placed = place(req.plan, req.mesh, &sample, &opts).map_err(|e| without_workflow(req, e))?;
     // The placed sample holds what it needs; the rest of the mapped file can go.
     drop(sample);
     remove_stale_staging(out);

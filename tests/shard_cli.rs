@@ -453,3 +453,27 @@ fn bad_real_input_is_refused_by_name_and_writes_nothing() {
         assert!(left.is_empty(), "staging left behind");
     }
 }
+
+#[test]
+fn a_sample_of_one_workflow_sharded_without_workflow_names_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("s");
+    let run = featshard(&[
+        "shard",
+        &spec(),
+        "--features",
+        &real("prot60_nomsa").display().to_string(),
+        "--mesh",
+        "3x3",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    assert_eq!(run.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("feature `ph_feature`: missing from the sample")
+            && err.contains("is in workflow [\"training\"] only: pass --workflow"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
