@@ -98,14 +98,16 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
         });
     }
     // The generated test: domain only with uneven shards on 3 ranks (3 x 2 on a 2D
-    // domain: both axes split), and ddp 2 x domain 2.
+    // domain), and ddp 2 x domain 2 (2 x 2 on a 2D domain): every domain axis split.
     let n = plan.mesh.cp.len();
     let sizes = |lead: &[usize]| {
         let mut v = vec![1usize; n];
         v[..lead.len().min(n)].copy_from_slice(&lead[..lead.len().min(n)]);
         py_tuple(v.iter().map(ToString::to_string))
     };
-    let test_meshes = format!("[(1, {}), (2, {})]", sizes(&[3, 2]), sizes(&[2]));
+    // Without a data-parallel axis the second mesh is domain only too.
+    let ddp = if plan.mesh.dp.is_some() { 2 } else { 1 };
+    let test_meshes = format!("[(1, {}), ({ddp}, {})]", sizes(&[3, 2]), sizes(&[2, 2]));
     Ok(Ctx {
         header,
         module: plan.module.clone(),

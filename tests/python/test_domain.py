@@ -135,21 +135,45 @@ def loss(output):
 """
 
 
+# The volume example's (a 2D domain, dx x dy): two 3x3 convolutions over the x, y plane
+# of the velocity [B, X, Y, 3], moved channel-first; both domain axes split.
+VOLUME_MODEL = """
+import torch
+
+
+def model_factory() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 3, 3, padding=1)
+    )
+
+
+def forward(model, inputs):
+    return model(inputs["velocity"].permute(0, 3, 1, 2))
+
+
+def loss(output):
+    return output.square().mean()
+"""
+MODELS = {"weather": WEATHER_MODEL, "volume": VOLUME_MODEL}
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_generated_shard_tensor_parity_test_passes(domain_dir: Path, name: str) -> None:
-    """The generated test: 3 gloo ranks (uneven shards) and ddp 2 x domain 2; scatter and
-    gather give back the serial inputs, planned local shapes equal ShardTensor's own. For
-    the weather example, with a conv model given, the gradient parity test too: domain
-    only on 3 ranks, DDP and FSDP2 on ddp 2 x domain 2."""
-    if name == "weather":
-        (domain_dir / "weather_placements_model.py").write_text(WEATHER_MODEL)
+    """The generated test: 3 gloo ranks (uneven shards; 3 x 2 on the 2D volume domain)
+    and ddp 2 x domain 2; both scatters (source rank, and each rank reading its part of a
+    file) and gather give back the serial inputs, planned local shapes equal
+    ShardTensor's own. For weather (1D domain) and volume (2D domain), with a conv model
+    given, the gradient parity test too: domain only, DDP and FSDP2 on ddp 2 x domain 2."""
+    if name in MODELS:
+        (domain_dir / f"{name}_placements_model.py").write_text(MODELS[name])
     test = domain_dir / f"test_{name}_placements_parity.py"
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
         capture_output=True, text=True, cwd=domain_dir, check=False,
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    want = "5 passed" if name == "weather" else "2 passed, 3 skipped"
+    want = "5 passed" if name in MODELS else "2 passed, 3 skipped"
     assert want in r.stdout, r.stdout[-2000:]
 
 
@@ -199,3 +223,88 @@ def test_uneven_chunks_that_break_a_halo_are_refused_as_rust_refuses_them(volume
     assert str(e.value) in r.stderr, (str(e.value), r.stderr)
     assert "7 items over 3 ranks of mesh axis `dx` give shards [3, 3, 1]" in str(e.value)
     assert "at least 2 long" in str(e.value)
+
+
+def test_pad_inputs_puts_the_padded_sample_on_the_device_asked(weather: ModuleType) -> None:
+    """A CPU sample from a DataLoader goes to the mesh's device before any collective
+    (NCCL cannot broadcast CPU tensors); `meta` stands in for a GPU here."""
+    inputs = weather_inputs()
+    padded = weather.pad_inputs(inputs, (3,), torch.device("meta"))
+    lengths = weather.check_inputs(inputs, (3,))
+    for name, x in padded.items():
+        assert x.device.type == "meta", name
+        assert tuple(x.shape) == weather.global_shape(name, lengths, (3,)), name
+    assert all(x.device.type == "cpu" for x in weather.pad_inputs(inputs, (3,)).values())
+
+
+MANAGER_ON_ANOTHER_DEVICE = """
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import weather_placements as P
+from torch.distributed.device_mesh import init_device_mesh
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+P.adopt_process_group(torch.device("meta"))
+mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("ddp", "domain"))
+for call in (lambda: P.scatter(None, mesh), lambda: P.scatter_local(lambda n, w, o: None, {}, mesh)):
+    try:
+        call()
+        print("scattered")
+    except P.FeatureDistributionError as e:
+        print(e)
+"""
+
+
+def test_a_manager_on_another_device_than_the_mesh_is_refused(domain_dir: Path, tmp_path: Path) -> None:
+    """PhysicsNeMo allocates the non-source ranks' buffers on its manager's device: one
+    that is not the mesh's (a GPU run whose device was never set) is refused by name
+    before any collective."""
+    r = subprocess.run([sys.executable, "-c", MANAGER_ON_ANOTHER_DEVICE, str(domain_dir), str(tmp_path / "store")],
+                       capture_output=True, text=True, check=False, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all("allocates on meta, but the mesh is on cpu" in x for x in lines), r.stdout
+
+
+def test_setup_on_gpus_makes_the_local_gpu_current(weather: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch of `setup`, with CUDA and the process group stubbed (no GPU here):
+    under torchrun PhysicsNeMo's public initialiser starts the group; with an
+    `init_method` NCCL starts on this process's GPU, made current first, and the manager
+    takes that device."""
+    import torch.distributed as dist
+    from physicsnemo.distributed import DistributedManager
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(DistributedManager, "_shared_state", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", torch.device(d))))
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(calls))
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+
+    def initialize() -> None:
+        calls.append(("initialize", None))
+        DistributedManager._shared_state.update(_is_initialized=True, _distributed=True)
+
+    def init_process_group(backend: str, **kw: object) -> None:
+        calls.append(("init_process_group", (backend, kw["device_id"])))
+
+    monkeypatch.setattr(DistributedManager, "initialize", staticmethod(initialize))
+    monkeypatch.setattr(dist, "init_process_group", init_process_group)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    weather._start_group(None, None, None, None)
+    assert calls == [("initialize", None)]
+
+    calls.clear()
+    monkeypatch.setattr(DistributedManager, "_shared_state", {})
+    weather._start_group("file:///tmp/x", 1, 4, None)
+    gpu = torch.device("cuda", 1)
+    assert calls == [("set_device", gpu), ("init_process_group", ("nccl", gpu)), ("set_device", gpu)]
+    assert DistributedManager._shared_state["_device"] == gpu
+    assert DistributedManager._shared_state["_rank"] == 1
+
+
+def test_setup_checks_the_mesh_against_the_spec(weather: ModuleType) -> None:
+    with pytest.raises(weather.FeatureDistributionError, match=r"domain sizes \(2, 2\)"):
+        weather.setup((2, 2))

@@ -5,10 +5,12 @@
 One sample's spatial axes are split over the domain mesh ("domain",) with
 PhysicsNeMo's `ShardTensor`; uneven axes take `torch.chunk` pieces (no padding), the
 others are padded to even shards. The batch axis must be 1 per domain group: scale the
-batch over the data-parallel axis. In the training script:
+batch over the data-parallel axis. In the training script (under torchrun):
 
-    model = wrap_model(model, mesh, "ddp")                          # synced, wrapped
-    s = scatter(sample if is_source else None, mesh)                # ShardTensors
+    mesh = setup(domain=(...), ddp=...)                             # process group, device, mesh
+    model = wrap_model(model.to(mesh_device(mesh)), mesh, "ddp")    # synced, wrapped
+    s = scatter(sample if is_source else None, mesh)                # ShardTensors from one rank
+    s = scatter_local(*safetensors_source(path), mesh)              # or each rank reads its part
     outputs = gather_outputs(model_outputs, s.lengths)              # full tensors
 
 `check_gradients` runs a model serially and on the scattered inputs and compares
@@ -17,8 +19,13 @@ outputs, weight gradients and input gradients.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, Final, NamedTuple
 
 import torch
@@ -116,26 +123,32 @@ def check_inputs(inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int]) 
     one semantic with different lengths (their shard boundaries would not line up), or
     a split axis shorter than its ranks (empty shards).
     """
+    unknown = sorted(set(inputs) - set(FEATURES) - set(METADATA))
+    if unknown:
+        raise FeatureDistributionError(f"inputs not in the spec: {unknown}")
+    shapes = {n: (tuple(int(d) for d in x.shape), x.dtype) for n, x in inputs.items() if n in FEATURES}
+    return check_shapes(shapes, mesh_sizes)
+
+
+def check_shapes(shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_sizes: Sequence[int]) -> dict[str, int]:
+    """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say)."""
     if len(mesh_sizes) != len(DOMAIN_MESH_AXES):
         raise FeatureDistributionError(
             f"a domain mesh of {len(DOMAIN_MESH_AXES)} axes {DOMAIN_MESH_AXES}, got sizes {tuple(mesh_sizes)}"
         )
-    unknown = sorted(set(inputs) - set(FEATURES) - set(METADATA))
-    if unknown:
-        raise FeatureDistributionError(f"inputs not in the spec: {unknown}")
     lengths: dict[str, tuple[int, str]] = {}
     for name, info in FEATURES.items():
-        if name not in inputs:
+        if name not in shapes:
             raise FeatureDistributionError(f"feature `{name}`: missing from the inputs")
-        x = inputs[name]
-        if x.dim() != len(info.semantics):
+        shape, dtype = shapes[name]
+        if len(shape) != len(info.semantics):
             raise FeatureDistributionError(
-                f"feature `{name}`: expected {len(info.semantics)} axes, got shape {tuple(x.shape)}"
+                f"feature `{name}`: expected {len(info.semantics)} axes, got shape {tuple(shape)}"
             )
-        if x.dtype != info.dtype:
-            raise FeatureDistributionError(f"feature `{name}`: expected dtype {info.dtype}, got {x.dtype}")
+        if dtype != info.dtype:
+            raise FeatureDistributionError(f"feature `{name}`: expected dtype {info.dtype}, got {dtype}")
         for d, (sem, size) in enumerate(zip(info.semantics, info.channels)):
-            n = int(x.shape[d])
+            n = int(shape[d])
             if sem is None:
                 if size is not None and n != size:
                     raise FeatureDistributionError(f"{_axis_label(name, d)}: expected size {size}, got {n}")
@@ -199,17 +212,28 @@ def global_shape(name: str, lengths: Mapping[str, int], mesh_sizes: Sequence[int
     )
 
 
+def local_window(
+    name: str, shape: Sequence[int], mesh_sizes: Sequence[int], coord: Sequence[int]
+) -> tuple[tuple[int, int], ...]:
+    """The part of the global (padded) `shape` the rank at domain-mesh `coord` holds:
+    `(start, length)` per axis, from the plan alone."""
+    out = []
+    for d, m in enumerate(FEATURES[name].splits):
+        n = int(shape[d])
+        if m is None:
+            out.append((0, n))
+        elif UNEVEN[m]:
+            pieces = chunk_sizes(n, mesh_sizes[m])
+            out.append((sum(pieces[: coord[m]]), pieces[coord[m]]))
+        else:
+            step = n // mesh_sizes[m]
+            out.append((coord[m] * step, step))
+    return tuple(out)
+
+
 def local_shape(name: str, shape: Sequence[int], mesh_sizes: Sequence[int], coord: Sequence[int]) -> tuple[int, ...]:
     """The local shape of the rank at domain-mesh `coord`, from the plan alone."""
-    out = list(shape)
-    for d, m in enumerate(FEATURES[name].splits):
-        if m is None:
-            continue
-        if UNEVEN[m]:
-            out[d] = chunk_sizes(shape[d], mesh_sizes[m])[coord[m]]
-        else:
-            out[d] = shape[d] // mesh_sizes[m]
-    return tuple(out)
+    return tuple(n for _, n in local_window(name, shape, mesh_sizes, coord))
 
 
 def sharding_shapes(
@@ -230,12 +254,15 @@ def sharding_shapes(
     return out
 
 
-def pad_inputs(inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int]) -> dict[str, torch.Tensor]:
-    """Every input at its global shape: even-shard axes padded at the end with the pad value."""
+def pad_inputs(
+    inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int], device: torch.device | None = None
+) -> dict[str, torch.Tensor]:
+    """Every input at its global shape: even-shard axes padded at the end with the pad
+    value; on `device` (the input's own when None)."""
     lengths = check_inputs(inputs, mesh_sizes)
     out: dict[str, torch.Tensor] = {}
     for name, info in FEATURES.items():
-        x = inputs[name]
+        x = inputs[name] if device is None else inputs[name].to(device)
         shape = global_shape(name, lengths, mesh_sizes)
         if tuple(x.shape) == shape:
             out[name] = x
@@ -244,6 +271,26 @@ def pad_inputs(inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int]) ->
         y[tuple(slice(0, n) for n in x.shape)] = x
         out[name] = y
     return out
+
+
+def mesh_device(mesh: DeviceMesh) -> torch.device:
+    """The device a mesh's tensors live on: this process's current GPU for a CUDA mesh."""
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
+
+
+def _check_manager_device(device: torch.device) -> None:
+    """ShardTensor allocates on DistributedManager's device: it must be the mesh's."""
+    # PhysicsNeMo ships no type information.
+    from physicsnemo.distributed import DistributedManager  # type: ignore[import-untyped]
+
+    manager = DistributedManager().device
+    if torch.device(manager) != device:
+        raise FeatureDistributionError(
+            f"PhysicsNeMo's DistributedManager allocates on {manager}, but the mesh is on {device}: "
+            "start with setup(), or call adopt_process_group(device) after torch.cuda.set_device"
+        )
 
 
 def domain_mesh(mesh: DeviceMesh) -> DeviceMesh:
@@ -281,7 +328,7 @@ def scatter(
     """Scatters one sample over the domain mesh as ShardTensors at `PLACEMENTS`.
 
     The domain group's source rank (its first rank) passes `inputs`, the others None.
-    The source validates and pads, then broadcasts ok (with every global shape and the
+    The source validates and pads (onto the mesh's device), then broadcasts ok (with every global shape and the
     metadata, which every rank gets) or the error; every rank raises the same
     FeatureDistributionError. Each input then goes
     through `physicsnemo.domain_parallel.scatter_tensor` with the source's global rank,
@@ -289,15 +336,14 @@ def scatter(
     `requires_grad` (never set in place afterwards: that would not reach the ShardTensor).
     Local shapes are checked against the plan's.
     """
-    # PhysicsNeMo ships no type information.
-    from physicsnemo.distributed import DistributedManager  # type: ignore[import-untyped]
     from physicsnemo.domain_parallel import scatter_tensor  # type: ignore[import-untyped]
 
     dmesh = domain_mesh(mesh)
     sizes = tuple(int(n) for n in dmesh.mesh.shape)
     src = int(dmesh.mesh.flatten()[0])
-    # The group scatter_tensor itself uses for this mesh (cached by PhysicsNeMo).
-    group = DistributedManager().get_mesh_group(dmesh)
+    device = mesh_device(dmesh)
+    _check_manager_device(device)
+    group = _domain_group(dmesh)
     padded: dict[str, torch.Tensor] = {}
     status: list[Any] = [None]
     if dist.get_rank() == src:
@@ -305,7 +351,8 @@ def scatter(
             if inputs is None:
                 raise FeatureDistributionError("the source rank was given no inputs")
             lengths = check_inputs(inputs, sizes)
-            padded = pad_inputs(inputs, sizes)
+            # On the mesh's device: a CPU sample from a DataLoader cannot go through NCCL.
+            padded = pad_inputs(inputs, sizes, device)
             # Metadata and lengths ride with the shapes: every rank needs them.
             meta = {n: inputs[n] for n in METADATA if n in inputs}
             status[0] = ("ok", ({n: tuple(x.shape) for n, x in padded.items()}, meta, lengths))
@@ -340,6 +387,210 @@ def scatter(
     return Scattered(out, dict(payload[2]))
 
 
+# Writes one input's part `window` (a slice per axis, in the serial input's coordinates)
+# into `out`, a view of this rank's block of the window's shape.
+Reader = Callable[[str, tuple[slice, ...], torch.Tensor], None]
+
+
+def scatter_local(
+    read: Reader,
+    lengths: Mapping[str, int],
+    mesh: DeviceMesh,
+    requires_grad: bool | Mapping[str, bool] = False,
+    metadata: Mapping[str, Any] | None = None,
+) -> Scattered:
+    """Scatters one sample with no source rank: every rank reads only its own part.
+
+    Every rank passes the same `lengths` (every semantic's real length; from
+    `safetensors_source` or the featurizer's index) and a `read` that writes the real
+    part of its window of an input into its block (pads are never read: they are filled
+    here; with a tensor at hand, `read` is `out.copy_(x[window])`). Each
+    local block becomes a ShardTensor through `ShardTensor.from_local` with the planned
+    `sharding_shapes` (no shape exchange, no broadcast of the sample). An error on any
+    rank (a bad length, a read that fails) is raised on every rank of the domain group,
+    after one exchange of the messages.
+    """
+    from physicsnemo.domain_parallel import ShardTensor
+
+    dmesh = domain_mesh(mesh)
+    sizes = tuple(int(n) for n in dmesh.mesh.shape)
+    device = mesh_device(dmesh)
+    coord = [int(c) for c in (dmesh.get_coordinate() or [0] * len(sizes))]
+    blocks: dict[str, torch.Tensor] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    error: str | None = None
+    try:
+        _check_manager_device(device)
+        _check_lengths(lengths, sizes)
+        for name in sorted(FEATURES):
+            shapes[name] = global_shape(name, lengths, sizes)
+            blocks[name] = _read_block(read, name, lengths, shapes[name], sizes, coord, device)
+    except FeatureDistributionError as e:
+        error = str(e)
+    errors: list[Any] = [None] * int(dmesh.mesh.numel())
+    dist.all_gather_object(errors, error, group=_domain_group(dmesh))
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise FeatureDistributionError(str(first))
+    out: dict[str, Any] = {}
+    for name in sorted(FEATURES):
+        info = FEATURES[name]
+        grad = requires_grad if isinstance(requires_grad, bool) else bool(requires_grad.get(name, False))
+        with torch.no_grad():
+            st = ShardTensor.from_local(
+                blocks[name], dmesh, info.placements,
+                sharding_shapes=_as_lists(sharding_shapes(name, shapes[name], sizes, coord)),
+            )
+        # A leaf, as scatter's are: gradients reach the ShardTensor itself.
+        out[name] = st.detach().requires_grad_(grad and info.dtype.is_floating_point)
+    out.update(metadata or {})
+    return Scattered(out, {s: int(n) for s, n in lengths.items()})
+
+
+def _domain_group(dmesh: DeviceMesh) -> Any:
+    """The group scatter_tensor itself uses for this mesh (cached by PhysicsNeMo)."""
+    from physicsnemo.distributed import DistributedManager
+
+    return DistributedManager().get_mesh_group(dmesh)
+
+
+def _as_lists(shapes: Mapping[int, Sequence[tuple[int, ...]]]) -> dict[int, list[tuple[int, ...]]]:
+    return {m: list(v) for m, v in shapes.items()}
+
+
+def _check_lengths(lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> None:
+    """The lengths every input's shape would have pass `check_shapes`."""
+    missing = sorted(s for f in FEATURES.values() for s in f.semantics if s is not None and s not in lengths)
+    if missing:
+        raise FeatureDistributionError(f"no length given for semantics {sorted(set(missing))}")
+    check_shapes(
+        {
+            n: (tuple(lengths[s] if s is not None else int(c or 0) for s, c in zip(f.semantics, f.channels)), f.dtype)
+            for n, f in FEATURES.items()
+        },
+        mesh_sizes,
+    )
+
+
+def _read_block(
+    read: Reader,
+    name: str,
+    lengths: Mapping[str, int],
+    shape: tuple[int, ...],
+    mesh_sizes: Sequence[int],
+    coord: Sequence[int],
+    device: torch.device,
+) -> torch.Tensor:
+    """This rank's block of one input: its real part read in place, the rest the pad value."""
+    info = FEATURES[name]
+    window = local_window(name, shape, mesh_sizes, coord)
+    real = []
+    for (start, n), sem, c in zip(window, info.semantics, info.channels):
+        end = min(start + n, lengths[sem] if sem is not None else int(c or 0))
+        real.append(slice(start, max(start, end)))
+    want = tuple(r.stop - r.start for r in real)
+    all_real = want == tuple(n for _, n in window)
+    block = torch.empty(tuple(n for _, n in window), dtype=info.dtype, device=device)
+    if not all_real:
+        block.fill_(info.pad)
+    if 0 in want:
+        return block
+    try:
+        read(name, tuple(real), block[tuple(slice(0, n) for n in want)])
+    except Exception as e:  # noqa: BLE001 - a reader's error becomes every rank's
+        raise FeatureDistributionError(
+            f"feature `{name}`: reading window {[(r.start, r.stop) for r in real]} failed: {type(e).__name__}: {e}"
+        ) from None
+    return block
+
+
+def safetensors_source(path: str | os.PathLike[str]) -> tuple[Reader, dict[str, int]]:
+    """A reader of one serial sample's safetensors file, and the sample's lengths from its
+    header, checked as `check_inputs` checks tensors (mesh rules aside, which
+    `scatter_local` checks). Each rank reads only its own part of every input, with
+    positioned reads straight into its blocks: no memory map, no whole tensor."""
+    entries = _safetensors_entries(os.fspath(path))
+    shapes: dict[str, tuple[Sequence[int], torch.dtype]] = {}
+    for name in FEATURES:
+        if name not in entries:
+            raise FeatureDistributionError(f"feature `{name}`: missing from {os.fspath(path)}")
+        shapes[name] = (entries[name].shape, entries[name].dtype)
+    lengths = check_shapes(shapes, (1,) * len(DOMAIN_MESH_AXES))
+    fd = os.open(os.fspath(path), os.O_RDONLY)
+
+    def read(name: str, window: tuple[slice, ...], out: torch.Tensor) -> None:
+        _read_window(fd, entries[name], window, out)
+
+    weakref.finalize(read, os.close, fd)
+    return read, lengths
+
+
+class _Entry(NamedTuple):
+    """One tensor of a safetensors file: dtype, shape, where its data starts."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+
+
+def _safetensors_entries(path: str) -> dict[str, _Entry]:
+    """The tensors a safetensors file's header lists (the format: an 8-byte little-endian
+    header length, the JSON header, then the data)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n > size - 8:
+            raise FeatureDistributionError(f"{path}: a {n}-byte header in a {size}-byte file")
+        header = json.loads(f.read(n))
+    out: dict[str, _Entry] = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(v.get("dtype"))
+        shape = tuple(int(d) for d in v.get("shape", ()))
+        begin, end = (int(o) for o in v.get("data_offsets", (0, -1)))
+        if dtype is None:
+            raise FeatureDistributionError(f"feature `{name}`: dtype {v.get('dtype')} in {path}")
+        if end - begin != math.prod(shape) * dtype.itemsize or 8 + n + end > size:
+            raise FeatureDistributionError(f"feature `{name}`: data {begin}..{end} of {path} does not hold {shape}")
+        out[name] = _Entry(dtype, shape, 8 + n + begin)
+    return out
+
+
+def _read_window(fd: int, e: _Entry, window: tuple[slice, ...], out: torch.Tensor) -> None:
+    """Reads `window` of a C-ordered tensor in a file into `out` (of the window's shape):
+    one positioned read per run that is contiguous in both the file and `out`."""
+    if out.dim() == 0 or out.stride(-1) != 1 or out.device.type != "cpu":
+        part = torch.empty(out.shape, dtype=out.dtype)
+        _read_window(fd, e, window, part)
+        out.copy_(part)
+        return
+    stride = [math.prod(e.shape[d + 1 :]) for d in range(len(e.shape))]
+    k, run = len(e.shape), 1
+    while k > 0 and out.stride(k - 1) == run:
+        k -= 1
+        n = window[k].stop - window[k].start
+        run *= n
+        if n != e.shape[k]:
+            break
+    item = out.element_size()
+    raw = out.view(torch.uint8).numpy()
+    for idx in itertools.product(*(range(window[d].stop - window[d].start) for d in range(k))):
+        at = sum((window[d].start + i) * stride[d] for d, i in enumerate(idx))
+        at += sum(window[d].start * stride[d] for d in range(k, len(e.shape)))
+        dest = raw[idx]
+        got = os.preadv(fd, [dest], e.offset + at * item)
+        if got != run * item:
+            raise OSError(f"short read: {got} of {run * item} bytes")
+
+
+_SAFETENSORS_DTYPES: Final[dict[str, torch.dtype]] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
 def gather_outputs(
     outputs: Mapping[str, Any],
     lengths: Mapping[str, int] | None = None,
@@ -371,30 +622,102 @@ def gather_outputs(
     return out
 
 
+def setup(
+    domain: Sequence[int],
+    ddp: int = 1,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    timeout: timedelta | None = None,
+) -> DeviceMesh:
+    """Starts this process's part of a run and returns its (dp, domain...) mesh.
+
+    With CUDA: this process's GPU (`LOCAL_RANK`) made current, NCCL; under torchrun with
+    no `init_method`, through PhysicsNeMo's own `DistributedManager.initialize()`. Without
+    CUDA: gloo (PhysicsNeMo's initialiser cannot start a CPU group: see
+    `adopt_process_group`). A process group started beforehand is kept. The mesh is
+    built with the spec's axis names, `ddp` replicas of the domain mesh `domain`, and
+    checked against the world size.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sizes = tuple(int(n) for n in domain)
+    if len(sizes) != len(DOMAIN_MESH_AXES) or min(sizes, default=1) < 1 or ddp < 1:
+        raise FeatureDistributionError(f"domain sizes {sizes} and ddp {ddp} for the domain axes {DOMAIN_MESH_AXES}")
+    if ddp > 1 and DP_MESH_AXIS is None:
+        raise FeatureDistributionError(f"ddp {ddp}, but the spec names no data-parallel mesh axis (`mesh.dp`)")
+    _start_group(init_method, rank, world_size, timeout)
+    world = dist.get_world_size()
+    if world != ddp * math.prod(sizes):
+        raise FeatureDistributionError(
+            f"world size {world}, but ddp {ddp} x domain {sizes} {DOMAIN_MESH_AXES} needs {ddp * math.prod(sizes)} ranks"
+        )
+    dp = DP_MESH_AXIS
+    names: tuple[str, ...] = ((dp,) if dp is not None else ()) + tuple(DOMAIN_MESH_AXES)
+    shape = ((ddp,) if dp is not None else ()) + sizes
+    return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", shape, mesh_dim_names=names)
+
+
+def _start_group(init_method: str | None, rank: int | None, world_size: int | None, timeout: timedelta | None) -> None:
+    """The process group and PhysicsNeMo's manager, this process's GPU current (`setup`)."""
+    from physicsnemo.distributed import DistributedManager
+
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        if cuda and init_method is None and "RANK" in os.environ:
+            DistributedManager.initialize()
+        else:
+            device = _local_device(rank) if cuda else None
+            if device is not None:
+                torch.cuda.set_device(device)
+            dist.init_process_group(
+                "nccl" if cuda else "gloo", init_method=init_method, device_id=device,
+                rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size,
+                timeout=timeout,
+            )
+    if not DistributedManager.is_initialized() or not DistributedManager().distributed:
+        adopt_process_group(_local_device(dist.get_rank()) if cuda else None)
+
+
+def _local_device(rank: int | None) -> torch.device:
+    local = os.environ.get("LOCAL_RANK")
+    index = int(local) if local is not None else (rank or 0) % max(1, torch.cuda.device_count())
+    return torch.device("cuda", index)
+
+
 def adopt_process_group(device: torch.device | None = None) -> None:
     """Registers an initialised torch.distributed default group with PhysicsNeMo's
-    `DistributedManager`, which `scatter_tensor` reads.
+    `DistributedManager`, which `scatter_tensor` reads; `device` (this process's current
+    GPU with CUDA, else the CPU) becomes the current device and the manager's.
 
     `DistributedManager.initialize()` passes `device_id=cpu` to `init_process_group` on a
-    machine without CUDA, which torch 2.13 rejects; on CPU (gloo) initialise the group
-    yourself, then call this. On GPUs either way works.
+    machine without CUDA, which torch 2.13 rejects, and PhysicsNeMo has no public way to
+    register a group started otherwise: so this writes the manager's state, the fields
+    its own properties read (a PhysicsNeMo that renames them fails here, by name).
+    `setup()` calls it on CPU only.
     """
     from physicsnemo.distributed import DistributedManager
 
     if not dist.is_initialized():
         raise RuntimeError("adopt_process_group: call torch.distributed.init_process_group first")
-    rank = dist.get_rank()
-    dev = device or torch.device("cpu")
-    DistributedManager._shared_state.update(
-        _is_initialized=True,
-        _distributed=True,
-        _rank=rank,
-        _world_size=dist.get_world_size(),
-        _local_rank=dev.index if dev.index is not None else 0,
-        _device=dev,
-        _cuda=dev.type == "cuda",
-        _initialization_method="env",
-    )
+    cuda = torch.cuda.is_available()
+    dev = device or (torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    state = {
+        "_is_initialized": True,
+        "_distributed": True,
+        "_rank": dist.get_rank(),
+        "_world_size": dist.get_world_size(),
+        "_local_rank": dev.index if dev.index is not None else 0,
+        "_device": dev,
+        "_cuda": dev.type == "cuda",
+        "_initialization_method": "env",
+    }
+    unknown = [k for k in ("rank", "world_size", "device", "distributed") if not hasattr(DistributedManager, k)]
+    if unknown:
+        raise RuntimeError(f"adopt_process_group: this PhysicsNeMo's DistributedManager has no {unknown}")
+    DistributedManager._shared_state.update(state)
     _register_shard_patches()
 
 
@@ -475,14 +798,15 @@ def check_gradients(
     torch.backends.cudnn.allow_tf32 = False
     dmesh = domain_mesh(mesh)
     sizes = tuple(int(n) for n in dmesh.mesh.shape)
+    device = mesh_device(dmesh)
     serial: dict[str, Any] = {n: sample[n] for n in METADATA if n in sample}
-    for name, x in pad_inputs(sample, sizes).items():
+    for name, x in pad_inputs(sample, sizes, device).items():
         serial[name] = x.detach().clone().requires_grad_(x.dtype.is_floating_point)
-    reference = model_factory()
+    reference = model_factory().to(device)
     want = forward(reference, serial)
     want_loss = loss(want)
     torch.autograd.backward(want_loss)
-    model = wrap_model(model_factory(), mesh, strategy)
+    model = wrap_model(model_factory().to(device), mesh, strategy)
     is_source = dist.get_rank() == int(dmesh.mesh.flatten()[0])
     inputs = scatter(sample if is_source else None, mesh, requires_grad=True).inputs
     got = forward(model, inputs)
