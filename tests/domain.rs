@@ -422,3 +422,67 @@ features:
         ],
     );
 }
+
+#[test]
+fn a_parameter_is_placed_like_the_inputs_and_is_no_input() {
+    let text = format!(
+        "{BASE}  x: {{axes: [batch, 4, height, width], dtype: float32}}\n  pos: {{axes: [height, width, 8], dtype: float32, parameter: true}}\n"
+    );
+    assert_eq!(placements(&text, "pos"), vec![Placement::Shard(0)]);
+    let (_, plan) = compile_str("spec.yaml", &text).unwrap();
+    let FeaturePlan::Tensor(t) = &plan.features["pos"] else {
+        panic!("pos is metadata")
+    };
+    assert!(t.parameter);
+    let FeaturePlan::Tensor(x) = &plan.features["x"] else {
+        panic!("x is metadata")
+    };
+    assert!(!x.parameter);
+}
+
+#[test]
+fn parameters_where_they_cannot_be() {
+    let cp = "\
+version: 1
+module: demo
+mesh:
+  cp: [cp0, cp1]
+semantics:
+  tokens: {shard: true}
+features:
+  x: {axes: [tokens], dtype: float32, parameter: true}
+";
+    assert_error(
+        cp,
+        &[
+            "spec.yaml:8:",
+            "feature `x`",
+            "model parameters are placed for domain-parallel (ShardTensor) specs",
+        ],
+    );
+    let mask =
+        format!("{BASE}  m: {{axes: [height], dtype: bool, mask: height, parameter: true}}\n");
+    assert_error(
+        &mask,
+        &[
+            "spec.yaml:12:",
+            "feature `m`",
+            "holds values, not a mask or indices",
+        ],
+    );
+    let optional =
+        format!("{BASE}  p: {{axes: [height], dtype: float32, optional: true, parameter: true}}\n");
+    assert_error(
+        &optional,
+        &[
+            "spec.yaml:12:",
+            "feature `p`",
+            "cannot be optional or derived",
+        ],
+    );
+    let metadata = format!("{BASE}  p: {{metadata: true, parameter: true}}\n");
+    assert_error(
+        &metadata,
+        &["spec.yaml:12:", "feature `p`", "`parameter` does not apply"],
+    );
+}

@@ -24,6 +24,8 @@ struct Ctx {
     uneven: String,
     semantics: Vec<SemanticRow>,
     features: Vec<FeatureRow>,
+    /// Model parameters placed like the inputs (`parameter: true`).
+    parameters: Vec<FeatureRow>,
     metadata: Vec<String>,
     workflows: Vec<(String, Vec<String>)>,
     test_meshes: String,
@@ -75,14 +77,19 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
             halo: s.halo,
         })
         .collect();
-    let mut features = Vec::new();
+    let (mut features, mut parameters) = (Vec::new(), Vec::new());
     let mut metadata = Vec::new();
     for (name, f) in &plan.features {
         let FeaturePlan::Tensor(t) = f else {
             metadata.push(name.clone());
             continue;
         };
-        features.push(FeatureRow {
+        let rows = if t.parameter {
+            &mut parameters
+        } else {
+            &mut features
+        };
+        rows.push(FeatureRow {
             name: name.clone(),
             placements: py_tuple(t.placements.iter().map(py_placement)),
             splits: py_tuple(t.axes.iter().map(|a| match a.split {
@@ -108,6 +115,17 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
     // Without a data-parallel axis the second mesh is domain only too.
     let ddp = if plan.mesh.dp.is_some() { 2 } else { 1 };
     let test_meshes = format!("[(1, {}), ({ddp}, {})]", sizes(&[3, 2]), sizes(&[2, 2]));
+    // Parameters are the model's, not any workflow's inputs.
+    let workflows = plan
+        .workflows
+        .iter()
+        .map(|(w, fs)| {
+            let inputs = fs
+                .iter()
+                .filter(|f| !parameters.iter().any(|p| &p.name == *f));
+            (w.clone(), inputs.cloned().collect())
+        })
+        .collect();
     Ok(Ctx {
         header,
         module: plan.module.clone(),
@@ -117,12 +135,9 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
         uneven: py_tuple(domain.uneven.iter().map(|&u| py_bool(u).to_owned())),
         semantics,
         features,
+        parameters,
         metadata,
-        workflows: plan
-            .workflows
-            .iter()
-            .map(|(w, fs)| (w.clone(), fs.clone()))
-            .collect(),
+        workflows,
         test_meshes,
     })
 }

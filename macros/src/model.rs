@@ -482,6 +482,7 @@ fn feature_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Feature> {
             replicated: a.replicated,
             placement,
             derived,
+            parameter: None,
         })),
         optional,
         only: a

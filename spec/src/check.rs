@@ -142,9 +142,30 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// `parameter: true`: a plain data tensor of a domain spec, always there.
+    fn parameters(&mut self) {
+        let spec = self.spec;
+        for (name, f, t) in spec.tensors() {
+            let Some(at) = t.parameter else { continue };
+            let why = if spec.mesh.domain.is_none() {
+                Some("model parameters are placed for domain-parallel (ShardTensor) specs (`mesh: {domain: [...]}`); CP models keep theirs plain")
+            } else if !matches!(t.role, Role::Data) {
+                Some("a model parameter holds values, not a mask or indices")
+            } else if f.optional.is_some() || t.derived.is_some() {
+                Some("a model parameter is the model's, always there: it cannot be optional or derived")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                self.err(SpecError::new(why, at).feature(name));
+            }
+        }
+    }
+
     /// What a domain-parallel (ShardTensor) spec cannot hold, and what only it can.
     fn domain(&mut self) {
         let spec = self.spec;
+        self.parameters();
         if spec.mesh.domain.is_none() {
             for s in spec.semantics.values().filter(|s| s.batch) {
                 self.err(

@@ -267,6 +267,8 @@ pub struct TensorFeature {
     pub placement: Option<(Vec<Placement>, Loc)>,
     /// Computed by the pipeline from other features (when the sample lacks it).
     pub derived: Option<Derived>,
+    /// A model parameter placed like the inputs (domain specs), not an input.
+    pub parameter: Option<Loc>,
 }
 
 /// A feature the pipeline makes from others.

@@ -603,6 +603,7 @@ impl Lower {
                 raw.index.as_ref().map(|a| ("index", loc(a))),
                 raw.placement.as_ref().map(|a| ("placement", loc(a))),
                 raw.coshard.as_ref().map(|a| ("coshard", loc(a))),
+                raw.parameter.as_ref().map(|a| ("parameter", loc(a))),
             ];
             for (key, l) in extra.into_iter().flatten() {
                 self.err(
@@ -799,6 +800,7 @@ impl Lower {
                 replicated: raw.replicated.is_some_and(|r| r.value.0),
                 placement,
                 derived,
+                parameter: raw.parameter.as_ref().filter(|p| p.value.0).map(loc),
             })),
             only,
             optional,

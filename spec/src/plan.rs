@@ -192,6 +192,9 @@ pub struct TensorPlan {
     /// Made by the pipeline from other features (checked against them when given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub derived: Option<DeriveRule>,
+    /// A model parameter of a domain spec placed like the inputs; not an input.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub parameter: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -329,6 +332,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 workflows: workflows_of(name),
                 optional: f.optional.is_some(),
                 derived: t.derived.as_ref().map(|d| d.rule.clone()),
+                parameter: t.parameter.is_some(),
             })),
         );
     }

@@ -198,6 +198,12 @@ pub struct RawFeature {
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
     pub optional: Option<Spanned<Flag>>,
+    /// A model parameter of a domain-parallel spec (a positional embedding, a RoPE
+    /// table), placed by the same inference as the inputs: FSDP2 shards it over the
+    /// domain mesh. Not an input.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub parameter: Option<Spanned<Flag>>,
     /// Made by the pipeline from other features when the sample lacks it (and checked
     /// against them when it has it).
     #[serde(default)]

@@ -114,16 +114,29 @@ def test_generated_domain_python_passes_ruff_and_mypy(domain_dir: Path) -> None:
 
 
 # The gradient test's model for the weather example: two 3x3 convolutions over the
-# state's lat x lon plane (lat sharded, uneven over 3 ranks), and a mean-square loss.
+# state's lat x lon plane (lat sharded, uneven over 3 ranks) with a learned positional
+# embedding between them (the spec's `pos_embed` parameter: a DTensor over the domain
+# on the FSDP2 path, plain on the others), and a mean-square loss.
 WEATHER_MODEL = """
 import torch
+
+LENGTHS = {"lat": 8, "lon": 12}
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(26, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 26, 3, padding=1)
+        self.pos_embed = torch.nn.Parameter(0.1 * torch.randn(1, 8, LENGTHS["lat"], LENGTHS["lon"]))
+
+    def forward(self, x):
+        return self.conv2(torch.relu(self.conv1(x) + self.pos_embed))
 
 
 def model_factory() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(26, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 26, 3, padding=1)
-    )
+    return Model()
 
 
 def forward(model, inputs):
@@ -164,7 +177,8 @@ def test_generated_shard_tensor_parity_test_passes(domain_dir: Path, name: str) 
     and ddp 2 x domain 2; both scatters (source rank, and each rank reading its part of a
     file) and gather give back the serial inputs, planned local shapes equal
     ShardTensor's own. For weather (1D domain) and volume (2D domain), with a conv model
-    given, the gradient parity test too: domain only, DDP and FSDP2 on ddp 2 x domain 2."""
+    given, the gradient parity test too: domain only, DDP and FSDP2 on ddp 2 x domain 2,
+    and DDP alone (ddp 2 x a domain of one rank)."""
     if name in MODELS:
         (domain_dir / f"{name}_placements_model.py").write_text(MODELS[name])
     test = domain_dir / f"test_{name}_placements_parity.py"
@@ -173,7 +187,7 @@ def test_generated_shard_tensor_parity_test_passes(domain_dir: Path, name: str) 
         capture_output=True, text=True, cwd=domain_dir, check=False,
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    want = "5 passed" if name in MODELS else "2 passed, 3 skipped"
+    want = "6 passed" if name in MODELS else "2 passed, 4 skipped"
     assert want in r.stdout, r.stdout[-2000:]
 
 

@@ -88,6 +88,12 @@ FEATURES: Final[dict[str, FeatureInfo]] = {
     ),
 }
 
+# Model parameters placed like the inputs (`parameter: true`): `wrap_model` shards them
+# over the domain mesh on the FSDP2 path; every parameter of the model with that name
+# (its last dotted part) is one.
+PARAMETERS: Final[dict[str, FeatureInfo]] = {
+}
+
 PLACEMENTS: Final[dict[str, tuple[Placement, ...]]] = {n: f.placements for n, f in FEATURES.items()}
 METADATA: Final[tuple[str, ...]] = ()
 WORKFLOWS: Final[dict[str, tuple[str, ...]]] = {
@@ -736,7 +742,10 @@ def wrap_model(model: torch.nn.Module, mesh: DeviceMesh, strategy: str = "none")
     broadcast over every domain axis (each domain rank starts from the same weights: DDP
     syncs the data-parallel axis only, FSDP2 none), then `strategy`: "none", "ddp"
     (DistributedDataParallel over the data-parallel group) or "fsdp2" (`fully_shard` on
-    the data-parallel mesh, after the sync, while parameters are still plain)."""
+    the data-parallel mesh, after the sync). On the FSDP2 path only, the spec's
+    `PARAMETERS` (spatial parameters: positional embeddings, RoPE tables) are first
+    sharded over the domain mesh as DTensors at their placements; the others, and all
+    of them on the other paths, stay plain (ShardTensor promotes them in each op)."""
     from physicsnemo.domain_parallel import sync_module_over_mesh
 
     names = tuple(mesh.mesh_dim_names or ())
@@ -755,9 +764,52 @@ def wrap_model(model: torch.nn.Module, mesh: DeviceMesh, strategy: str = "none")
     if strategy == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
+        shard_parameters(model, mesh)
         fully_shard(model, mesh=mesh[dp])
         return model
     raise FeatureDistributionError(f"unknown strategy `{strategy}`: expected none, ddp or fsdp2")
+
+
+def shard_parameters(model: torch.nn.Module, mesh: DeviceMesh) -> list[str]:
+    """Replaces every parameter of `model` that the spec declares (`PARAMETERS`, matched
+    by the last part of its dotted name) by a DTensor on the domain mesh at the declared
+    placements, contiguous (FSDP2 refuses others); returns their dotted names. Each is
+    checked like an input (rank, dtype, channel sizes, a split axis no shorter than its
+    ranks); a declared parameter the model lacks is refused by name."""
+    from torch.distributed.tensor import distribute_tensor
+
+    dmesh = domain_mesh(mesh)
+    sizes = tuple(int(n) for n in dmesh.mesh.shape)
+    found: dict[str, list[str]] = {name: [] for name in PARAMETERS}
+    for dotted, p in list(model.named_parameters()):
+        *path, attr = dotted.split(".")
+        info = PARAMETERS.get(attr)
+        if info is None:
+            continue
+        _check_parameter(dotted, attr, p, info, sizes)
+        owner = model.get_submodule(".".join(path))
+        shard = distribute_tensor(p.detach().contiguous(), dmesh, list(info.placements))
+        setattr(owner, attr, torch.nn.Parameter(shard, requires_grad=p.requires_grad))
+        found[attr].append(dotted)
+    missing = sorted(n for n, at in found.items() if not at)
+    if missing:
+        raise FeatureDistributionError(f"parameters {missing} of the spec are not in the model")
+    return [d for at in found.values() for d in at]
+
+
+def _check_parameter(dotted: str, attr: str, p: torch.Tensor, info: FeatureInfo, sizes: Sequence[int]) -> None:
+    what = f"parameter `{attr}` (`{dotted}`)"
+    if p.dim() != len(info.semantics):
+        raise FeatureDistributionError(f"{what}: expected {len(info.semantics)} axes, got shape {tuple(p.shape)}")
+    if p.dtype != info.dtype:
+        raise FeatureDistributionError(f"{what}: expected dtype {info.dtype}, got {p.dtype}")
+    for d, (sem, size, m) in enumerate(zip(info.semantics, info.channels, info.splits)):
+        n = int(p.shape[d])
+        label = f"{what}, axis {d} ({sem if sem is not None else 'channel'})"
+        if sem is None and size is not None and n != size:
+            raise FeatureDistributionError(f"{label}: expected size {size}, got {n}")
+        if m is not None and n < sizes[m]:
+            raise FeatureDistributionError(f"{label}: {n} items over {sizes[m]} ranks of `{DOMAIN_MESH_AXES[m]}`")
 
 
 def _full(x: Any) -> Any:
@@ -788,7 +840,8 @@ def check_gradients(
     `forward(model, inputs)` then `loss(output)` run serially on the padded sample and,
     through `wrap_model(..., strategy)`, on its scattered ShardTensors. The output, the
     loss, every weight gradient and every floating-point input's gradient (which keeps
-    the input's placements) must agree within `atol` + `rtol`. Every rank passes the
+    the input's placements) must agree within `atol` + `rtol`; on the FSDP2 path the
+    spec's `PARAMETERS` must sit at their placements on the domain. Every rank passes the
     same full `sample` (data-parallel replicas too, so that averaging keeps the serial
     gradients); `model_factory` must build the same model on every call (seed it).
     Raises AssertionError naming what differs.
@@ -815,6 +868,11 @@ def check_gradients(
     _close("loss", got_loss, want_loss, atol, rtol)
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     for (name, p), (_, q) in zip(inner.named_parameters(), reference.named_parameters()):
+        declared = PARAMETERS.get(name.split(".")[-1])
+        if strategy == "fsdp2" and declared is not None:
+            on_domain = tuple(getattr(p, "placements", ()))[-len(DOMAIN_MESH_AXES) :]
+            if on_domain != declared.placements:
+                raise AssertionError(f"parameter `{name}`: at {on_domain} on the domain, not {declared.placements}")
         if q.grad is None or p.grad is None:
             raise AssertionError(f"weight `{name}`: no gradient ({'distributed' if p.grad is None else 'serial'})")
         _close(f"weight `{name}` gradient", p.grad, q.grad, atol, rtol)
