@@ -424,7 +424,7 @@ features:
 }
 
 #[test]
-fn a_parameter_is_placed_like_the_inputs_and_is_no_input() {
+fn parameters_and_outputs_are_placed_like_the_inputs_and_are_no_inputs() {
     let text = format!(
         "{BASE}  x: {{axes: [batch, 4, height, width], dtype: float32}}\n  pos: {{axes: [height, width, 8], dtype: float32, parameter: true}}\n"
     );
@@ -437,7 +437,11 @@ fn a_parameter_is_placed_like_the_inputs_and_is_no_input() {
     let FeaturePlan::Tensor(x) = &plan.features["x"] else {
         panic!("x is metadata")
     };
-    assert!(!x.parameter);
+    assert!(!x.parameter && !x.output);
+    let text = text.replace("parameter: true", "output: true");
+    assert_eq!(placements(&text, "pos"), vec![Placement::Shard(0)]);
+    let (_, plan) = compile_str("spec.yaml", &text).unwrap();
+    assert!(matches!(&plan.features["pos"], FeaturePlan::Tensor(t) if t.output && !t.parameter));
 }
 
 #[test]
@@ -478,6 +482,25 @@ features:
             "spec.yaml:12:",
             "feature `p`",
             "cannot be optional or derived",
+        ],
+    );
+    let both =
+        format!("{BASE}  p: {{axes: [height], dtype: float32, parameter: true, output: true}}\n");
+    assert_error(
+        &both,
+        &[
+            "spec.yaml:12:",
+            "feature `p`",
+            "a model parameter or a model output, not both",
+        ],
+    );
+    let output = cp.replace("parameter: true", "output: true");
+    assert_error(
+        &output,
+        &[
+            "spec.yaml:8:",
+            "feature `x`",
+            "model outputs are placed for domain-parallel",
         ],
     );
     let metadata = format!("{BASE}  p: {{metadata: true, parameter: true}}\n");

@@ -26,6 +26,8 @@ struct Ctx {
     features: Vec<FeatureRow>,
     /// Model parameters placed like the inputs (`parameter: true`).
     parameters: Vec<FeatureRow>,
+    /// Model outputs placed like the inputs (`output: true`).
+    outputs: Vec<FeatureRow>,
     metadata: Vec<String>,
     workflows: Vec<(String, Vec<String>)>,
     test_meshes: String,
@@ -77,17 +79,17 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
             halo: s.halo,
         })
         .collect();
-    let (mut features, mut parameters) = (Vec::new(), Vec::new());
+    let (mut features, mut parameters, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
     let mut metadata = Vec::new();
     for (name, f) in &plan.features {
         let FeaturePlan::Tensor(t) = f else {
             metadata.push(name.clone());
             continue;
         };
-        let rows = if t.parameter {
-            &mut parameters
-        } else {
-            &mut features
+        let rows = match (t.parameter, t.output) {
+            (true, _) => &mut parameters,
+            (_, true) => &mut outputs,
+            _ => &mut features,
         };
         rows.push(FeatureRow {
             name: name.clone(),
@@ -115,14 +117,17 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
     // Without a data-parallel axis the second mesh is domain only too.
     let ddp = if plan.mesh.dp.is_some() { 2 } else { 1 };
     let test_meshes = format!("[(1, {}), ({ddp}, {})]", sizes(&[3, 2]), sizes(&[2, 2]));
-    // Parameters are the model's, not any workflow's inputs.
+    // Parameters and outputs are the model's, not any workflow's inputs.
+    let models: Vec<&str> = parameters
+        .iter()
+        .chain(&outputs)
+        .map(|p| p.name.as_str())
+        .collect();
     let workflows = plan
         .workflows
         .iter()
         .map(|(w, fs)| {
-            let inputs = fs
-                .iter()
-                .filter(|f| !parameters.iter().any(|p| &p.name == *f));
+            let inputs = fs.iter().filter(|f| !models.contains(&f.as_str()));
             (w.clone(), inputs.cloned().collect())
         })
         .collect();
@@ -136,6 +141,7 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
         semantics,
         features,
         parameters,
+        outputs,
         metadata,
         workflows,
         test_meshes,

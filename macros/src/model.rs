@@ -483,6 +483,7 @@ fn feature_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Feature> {
             placement,
             derived,
             parameter: None,
+            output: None,
         })),
         optional,
         only: a

@@ -142,23 +142,38 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// `parameter: true`: a plain data tensor of a domain spec, always there.
+    /// `parameter: true` and `output: true`: a plain data tensor of a domain spec, the
+    /// model's (always there), one or the other.
     fn parameters(&mut self) {
         let spec = self.spec;
         for (name, f, t) in spec.tensors() {
-            let Some(at) = t.parameter else { continue };
-            let why = if spec.mesh.domain.is_none() {
-                Some("model parameters are placed for domain-parallel (ShardTensor) specs (`mesh: {domain: [...]}`); CP models keep theirs plain")
-            } else if !matches!(t.role, Role::Data) {
-                Some("a model parameter holds values, not a mask or indices")
-            } else if f.optional.is_some() || t.derived.is_some() {
-                Some("a model parameter is the model's, always there: it cannot be optional or derived")
-            } else {
-                None
+            let (at, what) = match (t.parameter, t.output) {
+                (Some(_), Some(o)) => {
+                    self.err(
+                        SpecError::new(
+                            "a feature is a model parameter or a model output, not both",
+                            o,
+                        )
+                        .feature(name),
+                    );
+                    continue;
+                }
+                (Some(p), None) => (p, "parameter"),
+                (None, Some(o)) => (o, "output"),
+                (None, None) => continue,
             };
-            if let Some(why) = why {
-                self.err(SpecError::new(why, at).feature(name));
-            }
+            let why = if spec.mesh.domain.is_none() {
+                format!("model {what}s are placed for domain-parallel (ShardTensor) specs (`mesh: {{domain: [...]}}`)")
+            } else if !matches!(t.role, Role::Data) {
+                format!("a model {what} holds values, not a mask or indices")
+            } else if f.optional.is_some() || t.derived.is_some() {
+                format!(
+                    "a model {what} is the model's, always there: it cannot be optional or derived"
+                )
+            } else {
+                continue;
+            };
+            self.err(SpecError::new(why, at).feature(name));
         }
     }
 

@@ -269,6 +269,8 @@ pub struct TensorFeature {
     pub derived: Option<Derived>,
     /// A model parameter placed like the inputs (domain specs), not an input.
     pub parameter: Option<Loc>,
+    /// A model output placed like the inputs (domain specs), not an input.
+    pub output: Option<Loc>,
 }
 
 /// A feature the pipeline makes from others.

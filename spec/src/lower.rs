@@ -604,6 +604,7 @@ impl Lower {
                 raw.placement.as_ref().map(|a| ("placement", loc(a))),
                 raw.coshard.as_ref().map(|a| ("coshard", loc(a))),
                 raw.parameter.as_ref().map(|a| ("parameter", loc(a))),
+                raw.output.as_ref().map(|a| ("output", loc(a))),
             ];
             for (key, l) in extra.into_iter().flatten() {
                 self.err(
@@ -801,6 +802,7 @@ impl Lower {
                 placement,
                 derived,
                 parameter: raw.parameter.as_ref().filter(|p| p.value.0).map(loc),
+                output: raw.output.as_ref().filter(|p| p.value.0).map(loc),
             })),
             only,
             optional,

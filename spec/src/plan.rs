@@ -195,6 +195,9 @@ pub struct TensorPlan {
     /// A model parameter of a domain spec placed like the inputs; not an input.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub parameter: bool,
+    /// A model output of a domain spec placed like the inputs; not an input.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -333,6 +336,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 optional: f.optional.is_some(),
                 derived: t.derived.as_ref().map(|d| d.rule.clone()),
                 parameter: t.parameter.is_some(),
+                output: t.output.is_some(),
             })),
         );
     }

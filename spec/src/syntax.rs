@@ -204,6 +204,12 @@ pub struct RawFeature {
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
     pub parameter: Option<Spanned<Flag>>,
+    /// A model output of a domain-parallel spec (a prediction), placed by the same
+    /// inference: `gather_outputs` cuts its padded axes back to the sample's lengths.
+    /// Not an input.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub output: Option<Spanned<Flag>>,
     /// Made by the pipeline from other features when the sample lacks it (and checked
     /// against them when it has it).
     #[serde(default)]

@@ -98,6 +98,11 @@ PARAMETERS: Final[dict[str, FeatureInfo]] = {
     ),
 }
 
+# Model outputs placed like the inputs (`output: true`): `gather_outputs` cuts their
+# padded axes back to the sample's lengths.
+OUTPUTS: Final[dict[str, FeatureInfo]] = {
+}
+
 PLACEMENTS: Final[dict[str, tuple[Placement, ...]]] = {n: f.placements for n, f in FEATURES.items()}
 METADATA: Final[tuple[str, ...]] = ("valid_time", )
 WORKFLOWS: Final[dict[str, tuple[str, ...]]] = {
@@ -607,16 +612,17 @@ def gather_outputs(
 ) -> dict[str, Any]:
     """`full_tensor()` of every ShardTensor (or DTensor) output on every rank; other values
     pass through. With the sample's `lengths` (from `check_inputs`), padded axes are cut
-    back to them: the axes of spec features, and those of any other output whose axis
-    semantics `semantics` gives, one per axis (None for a channel axis), e.g. a model's
-    prediction `{"pred": ("batch", None, "lat", "lon")}`."""
+    back to them: the axes of the spec's outputs (`output: true`) and features, and those
+    of any other output whose axis semantics `semantics` gives, one per axis (None for a
+    channel axis), e.g. a model's prediction `{"pred": ("batch", None, "lat", "lon")}`."""
     out: dict[str, Any] = {}
     for name, v in outputs.items():
         full = v.full_tensor() if hasattr(v, "full_tensor") else v
         if semantics is not None and name in semantics:
             axes: Sequence[str | None] | None = tuple(semantics[name])
         else:
-            axes = FEATURES[name].semantics if name in FEATURES else None
+            declared = OUTPUTS.get(name) or FEATURES.get(name)
+            axes = declared.semantics if declared is not None else None
         if lengths is not None and axes is not None and isinstance(full, torch.Tensor):
             if len(axes) != full.dim():
                 raise FeatureDistributionError(
