@@ -4,6 +4,8 @@
 //! This crate is the facade and the CLI. The model lives in [`spec`]
 //! (`featshard-spec`), the emitters in [`codegen`] (`featshard-codegen`).
 
+#![forbid(unsafe_code)]
+
 pub use featshard_codegen as codegen;
 pub use featshard_spec as spec;
 

@@ -1,5 +1,7 @@
 //! The `featshard` command line.
 
+#![forbid(unsafe_code)]
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;

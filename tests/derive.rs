@@ -358,20 +358,7 @@ fn associated_consts_hold_the_tables() {
 /// A Boltz-shaped sample: one token per entry of `atoms` (its atom count), `msa` MSA
 /// rows and `rset` R-set rows.
 fn boltz_shape(atoms: Vec<usize>, msa: usize, rset: usize) -> Shape {
-    Shape {
-        sizes: [
-            ("tokens", atoms.len()),
-            ("msa", msa),
-            ("ensemble", 2),
-            ("disto_ensemble", 1),
-            ("templates", 2),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect(),
-        counts: [("atoms".to_owned(), atoms)].into(),
-        mapped: [("rset".to_owned(), rset)].into(),
-    }
+    Shape::boltz(atoms, msa, Some(rset))
 }
 
 #[test]

@@ -27,20 +27,8 @@ fn spec() -> String {
 
 fn write_sample(path: &Path, drop: Option<&str>) -> BTreeMap<String, Tensor> {
     let (_, plan) = featshard::spec::compile_file(&root().join("examples/boltz2.yaml")).unwrap();
-    let shape = Shape {
-        sizes: [
-            ("tokens", 11),
-            ("msa", 4),
-            ("ensemble", 2),
-            ("disto_ensemble", 1),
-            ("templates", 1),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect(),
-        counts: [("atoms".to_owned(), vec![3, 0, 2, 5, 1, 0, 0, 4, 2, 1, 6])].into(),
-        mapped: [("rset".to_owned(), 4)].into(),
-    };
+    let shape =
+        Shape::boltz(vec![3, 0, 2, 5, 1, 0, 0, 4, 2, 1, 6], 4, Some(4)).with("templates", 1);
     let mut sample = synthetic::sample(&plan, Some("inference"), &shape, 11).unwrap();
     if let Some(d) = drop {
         sample.remove(d);

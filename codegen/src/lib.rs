@@ -5,6 +5,8 @@
 //! deterministic (sorted keys, no timestamps) and starts with a do-not-edit header
 //! naming the spec and the SHA-256 of its text.
 
+#![forbid(unsafe_code)]
+
 mod domain;
 mod json;
 mod python;

@@ -6,6 +6,8 @@
 //! against a YAML spec at compile time. Every error of a struct is reported at once,
 //! each on the field or attribute it is about.
 
+#![forbid(unsafe_code)]
+
 mod attr;
 mod expand;
 mod model;

@@ -88,21 +88,7 @@ impl BoltzSamples {
         let n = self.tokens + 3 * index;
         // 0..=11 atoms per token, a few tokens without atoms.
         let counts: Vec<usize> = (0..n).map(|t| (t * 7 + index) % 12).collect();
-        let with_atoms = counts.iter().filter(|&&c| c > 0).count();
-        Shape {
-            sizes: [
-                ("tokens", n),
-                ("msa", 5),
-                ("ensemble", 2),
-                ("disto_ensemble", 1),
-                ("templates", 2),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-            counts: [("atoms".to_owned(), counts)].into(),
-            mapped: [("rset".to_owned(), with_atoms.div_ceil(2))].into(),
-        }
+        Shape::boltz(counts, 5, None)
     }
 
     pub fn serial(&self, index: usize) -> Result<Features, String> {

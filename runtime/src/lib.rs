@@ -11,6 +11,9 @@
 //! Every rule (placements, padded lengths, owner-block positions, remaps) comes from
 //! the plan; this crate only moves tensors accordingly.
 
+// `unsafe` only in the FFI boundary modules (`dist::ffi`, `mapping`), which allow it.
+#![deny(unsafe_code)]
+
 #[cfg(feature = "c10d")]
 pub mod dist;
 pub mod error;

@@ -3,6 +3,8 @@
 //! resident pages of a range already read (`madvise(MADV_DONTNEED)`), so that a large
 //! input leaves memory as its rank files are written. The FFI boundary for memory maps.
 
+#![allow(unsafe_code)]
+
 use std::marker::PhantomData;
 
 use tch::{Device, Kind, TchError, Tensor};

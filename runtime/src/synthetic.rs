@@ -25,6 +25,33 @@ pub struct Shape {
     pub mapped: BTreeMap<String, usize>,
 }
 
+impl Shape {
+    /// A Boltz-2-shaped sample (`examples/boltz2.yaml`): one token per entry of
+    /// `atoms_per_token` (its atom count), `msa` MSA rows, `rset` R-set rows (`None`:
+    /// one per two tokens with atoms), 2 conformers, 1 distogram ensemble, 2 templates.
+    pub fn boltz(atoms_per_token: Vec<usize>, msa: usize, rset: Option<usize>) -> Shape {
+        let with_atoms = atoms_per_token.iter().filter(|&&c| c > 0).count();
+        let sizes = [
+            ("tokens", atoms_per_token.len()),
+            ("msa", msa),
+            ("ensemble", 2),
+            ("disto_ensemble", 1),
+            ("templates", 2),
+        ];
+        Shape {
+            sizes: sizes.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            counts: [("atoms".to_owned(), atoms_per_token)].into(),
+            mapped: [("rset".to_owned(), rset.unwrap_or(with_atoms.div_ceil(2)))].into(),
+        }
+    }
+
+    /// The same shape with `semantic` (not owner-partitioned) `n` long.
+    pub fn with(mut self, semantic: &str, n: usize) -> Shape {
+        self.sizes.insert(semantic.to_owned(), n);
+        self
+    }
+}
+
 /// A random serial sample of `workflow` (all features for `None`) with this shape.
 pub fn sample(
     plan: &Plan,

@@ -71,6 +71,16 @@ pub fn repad_index(idx: usize, old: usize, new: usize) -> usize {
     (idx / old) * new + idx % old
 }
 
+/// [`repad_index`] over index values in place; negative values (the pads of index
+/// lists) stay as they are.
+pub fn repad_indices(values: &mut [i64], old: usize, new: usize) {
+    for v in values.iter_mut() {
+        if let Ok(idx) = usize::try_from(*v) {
+            *v = i64::try_from(repad_index(idx, old, new)).unwrap_or(i64::MAX);
+        }
+    }
+}
+
 /// Least common multiple of mesh axis sizes (1 for none).
 pub fn lcm_of(sizes: impl IntoIterator<Item = usize>) -> usize {
     sizes
@@ -119,6 +129,9 @@ mod tests {
     fn repad_moves_each_block_to_its_new_stride() {
         assert_eq!(repad_index(9, 4, 6), 13);
         assert_eq!(repad_index(3, 4, 6), 3);
+        let mut ids = [9, -1, 3, 0, 4];
+        repad_indices(&mut ids, 4, 6);
+        assert_eq!(ids, [13, -1, 3, 0, 6]);
     }
 
     #[test]

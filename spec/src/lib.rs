@@ -8,6 +8,8 @@
 //! Every front end (YAML here, the derive macro elsewhere) produces the same
 //! [`ir::Spec`] and calls [`plan::plan`]; no other crate decides a placement.
 
+#![forbid(unsafe_code)]
+
 pub mod check;
 pub mod diag;
 pub mod infer;

@@ -23,19 +23,8 @@ pub fn atom_counts() -> Vec<usize> {
 
 /// An inference sample of `TOKENS` tokens and `MSA` MSA rows.
 pub fn boltz2_sample(plan: &Plan) -> Features {
-    let shape = Shape {
-        sizes: [
-            ("tokens", TOKENS),
-            ("msa", MSA),
-            ("ensemble", 1),
-            ("disto_ensemble", 1),
-            ("templates", 4),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect(),
-        counts: [("atoms".to_owned(), atom_counts())].into(),
-        mapped: [("rset".to_owned(), TOKENS / 2)].into(),
-    };
+    let shape = Shape::boltz(atom_counts(), MSA, Some(TOKENS / 2))
+        .with("ensemble", 1)
+        .with("templates", 4);
     synthetic::sample(plan, Some("inference"), &shape, 1).expect("sample")
 }

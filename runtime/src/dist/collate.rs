@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::infer::Split;
+use featshard_spec::layout::repad_indices;
 use featshard_spec::plan::{Plan, Remap, TensorPlan};
 use tch::{Device, Tensor};
 
@@ -14,7 +15,7 @@ use super::group::ReduceOp;
 use super::mesh::Mesh;
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::{kind_of, scalar};
-use crate::sample::{tensor_plan, Features};
+use crate::sample::{tensor_plan, to_vec_i64, Features};
 use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
 
 /// One DP replica's batch on this rank.
@@ -54,22 +55,19 @@ fn target_length(
     })
 }
 
-/// `(idx // old) * new + idx % old`: positions in a layout whose per-block stride grows.
-/// Negative values (pads of index lists) stay as they are.
+/// Positions in a layout whose per-block stride grows from `old` to `new`, moved by the
+/// spec's [`repad_indices`] (pads of index lists, negative, stay).
 fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, RuntimeError> {
     if old == 0 || old == new {
         return Ok(x.shallow_clone());
     }
-    let (old, new) = (old as i64, new as i64);
-    let block = x.f_floor_divide_scalar(old).feature(name)?;
-    let within = x.f_remainder(old).feature(name)?;
-    let moved = block
-        .f_mul_scalar(new)
-        .feature(name)?
-        .f_add(&within)
-        .feature(name)?;
-    let real = x.f_ge(0).feature(name)?;
-    moved.f_where_self(&real, x).feature(name)
+    let mut values = to_vec_i64(x, name)?;
+    repad_indices(&mut values, old, new);
+    Tensor::from_slice(&values)
+        .f_view(x.size().as_slice())
+        .and_then(|v| v.f_to_kind(x.kind()))
+        .and_then(|v| v.f_to(x.device()))
+        .feature(name)
 }
 
 fn global_shape(t: &TensorPlan, target: &[i64], batch: usize, mesh: &Mesh) -> Vec<usize> {

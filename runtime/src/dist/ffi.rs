@@ -1,6 +1,8 @@
-//! The only unsafe code of the crate: declarations of `csrc/c10d_shim.cpp` and thin
+//! The crate's unsafe code (with `mapping`'s one `madvise`): declarations of `csrc/c10d_shim.cpp` and thin
 //! owners of its handles. Every function here checks the shim's error string and
 //! frees it; callers above see `Result<_, String>`.
+
+#![allow(unsafe_code)]
 
 use std::ffi::{c_char, CStr, CString};
 use std::ptr;
