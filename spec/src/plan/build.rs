@@ -1,0 +1,268 @@
+//! Building a plan: a checked spec's placements, padding and remaps.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+use crate::check;
+use crate::diag::SpecError;
+use crate::infer;
+
+/// Validates a spec and builds its plan; every error is returned, none is dropped.
+pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
+    let mut errors = check::check(spec);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let workflows = spec.workflow_features();
+    let workflows_of = |name: &str| -> Vec<String> {
+        workflows
+            .iter()
+            .filter(|(_, fs)| fs.contains(name))
+            .map(|(w, _)| w.clone())
+            .collect()
+    };
+
+    let mut features = BTreeMap::new();
+    let mut sharded_on: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+    // Domain specs: the first feature (and axis) that splits each semantic, and its mesh axis.
+    let mut first_split: BTreeMap<&str, (&str, usize, usize)> = BTreeMap::new();
+    let mut masked_by: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (name, f) in &spec.features {
+        let t = match &f.kind {
+            FeatureKind::Metadata => {
+                features.insert(
+                    name.clone(),
+                    FeaturePlan::Metadata {
+                        workflows: workflows_of(name),
+                        optional: f.optional.is_some(),
+                    },
+                );
+                continue;
+            }
+            FeatureKind::Tensor(t) => t,
+        };
+        let inferred = match infer::infer(spec, name, t) {
+            Ok(i) => i,
+            Err(e) => {
+                errors.push(*e);
+                continue;
+            }
+        };
+        for (i, (axis, split)) in t.axes.iter().zip(&inferred.splits).enumerate() {
+            if let (Some(s), Some(m)) = (axis.semantic(), split.mesh_axis()) {
+                sharded_on.entry(s).or_default().insert(m);
+                if spec.mesh.domain.is_none() {
+                    continue;
+                }
+                match first_split.get(s) {
+                    Some(&(other, j, m0)) if m0 != m => errors.push(
+                        SpecError::new(
+                            format!(
+                                "`{s}` is split over mesh axis `{}` here but over `{}` in feature `{other}` (axis {j}): their shard boundaries would not line up",
+                                spec.mesh.cp[m].name, spec.mesh.cp[m0].name
+                            ),
+                            axis.loc,
+                        )
+                        .feature(name)
+                        .axis(i, &axis.kind)
+                        .help("order the axes alike in both features, or keep one whole with `replicate_axes`"),
+                    ),
+                    Some(_) => {}
+                    None => {
+                        first_split.insert(s, (name.as_str(), i, m));
+                    }
+                }
+            }
+        }
+        if let Role::Mask { of } = &t.role {
+            for s in of {
+                masked_by.entry(s.as_str()).or_default().push(name.clone());
+            }
+        }
+        let remap = remap(spec, t, &inferred.splits);
+        features.insert(
+            name.clone(),
+            FeaturePlan::Tensor(Box::new(TensorPlan {
+                dtype: t.dtype,
+                axes: t
+                    .axes
+                    .iter()
+                    .zip(&inferred.splits)
+                    .map(|(a, s)| AxisPlan {
+                        semantic: a.semantic().map(str::to_owned),
+                        size: match a.kind {
+                            AxisKind::Channel(n) => Some(n),
+                            AxisKind::Semantic(_) => None,
+                        },
+                        split: *s,
+                    })
+                    .collect(),
+                placements: inferred.placements.to_vec(),
+                placements_dp: infer::with_dp(&inferred.placements),
+                // check() proved the pad value fits the dtype.
+                pad_value: t.pad.coerce(t.dtype).unwrap_or(t.pad),
+                role: t.role.clone(),
+                remap,
+                workflows: workflows_of(name),
+                optional: f.optional.is_some(),
+                derived: t.derived.as_ref().map(|d| d.rule.clone()),
+                parameter: t.parameter.is_some(),
+                output: t.output.is_some(),
+            })),
+        );
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+
+    let roots = roots_of(spec);
+    let semantics = spec
+        .semantics
+        .values()
+        .map(|s| {
+            let own: Vec<usize> = sharded_on
+                .get(s.name.as_str())
+                .map(|m| m.iter().copied().collect())
+                .unwrap_or_default();
+            let padding = padding(spec, s, &roots, &sharded_on);
+            let plan = SemanticPlan {
+                sharded: s.sharded,
+                batch: s.batch,
+                sharded_on: own,
+                padding,
+                masked_by: masked_by.remove(s.name.as_str()).unwrap_or_default(),
+                window: s.window,
+                incoming: s.incoming.as_ref().map(|i| i.source.clone()),
+                unowned_rows_are_pads: s.unowned_rows.is_some(),
+                stride: s.shards.stride.unwrap_or(1).max(1),
+                halo: s.shards.halo.unwrap_or(0),
+            };
+            (s.name.clone(), plan)
+        })
+        .collect();
+
+    Ok(Plan {
+        version: PLAN_VERSION,
+        module: spec.module.name.clone(),
+        source: spec.source.clone(),
+        mesh: MeshPlan {
+            cp: spec.mesh.cp.iter().map(|n| n.name.clone()).collect(),
+            dp: spec.mesh.dp.as_ref().map(|d| d.name.clone()),
+            domain: spec.mesh.domain.as_ref().map(|d| DomainPlan {
+                uneven: d.uneven.clone(),
+            }),
+        },
+        semantics,
+        features,
+        workflows: workflows
+            .into_iter()
+            .map(|(w, fs)| (w, fs.into_iter().collect()))
+            .collect(),
+        inputs: InputsPlan {
+            other_keys: spec.inputs.other_keys,
+            drop: spec
+                .inputs
+                .drop
+                .iter()
+                .map(|d| d.name.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        },
+    })
+}
+
+/// The root of `s`'s ownership tree, following sharded owners.
+fn root_of<'a>(spec: &'a Spec, s: &'a Semantic) -> &'a Semantic {
+    let mut root = s;
+    // Bounded: check() has rejected cycles, and a tree is never deeper than its size.
+    for _ in 0..spec.semantics.len() {
+        match root
+            .owner
+            .as_ref()
+            .and_then(|o| spec.semantics.get(&o.owner.name))
+        {
+            Some(o) if o.sharded => root = o,
+            _ => break,
+        }
+    }
+    root
+}
+
+/// The root of every semantic's ownership tree, each walked once.
+fn roots_of(spec: &Spec) -> BTreeMap<&str, &str> {
+    spec.semantics
+        .values()
+        .map(|s| (s.name.as_str(), root_of(spec, s).name.as_str()))
+        .collect()
+}
+
+fn padding(
+    spec: &Spec,
+    s: &Semantic,
+    roots: &BTreeMap<&str, &str>,
+    sharded_on: &BTreeMap<&str, BTreeSet<usize>>,
+) -> Padding {
+    if !s.sharded {
+        return Padding::None;
+    }
+    let root = root_of(spec, s);
+    let members = spec
+        .semantics
+        .values()
+        .filter(|m| m.sharded && roots.get(m.name.as_str()) == Some(&root.name.as_str()));
+    let mesh_axes: Vec<usize> = members
+        .filter_map(|m| sharded_on.get(m.name.as_str()))
+        .flatten()
+        .copied()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    // Uneven domain axes split by chunks: nothing to pad for them.
+    let mesh_axes: Vec<usize> = match &spec.mesh.domain {
+        Some(d) => mesh_axes
+            .into_iter()
+            .filter(|&m| !d.uneven.get(m).copied().unwrap_or(false))
+            .collect(),
+        None => mesh_axes,
+    };
+    if mesh_axes.is_empty() {
+        return Padding::None;
+    }
+    match &s.owner {
+        Some(o) if !std::ptr::eq(root, s) => Padding::OwnerBlocks {
+            owner: o.owner.name.clone(),
+            root: root.name.clone(),
+            source: o.source.clone(),
+            mesh_axes,
+        },
+        _ => Padding::Multiple { mesh_axes },
+    }
+}
+
+fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
+    let Role::Index(ix) = &t.role else {
+        return Remap::None;
+    };
+    match (ix.one_hot, ix.scope) {
+        (_, IndexScope::Serial) => Remap::None,
+        // Moving one-hot columns with their axis is the padded layout already.
+        (Some(_), IndexScope::PaddedGlobal) => Remap::None,
+        (Some(axis), IndexScope::ShardLocal) => Remap::DiagonalBlock {
+            of: ix.of.clone(),
+            axis,
+            mesh_axis: splits.get(axis).and_then(|s| s.mesh_axis()).unwrap_or(0),
+        },
+        (None, IndexScope::PaddedGlobal) => Remap::ToPaddedLayout {
+            of: ix.of.clone(),
+            repad: spec
+                .semantics
+                .get(&ix.of)
+                .is_some_and(|s| s.sharded && s.owner.is_some()),
+        },
+        (None, IndexScope::ShardLocal) => Remap::ShardLocal {
+            of: ix.of.clone(),
+            mesh_axis: splits.iter().find_map(|s| s.mesh_axis()).unwrap_or(0),
+        },
+    }
+}

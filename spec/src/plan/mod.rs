@@ -1,0 +1,296 @@
+//! The Plan IR: the rules every front end and runtime executes.
+//!
+//! A plan holds no sample sizes. Given the mesh sizes, the run-time lengths and, for
+//! owner-partitioned semantics, the owner counts, [`Plan::resolve`] yields every
+//! feature's padded shape, DTensor global shape, per-rank local shape and pad value.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::infer::{Split, CP_AXES};
+use crate::ir::*;
+use crate::layout::BlockLayout;
+
+mod build;
+mod resolve;
+
+pub use build::plan;
+pub use resolve::{
+    FeatureShapes, Lengths, Ownership, ResolveError, Resolved, SampleLayout, ShardBreach,
+};
+
+/// Version of the plan.json format.
+pub const PLAN_VERSION: u32 = 1;
+
+/// The plan of a whole spec.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Format version of this document (currently 1).
+    pub version: u32,
+    /// Name of the generated modules.
+    pub module: String,
+    pub source: Source,
+    pub mesh: MeshPlan,
+    pub semantics: BTreeMap<String, SemanticPlan>,
+    pub features: BTreeMap<String, FeaturePlan>,
+    /// Workflow -> sorted feature names (base set plus the workflow's own).
+    pub workflows: BTreeMap<String, Vec<String>>,
+    /// What happens to sample keys that are not features.
+    #[serde(default)]
+    pub inputs: InputsPlan,
+}
+
+/// How a sample's keys that the spec does not place are treated.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputsPlan {
+    /// Keys that are neither features nor in `drop`: refused, dropped or passed.
+    pub other_keys: KeyPolicy,
+    /// Keys removed from every sample, sorted.
+    pub drop: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeshPlan {
+    /// Names of the CP mesh axes `(cp0, cp1)`; indices in the plan refer to this order.
+    /// For a domain-parallel spec, its one or two domain axes.
+    pub cp: Vec<String>,
+    /// Name of the data-parallel axis, prepended by collate.
+    pub dp: Option<String>,
+    /// Set for a domain-parallel (PhysicsNeMo ShardTensor) spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<DomainPlan>,
+}
+
+/// A domain-parallel mesh: inputs become ShardTensors, shards may be uneven.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DomainPlan {
+    /// Per mesh axis: shards are `torch.chunk` pieces (uneven) rather than padded.
+    pub uneven: Vec<bool>,
+}
+
+impl DomainPlan {
+    /// The extent of each of `ranks` shards of an axis of `len` items on an uneven mesh
+    /// axis: `torch.chunk` sizes (`ceil(len / ranks)`, the last one smaller), which is
+    /// how ShardTensor splits a replicated tensor. `None` when a shard would be empty.
+    pub fn chunk_sizes(len: usize, ranks: usize) -> Option<Vec<usize>> {
+        if ranks == 0 || len < ranks {
+            return None;
+        }
+        let chunk = len.div_ceil(ranks);
+        let last = len.checked_sub(chunk * (ranks - 1)).filter(|&n| n > 0)?;
+        Some(
+            std::iter::repeat_n(chunk, ranks - 1)
+                .chain(std::iter::once(last))
+                .collect(),
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SemanticPlan {
+    pub sharded: bool,
+    /// The per-domain-group batch axis of a domain-parallel spec (length 1).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub batch: bool,
+    /// CP mesh axes (0 = cp0, 1 = cp1) that split an axis of this semantic somewhere.
+    pub sharded_on: Vec<usize>,
+    pub padding: Padding,
+    /// Mask features that are 0 at this semantic's pads.
+    pub masked_by: Vec<String>,
+    /// Attention window for packing, when declared.
+    pub window: Option<u32>,
+    /// Axes of this semantic may arrive padded: how the real items are known. The
+    /// incoming pads are dropped before the layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<IncomingSource>,
+    /// Owner-map rows without an owner are pads (dropped), not an error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unowned_rows_are_pads: bool,
+    /// Every shard of this semantic's axes is a multiple of `stride` long.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub stride: u32,
+    /// Every shard of this semantic's axes is at least `halo` long.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub halo: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl SemanticPlan {
+    /// Whether the `torch.chunk` pieces of an uneven axis meet the stride and halo.
+    pub fn admits_shards(&self, sizes: &[usize]) -> bool {
+        let stride = self.stride.max(1) as usize;
+        sizes
+            .iter()
+            .all(|&n| n % stride == 0 && n >= self.halo as usize)
+    }
+}
+
+/// How a semantic's run-time length becomes its padded length.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Padding {
+    /// Never padded.
+    None,
+    /// Padded at the end to a multiple of the lcm of these mesh axes' sizes.
+    Multiple { mesh_axes: Vec<usize> },
+    /// Owner-partitioned: the root owner's padded axis is split into lcm(mesh_axes)
+    /// equal blocks; each block holds its owners' items, padded to the largest block.
+    OwnerBlocks {
+        /// Direct owner semantic.
+        owner: String,
+        /// Root of the ownership tree (the semantic whose blocks are counted).
+        root: String,
+        /// How the sample gives each item's owner.
+        source: OwnerSource,
+        mesh_axes: Vec<usize>,
+    },
+}
+
+/// One feature of the plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum FeaturePlan {
+    Tensor(Box<TensorPlan>),
+    /// Passed through untouched.
+    Metadata {
+        workflows: Vec<String>,
+        /// A sample may lack it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        optional: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TensorPlan {
+    pub dtype: DType,
+    pub axes: Vec<AxisPlan>,
+    /// Placements on the CP sub-mesh `(cp0, cp1)`.
+    pub placements: Vec<Placement>,
+    /// Placements on `(dp, cp0, cp1)` after collate adds the batch dimension.
+    pub placements_dp: Vec<Placement>,
+    pub pad_value: PadValue,
+    pub role: Role,
+    pub remap: Remap,
+    pub workflows: Vec<String>,
+    /// A sample may lack it; when present it is placed and checked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+    /// Made by the pipeline from other features (checked against them when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derived: Option<DeriveRule>,
+    /// A model parameter of a domain spec placed like the inputs; not an input.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub parameter: bool,
+    /// A model output of a domain spec placed like the inputs; not an input.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AxisPlan {
+    /// The axis semantic, or `null` for a channel axis.
+    pub semantic: Option<String>,
+    /// Fixed size of a channel axis.
+    pub size: Option<u64>,
+    pub split: Split,
+}
+
+/// How index values change when the sample is padded and sharded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Remap {
+    None,
+    /// Values become positions in the padded layout of `of`. When `repad` is true the
+    /// layout is owner-partitioned and a larger per-block stride at collate remaps
+    /// `new = (idx // old) * new_stride + idx % old`.
+    ToPaddedLayout {
+        of: String,
+        repad: bool,
+    },
+    /// Values become ids local to the shard along `mesh_axis` that holds the row.
+    ShardLocal {
+        of: String,
+        mesh_axis: usize,
+    },
+    /// One-hot along co-sharded `axis`: each rank keeps its diagonal block, so column
+    /// ids are local to the shard along `mesh_axis`.
+    DiagonalBlock {
+        of: String,
+        axis: usize,
+        mesh_axis: usize,
+    },
+}
+
+/// The JSON Schema (draft-07) of plan.json.
+pub fn json_schema() -> serde_json::Value {
+    let generator = schemars::generate::SchemaSettings::draft07().into_generator();
+    let schema = generator.into_root_schema_for::<Plan>();
+    serde_json::to_value(schema).unwrap_or(serde_json::Value::Null)
+}
+
+impl Plan {
+    /// Tensor features, sorted by name.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &TensorPlan)> {
+        self.features.iter().filter_map(|(n, f)| match f {
+            FeaturePlan::Tensor(t) => Some((n.as_str(), t.as_ref())),
+            FeaturePlan::Metadata { .. } => None,
+        })
+    }
+
+    /// Feature names of a workflow, or of the whole spec for `None`.
+    pub fn feature_names(&self, workflow: Option<&str>) -> Result<Vec<&str>, ResolveError> {
+        match workflow {
+            None => Ok(self.features.keys().map(String::as_str).collect()),
+            Some(w) => self
+                .workflows
+                .get(w)
+                .map(|fs| fs.iter().map(String::as_str).collect())
+                .ok_or_else(|| ResolveError::UnknownWorkflow {
+                    workflow: w.to_owned(),
+                }),
+        }
+    }
+
+    /// Semantics with every owner before what it owns, ties in name order.
+    pub fn semantic_order(&self) -> Vec<&str> {
+        let depth = |name: &str| -> usize {
+            let mut d = 0;
+            let mut cur = name;
+            while let Some(SemanticPlan {
+                padding: Padding::OwnerBlocks { owner, .. },
+                ..
+            }) = self.semantics.get(cur)
+            {
+                d += 1;
+                cur = owner;
+                if d > self.semantics.len() {
+                    break;
+                }
+            }
+            d
+        };
+        let mut order: Vec<&str> = self.semantics.keys().map(String::as_str).collect();
+        order.sort_by_key(|s| (depth(s), *s));
+        order
+    }
+}
