@@ -2,7 +2,7 @@
 //! tables plus `scatter_inputs` / `gather_outputs` over `scatter_tensor`.
 
 use featshard_spec::infer::Split;
-use featshard_spec::plan::{FeaturePlan, Padding, Plan};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
 use serde::Serialize;
 
 use crate::python::{
@@ -59,9 +59,27 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
         plan.mesh.domain.as_ref().ok_or_else(|| {
             CodegenError(format!("`{}` is not a domain-parallel spec", plan.module))
         })?;
-    let header = header_comment(plan);
-    let semantics = plan
-        .semantics
+    let rows = Rows::of(plan);
+    let workflows = rows.workflows(plan);
+    Ok(Ctx {
+        header: header_comment(plan),
+        module: plan.module.clone(),
+        sha256: plan.source.sha256.clone(),
+        domain_axes: py_tuple(plan.mesh.cp.iter().map(|a| py_str(a))),
+        dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
+        uneven: py_tuple(domain.uneven.iter().map(|&u| py_bool(u).to_owned())),
+        semantics: semantic_rows(plan),
+        features: rows.features,
+        parameters: rows.parameters,
+        outputs: rows.outputs,
+        metadata: rows.metadata,
+        workflows,
+        test_meshes: test_meshes(plan),
+    })
+}
+
+fn semantic_rows(plan: &Plan) -> Vec<SemanticRow> {
+    plan.semantics
         .iter()
         .map(|(name, s)| SemanticRow {
             name: name.clone(),
@@ -78,74 +96,86 @@ fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
             stride: s.stride.max(1),
             halo: s.halo,
         })
-        .collect();
-    let (mut features, mut parameters, mut outputs) = (Vec::new(), Vec::new(), Vec::new());
-    let mut metadata = Vec::new();
-    for (name, f) in &plan.features {
-        let FeaturePlan::Tensor(t) = f else {
-            metadata.push(name.clone());
-            continue;
+        .collect()
+}
+
+/// The plan's features by what they are to the model: inputs, parameters, outputs,
+/// metadata.
+struct Rows {
+    features: Vec<FeatureRow>,
+    parameters: Vec<FeatureRow>,
+    outputs: Vec<FeatureRow>,
+    metadata: Vec<String>,
+}
+
+impl Rows {
+    fn of(plan: &Plan) -> Rows {
+        let mut rows = Rows {
+            features: Vec::new(),
+            parameters: Vec::new(),
+            outputs: Vec::new(),
+            metadata: Vec::new(),
         };
-        let rows = match (t.parameter, t.output) {
-            (true, _) => &mut parameters,
-            (_, true) => &mut outputs,
-            _ => &mut features,
-        };
-        rows.push(FeatureRow {
-            name: name.clone(),
-            placements: py_tuple(t.placements.iter().map(py_placement)),
-            splits: py_tuple(t.axes.iter().map(|a| match a.split {
-                Split::Mesh { mesh_axis } | Split::Follows { mesh_axis, .. } => {
-                    mesh_axis.to_string()
-                }
-                Split::Whole => "None".to_owned(),
-            })),
-            semantics: py_axis_semantics(t),
-            channels: py_channel_sizes(t),
-            dtype: t.dtype.name(),
-            pad: py_pad(t.pad_value),
-        });
+        for (name, f) in &plan.features {
+            let FeaturePlan::Tensor(t) = f else {
+                rows.metadata.push(name.clone());
+                continue;
+            };
+            let to = match (t.parameter, t.output) {
+                (true, _) => &mut rows.parameters,
+                (_, true) => &mut rows.outputs,
+                _ => &mut rows.features,
+            };
+            to.push(feature_row(name, t));
+        }
+        rows
     }
-    // The generated test: domain only with uneven shards on 3 ranks (3 x 2 on a 2D
-    // domain), and ddp 2 x domain 2 (2 x 2 on a 2D domain): every domain axis split.
+
+    /// Every workflow's inputs: parameters and outputs are the model's, no workflow's.
+    fn workflows(&self, plan: &Plan) -> Vec<(String, Vec<String>)> {
+        let models: Vec<&str> = self
+            .parameters
+            .iter()
+            .chain(&self.outputs)
+            .map(|p| p.name.as_str())
+            .collect();
+        plan.workflows
+            .iter()
+            .map(|(w, fs)| {
+                let inputs = fs.iter().filter(|f| !models.contains(&f.as_str()));
+                (w.clone(), inputs.cloned().collect())
+            })
+            .collect()
+    }
+}
+
+fn feature_row(name: &str, t: &TensorPlan) -> FeatureRow {
+    FeatureRow {
+        name: name.to_owned(),
+        placements: py_tuple(t.placements.iter().map(py_placement)),
+        splits: py_tuple(t.axes.iter().map(|a| match a.split {
+            Split::Mesh { mesh_axis } | Split::Follows { mesh_axis, .. } => mesh_axis.to_string(),
+            Split::Whole => "None".to_owned(),
+        })),
+        semantics: py_axis_semantics(t),
+        channels: py_channel_sizes(t),
+        dtype: t.dtype.name(),
+        pad: py_pad(t.pad_value),
+    }
+}
+
+/// The generated test's meshes: domain only with uneven shards on 3 ranks (3 x 2 on a
+/// 2D domain), and ddp 2 x domain 2 (2 x 2 on a 2D domain): every domain axis split.
+/// Without a data-parallel axis the second mesh is domain only too.
+fn test_meshes(plan: &Plan) -> String {
     let n = plan.mesh.cp.len();
     let sizes = |lead: &[usize]| {
         let mut v = vec![1usize; n];
         v[..lead.len().min(n)].copy_from_slice(&lead[..lead.len().min(n)]);
         py_tuple(v.iter().map(ToString::to_string))
     };
-    // Without a data-parallel axis the second mesh is domain only too.
     let ddp = if plan.mesh.dp.is_some() { 2 } else { 1 };
-    let test_meshes = format!("[(1, {}), ({ddp}, {})]", sizes(&[3, 2]), sizes(&[2, 2]));
-    // Parameters and outputs are the model's, not any workflow's inputs.
-    let models: Vec<&str> = parameters
-        .iter()
-        .chain(&outputs)
-        .map(|p| p.name.as_str())
-        .collect();
-    let workflows = plan
-        .workflows
-        .iter()
-        .map(|(w, fs)| {
-            let inputs = fs.iter().filter(|f| !models.contains(&f.as_str()));
-            (w.clone(), inputs.cloned().collect())
-        })
-        .collect();
-    Ok(Ctx {
-        header,
-        module: plan.module.clone(),
-        sha256: plan.source.sha256.clone(),
-        domain_axes: py_tuple(plan.mesh.cp.iter().map(|a| py_str(a))),
-        dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
-        uneven: py_tuple(domain.uneven.iter().map(|&u| py_bool(u).to_owned())),
-        semantics,
-        features,
-        parameters,
-        outputs,
-        metadata,
-        workflows,
-        test_meshes,
-    })
+    format!("[(1, {}), ({ddp}, {})]", sizes(&[3, 2]), sizes(&[2, 2]))
 }
 
 fn render(name: &str, template: &str, plan: &Plan) -> Result<String, CodegenError> {
