@@ -5,7 +5,7 @@
 
 use featshard_spec::ir::{DType, IndexScope, PadValue, Placement, Role};
 use featshard_spec::names::upper_camel;
-use featshard_spec::plan::{FeaturePlan, Plan};
+use featshard_spec::plan::{FeaturePlan, Plan, TensorPlan};
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::quote;
 
@@ -83,6 +83,21 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
         " Placements and padding plan of the `{}` feature spec.",
         plan.module
     );
+    let consts = consts(plan);
+    let semantic = semantic_enum(plan);
+    let workflow = workflow_enum(plan);
+    let feature = feature_enum(plan);
+    quote! {
+        #![doc = #doc]
+        #consts
+        #semantic
+        #workflow
+        #feature
+    }
+}
+
+/// The spec's hash, mesh axis names, and the value types the tables use.
+fn consts(plan: &Plan) -> TokenStream {
     let sha = &plan.source.sha256;
     // A domain spec may have one axis; its Rust tables are not emitted, but never panic.
     let cp0 = plan.mesh.cp.first().map_or("cp0", String::as_str);
@@ -91,139 +106,7 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
         Some(d) => quote!(Some(#d)),
         None => quote!(None),
     };
-
-    let sem_names: Vec<&String> = plan.semantics.keys().collect();
-    let sem_idents: Vec<Ident> = sem_names.iter().map(|s| ident(s)).collect();
-    let sem_count = sem_names.len();
-    let sem_sharded = plan.semantics.values().map(|s| s.sharded);
-
-    let wf_names: Vec<&String> = plan.workflows.keys().collect();
-    let wf_idents: Vec<Ident> = wf_names.iter().map(|w| ident(w)).collect();
-    let wf_count = wf_names.len();
-    let wf_features = plan.workflows.values().map(|fs| {
-        let f = fs.iter().map(|f| ident(f));
-        quote!(&[#(Feature::#f),*])
-    });
-
-    let names: Vec<&String> = plan.features.keys().collect();
-    let idents: Vec<Ident> = names.iter().map(|n| ident(n)).collect();
-    let count = names.len();
-    let mut is_meta = Vec::new();
-    let mut dtypes = Vec::new();
-    let mut axes = Vec::new();
-    let mut channels = Vec::new();
-    let mut placements = Vec::new();
-    let mut placements_dp = Vec::new();
-    let mut pads = Vec::new();
-    let mut masks = Vec::new();
-    let mut indices = Vec::new();
-    let mut workflows = Vec::new();
-    for f in plan.features.values() {
-        let wf = match f {
-            FeaturePlan::Metadata { workflows, .. } => workflows,
-            FeaturePlan::Tensor(t) => &t.workflows,
-        };
-        let wf = wf.iter().map(|w| ident(w));
-        workflows.push(quote!(&[#(Workflow::#wf),*]));
-        let FeaturePlan::Tensor(t) = f else {
-            is_meta.push(true);
-            dtypes.push(quote!(None));
-            axes.push(quote!(&[]));
-            channels.push(quote!(&[]));
-            placements.push(quote!(&[]));
-            placements_dp.push(quote!(&[]));
-            pads.push(quote!(None));
-            masks.push(quote!(&[]));
-            indices.push(quote!(None));
-            continue;
-        };
-        is_meta.push(false);
-        let d = dtype(t.dtype);
-        dtypes.push(quote!(Some(#d)));
-        let a = t.axes.iter().map(|a| match &a.semantic {
-            Some(s) => {
-                let s = ident(s);
-                quote!(Some(Semantic::#s))
-            }
-            None => quote!(None),
-        });
-        axes.push(quote!(&[#(#a),*]));
-        let c = t.axes.iter().map(|a| match a.size {
-            Some(n) => {
-                let n = Literal::u64_unsuffixed(n);
-                quote!(Some(#n))
-            }
-            None => quote!(None),
-        });
-        channels.push(quote!(&[#(#c),*]));
-        let p = t.placements.iter().map(placement);
-        placements.push(quote!(&[#(#p),*]));
-        let p = t.placements_dp.iter().map(placement);
-        placements_dp.push(quote!(&[#(#p),*]));
-        let pv = pad(t.pad_value);
-        pads.push(quote!(Some(#pv)));
-        match &t.role {
-            Role::Mask { of } => {
-                let m = of.iter().map(|s| ident(s));
-                masks.push(quote!(&[#(Semantic::#m),*]));
-                indices.push(quote!(None));
-            }
-            Role::Index(ix) => {
-                masks.push(quote!(&[]));
-                let of = ident(&ix.of);
-                let scope = match ix.scope {
-                    IndexScope::Serial => quote!(IndexScope::Serial),
-                    IndexScope::ShardLocal => quote!(IndexScope::ShardLocal),
-                    IndexScope::PaddedGlobal => quote!(IndexScope::PaddedGlobal),
-                };
-                let one_hot = match ix.one_hot {
-                    Some(a) => {
-                        let a = Literal::usize_unsuffixed(a);
-                        quote!(Some(#a))
-                    }
-                    None => quote!(None),
-                };
-                indices.push(quote!(Some(IndexRole {
-                    of: Semantic::#of,
-                    scope: #scope,
-                    one_hot: #one_hot,
-                })));
-            }
-            Role::Data => {
-                masks.push(quote!(&[]));
-                indices.push(quote!(None));
-            }
-        }
-    }
-
-    let is_meta: Vec<TokenStream> = is_meta.iter().map(|b| quote!(#b)).collect();
-    let is_meta_arms = grouped_arms(&idents, is_meta);
-    // A sample may lack optional features, and the pipeline makes derived ones.
-    let may_lack: Vec<TokenStream> = plan
-        .features
-        .values()
-        .map(|f| {
-            let b = match f {
-                FeaturePlan::Tensor(t) => t.optional || t.derived.is_some(),
-                FeaturePlan::Metadata { optional, .. } => *optional,
-            };
-            quote!(#b)
-        })
-        .collect();
-    let may_lack_arms = grouped_arms(&idents, may_lack);
-    let dtypes_arms = grouped_arms(&idents, dtypes);
-    let axes_arms = grouped_arms(&idents, axes);
-    let channels_arms = grouped_arms(&idents, channels);
-    let placements_arms = grouped_arms(&idents, placements);
-    let placements_dp_arms = grouped_arms(&idents, placements_dp);
-    let pads_arms = grouped_arms(&idents, pads);
-    let masks_arms = grouped_arms(&idents, masks);
-    let indices_arms = grouped_arms(&idents, indices);
-    let workflows_arms = grouped_arms(&idents, workflows);
-
     quote! {
-        #![doc = #doc]
-
         /// SHA-256 of the spec text this module was generated from.
         pub const SPEC_SHA256: &str = #sha;
         /// Names of the CP mesh axes `(cp0, cp1)`.
@@ -268,7 +151,15 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
             /// `Some(axis)` when the index is one-hot along that axis.
             pub one_hot: Option<usize>,
         }
+    }
+}
 
+fn semantic_enum(plan: &Plan) -> TokenStream {
+    let sem_names: Vec<&String> = plan.semantics.keys().collect();
+    let sem_idents: Vec<Ident> = sem_names.iter().map(|s| ident(s)).collect();
+    let sem_count = sem_names.len();
+    let sem_sharded = plan.semantics.values().map(|s| s.sharded);
+    quote! {
         /// Axis semantics of the spec.
         // Variants are the spec's names; a name may repeat the enum's (`method_feature`).
         #[allow(clippy::enum_variant_names)]
@@ -293,7 +184,18 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
                 }
             }
         }
+    }
+}
 
+fn workflow_enum(plan: &Plan) -> TokenStream {
+    let wf_names: Vec<&String> = plan.workflows.keys().collect();
+    let wf_idents: Vec<Ident> = wf_names.iter().map(|w| ident(w)).collect();
+    let wf_count = wf_names.len();
+    let wf_features = plan.workflows.values().map(|fs| {
+        let f = fs.iter().map(|f| ident(f));
+        quote!(&[#(Feature::#f),*])
+    });
+    quote! {
         /// Workflows of the spec.
         // Variants are the spec's names; a name may repeat the enum's (`method_feature`).
         #[allow(clippy::enum_variant_names)]
@@ -318,7 +220,141 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
                 }
             }
         }
+    }
+}
 
+/// One value per feature (in name order) for each table of `Feature`.
+#[derive(Default)]
+struct Columns {
+    is_meta: Vec<TokenStream>,
+    may_lack: Vec<TokenStream>,
+    dtypes: Vec<TokenStream>,
+    axes: Vec<TokenStream>,
+    channels: Vec<TokenStream>,
+    placements: Vec<TokenStream>,
+    placements_dp: Vec<TokenStream>,
+    pads: Vec<TokenStream>,
+    masks: Vec<TokenStream>,
+    indices: Vec<TokenStream>,
+    workflows: Vec<TokenStream>,
+}
+
+impl Columns {
+    fn of(plan: &Plan) -> Columns {
+        let mut c = Columns::default();
+        for f in plan.features.values() {
+            let (wf, may_lack) = match f {
+                FeaturePlan::Metadata {
+                    workflows,
+                    optional,
+                } => (workflows, *optional),
+                // A sample may lack optional features, and the pipeline makes derived ones.
+                FeaturePlan::Tensor(t) => (&t.workflows, t.optional || t.derived.is_some()),
+            };
+            let wf = wf.iter().map(|w| ident(w));
+            c.workflows.push(quote!(&[#(Workflow::#wf),*]));
+            c.may_lack.push(quote!(#may_lack));
+            match f {
+                FeaturePlan::Tensor(t) => c.tensor(t),
+                FeaturePlan::Metadata { .. } => c.metadata(),
+            }
+        }
+        c
+    }
+
+    fn metadata(&mut self) {
+        self.is_meta.push(quote!(true));
+        self.dtypes.push(quote!(None));
+        self.axes.push(quote!(&[]));
+        self.channels.push(quote!(&[]));
+        self.placements.push(quote!(&[]));
+        self.placements_dp.push(quote!(&[]));
+        self.pads.push(quote!(None));
+        self.masks.push(quote!(&[]));
+        self.indices.push(quote!(None));
+    }
+
+    fn tensor(&mut self, t: &TensorPlan) {
+        self.is_meta.push(quote!(false));
+        let d = dtype(t.dtype);
+        self.dtypes.push(quote!(Some(#d)));
+        let a = t.axes.iter().map(|a| match &a.semantic {
+            Some(s) => {
+                let s = ident(s);
+                quote!(Some(Semantic::#s))
+            }
+            None => quote!(None),
+        });
+        self.axes.push(quote!(&[#(#a),*]));
+        let c = t.axes.iter().map(|a| match a.size {
+            Some(n) => {
+                let n = Literal::u64_unsuffixed(n);
+                quote!(Some(#n))
+            }
+            None => quote!(None),
+        });
+        self.channels.push(quote!(&[#(#c),*]));
+        let p = t.placements.iter().map(placement);
+        self.placements.push(quote!(&[#(#p),*]));
+        let p = t.placements_dp.iter().map(placement);
+        self.placements_dp.push(quote!(&[#(#p),*]));
+        let pv = pad(t.pad_value);
+        self.pads.push(quote!(Some(#pv)));
+        let (mask, index) = role(&t.role);
+        self.masks.push(mask);
+        self.indices.push(index);
+    }
+}
+
+/// A feature's `mask_of` and `index` values.
+fn role(r: &Role) -> (TokenStream, TokenStream) {
+    match r {
+        Role::Mask { of } => {
+            let m = of.iter().map(|s| ident(s));
+            (quote!(&[#(Semantic::#m),*]), quote!(None))
+        }
+        Role::Index(ix) => {
+            let of = ident(&ix.of);
+            let scope = match ix.scope {
+                IndexScope::Serial => quote!(IndexScope::Serial),
+                IndexScope::ShardLocal => quote!(IndexScope::ShardLocal),
+                IndexScope::PaddedGlobal => quote!(IndexScope::PaddedGlobal),
+            };
+            let one_hot = match ix.one_hot {
+                Some(a) => {
+                    let a = Literal::usize_unsuffixed(a);
+                    quote!(Some(#a))
+                }
+                None => quote!(None),
+            };
+            let index = quote!(Some(IndexRole {
+                of: Semantic::#of,
+                scope: #scope,
+                one_hot: #one_hot,
+            }));
+            (quote!(&[]), index)
+        }
+        Role::Data => (quote!(&[]), quote!(None)),
+    }
+}
+
+fn feature_enum(plan: &Plan) -> TokenStream {
+    let names: Vec<&String> = plan.features.keys().collect();
+    let idents: Vec<Ident> = names.iter().map(|n| ident(n)).collect();
+    let count = names.len();
+    let c = Columns::of(plan);
+    let is_meta_arms = grouped_arms(&idents, c.is_meta);
+    let may_lack_arms = grouped_arms(&idents, c.may_lack);
+    let dtypes_arms = grouped_arms(&idents, c.dtypes);
+    let axes_arms = grouped_arms(&idents, c.axes);
+    let channels_arms = grouped_arms(&idents, c.channels);
+    let placements_arms = grouped_arms(&idents, c.placements);
+    let placements_dp_arms = grouped_arms(&idents, c.placements_dp);
+    let pads_arms = grouped_arms(&idents, c.pads);
+    let masks_arms = grouped_arms(&idents, c.masks);
+    let indices_arms = grouped_arms(&idents, c.indices);
+    let workflows_arms = grouped_arms(&idents, c.workflows);
+    quote! {
         /// Features of the spec, in sorted name order.
         // Variants are the spec's names; a name may repeat the enum's (`method_feature`).
         #[allow(clippy::enum_variant_names)]
