@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::SpecError;
+use crate::infer::Inferred;
 use crate::ir::*;
 use crate::limits;
 use crate::loc::Loc;
@@ -1023,6 +1024,47 @@ fn variant_problem<'n>(
 }
 
 /// Whether one semantic owns the other, directly or through a chain.
+/// Domain specs: every semantic is split over one domain axis, by every feature that
+/// splits it, or the shard boundaries would not line up. Needs the inferred splits, so
+/// it runs after inference (in `plan`).
+pub fn split_alignment(spec: &Spec, inferred: &BTreeMap<&str, Inferred>) -> Vec<SpecError> {
+    let mut errors = Vec::new();
+    if spec.mesh.domain.is_none() {
+        return errors;
+    }
+    // The first feature (and axis) that splits each semantic, and its mesh axis.
+    let mut first: BTreeMap<&str, (&str, usize, usize)> = BTreeMap::new();
+    for (name, _, t) in spec.tensors() {
+        let Some(i) = inferred.get(name) else {
+            continue;
+        };
+        for (d, (axis, split)) in t.axes.iter().zip(&i.splits).enumerate() {
+            let (Some(s), Some(m)) = (axis.semantic(), split.mesh_axis()) else {
+                continue;
+            };
+            match first.get(s) {
+                Some(&(other, j, m0)) if m0 != m => errors.push(
+                    SpecError::new(
+                        format!(
+                            "`{s}` is split over mesh axis `{}` here but over `{}` in feature `{other}` (axis {j}): their shard boundaries would not line up",
+                            spec.mesh.cp[m].name, spec.mesh.cp[m0].name
+                        ),
+                        axis.loc,
+                    )
+                    .feature(name)
+                    .axis(d, &axis.kind)
+                    .help("order the axes alike in both features, or keep one whole with `replicate_axes`"),
+                ),
+                Some(_) => {}
+                None => {
+                    first.insert(s, (name, d, m));
+                }
+            }
+        }
+    }
+    errors
+}
+
 pub(crate) fn related_by_ownership(spec: &Spec, a: &str, b: &str) -> bool {
     a == b || owns(spec, a, b) || owns(spec, b, a)
 }

@@ -9,7 +9,12 @@ use crate::infer;
 
 /// Validates a spec and builds its plan; every error is returned, none is dropped.
 pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
-    let mut errors = check::check(spec);
+    let errors = check::check(spec);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let (inferred, mut errors) = infer_all(spec);
+    errors.extend(check::split_alignment(spec, &inferred));
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -21,126 +26,19 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
             .map(|(w, _)| w.clone())
             .collect()
     };
-
     let mut features = BTreeMap::new();
-    let mut sharded_on: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
-    // Domain specs: the first feature (and axis) that splits each semantic, and its mesh axis.
-    let mut first_split: BTreeMap<&str, (&str, usize, usize)> = BTreeMap::new();
-    let mut masked_by: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (name, f) in &spec.features {
-        let t = match &f.kind {
-            FeatureKind::Metadata => {
-                features.insert(
-                    name.clone(),
-                    FeaturePlan::Metadata {
-                        workflows: workflows_of(name),
-                        optional: f.optional.is_some(),
-                    },
-                );
-                continue;
+        let plan = match (&f.kind, inferred.get(name.as_str())) {
+            (FeatureKind::Tensor(t), Some(i)) => {
+                FeaturePlan::Tensor(Box::new(tensor_plan(spec, f, t, i, workflows_of(name))))
             }
-            FeatureKind::Tensor(t) => t,
-        };
-        let inferred = match infer::infer(spec, name, t) {
-            Ok(i) => i,
-            Err(e) => {
-                errors.push(*e);
-                continue;
-            }
-        };
-        for (i, (axis, split)) in t.axes.iter().zip(&inferred.splits).enumerate() {
-            if let (Some(s), Some(m)) = (axis.semantic(), split.mesh_axis()) {
-                sharded_on.entry(s).or_default().insert(m);
-                if spec.mesh.domain.is_none() {
-                    continue;
-                }
-                match first_split.get(s) {
-                    Some(&(other, j, m0)) if m0 != m => errors.push(
-                        SpecError::new(
-                            format!(
-                                "`{s}` is split over mesh axis `{}` here but over `{}` in feature `{other}` (axis {j}): their shard boundaries would not line up",
-                                spec.mesh.cp[m].name, spec.mesh.cp[m0].name
-                            ),
-                            axis.loc,
-                        )
-                        .feature(name)
-                        .axis(i, &axis.kind)
-                        .help("order the axes alike in both features, or keep one whole with `replicate_axes`"),
-                    ),
-                    Some(_) => {}
-                    None => {
-                        first_split.insert(s, (name.as_str(), i, m));
-                    }
-                }
-            }
-        }
-        if let Role::Mask { of } = &t.role {
-            for s in of {
-                masked_by.entry(s.as_str()).or_default().push(name.clone());
-            }
-        }
-        let remap = remap(spec, t, &inferred.splits);
-        features.insert(
-            name.clone(),
-            FeaturePlan::Tensor(Box::new(TensorPlan {
-                dtype: t.dtype,
-                axes: t
-                    .axes
-                    .iter()
-                    .zip(&inferred.splits)
-                    .map(|(a, s)| AxisPlan {
-                        semantic: a.semantic().map(str::to_owned),
-                        size: match a.kind {
-                            AxisKind::Channel(n) => Some(n),
-                            AxisKind::Semantic(_) => None,
-                        },
-                        split: *s,
-                    })
-                    .collect(),
-                placements: inferred.placements.to_vec(),
-                placements_dp: infer::with_dp(&inferred.placements),
-                // check() proved the pad value fits the dtype.
-                pad_value: t.pad.coerce(t.dtype).unwrap_or(t.pad),
-                role: t.role.clone(),
-                remap,
+            _ => FeaturePlan::Metadata {
                 workflows: workflows_of(name),
                 optional: f.optional.is_some(),
-                derived: t.derived.as_ref().map(|d| d.rule.clone()),
-                parameter: t.parameter.is_some(),
-                output: t.output.is_some(),
-            })),
-        );
+            },
+        };
+        features.insert(name.clone(), plan);
     }
-    if !errors.is_empty() {
-        return Err(errors);
-    }
-
-    let roots = roots_of(spec);
-    let semantics = spec
-        .semantics
-        .values()
-        .map(|s| {
-            let own: Vec<usize> = sharded_on
-                .get(s.name.as_str())
-                .map(|m| m.iter().copied().collect())
-                .unwrap_or_default();
-            let padding = padding(spec, s, &roots, &sharded_on);
-            let plan = SemanticPlan {
-                sharded: s.sharded,
-                batch: s.batch,
-                sharded_on: own,
-                padding,
-                masked_by: masked_by.remove(s.name.as_str()).unwrap_or_default(),
-                window: s.window,
-                incoming: s.incoming.as_ref().map(|i| i.source.clone()),
-                unowned_rows_are_pads: s.unowned_rows.is_some(),
-                stride: s.shards.stride.unwrap_or(1).max(1),
-                halo: s.shards.halo.unwrap_or(0),
-            };
-            (s.name.clone(), plan)
-        })
-        .collect();
-
     Ok(Plan {
         version: PLAN_VERSION,
         module: spec.module.name.clone(),
@@ -152,7 +50,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 uneven: d.uneven.clone(),
             }),
         },
-        semantics,
+        semantics: semantic_plans(spec, &inferred),
         features,
         workflows: workflows
             .into_iter()
@@ -170,6 +68,106 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
                 .collect(),
         },
     })
+}
+
+/// Every tensor feature's inferred splits and placements, and every feature's error.
+fn infer_all(spec: &Spec) -> (BTreeMap<&str, infer::Inferred>, Vec<SpecError>) {
+    let mut out = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (name, _, t) in spec.tensors() {
+        match infer::infer(spec, name, t) {
+            Ok(i) => {
+                out.insert(name, i);
+            }
+            Err(e) => errors.push(*e),
+        }
+    }
+    (out, errors)
+}
+
+fn tensor_plan(
+    spec: &Spec,
+    f: &Feature,
+    t: &TensorFeature,
+    inferred: &infer::Inferred,
+    workflows: Vec<String>,
+) -> TensorPlan {
+    TensorPlan {
+        dtype: t.dtype,
+        axes: t
+            .axes
+            .iter()
+            .zip(&inferred.splits)
+            .map(|(a, s)| AxisPlan {
+                semantic: a.semantic().map(str::to_owned),
+                size: match a.kind {
+                    AxisKind::Channel(n) => Some(n),
+                    AxisKind::Semantic(_) => None,
+                },
+                split: *s,
+            })
+            .collect(),
+        placements: inferred.placements.to_vec(),
+        placements_dp: infer::with_dp(&inferred.placements),
+        // check() proved the pad value fits the dtype.
+        pad_value: t.pad.coerce(t.dtype).unwrap_or(t.pad),
+        role: t.role.clone(),
+        remap: remap(spec, t, &inferred.splits),
+        workflows,
+        optional: f.optional.is_some(),
+        derived: t.derived.as_ref().map(|d| d.rule.clone()),
+        parameter: t.parameter.is_some(),
+        output: t.output.is_some(),
+    }
+}
+
+/// Every semantic's plan: the mesh axes that split it, its padding, its masks.
+fn semantic_plans(
+    spec: &Spec,
+    inferred: &BTreeMap<&str, infer::Inferred>,
+) -> BTreeMap<String, SemanticPlan> {
+    let mut sharded_on: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+    let mut masked_by: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (name, _, t) in spec.tensors() {
+        if let Some(i) = inferred.get(name) {
+            for (axis, split) in t.axes.iter().zip(&i.splits) {
+                if let (Some(s), Some(m)) = (axis.semantic(), split.mesh_axis()) {
+                    sharded_on.entry(s).or_default().insert(m);
+                }
+            }
+        }
+        if let Role::Mask { of } = &t.role {
+            for s in of {
+                masked_by
+                    .entry(s.as_str())
+                    .or_default()
+                    .push(name.to_owned());
+            }
+        }
+    }
+    let roots = roots_of(spec);
+    spec.semantics
+        .values()
+        .map(|s| {
+            let own: Vec<usize> = sharded_on
+                .get(s.name.as_str())
+                .map(|m| m.iter().copied().collect())
+                .unwrap_or_default();
+            let plan = SemanticPlan {
+                sharded: s.sharded,
+                batch: s.batch,
+                sharded_on: own,
+                padding: padding(spec, s, &roots, &sharded_on),
+                masked_by: masked_by.remove(s.name.as_str()).unwrap_or_default(),
+                window: s.window,
+                incoming: s.incoming.as_ref().map(|i| i.source.clone()),
+                unowned_rows_are_pads: s.unowned_rows.is_some(),
+                stride: s.shards.stride.unwrap_or(1).max(1),
+                halo: s.shards.halo.unwrap_or(0),
+            };
+            (s.name.clone(), plan)
+        })
+        .collect()
 }
 
 /// The root of `s`'s ownership tree, following sharded owners.
