@@ -188,10 +188,17 @@ pub enum View<'a> {
     #[default]
     Table,
     /// One feature's tiles in the terminal.
-    Picture { feature: &'a str, color: bool },
+    Picture {
+        /// The feature drawn.
+        feature: &'a str,
+        /// ANSI colours, one per rank.
+        color: bool,
+    },
     /// SVG pictures of one feature, or of every tensor feature of the workflow.
     Svg {
+        /// The feature drawn (`None`: every tensor feature).
         feature: Option<&'a str>,
+        /// Where the SVG goes.
         file: &'a Path,
     },
 }

@@ -74,10 +74,15 @@ pub fn samples(features: &str) -> Result<Vec<(String, PathBuf)>, Failure> {
 
 /// How a dataset run goes: its jobs and the threads of each.
 pub struct Run<'a> {
+    /// The CP mesh `(cp0, cp1)`.
     pub mesh: [usize; 2],
+    /// The workflow every sample is for (`None`: every feature of the spec).
     pub workflow: Option<&'a str>,
+    /// Keys not in the spec carried along into every rank file.
     pub passthrough: &'a [String],
+    /// Samples sharded at once.
     pub jobs: usize,
+    /// Threads of each job.
     pub threads: usize,
 }
 

@@ -5,6 +5,7 @@
 //! (`featshard-spec`), the emitters in [`codegen`] (`featshard-codegen`).
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub use featshard_codegen as codegen;
 pub use featshard_spec as spec;

@@ -11,30 +11,42 @@ use crate::commands::Failure;
 /// One tile of the picture: the part of the tensor some ranks hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tile {
+    /// The tile's row of the rank grid (its cp0 block; 0 when rows are not cut).
     pub row: usize,
+    /// The tile's column (its cp1 block; 0 when columns are not cut).
     pub col: usize,
     /// Ranks holding this tile (more than one where a mesh axis replicates).
     pub ranks: Vec<usize>,
+    /// The shape each of those ranks holds, symbolic or resolved.
     pub local_shape: String,
     /// Pad items per split axis in this tile, `(axis, count)`, when lengths are known.
     pub pads: Vec<(usize, usize)>,
 }
 
+/// How one feature is cut over the mesh: its tiles and what cuts them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Picture {
+    /// The feature's name.
     pub feature: String,
+    /// Its axes, as the spec writes them.
     pub axes: String,
+    /// Its placements on the mesh.
     pub placements: String,
+    /// Its global (padded) shape, symbolic or resolved.
     pub global_shape: String,
+    /// Tile rows (cp0 blocks, or 1).
     pub rows: usize,
+    /// Tile columns (cp1 blocks, or 1).
     pub cols: usize,
-    /// How the rows and columns are cut: `axis 0 (tokens) over cp0`.
+    /// How the rows are cut: `axis 0 (tokens) over cp0`.
     pub row_cut: Option<String>,
+    /// How the columns are cut: `axis 1 (tokens) over cp1`.
     pub col_cut: Option<String>,
     /// Axes every rank holds whole.
     pub whole: Vec<String>,
     /// Co-sharded axes: each rank keeps the diagonal block.
     pub diagonal: Vec<String>,
+    /// Every tile, row by row.
     pub tiles: Vec<Tile>,
 }
 

@@ -101,9 +101,13 @@ fn without_workflow(req: &Request, e: featshard_runtime::RuntimeError) -> Failur
 
 /// What one sample is sharded with.
 pub struct Request<'a> {
+    /// The spec's plan.
     pub plan: &'a Plan,
+    /// The CP mesh `(cp0, cp1)`.
     pub mesh: [usize; 2],
+    /// The workflow the sample is for (`None`: every feature of the spec).
     pub workflow: Option<&'a str>,
+    /// Keys not in the spec carried along into every rank file.
     pub passthrough: &'a [String],
     /// Threads for value checks and block writes.
     pub threads: usize,

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use support::assert_error;
@@ -301,6 +301,7 @@ fn huge_meshes_and_lengths_for_explain_are_refused() {
 mod files {
     use super::*;
     use std::collections::BTreeMap;
+    use std::path::Path;
 
     fn real() -> String {
         root()

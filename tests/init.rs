@@ -269,6 +269,7 @@ fn equal_token_and_atom_counts_are_questions_not_guesses() {
 /// The questions a user answers for the real Boltz-2 output, the way the example spec
 /// does: every questioned axis as the example has it, `atom_pad_mask` as the mask of
 /// real atoms, and the keys the example drops under `drop:`.
+#[cfg(feature = "runtime")]
 fn answer_real(draft: &str, plan: &Plan) -> String {
     let mut dropped = Vec::new();
     let kept: Vec<String> = draft

@@ -4,6 +4,7 @@ use featshard_spec::plan::Plan;
 
 use crate::{header_lines, CodegenError};
 
+/// `<module>.plan.json`: the plan as JSON, with the generated-file header.
 pub fn plan_json(plan: &Plan) -> Result<String, CodegenError> {
     let mut value = serde_json::to_value(plan).map_err(|e| CodegenError(e.to_string()))?;
     if let Some(obj) = value.as_object_mut() {

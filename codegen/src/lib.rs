@@ -6,6 +6,7 @@
 //! naming the spec and the SHA-256 of its text.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 mod domain;
 mod json;
@@ -22,7 +23,9 @@ pub use rust::{module_tokens, rust_module};
 /// One generated file: its name inside the output folder and its contents.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GeneratedFile {
+    /// The file name, `<module>.py` and the like.
     pub name: String,
+    /// The file's text.
     pub contents: String,
 }
 

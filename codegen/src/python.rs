@@ -16,10 +16,13 @@ const STUB: &str = include_str!("../templates/module.pyi.tera");
 const DATA: &str = include_str!("../templates/data.py.tera");
 const TESTS: &str = include_str!("../templates/tests.py.tera");
 
+/// `<module>.py` of a CP spec: the placement tables and the padding, block and
+/// distribution functions over them.
 pub fn python_module(plan: &Plan) -> Result<String, CodegenError> {
     render("module.py", MODULE, plan)
 }
 
+/// `<module>.pyi`: the type stub of `<module>.py`.
 pub fn python_stub(plan: &Plan) -> Result<String, CodegenError> {
     render("module.pyi", STUB, plan)
 }

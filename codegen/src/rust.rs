@@ -11,6 +11,7 @@ use quote::quote;
 
 use crate::{header_lines, CodegenError};
 
+/// `<module>.rs`: the placement tables as Rust enums and `const fn`s, formatted.
 pub fn rust_module(plan: &Plan) -> Result<String, CodegenError> {
     let tokens = module_tokens(plan);
     let file: syn::File = syn::parse2(tokens)

@@ -7,6 +7,7 @@
 //! each on the field or attribute it is about.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 mod attr;
 mod expand;
@@ -14,6 +15,9 @@ mod model;
 
 use proc_macro::TokenStream;
 
+/// Derives the placement tables, the embedded plan and the runtime methods of a feature
+/// struct; every field a `tch::Tensor` (or `Option` of one) with a `#[featshard(...)]`
+/// attribute, or the struct checked against a YAML spec (`spec = "..."`).
 #[proc_macro_derive(Features, attributes(featshard))]
 pub fn derive_features(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);
