@@ -250,22 +250,7 @@ impl Plan {
                         feature: format!("(owner of {name})"),
                         axis: 0,
                     })?;
-            if counts.len() != root_len {
-                return Err(ResolveError::CountsLength {
-                    semantic: name.clone(),
-                    owner: root.clone(),
-                    expected: root_len,
-                    got: counts.len(),
-                });
-            }
-            let sum: usize = counts.iter().sum();
-            if sum != len {
-                return Err(ResolveError::CountsSum {
-                    semantic: name.clone(),
-                    expected: len,
-                    got: sum,
-                });
-            }
+            check_counts(name, root, counts, root_len, len)?;
             let of_items: Vec<usize> = counts
                 .iter()
                 .enumerate()
@@ -318,22 +303,7 @@ impl Plan {
                     })
                 }
                 Some(Ownership::Counts(counts)) => {
-                    if counts.len() != owner_len {
-                        return Err(ResolveError::CountsLength {
-                            semantic: name.to_owned(),
-                            owner: owner.clone(),
-                            expected: owner_len,
-                            got: counts.len(),
-                        });
-                    }
-                    let sum: usize = counts.iter().sum();
-                    if sum != len {
-                        return Err(ResolveError::CountsSum {
-                            semantic: name.to_owned(),
-                            expected: len,
-                            got: sum,
-                        });
-                    }
+                    check_counts(name, owner, counts, owner_len, len)?;
                     counts
                         .iter()
                         .enumerate()
@@ -522,6 +492,34 @@ impl Plan {
         }
         Ok(features)
     }
+}
+
+/// Owner counts of `semantic` must give one count per `owner` item and sum to its
+/// `len` items.
+fn check_counts(
+    semantic: &str,
+    owner: &str,
+    counts: &[usize],
+    owner_len: usize,
+    len: usize,
+) -> Result<(), ResolveError> {
+    if counts.len() != owner_len {
+        return Err(ResolveError::CountsLength {
+            semantic: semantic.to_owned(),
+            owner: owner.to_owned(),
+            expected: owner_len,
+            got: counts.len(),
+        });
+    }
+    let sum: usize = counts.iter().sum();
+    if sum != len {
+        return Err(ResolveError::CountsSum {
+            semantic: semantic.to_owned(),
+            expected: len,
+            got: sum,
+        });
+    }
+    Ok(())
 }
 
 /// Who owns each item of an owner-partitioned semantic, as a sample gives it.
