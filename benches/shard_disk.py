@@ -110,7 +110,7 @@ def main() -> None:
                          ("featshard2", "`featshard shard --threads 2`"),
                          ("floor", "floor: `cat` the sample + `cp -r` the rank files"),
                          ("torch", "plain PyTorch pad + split + `save_file`"),
-                         ("start", "`featshard --version` (process start, libtorch loaded)")]:
+                         ("start", "`featshard --version` (process start)")]:
             print(f"| {label} | {t[k]:.3f} s | {t[k] / t['floor']:.2f} | {t['featshard'] / t[k]:.2f} | "
                   f"{rss[k] / 1e6:.0f} MB | {rss[k] / size:.2f} |")
         print("runs (featshard, --threads 2, floor, torch): "

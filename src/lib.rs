@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub use featshard_codegen as codegen;
+pub use featshard_exec as exec;
 pub use featshard_spec as spec;
 
 pub mod commands;
@@ -27,10 +28,11 @@ pub use tch;
 pub mod __private {
     pub use serde_json;
 }
+/// `featshard assemble` (needs the tch runtime).
 #[cfg(feature = "runtime")]
+pub mod assemble;
 pub mod dataset;
 /// Safetensors files with header metadata (from the runtime).
 #[cfg(feature = "runtime")]
 pub use featshard_runtime::files;
-#[cfg(feature = "runtime")]
 pub mod shards;

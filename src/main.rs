@@ -141,7 +141,6 @@ fn parse_lengths(s: &str) -> Result<LengthArg, String> {
 }
 
 /// `featshard shard`'s run-time arguments.
-#[cfg_attr(not(feature = "runtime"), allow(dead_code))]
 struct ShardArgs<'a> {
     mesh: [usize; 2],
     workflow: Option<&'a str>,
@@ -150,14 +149,12 @@ struct ShardArgs<'a> {
     threads: usize,
 }
 
-#[cfg(feature = "runtime")]
 fn shard(
     spec: &std::path::Path,
     features: &str,
     args: &ShardArgs,
     out: &std::path::Path,
 ) -> Result<String, Failure> {
-    tch::set_num_threads(args.threads.max(1) as i32);
     let run = featshard::dataset::Run {
         mesh: args.mesh,
         workflow: args.workflow,
@@ -187,17 +184,7 @@ fn assemble(
     out: &std::path::Path,
     padded: bool,
 ) -> Result<String, Failure> {
-    featshard::shards::assemble_files(spec, shards, out, padded)
-}
-
-#[cfg(not(feature = "runtime"))]
-fn shard(
-    _: &std::path::Path,
-    _: &str,
-    _: &ShardArgs,
-    _: &std::path::Path,
-) -> Result<String, Failure> {
-    Err(no_runtime())
+    featshard::assemble::assemble_files(spec, shards, out, padded)
 }
 
 #[cfg(not(feature = "runtime"))]
@@ -213,8 +200,8 @@ fn assemble(
 #[cfg(not(feature = "runtime"))]
 fn no_runtime() -> Failure {
     Failure::Other(
-        "this featshard was built without the tch runtime; rebuild with `--features runtime` \
-         (after `. scripts/env.sh`)"
+        "`featshard assemble` runs on the tch runtime, which this featshard was built without; \
+         rebuild with `--features runtime` (after `. scripts/env.sh`)"
             .into(),
     )
 }

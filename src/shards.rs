@@ -1,33 +1,33 @@
-//! `featshard shard` and `featshard assemble`: per-rank safetensors files on disk.
+//! `featshard shard`: per-rank safetensors files on disk, written by the byte executor
+//! (`featshard-exec`) straight from the memory-mapped sample; no libtorch.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use featshard_runtime::mapping::Mapping;
-use featshard_runtime::rank_files::write_rank_files;
-use featshard_runtime::shard::contiguous_stride;
-use featshard_runtime::{assemble, place, unpad, Features, Options, Placed};
+use featshard_exec::files::{Mapped, Metadata};
+use featshard_exec::rank_files::write_rank_files;
+use featshard_exec::{place, Options, Placed, RuntimeError};
+use featshard_spec::layout::contiguous_stride;
 use featshard_spec::plan::{FeaturePlan, Plan};
 
 use crate::commands::{load, Failure};
-use crate::files::{self, Metadata};
 use crate::manifest::{
     self, layout_digest, new_run_id, FeatureEntry, FileSum, Incoming, Manifest, RankIdentity,
     RANK_KEY,
 };
 
-fn other(e: impl std::fmt::Display) -> Failure {
+pub(crate) fn other(e: impl std::fmt::Display) -> Failure {
     Failure::Other(e.to_string())
 }
 
-fn read_features(path: &Path) -> Result<Features, Failure> {
-    files::read_tensors(path).map_err(other)
-}
-
 /// The metadata features of `workflow` that the sample file's header holds.
-fn sample_metadata(plan: &Plan, path: &Path, workflow: Option<&str>) -> Result<Metadata, Failure> {
+fn sample_metadata(
+    plan: &Plan,
+    sample: &Mapped,
+    workflow: Option<&str>,
+) -> Result<Metadata, Failure> {
     let wanted = plan.feature_names(workflow).map_err(other)?;
-    let mut meta = files::read_metadata(path).map_err(other)?;
+    let mut meta = sample.header().metadata.clone();
     meta.retain(|k, _| {
         wanted.contains(&k.as_str())
             && matches!(plan.features.get(k), Some(FeaturePlan::Metadata { .. }))
@@ -80,8 +80,8 @@ fn remove_stale_staging(out: &Path) {
 
 /// Without `--workflow` every feature of the spec is required; a missing one that only
 /// some workflows have says so, and names them.
-fn without_workflow(req: &Request, e: featshard_runtime::RuntimeError) -> Failure {
-    let featshard_runtime::RuntimeError::Missing { feature } = &e else {
+fn without_workflow(req: &Request, e: RuntimeError) -> Failure {
+    let RuntimeError::Missing { feature } = &e else {
         return other(e);
     };
     let with: Vec<&str> = req
@@ -151,33 +151,31 @@ pub fn shard(
 /// Shards one sample file into `out` (absent or empty): staged next to it, renamed into
 /// place at the end, so a failure leaves nothing. Returns the bytes written.
 pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, Failure> {
-    let (sample, mapping) = files::map_tensors(features).map_err(other)?;
-    let metadata = sample_metadata(req.plan, features, req.workflow)?;
+    let mapped = Mapped::open(features).map_err(other)?;
+    let sample = mapped.sample();
+    let metadata = sample_metadata(req.plan, &mapped, req.workflow)?;
     let opts = Options {
         workflow: req.workflow.map(str::to_owned),
         passthrough: req.passthrough.iter().cloned().collect::<BTreeSet<_>>(),
         threads: req.threads,
     };
     let placed = place(req.plan, req.mesh, &sample, &opts).map_err(|e| without_workflow(req, e))?;
-    // The placed sample holds what it needs; the rest of the mapped file can go.
-    drop(sample);
     remove_stale_staging(out);
     let staging = staging_dir(out);
     // Whatever fails from here on, this run's staging folder goes.
-    let result =
-        write_shards(req, placed, mapping.as_ref(), &metadata, &staging).and_then(|bytes| {
-            if out.exists() {
-                std::fs::remove_dir(out).map_err(|e| {
-                    other(format!(
-                        "{}: {e} (another run wrote it first?)",
-                        out.display()
-                    ))
-                })?;
-            }
-            std::fs::rename(&staging, out)
-                .map_err(|e| other(format!("cannot move shards into {}: {e}", out.display())))?;
-            Ok(bytes)
-        });
+    let result = write_shards(req, &placed, &metadata, &staging).and_then(|bytes| {
+        if out.exists() {
+            std::fs::remove_dir(out).map_err(|e| {
+                other(format!(
+                    "{}: {e} (another run wrote it first?)",
+                    out.display()
+                ))
+            })?;
+        }
+        std::fs::rename(&staging, out)
+            .map_err(|e| other(format!("cannot move shards into {}: {e}", out.display())))?;
+        Ok(bytes)
+    });
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }
@@ -186,8 +184,7 @@ pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, F
 
 fn write_shards(
     req: &Request,
-    placed: Placed,
-    mapping: Option<&Mapping>,
+    placed: &Placed,
     metadata: &Metadata,
     dir: &Path,
 ) -> Result<u64, Failure> {
@@ -217,11 +214,10 @@ fn write_shards(
         .map(|r| format!("rank-{r}.safetensors"))
         .collect();
     let paths: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
-    let (layout, shapes) = (placed.layout.clone(), placed.shapes.clone());
+    let (layout, shapes) = (placed.layout.clone(), &placed.shapes);
     let intake = placed.intake.clone();
     let passthrough: Vec<String> = placed.passthrough.keys().cloned().collect();
-    let written =
-        write_rank_files(plan, placed, mapping, &headers, &paths, req.threads).map_err(other)?;
+    let written = write_rank_files(plan, placed, &headers, &paths, req.threads).map_err(other)?;
     if req.verbose {
         eprintln!(
             "{world} rank files written ({} x {} mesh)",
@@ -232,7 +228,7 @@ fn write_shards(
     let features = shapes
         .iter()
         .map(|(n, s)| {
-            let t = featshard_runtime::sample::tensor_plan(plan, n).map_err(other)?;
+            let t = featshard_exec::validate::tensor_plan(plan, n).map_err(other)?;
             Ok((
                 n.clone(),
                 FeatureEntry {
@@ -302,108 +298,4 @@ pub fn verify(
         }
     }
     Ok(m.files.values().map(|f| f.bytes).sum())
-}
-
-/// A rank file must say it is rank `rank` of this manifest's run and mesh, laid out as
-/// the manifest says.
-fn check_identity(
-    path: &Path,
-    manifest: &Manifest,
-    rank: usize,
-    layout_sha256: &str,
-) -> Result<(), Failure> {
-    let header = files::read_metadata(path).map_err(other)?;
-    let found: RankIdentity = header
-        .get(RANK_KEY)
-        .and_then(|t| serde_json::from_str(t).ok())
-        .ok_or_else(|| {
-            other(format!(
-                "{}: not a featshard rank file (no `{RANK_KEY}` in its header)",
-                path.display()
-            ))
-        })?;
-    let wrong = if found.run != manifest.run {
-        format!(
-            "is from run {}, the manifest's is {}",
-            found.run, manifest.run
-        )
-    } else if found.rank != rank {
-        format!(
-            "holds rank {}, not rank {rank} (rank files swapped?)",
-            found.rank
-        )
-    } else if found.mesh != manifest.mesh {
-        format!(
-            "was written for mesh {:?}, the manifest says {:?}",
-            found.mesh, manifest.mesh
-        )
-    } else if found.layout_sha256 != layout_sha256 {
-        "was written for another layout: the manifest's lengths or positions were edited".into()
-    } else {
-        return Ok(());
-    };
-    Err(other(format!("{}: {wrong}", path.display())))
-}
-
-/// Puts rank files back together into one sample file (serial, or padded with `padded`).
-pub fn assemble_files(
-    spec: &Path,
-    shards: &Path,
-    out: &Path,
-    padded_output: bool,
-) -> Result<String, Failure> {
-    let (_, plan) = load(spec)?;
-    let manifest_path = shards.join("manifest.json");
-    let text = std::fs::read_to_string(&manifest_path)
-        .map_err(|e| other(format!("cannot read {}: {e}", manifest_path.display())))?;
-    let manifest = manifest::parse(&text, &plan)
-        .map_err(|e| other(format!("{}: {e}", manifest_path.display())))?;
-    let world: usize = manifest.mesh.iter().product();
-    let layout_sha256 = layout_digest(&manifest.layout).map_err(other)?;
-    let mut ranks = Vec::with_capacity(world);
-    let mut passthrough = BTreeMap::new();
-    for rank in 0..world {
-        let path = shards.join(format!("rank-{rank}.safetensors"));
-        check_identity(&path, &manifest, rank, &layout_sha256)?;
-        let mut f = read_features(&path)?;
-        for n in &manifest.passthrough {
-            if let Some(t) = f.remove(n) {
-                passthrough.entry(n.clone()).or_insert(t);
-            }
-        }
-        ranks.push(f);
-    }
-    let padded = assemble(
-        &plan,
-        &manifest.layout,
-        manifest.workflow.as_deref(),
-        &ranks,
-    )
-    .map_err(other)?;
-    let mut metadata = manifest.metadata.clone();
-    metadata.remove(RANK_KEY);
-    let mut result = if padded_output {
-        padded
-    } else {
-        unpad(&plan, &manifest.layout, &padded).map_err(other)?
-    };
-    result.extend(passthrough);
-    let tmp = out.with_file_name(format!(
-        ".{}.tmp-{}",
-        out.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    files::write(&tmp, &result, &metadata).map_err(other)?;
-    std::fs::rename(&tmp, out).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        other(format!("cannot write {}: {e}", out.display()))
-    })?;
-    Ok(format!(
-        "wrote {} features ({}) to {}",
-        result.len(),
-        if padded_output { "padded" } else { "serial" },
-        out.display()
-    ))
 }

@@ -37,8 +37,8 @@ pub fn read_tensors(path: &Path) -> Result<Tensors, RuntimeError> {
 }
 
 /// [`read_tensors`], with the file's mapping (`None` for a name libtorch cannot map,
-/// read into memory instead), whose pages the rank-file writer gives back as it goes.
-pub fn map_tensors(path: &Path) -> Result<(Tensors, Option<Mapping>), RuntimeError> {
+/// read into memory instead).
+fn map_tensors(path: &Path) -> Result<(Tensors, Option<Mapping>), RuntimeError> {
     let (header, data) = read_header(path)?;
     let Some(entries) = header.as_object() else {
         return Err(io(path, "its header is not a JSON object"));

@@ -11,7 +11,7 @@
 //! Every rule (placements, padded lengths, owner-block positions, remaps) comes from
 //! the plan; this crate only moves tensors accordingly.
 
-// `unsafe` only in the FFI boundary modules (`dist::ffi`, `mapping`), which allow it.
+// `unsafe` only in the FFI boundary module (`dist::ffi`), which allows it.
 #![deny(unsafe_code)]
 
 #[cfg(feature = "c10d")]
@@ -24,7 +24,6 @@ pub mod mapping;
 pub mod pack;
 pub mod pad;
 mod par;
-pub mod rank_files;
 pub mod sample;
 pub mod shard;
 pub mod synthetic;

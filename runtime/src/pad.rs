@@ -48,16 +48,7 @@ pub struct Placed {
     pub intake: IntakeReport,
 }
 
-/// What intake removed from a sample as emitted, for manifests and messages.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct IntakeReport {
-    /// Keys removed from the sample, sorted.
-    pub dropped: Vec<String>,
-    /// Semantics whose axes arrived padded: the length they arrived with.
-    pub arrived: BTreeMap<String, usize>,
-    /// Owner-map rows without an owner dropped as pads, per semantic.
-    pub unowned: BTreeMap<String, usize>,
-}
+pub use featshard_exec::IntakeReport;
 
 /// Validates a serial sample and pads it for `mesh`.
 pub fn pad(
@@ -173,28 +164,6 @@ impl Placed {
             });
         }
         write_window(name, x, t.pad_value, &axes, window, out)
-    }
-
-    /// The serial rows (of axis 0) that the block of the rank at `coord` reads from
-    /// this feature's placed tensor, `first..end`; `None` when it reads none.
-    pub(crate) fn rows_read(
-        &self,
-        plan: &Plan,
-        name: &str,
-        coord: [usize; CP_AXES],
-    ) -> Result<Option<(i64, i64)>, RuntimeError> {
-        let t = tensor_plan(plan, name)?;
-        let (x, shapes) = self.feature(name)?;
-        let (Some(axis), Some(&len)) = (
-            plan_axes(t, shapes, &self.layout).first().copied(),
-            x.size().first(),
-        ) else {
-            return Ok(None);
-        };
-        let window = crate::shard::block_window(t, &shapes.local_shape, coord)[0];
-        let runs = window_runs(&axis, len as usize, window);
-        let first = runs.iter().map(|r| r.src).min();
-        Ok(first.zip(runs.iter().map(|r| r.src + r.len).max()))
     }
 
     /// Every feature padded, in new tensors.

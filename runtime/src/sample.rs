@@ -2,7 +2,7 @@
 //!
 //! Yields the run-time lengths and the ownership data the layout needs.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeaturePlan, Ownership, Padding, Plan, TensorPlan};
@@ -16,19 +16,7 @@ use crate::par::try_map;
 /// One sample: feature name -> tensor.
 pub type Features = BTreeMap<String, Tensor>;
 
-/// What to process, what to let through, and with how many threads.
-#[derive(Clone, Debug, Default)]
-pub struct Options {
-    /// Only the features of this workflow (all features of the spec for `None`).
-    pub workflow: Option<String>,
-    /// Features not in the spec (or workflow) that are carried along untouched
-    /// instead of being an error.
-    pub passthrough: BTreeSet<String>,
-    /// Threads that value checks and block writing may use, feature by feature or
-    /// block by block (0 and 1: the calling thread only). Errors are the same as on
-    /// one thread.
-    pub threads: usize,
-}
+pub use featshard_exec::Options;
 
 /// Other handles on the same tensors, for another thread.
 pub(crate) fn handles(features: &Features) -> Features {

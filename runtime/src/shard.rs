@@ -40,13 +40,7 @@ pub fn coords(mesh: [usize; CP_AXES], rank: usize) -> [usize; CP_AXES] {
     [rank / mesh[1], rank % mesh[1]]
 }
 
-pub fn contiguous_stride(shape: &[usize]) -> Vec<usize> {
-    let mut stride = vec![1; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        stride[d] = stride[d + 1] * shape[d + 1];
-    }
-    stride
-}
+pub use featshard_spec::layout::contiguous_stride;
 
 impl Padded {
     pub fn mesh(&self) -> [usize; CP_AXES] {

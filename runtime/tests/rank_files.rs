@@ -1,12 +1,14 @@
-//! Parity: the rank files written straight from a memory-mapped sample (pages given
-//! back as they go) hold exactly the blocks of the padded global layout, on random
+//! Parity of the two executors: the rank files the byte executor (`featshard-exec`)
+//! writes straight from a memory-mapped sample (pages given back as they go) hold,
+//! byte for byte, the blocks of the tch runtime's padded global layout, on random
 //! meshes, atom counts and thread counts.
 
 mod common;
 
+use featshard_exec::files::Mapped;
+use featshard_exec::rank_files::write_rank_files;
 use featshard_runtime::files::{self, Metadata};
-use featshard_runtime::rank_files::write_rank_files;
-use featshard_runtime::{pad, place, Options};
+use featshard_runtime::{pad, Options};
 use proptest::prelude::*;
 
 fn inference() -> Options {
@@ -56,10 +58,9 @@ fn check_rank_files(
     files::write(&input, &sample, &Metadata::new()).unwrap();
     let padded = pad(&plan, mesh, &sample, &inference()).unwrap();
 
-    let (mapped, mapping) = files::map_tensors(&input).unwrap();
-    prop_assert!(mapping.is_some());
-    let placed = place(&plan, mesh, &mapped, &inference()).unwrap();
-    drop(mapped);
+    let mapped = Mapped::open(&input).unwrap();
+    let placed = featshard_exec::place(&plan, mesh, &mapped.sample(), &inference()).unwrap();
+    assert_eq!(placed.layout, padded.layout);
     let world = mesh[0] * mesh[1];
     let headers: Vec<Metadata> = (0..world)
         .map(|r| [("rank".to_owned(), r.to_string())].into())
@@ -67,8 +68,7 @@ fn check_rank_files(
     let paths: Vec<_> = (0..world)
         .map(|r| dir.path().join(format!("rank-{r}.safetensors")))
         .collect();
-    let sums =
-        write_rank_files(&plan, placed, mapping.as_ref(), &headers, &paths, threads).unwrap();
+    let sums = write_rank_files(&plan, &placed, &headers, &paths, threads).unwrap();
 
     for (rank, path) in paths.iter().enumerate() {
         let bytes = std::fs::read(path).unwrap();

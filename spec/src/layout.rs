@@ -143,3 +143,13 @@ mod tests {
         assert_eq!(round_up(0, 3), 0);
     }
 }
+
+/// The strides (in elements) of a row-major tensor of `shape`: what a DTensor's
+/// global stride is.
+pub fn contiguous_stride(shape: &[usize]) -> Vec<usize> {
+    let mut stride = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        stride[d] = stride[d + 1] * shape[d + 1];
+    }
+    stride
+}

@@ -1,0 +1,500 @@
+//! One feature's values as a view: a contiguous row-major base (bytes of a memory map,
+//! or owned) and, per axis, which base items the view holds. Cutting incoming pads and
+//! dropping unowned rows select items; nothing is copied until a block is written.
+
+use std::sync::Arc;
+
+use featshard_spec::ir::DType;
+
+use crate::dtype::{decode_into, size};
+use crate::mapping::Pages;
+
+/// The base items one axis of a view holds, in view order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sel {
+    /// Items `start..start + len`.
+    #[allow(missing_docs)]
+    Range { start: usize, len: usize },
+    /// These items.
+    List(Arc<[usize]>),
+}
+
+impl Sel {
+    /// How many items the axis holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Sel::Range { len, .. } => *len,
+            Sel::List(items) => items.len(),
+        }
+    }
+
+    /// Whether the axis holds no item.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The base item of view item `i` (`i < len`).
+    pub fn get(&self, i: usize) -> usize {
+        match self {
+            Sel::Range { start, .. } => start + i,
+            Sel::List(items) => items[i],
+        }
+    }
+
+    fn narrow(&self, start: usize, len: usize) -> Sel {
+        match self {
+            Sel::Range { start: s, .. } => Sel::Range {
+                start: s + start,
+                len,
+            },
+            Sel::List(items) => Sel::List(items[start..start + len].into()),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Base<'a> {
+    Mapped(&'a [u8], Option<Pages<'a>>),
+    Owned(Arc<Vec<u8>>),
+}
+
+/// A feature's values (see the module documentation). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Array<'a> {
+    dtype: DType,
+    base: Base<'a>,
+    base_shape: Vec<usize>,
+    sel: Vec<Sel>,
+}
+
+impl<'a> Array<'a> {
+    /// A view of all of `bytes` (row-major, `shape`, whole elements of `dtype`), whose
+    /// pages `pages` gives back once read.
+    pub fn mapped(
+        dtype: DType,
+        shape: Vec<usize>,
+        bytes: &'a [u8],
+        pages: Option<Pages<'a>>,
+    ) -> Self {
+        Self::new(dtype, shape, Base::Mapped(bytes, pages))
+    }
+
+    /// An array owning its row-major bytes.
+    pub fn owned(dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Array<'static> {
+        Array::new(dtype, shape, Base::Owned(Arc::new(bytes)))
+    }
+
+    fn new(dtype: DType, shape: Vec<usize>, base: Base<'a>) -> Self {
+        let sel = shape
+            .iter()
+            .map(|&len| Sel::Range { start: 0, len })
+            .collect();
+        Array {
+            dtype,
+            base,
+            base_shape: shape,
+            sel,
+        }
+    }
+
+    /// The element dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The view's shape.
+    pub fn shape(&self) -> Vec<usize> {
+        self.sel.iter().map(Sel::len).collect()
+    }
+
+    /// Number of axes.
+    pub fn dim(&self) -> usize {
+        self.sel.len()
+    }
+
+    /// Number of elements in the view.
+    pub fn numel(&self) -> usize {
+        self.sel.iter().map(Sel::len).product()
+    }
+
+    /// The base items of axis `d`.
+    pub fn sel(&self, d: usize) -> &Sel {
+        &self.sel[d]
+    }
+
+    /// The shape of the base the view selects from.
+    pub fn base_shape(&self) -> &[usize] {
+        &self.base_shape
+    }
+
+    /// The base's bytes.
+    pub fn base_bytes(&self) -> &[u8] {
+        match &self.base {
+            Base::Mapped(b, _) => b,
+            Base::Owned(v) => v,
+        }
+    }
+
+    /// Bytes between consecutive items of every base axis.
+    pub fn base_strides(&self) -> Vec<usize> {
+        let mut s = vec![size(self.dtype); self.base_shape.len()];
+        for d in (0..s.len().saturating_sub(1)).rev() {
+            s[d] = s[d + 1] * self.base_shape[d + 1];
+        }
+        s
+    }
+
+    /// Items `start..start + len` of axis `d` (within the view's length).
+    pub fn narrow(&self, d: usize, start: usize, len: usize) -> Self {
+        let mut out = self.clone();
+        out.sel[d] = self.sel[d].narrow(start, len);
+        out
+    }
+
+    /// Items `items` (each within the view's length) of axis `d`, in that order.
+    pub fn select(&self, d: usize, items: &[usize]) -> Self {
+        let mut out = self.clone();
+        let s = &self.sel[d];
+        out.sel[d] = Sel::List(items.iter().map(|&i| s.get(i)).collect());
+        out
+    }
+
+    /// Whether the view is its whole base, in order.
+    pub fn is_whole(&self) -> bool {
+        self.sel
+            .iter()
+            .zip(&self.base_shape)
+            .all(|(s, &n)| *s == Sel::Range { start: 0, len: n })
+    }
+
+    /// Calls `f` with each row of the last axis (the whole view for a 0-D array), in
+    /// row-major order: the outer index and the row's values as `f64`. A mapped base
+    /// gives back its pages as the rows go by.
+    pub fn for_each_row<E>(
+        &self,
+        mut f: impl FnMut(&[usize], &[f64]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let shape = self.shape();
+        if shape.contains(&0) {
+            return Ok(());
+        }
+        let bytes = self.base_bytes();
+        let es = size(self.dtype);
+        let strides = self.base_strides();
+        let Some((&inner, outer)) = shape.split_last() else {
+            let mut v = Vec::with_capacity(1);
+            decode_into(self.dtype, &bytes[..es], &mut v);
+            return f(&[], &v);
+        };
+        let last = &self.sel[outer.len()];
+        let mut idx = vec![0usize; outer.len()];
+        let mut row = Vec::with_capacity(inner);
+        let mut released = Released::default();
+        loop {
+            let off: usize = idx
+                .iter()
+                .enumerate()
+                .map(|(d, &i)| self.sel[d].get(i) * strides[d])
+                .sum();
+            row.clear();
+            match last {
+                Sel::Range { start, len } => {
+                    let a = off + start * es;
+                    decode_into(self.dtype, &bytes[a..a + len * es], &mut row);
+                }
+                Sel::List(items) => {
+                    for &i in items.iter() {
+                        let a = off + i * es;
+                        decode_into(self.dtype, &bytes[a..a + es], &mut row);
+                    }
+                }
+            }
+            f(&idx, &row)?;
+            let Some(d) = (0..idx.len()).rev().find(|&d| idx[d] + 1 < shape[d]) else {
+                break;
+            };
+            if d == 0 {
+                released.step(self, idx[0]);
+            }
+            idx[d] += 1;
+            idx[d + 1..].fill(0);
+        }
+        self.release_all();
+        Ok(())
+    }
+
+    /// The value at view index `idx` (one per axis, each within the view's length).
+    pub fn value_at(&self, idx: &[usize]) -> f64 {
+        let strides = self.base_strides();
+        let off: usize = idx
+            .iter()
+            .enumerate()
+            .map(|(d, &i)| self.sel[d].get(i) * strides[d])
+            .sum();
+        let mut v = Vec::with_capacity(1);
+        decode_into(
+            self.dtype,
+            &self.base_bytes()[off..off + size(self.dtype)],
+            &mut v,
+        );
+        v.first().copied().unwrap_or(0.0)
+    }
+
+    /// [`for_each_row`](Self::for_each_row), with only the nonzero entries of each row
+    /// (column, value): a one-hot map's rows of zeros are skipped a block of bytes at a
+    /// time, never decoded.
+    pub fn for_each_row_nonzero<E>(
+        &self,
+        mut f: impl FnMut(&[usize], &[(usize, f64)]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let es = size(self.dtype);
+        let (strides, bytes) = (self.base_strides(), self.base_bytes());
+        let last = self.dim().checked_sub(1);
+        let contiguous = last.map(|d| &self.sel[d]);
+        let Some(Sel::Range { start, len }) = contiguous.cloned() else {
+            let mut nz = Vec::new();
+            return self.for_each_row(|idx, row| {
+                nz.clear();
+                nz.extend(
+                    row.iter()
+                        .enumerate()
+                        .filter(|(_, &v)| v != 0.0)
+                        .map(|(j, &v)| (j, v)),
+                );
+                f(idx, &nz)
+            });
+        };
+        let last = last.unwrap_or(0);
+        let mut nz = Vec::new();
+        self.for_each_outer(
+            |idx| {
+                let off: usize = idx
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &i)| self.sel[d].get(i) * strides[d])
+                    .sum::<usize>()
+                    + start * es;
+                nz.clear();
+                nonzeros(self.dtype, &bytes[off..off + len * es], &mut nz);
+                f(idx, &nz)
+            },
+            last,
+        )
+    }
+
+    /// Calls `f` with every index of the first `n` axes, row-major, giving back the
+    /// pages of a mapped base as axis 0 goes by.
+    fn for_each_outer<E>(
+        &self,
+        mut f: impl FnMut(&[usize]) -> Result<(), E>,
+        n: usize,
+    ) -> Result<(), E> {
+        let shape = self.shape();
+        if shape.contains(&0) {
+            return Ok(());
+        }
+        let mut idx = vec![0usize; n];
+        let mut released = Released::default();
+        loop {
+            f(&idx)?;
+            let Some(d) = (0..n).rev().find(|&d| idx[d] + 1 < shape[d]) else {
+                break;
+            };
+            if d == 0 {
+                released.step(self, idx[0]);
+            }
+            idx[d] += 1;
+            idx[d + 1..].fill(0);
+        }
+        self.release_all();
+        Ok(())
+    }
+
+    /// Every value of the view as `f64`, row-major (for small features).
+    pub fn values(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.numel());
+        let _ = self.for_each_row(|_, row| {
+            out.extend_from_slice(row);
+            Ok::<(), ()>(())
+        });
+        out
+    }
+
+    /// The view's bytes, row-major, in a new buffer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        if self.is_whole() {
+            return self.base_bytes().to_vec();
+        }
+        let mut out = Vec::with_capacity(self.numel() * size(self.dtype));
+        let bytes = self.base_bytes();
+        let (es, strides) = (size(self.dtype), self.base_strides());
+        let shape = self.shape();
+        if shape.contains(&0) {
+            return out;
+        }
+        let mut idx = vec![0usize; shape.len()];
+        loop {
+            let off: usize = idx
+                .iter()
+                .enumerate()
+                .map(|(d, &i)| self.sel[d].get(i) * strides[d])
+                .sum();
+            out.extend_from_slice(&bytes[off..off + es]);
+            let Some(d) = (0..idx.len()).rev().find(|&d| idx[d] + 1 < shape[d]) else {
+                break;
+            };
+            idx[d] += 1;
+            idx[d + 1..].fill(0);
+        }
+        out
+    }
+
+    /// The view as a whole array of its own (a copy unless it already is one).
+    pub fn contiguous(&self) -> Array<'a> {
+        if self.is_whole() {
+            return self.clone();
+        }
+        Array::new(
+            self.dtype,
+            self.shape(),
+            Base::Owned(Arc::new(self.to_bytes())),
+        )
+    }
+
+    /// Gives back the pages of base rows (axis 0) `from..to` of a mapped base.
+    pub fn release_rows(&self, from: usize, to: usize) {
+        let Base::Mapped(bytes, Some(pages)) = &self.base else {
+            return;
+        };
+        let row = self.base_strides().first().copied().unwrap_or(bytes.len());
+        let (a, b) = ((from * row).min(bytes.len()), (to * row).min(bytes.len()));
+        pages.release(&bytes[a..b]);
+    }
+
+    /// Gives back every page of a mapped base.
+    pub fn release_all(&self) {
+        if let Base::Mapped(bytes, Some(pages)) = &self.base {
+            pages.release(bytes);
+        }
+    }
+}
+
+/// The nonzero elements of `bytes` (column, value), skipping all-zero blocks unread.
+fn nonzeros(d: DType, bytes: &[u8], out: &mut Vec<(usize, f64)>) {
+    const BLOCK: usize = 64;
+    let es = size(d);
+    let mut values = Vec::with_capacity(BLOCK);
+    for (b, block) in bytes.chunks(BLOCK).enumerate() {
+        if all_zero(block) {
+            continue;
+        }
+        values.clear();
+        decode_into(d, block, &mut values);
+        let first = b * BLOCK / es;
+        out.extend(
+            values
+                .iter()
+                .enumerate()
+                .filter(|(_, &v)| v != 0.0)
+                .map(|(k, &v)| (first + k, v)),
+        );
+    }
+}
+
+/// Whether every byte is 0, a word at a time.
+fn all_zero(block: &[u8]) -> bool {
+    let words = block.chunks_exact(8);
+    let tail = words.remainder().iter().fold(0u8, |a, &x| a | x);
+    let or = words.fold(0u64, |a, w| {
+        a | u64::from_ne_bytes(w.try_into().unwrap_or([0xff; 8]))
+    });
+    or == 0 && tail == 0
+}
+
+/// Bytes of a mapped base read before they are given back.
+pub(crate) const RELEASE_BYTES: usize = 8 << 20;
+
+/// The rows of axis 0 a scan has passed and not yet given back.
+#[derive(Default)]
+pub(crate) struct Released {
+    from: Option<usize>,
+}
+
+impl Released {
+    /// View row `i` of axis 0 is done: give back the base rows passed so far once they
+    /// hold more than [`RELEASE_BYTES`] (only for an axis read in base order).
+    pub(crate) fn step(&mut self, x: &Array, i: usize) {
+        let Sel::Range { start, .. } = x.sel[0] else {
+            return;
+        };
+        let row = x.base_strides().first().copied().unwrap_or(0).max(1);
+        let from = *self.from.get_or_insert(start);
+        let to = start + i + 1;
+        if (to - from) * row >= RELEASE_BYTES {
+            x.release_rows(from, to);
+            self.from = Some(to);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::encode_i64;
+
+    fn ints(shape: Vec<usize>) -> Array<'static> {
+        let n: usize = shape.iter().product();
+        let mut bytes = Vec::new();
+        for v in 0..n as i64 {
+            encode_i64(DType::Int32, v, &mut bytes);
+        }
+        Array::owned(DType::Int32, shape, bytes)
+    }
+
+    #[test]
+    fn narrowed_and_selected_views_read_the_items_they_name() {
+        let x = ints(vec![3, 4]);
+        assert_eq!(x.values(), (0..12).map(f64::from).collect::<Vec<_>>());
+        let y = x.narrow(1, 1, 2).select(0, &[2, 0]);
+        assert_eq!(y.shape(), vec![2, 2]);
+        assert_eq!(y.values(), vec![9.0, 10.0, 1.0, 2.0]);
+        let back: Vec<i32> = y
+            .to_bytes()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(back, vec![9, 10, 1, 2]);
+        assert!(!y.is_whole() && x.is_whole() && y.contiguous().is_whole());
+        assert!(x.narrow(0, 1, 0).values().is_empty());
+        // Nonzero entries, read by blocks of bytes or (a selected last axis) by value:
+        // a one-hot-like map whose rows span several blocks of zeros.
+        let mut bytes = Vec::new();
+        for i in 0..5 * 40i64 {
+            let v = if i % 40 == (i / 40) * 9 { 1 } else { 0 };
+            encode_i64(DType::Int64, if i == 77 { -3 } else { v }, &mut bytes);
+        }
+        let map = Array::owned(DType::Int64, vec![5, 40], bytes);
+        for v in [
+            x.clone(),
+            x.select(1, &[3, 0, 1]),
+            map.clone(),
+            map.narrow(1, 5, 30),
+        ] {
+            let mut dense = Vec::new();
+            v.for_each_row(|idx, row| {
+                for (j, &r) in row.iter().enumerate().filter(|(_, &r)| r != 0.0) {
+                    dense.push((idx.to_vec(), j, r));
+                }
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            let mut sparse = Vec::new();
+            v.for_each_row_nonzero(|idx, nz| {
+                sparse.extend(nz.iter().map(|&(j, r)| (idx.to_vec(), j, r)));
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            assert_eq!(sparse, dense);
+        }
+    }
+}

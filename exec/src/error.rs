@@ -1,0 +1,181 @@
+//! Errors of a sample against its plan, shared by every executor (this crate's and the
+//! tch runtime's): each names the feature and, where one is at fault, the axis.
+
+use std::fmt;
+
+use featshard_spec::plan::ResolveError;
+
+/// Why a sample could not be laid out, sharded or assembled.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum RuntimeError {
+    /// A feature of the spec (or workflow) is not in the sample.
+    Missing {
+        feature: String,
+    },
+    /// Features in the sample that the spec does not declare (and that were not
+    /// passed through explicitly).
+    Unknown {
+        features: Vec<String>,
+    },
+    Rank {
+        feature: String,
+        expected: usize,
+        got: Vec<i64>,
+    },
+    DType {
+        feature: String,
+        expected: String,
+        got: String,
+    },
+    ChannelSize {
+        feature: String,
+        axis: usize,
+        expected: u64,
+        got: i64,
+    },
+    /// Two axes of one semantic disagree on its length.
+    Length {
+        feature: String,
+        axis: usize,
+        semantic: String,
+        got: i64,
+        expected: usize,
+        first: String,
+    },
+    /// An owner count or owner map is inconsistent with the owned axis.
+    Ownership {
+        feature: String,
+        axis: usize,
+        semantic: String,
+        message: String,
+    },
+    /// Index values outside the indexed semantic.
+    IndexRange {
+        feature: String,
+        semantic: String,
+        min: i64,
+        max: i64,
+        len: usize,
+    },
+    /// A one-hot feature with values other than 0/1 or rows with several ones.
+    OneHot {
+        feature: String,
+        axis: usize,
+        message: String,
+    },
+    /// An axis that arrives padded does not fit the rule that tells its real items.
+    Incoming {
+        feature: String,
+        axis: usize,
+        semantic: String,
+        message: String,
+    },
+    /// A derived feature given in the sample differs from what its rule makes.
+    Derived {
+        feature: String,
+        rule: String,
+    },
+    /// A mask holding a value that is neither 0 nor 1.
+    MaskValue {
+        feature: String,
+        index: i64,
+        value: f64,
+    },
+    /// A block-diagonal feature with entries outside the diagonal blocks: sharding
+    /// would drop them.
+    OffDiagonal {
+        feature: String,
+        axis: usize,
+        semantic: String,
+    },
+    /// The sample does not fit the plan's rules for this mesh.
+    Plan(ResolveError),
+    /// Blocks given to `assemble` do not match the plan.
+    Blocks {
+        feature: String,
+        message: String,
+    },
+    /// A failure inside libtorch, in the tch runtime (a bug if it happens after
+    /// validation).
+    Torch {
+        feature: String,
+        message: String,
+    },
+    Io {
+        path: String,
+        message: String,
+    },
+    /// A plan this runtime does not execute.
+    Unsupported {
+        message: String,
+    },
+}
+
+impl fmt::Display for RuntimeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use RuntimeError::*;
+        match self {
+            Missing { feature } => write!(f, "feature `{feature}`: missing from the sample"),
+            Unknown { features } => write!(
+                f,
+                "features not in the spec: {} (declare them, list them under `drop`, or set `other_keys: drop | pass`)",
+                features.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+            ),
+            Rank { feature, expected, got } => write!(
+                f,
+                "feature `{feature}`: expected {expected} axes, got shape {got:?}"
+            ),
+            DType { feature, expected, got } => {
+                write!(f, "feature `{feature}`: expected dtype {expected}, got {got}")
+            }
+            ChannelSize { feature, axis, expected, got } => write!(
+                f,
+                "feature `{feature}`, axis {axis} (channel): expected size {expected}, got {got}"
+            ),
+            Length { feature, axis, semantic, got, expected, first } => write!(
+                f,
+                "feature `{feature}`, axis {axis} ({semantic}): length {got}, but feature `{first}` has {semantic} length {expected}"
+            ),
+            Ownership { feature, axis, semantic, message } => {
+                write!(f, "feature `{feature}`, axis {axis} ({semantic}): {message}")
+            }
+            IndexRange { feature, semantic, min, max, len } => write!(
+                f,
+                "feature `{feature}`: index values must lie in [0, {len}) of `{semantic}`, found [{min}, {max}]"
+            ),
+            OneHot { feature, axis, message } => {
+                write!(f, "feature `{feature}`, axis {axis} (one-hot): {message}")
+            }
+            Incoming { feature, axis, semantic, message } => write!(
+                f,
+                "feature `{feature}`, axis {axis} ({semantic}, incoming pads): {message}"
+            ),
+            Derived { feature, rule } => write!(
+                f,
+                "feature `{feature}`: the sample's value differs from {rule}, which the spec derives it as"
+            ),
+            MaskValue { feature, index, value } => write!(
+                f,
+                "feature `{feature}`: a mask holds 0 or 1 (false/true, 0/1, 0.0/1.0), found {value} at flat index {index}"
+            ),
+            OffDiagonal { feature, axis, semantic } => write!(
+                f,
+                "feature `{feature}`, axis {axis} ({semantic}): nonzero entries outside the diagonal blocks; each item must point at an item of its own shard"
+            ),
+            Plan(e) => write!(f, "{e}"),
+            Blocks { feature, message } => write!(f, "feature `{feature}`: {message}"),
+            Torch { feature, message } => write!(f, "feature `{feature}`: torch: {message}"),
+            Io { path, message } => write!(f, "{path}: {message}"),
+            Unsupported { message } => write!(f, "{message}"),
+        }
+    }
+}
+
+impl std::error::Error for RuntimeError {}
+
+impl From<ResolveError> for RuntimeError {
+    fn from(e: ResolveError) -> Self {
+        RuntimeError::Plan(e)
+    }
+}

@@ -1,0 +1,269 @@
+//! Safetensors files as raw bytes: the header read and checked against the file before
+//! anything is mapped, every tensor a view of the memory map, and the header of a file
+//! written in parts (header first, then each tensor's data in the format's order).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+use featshard_spec::ir::DType;
+
+use crate::array::Array;
+use crate::dtype;
+use crate::error::RuntimeError;
+use crate::mapping::Mapping;
+
+/// The header's `__metadata__`: name -> text.
+pub type Metadata = BTreeMap<String, String>;
+/// Feature name -> array.
+pub type Sample<'a> = BTreeMap<String, Array<'a>>;
+
+/// Largest safetensors header read (the format's own limit is 100 MB).
+const MAX_HEADER_BYTES: u64 = 100 * 1000 * 1000;
+
+fn io(path: &Path, message: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Io {
+        path: path.display().to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// One tensor's entry in a safetensors header.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The tensor's name.
+    pub name: String,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Its byte range in the data section.
+    pub offsets: (u64, u64),
+}
+
+/// A checked safetensors header.
+#[derive(Clone, Debug)]
+pub struct Header {
+    /// Every tensor, sorted by name.
+    pub entries: Vec<Entry>,
+    /// The `__metadata__` (empty when there is none).
+    pub metadata: Metadata,
+    /// Where the data section starts in the file.
+    pub data_start: u64,
+}
+
+/// A safetensors file's header, read alone and bounded by the file's size (a regular
+/// file is required): every tensor's dtype, shape and data range checked.
+pub fn read_header(path: &Path) -> Result<Header, RuntimeError> {
+    let (value, data, start) = header_json(path)?;
+    let Some(object) = value.as_object() else {
+        return Err(io(path, "its header is not a JSON object"));
+    };
+    let mut entries = Vec::with_capacity(object.len());
+    let mut metadata = Metadata::new();
+    for (name, entry) in object {
+        if name == "__metadata__" {
+            if let Some(m) = entry.as_object() {
+                metadata = m
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect();
+            }
+            continue;
+        }
+        entries.push(parse_entry(path, name, entry, data)?);
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Header {
+        entries,
+        metadata,
+        data_start: start,
+    })
+}
+
+/// The `__metadata__` of a safetensors file's header (empty when it has none).
+pub fn read_metadata(path: &Path) -> Result<Metadata, RuntimeError> {
+    let (value, _, _) = header_json(path)?;
+    Ok(value
+        .get("__metadata__")
+        .and_then(|m| m.as_object())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The header as JSON, the size of the data after it, and where the data starts.
+fn header_json(path: &Path) -> Result<(serde_json::Value, u64, u64), RuntimeError> {
+    let bad = |e: String| io(path, format!("cannot read: {e}"));
+    let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    let size = meta.len();
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len)
+        .map_err(|_| bad(format!("{size} bytes is too short for a safetensors file")))?;
+    let n = u64::from_le_bytes(len);
+    if n > size.saturating_sub(8) || n > MAX_HEADER_BYTES {
+        return Err(bad(format!(
+            "its header claims {n} bytes, but the file holds {size} (truncated, or not safetensors)"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header)
+        .map_err(|e| bad(e.to_string()))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("its header is not JSON: {e}")))?;
+    Ok((value, size - 8 - n, 8 + n))
+}
+
+fn parse_entry(
+    path: &Path,
+    name: &str,
+    entry: &serde_json::Value,
+    data: u64,
+) -> Result<Entry, RuntimeError> {
+    let bad = |what: String| io(path, format!("feature `{name}`: {what}"));
+    let name_of = entry["dtype"].as_str().unwrap_or("?");
+    let dtype = serde_json::from_value::<safetensors::Dtype>(entry["dtype"].clone())
+        .ok()
+        .and_then(dtype::from_safetensors)
+        .ok_or_else(|| bad(format!("dtype {name_of} is not supported")))?;
+    let shape: Option<Vec<usize>> = entry["shape"].as_array().and_then(|a| {
+        a.iter()
+            .map(|d| {
+                d.as_u64()
+                    .and_then(|d| i64::try_from(d).ok())
+                    .map(|d| d as usize)
+            })
+            .collect()
+    });
+    let shape = shape.ok_or_else(|| bad("its shape is not a list of sizes".into()))?;
+    let offsets = match entry["data_offsets"].as_array().map(Vec::as_slice) {
+        Some([a, b]) => a.as_u64().zip(b.as_u64()),
+        _ => None,
+    };
+    let (a, b) = offsets
+        .filter(|(a, b)| a <= b && *b <= data)
+        .ok_or_else(|| {
+            bad(format!(
+                "claims data past the end of the file ({data} bytes of data; truncated?)"
+            ))
+        })?;
+    let numel = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+    let want = numel.and_then(|n| n.checked_mul(dtype::size(dtype) as u64));
+    if want != Some(b - a) {
+        return Err(bad(format!(
+            "shape {shape:?} of {name_of} does not hold {} bytes",
+            b - a
+        )));
+    }
+    Ok(Entry {
+        name: name.to_owned(),
+        dtype,
+        shape,
+        offsets: (a, b),
+    })
+}
+
+/// A safetensors file mapped whole, its header checked.
+#[derive(Debug)]
+pub struct Mapped {
+    mapping: Mapping,
+    header: Header,
+}
+
+impl Mapped {
+    /// Checks the header of `path`, then maps the file.
+    pub fn open(path: &Path) -> Result<Mapped, RuntimeError> {
+        let header = read_header(path)?;
+        let file = std::fs::File::open(path).map_err(|e| io(path, format!("cannot read: {e}")))?;
+        let mapping = Mapping::open(&file).map_err(|e| io(path, format!("cannot map: {e}")))?;
+        let need = header
+            .entries
+            .iter()
+            .map(|e| e.offsets.1)
+            .max()
+            .unwrap_or(0);
+        if (mapping.bytes().len() as u64) < header.data_start + need {
+            return Err(io(path, "the file shrank while it was opened"));
+        }
+        Ok(Mapped { mapping, header })
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Every tensor, a view of the mapping that gives its pages back once read.
+    pub fn sample(&self) -> Sample<'_> {
+        let bytes = self.mapping.bytes();
+        let pages = self.mapping.pages();
+        self.header
+            .entries
+            .iter()
+            .map(|e| {
+                let (a, b) = (
+                    (self.header.data_start + e.offsets.0) as usize,
+                    (self.header.data_start + e.offsets.1) as usize,
+                );
+                let x = Array::mapped(e.dtype, e.shape.clone(), &bytes[a..b], Some(pages));
+                (e.name.clone(), x)
+            })
+            .collect()
+    }
+}
+
+/// The order safetensors lays tensors out in (largest dtype first, then by name), as
+/// indices into `entries` (name, dtype, shape).
+pub fn data_order(entries: &[(&str, DType, Vec<usize>)]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (
+            dtype::to_safetensors(entries[a].1),
+            dtype::to_safetensors(entries[b].1),
+        );
+        y.cmp(&x).then(entries[a].0.cmp(entries[b].0))
+    });
+    order
+}
+
+/// The first bytes of a safetensors file whose tensors (name, dtype, shape) follow in
+/// this order: the header's length, then the header, padded to 8 bytes as safetensors
+/// pads it; byte for byte what `safetensors::serialize` writes before the data.
+pub fn header(
+    entries: &[(&str, DType, Vec<usize>)],
+    metadata: &Metadata,
+) -> Result<Vec<u8>, RuntimeError> {
+    use safetensors::tensor::{Metadata as Layout, TensorInfo};
+    let bad = |e: String| RuntimeError::Blocks {
+        feature: "*".into(),
+        message: e,
+    };
+    let mut offset = 0;
+    let mut infos = Vec::with_capacity(entries.len());
+    for (name, d, shape) in entries {
+        let n = shape.iter().product::<usize>() * dtype::size(*d);
+        infos.push((
+            (*name).to_owned(),
+            TensorInfo {
+                dtype: dtype::to_safetensors(*d),
+                shape: shape.clone(),
+                data_offsets: (offset, offset + n),
+            },
+        ));
+        offset += n;
+    }
+    let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    let layout = Layout::new(info, infos).map_err(|e| bad(e.to_string()))?;
+    let mut json = serde_json::to_vec(&layout).map_err(|e| bad(e.to_string()))?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend(json);
+    Ok(out)
+}

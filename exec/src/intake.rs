@@ -1,0 +1,400 @@
+//! Intake: a sample as the featurizer emitted it, made into the sample the plan lays
+//! out. Nothing here decides geometry; it executes what the plan declares:
+//!
+//! 1. keys: features kept, `drop` keys and (by the `other_keys` policy) other keys
+//!    removed or passed through, the rest refused all at once; optional features may
+//!    be absent;
+//! 2. incoming pads: every axis of a semantic that arrives padded is cut to its real
+//!    items (a prefix, told by a mask or by owner counts); one-hot maps may not point
+//!    into the cut;
+//! 3. unowned rows: owner-map rows with no owner are dropped where the plan says they
+//!    are pads;
+//! 4. derived features: made from their inputs, or checked against them when given.
+//!
+//! Cuts and drops select items of views; nothing large is copied.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
+
+use crate::array::Array;
+use crate::dtype;
+use crate::error::RuntimeError;
+use crate::files::Sample;
+use crate::validate::{row_sums, tensor_plan, to_i64};
+
+/// What to process, what to let through, and with how many threads.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Only the features of this workflow (all features of the spec for `None`).
+    pub workflow: Option<String>,
+    /// Features not in the spec (or workflow) that are carried along untouched
+    /// instead of being an error.
+    pub passthrough: BTreeSet<String>,
+    /// Threads that value checks and block writing may use (0 and 1: the calling
+    /// thread only). Errors are the same as on one thread.
+    pub threads: usize,
+}
+
+/// A sample after intake.
+#[derive(Debug)]
+pub struct Intake<'a> {
+    /// Tensor features to lay out (real items only, derived ones added) and the
+    /// features carried along untouched.
+    pub features: Sample<'a>,
+    /// Names in `features` carried along untouched, sorted.
+    pub passthrough: Vec<String>,
+    /// Sample keys removed (`drop` or the `other_keys: drop` policy), sorted.
+    pub dropped: Vec<String>,
+    /// Semantics whose axes arrived longer than their real items: the arrived length.
+    pub arrived: BTreeMap<String, usize>,
+    /// Owner-map rows without an owner dropped as pads, per semantic.
+    pub unowned: BTreeMap<String, usize>,
+}
+
+/// Runs intake on one serial sample (see the module documentation).
+pub fn intake<'a>(
+    plan: &Plan,
+    features: &Sample<'a>,
+    opts: &Options,
+) -> Result<Intake<'a>, RuntimeError> {
+    if plan.mesh.domain.is_some() {
+        return Err(RuntimeError::Unsupported {
+            message: format!(
+                "`{}` is a domain-parallel (ShardTensor) plan: its generated Python module scatters it; this runtime shards CP (DTensor) plans",
+                plan.module
+            ),
+        });
+    }
+    let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
+    let real = real_lengths(plan, &kept)?;
+    let mut arrived = BTreeMap::new();
+    for (sem, &n) in &real {
+        if let Some(len) = cut_to_real(plan, &mut kept, sem, n)? {
+            arrived.insert(sem.clone(), len);
+        }
+    }
+    let unowned = drop_unowned_rows(plan, &mut kept)?;
+    derive(plan, &mut kept, opts)?;
+    for name in &passthrough {
+        kept.insert(name.clone(), features[name].clone());
+    }
+    Ok(Intake {
+        features: kept,
+        passthrough,
+        dropped,
+        arrived,
+        unowned,
+    })
+}
+
+type Sorted<'a> = (Sample<'a>, Vec<String>, Vec<String>);
+
+/// The tensor features to lay out, the names passed through, the names dropped.
+fn sort_keys<'a>(
+    plan: &Plan,
+    features: &Sample<'a>,
+    opts: &Options,
+) -> Result<Sorted<'a>, RuntimeError> {
+    let wanted: BTreeSet<&str> = plan
+        .feature_names(opts.workflow.as_deref())?
+        .into_iter()
+        .collect();
+    let (mut kept, mut passthrough, mut dropped, mut unknown) =
+        (Sample::new(), Vec::new(), Vec::new(), Vec::new());
+    for (name, x) in features {
+        match plan.features.get(name) {
+            Some(FeaturePlan::Tensor(_)) if wanted.contains(name.as_str()) => {
+                kept.insert(name.clone(), x.clone());
+            }
+            // Metadata passes through untouched.
+            Some(FeaturePlan::Metadata { .. }) if wanted.contains(name.as_str()) => {
+                passthrough.push(name.clone())
+            }
+            _ if opts.passthrough.contains(name) => passthrough.push(name.clone()),
+            _ if plan.inputs.drop.contains(name) => dropped.push(name.clone()),
+            // A feature of another workflow is not this workflow's to place.
+            Some(_) => unknown.push(name.clone()),
+            None => match plan.inputs.other_keys {
+                KeyPolicy::Refuse => unknown.push(name.clone()),
+                KeyPolicy::Drop => dropped.push(name.clone()),
+                KeyPolicy::Pass => passthrough.push(name.clone()),
+            },
+        }
+    }
+    if !unknown.is_empty() {
+        return Err(RuntimeError::Unknown { features: unknown });
+    }
+    // A key asked to be passed through must be there: a typo would silently drop it.
+    if let Some(absent) = opts.passthrough.iter().find(|n| !features.contains_key(*n)) {
+        return Err(RuntimeError::Missing {
+            feature: absent.clone(),
+        });
+    }
+    for name in &wanted {
+        if let Some(FeaturePlan::Tensor(t)) = plan.features.get(*name) {
+            if !t.optional && t.derived.is_none() && !kept.contains_key(*name) {
+                return Err(RuntimeError::Missing {
+                    feature: (*name).to_owned(),
+                });
+            }
+        }
+    }
+    Ok((kept, passthrough, dropped))
+}
+
+/// The number of real items of every semantic that arrives padded (and is present).
+fn real_lengths(plan: &Plan, kept: &Sample) -> Result<BTreeMap<String, usize>, RuntimeError> {
+    let mut out = BTreeMap::new();
+    for (sem, s) in &plan.semantics {
+        let Some(source) = &s.incoming else { continue };
+        let fname = source.feature();
+        let Some(x) = kept.get(fname) else { continue };
+        let n = match source {
+            IncomingSource::Mask { .. } => mask_prefix(fname, sem, x)?,
+            IncomingSource::Counts { .. } => {
+                let sum: i64 = to_i64(x).iter().sum();
+                usize::try_from(sum).map_err(|_| RuntimeError::Ownership {
+                    feature: fname.to_owned(),
+                    axis: 0,
+                    semantic: sem.clone(),
+                    message: format!("counts of `{sem}` sum to {sum}"),
+                })?
+            }
+        };
+        if let IncomingSource::Mask { .. } = source {
+            check_counts_agree(plan, kept, sem, fname, n)?;
+        }
+        out.insert(sem.clone(), n);
+    }
+    Ok(out)
+}
+
+/// How many leading ones a 1-D incoming-pad mask holds; its values must be 0 or 1,
+/// ones first.
+fn mask_prefix(fname: &str, sem: &str, x: &Array) -> Result<usize, RuntimeError> {
+    let bad = |message: String| RuntimeError::Incoming {
+        feature: fname.to_owned(),
+        axis: 0,
+        semantic: sem.to_owned(),
+        message,
+    };
+    if x.dim() != 1 {
+        return Err(bad(format!(
+            "expected a 1-D mask, got shape {:?}",
+            x.shape()
+        )));
+    }
+    let values = x.values();
+    if let Some((i, v)) = values
+        .iter()
+        .enumerate()
+        .find(|(_, &v)| v != 0.0 && v != 1.0)
+    {
+        return Err(bad(format!("mask values are 0 or 1, found {v} at {i}")));
+    }
+    let n = values.iter().take_while(|&&v| v == 1.0).count();
+    if let Some(i) = values[n..].iter().position(|&v| v == 1.0) {
+        return Err(bad(format!(
+            "the real items must come first: item {} is real after a pad at {n}",
+            n + i
+        )));
+    }
+    Ok(n)
+}
+
+/// Owner counts given next to an incoming-pad mask must count the same real items.
+fn check_counts_agree(
+    plan: &Plan,
+    kept: &Sample,
+    sem: &str,
+    mask: &str,
+    n: usize,
+) -> Result<(), RuntimeError> {
+    let Some(Padding::OwnerBlocks { owner, source, .. }) =
+        plan.semantics.get(sem).map(|s| &s.padding)
+    else {
+        return Ok(());
+    };
+    let Some((cname, counts)) = source.counts().and_then(|c| Some((c, kept.get(c)?))) else {
+        return Ok(());
+    };
+    let sum: i64 = to_i64(counts).iter().sum();
+    if usize::try_from(sum).ok() != Some(n) {
+        return Err(RuntimeError::Ownership {
+            feature: cname.to_owned(),
+            axis: 0,
+            semantic: owner.clone(),
+            message: format!("counts of `{sem}` sum to {sum}, but `{mask}` marks {n} real {sem}"),
+        });
+    }
+    Ok(())
+}
+
+/// Cuts every `sem` axis to its `n` real items; the arrived length if any axis was
+/// longer. One-hot maps must have nothing in the cut part of their one-hot axis.
+fn cut_to_real(
+    plan: &Plan,
+    kept: &mut Sample,
+    sem: &str,
+    n: usize,
+) -> Result<Option<usize>, RuntimeError> {
+    let mut arrived = None;
+    for (name, x) in kept.iter_mut() {
+        let t = tensor_plan(plan, name)?;
+        for (d, a) in t.axes.iter().enumerate() {
+            if a.semantic.as_deref() != Some(sem) || d >= x.dim() {
+                continue;
+            }
+            let len = x.shape()[d];
+            if len < n {
+                return Err(RuntimeError::Incoming {
+                    feature: name.clone(),
+                    axis: d,
+                    semantic: sem.to_owned(),
+                    message: format!("length {len}, fewer than the {n} real {sem}"),
+                });
+            }
+            if len == n {
+                continue;
+            }
+            arrived = Some(arrived.map_or(len, |a: usize| a.max(len)));
+            check_cut_is_empty(name, t, x, d, n, sem)?;
+            *x = x.narrow(d, 0, n);
+        }
+    }
+    Ok(arrived)
+}
+
+/// A one-hot map whose one-hot axis is cut must not point at a cut item.
+fn check_cut_is_empty(
+    name: &str,
+    t: &TensorPlan,
+    x: &Array,
+    d: usize,
+    n: usize,
+    sem: &str,
+) -> Result<(), RuntimeError> {
+    let Role::Index(ix) = &t.role else {
+        return Ok(());
+    };
+    if ix.one_hot != Some(d) {
+        return Ok(());
+    }
+    let cut = x.narrow(d, n, x.shape()[d] - n);
+    let found = cut.for_each_row_nonzero(|_, nz| match nz.is_empty() {
+        true => Ok(()),
+        false => Err(()),
+    });
+    if found.is_err() {
+        return Err(RuntimeError::Incoming {
+            feature: name.to_owned(),
+            axis: d,
+            semantic: sem.to_owned(),
+            message: format!("a row points at an incoming pad (an item at {n} or later)"),
+        });
+    }
+    Ok(())
+}
+
+/// Drops owner-map rows with no owner where the plan says they are pads, on every
+/// axis of their semantic.
+fn drop_unowned_rows(
+    plan: &Plan,
+    kept: &mut Sample,
+) -> Result<BTreeMap<String, usize>, RuntimeError> {
+    let mut out = BTreeMap::new();
+    for (sem, s) in &plan.semantics {
+        let Padding::OwnerBlocks { source, .. } = &s.padding else {
+            continue;
+        };
+        let Some(map) = source.map().filter(|_| s.unowned_rows_are_pads) else {
+            continue;
+        };
+        let Some(m) = kept.get(map) else { continue };
+        let rows = row_sums(plan, map, m)?;
+        let owned: Vec<usize> = (0..rows.len()).filter(|&r| rows[r] != 0.0).collect();
+        if owned.len() == rows.len() {
+            continue;
+        }
+        out.insert(sem.clone(), rows.len() - owned.len());
+        for (name, x) in kept.iter_mut() {
+            let t = tensor_plan(plan, name)?;
+            for (d, a) in t.axes.iter().enumerate() {
+                if a.semantic.as_deref() == Some(sem.as_str()) && d < x.dim() {
+                    *x = x.select(d, &owned);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Makes every derived feature of the workflow, or checks the one given.
+fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), RuntimeError> {
+    for name in plan.feature_names(opts.workflow.as_deref())? {
+        let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
+            continue;
+        };
+        let Some(rule) = &t.derived else { continue };
+        let made = match rule {
+            DeriveRule::Outer { of: [a, b] } => match (kept.get(a), kept.get(b)) {
+                (Some(x), Some(y)) => outer(x, y, t.dtype),
+                _ => {
+                    return Err(RuntimeError::Missing {
+                        feature: if kept.contains_key(a) { b } else { a }.clone(),
+                    })
+                }
+            },
+        };
+        match kept.get(name) {
+            Some(given) => {
+                let same = given.shape() == made.shape()
+                    && given.dtype() == made.dtype()
+                    && given.values() == made.values();
+                if !same {
+                    return Err(RuntimeError::Derived {
+                        feature: name.to_owned(),
+                        rule: describe(rule),
+                    });
+                }
+            }
+            None => {
+                kept.insert(name.to_owned(), made);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `x[i..] * y[j..]` over every pair, in `d` (a bool product is a logical and).
+fn outer(x: &Array, y: &Array, d: featshard_spec::ir::DType) -> Array<'static> {
+    let (xs, ys) = (x.values(), y.values());
+    let mut bytes = Vec::with_capacity(xs.len() * ys.len() * dtype::size(d));
+    let cast = |v: f64| {
+        let mut b = Vec::with_capacity(8);
+        dtype::encode_f64(d, v, &mut b);
+        let mut back = Vec::with_capacity(1);
+        dtype::decode_into(d, &b, &mut back);
+        back[0]
+    };
+    let (xs, ys): (Vec<f64>, Vec<f64>) = (
+        xs.into_iter().map(cast).collect(),
+        ys.into_iter().map(cast).collect(),
+    );
+    for &a in &xs {
+        for &b in &ys {
+            dtype::encode_f64(d, a * b, &mut bytes);
+        }
+    }
+    let mut shape = x.shape();
+    shape.extend(y.shape());
+    Array::owned(d, shape, bytes)
+}
+
+fn describe(rule: &DeriveRule) -> String {
+    match rule {
+        DeriveRule::Outer { of: [a, b] } => format!("the outer product of `{a}` and `{b}`"),
+    }
+}

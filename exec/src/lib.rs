@@ -1,0 +1,29 @@
+//! featshard's executor on raw memory: a sample's features as views of its memory-mapped
+//! safetensors file, intake and validation as the plan declares them, placement on a
+//! mesh, and every rank's blocks written straight into its file. It links no libtorch:
+//! `featshard shard` runs on it, and the tch runtime shares its error type and options.
+//!
+//! ```text
+//! files::Mapped --sample--> intake --validate--> place --rank_files / window--> rank files
+//! ```
+//!
+//! Every number (padded lengths, owner-block positions, block windows) comes from the
+//! spec crate's `Plan::layout` and `Plan::shapes_of`; this crate only moves bytes.
+
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod array;
+pub mod dtype;
+pub mod error;
+pub mod files;
+pub mod intake;
+pub mod mapping;
+pub mod place;
+pub mod rank_files;
+pub mod validate;
+pub mod window;
+
+pub use error::RuntimeError;
+pub use intake::Options;
+pub use place::{place, IntakeReport, Placed};

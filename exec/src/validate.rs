@@ -1,0 +1,422 @@
+//! Validation of one serial sample against the plan, after intake: ranks, dtypes,
+//! channel sizes, equal lengths per semantic, ownership data, index ranges and masks.
+//! Yields the run-time lengths and the ownership data the layout needs.
+
+use std::collections::BTreeMap;
+
+use featshard_spec::ir::Role;
+use featshard_spec::plan::{FeaturePlan, Ownership, Padding, Plan, ResolveError, TensorPlan};
+
+use crate::array::Array;
+use crate::error::RuntimeError;
+use crate::files::Sample;
+use crate::intake::Intake;
+
+/// A sample that passed validation.
+#[derive(Debug)]
+pub struct Checked {
+    /// Tensor features to lay out, sorted.
+    pub names: Vec<String>,
+    /// Features carried along untouched, sorted.
+    pub passthrough: Vec<String>,
+    /// The length of every semantic present.
+    pub sizes: BTreeMap<String, usize>,
+    /// The ownership data of every owner-partitioned semantic present.
+    pub owners: BTreeMap<String, Ownership>,
+}
+
+/// The tensor plan of a feature; metadata and unknown names are `Missing`.
+pub fn tensor_plan<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, RuntimeError> {
+    match plan.features.get(name) {
+        Some(FeaturePlan::Tensor(t)) => Ok(t),
+        _ => Err(RuntimeError::Missing {
+            feature: name.to_owned(),
+        }),
+    }
+}
+
+/// A small feature's values as integers (floats truncated toward zero).
+pub(crate) fn to_i64(x: &Array) -> Vec<i64> {
+    x.values().into_iter().map(|v| v as i64).collect()
+}
+
+/// The sum of every row of a 2-D `[items, owner]` map.
+pub(crate) fn row_sums(plan: &Plan, name: &str, x: &Array) -> Result<Vec<f64>, RuntimeError> {
+    two_d(plan, name, x)?;
+    let mut sums = Vec::with_capacity(x.shape()[0]);
+    let _ = x.for_each_row_nonzero(|_, nz| {
+        sums.push(nz.iter().map(|&(_, v)| v).sum());
+        Ok::<(), ()>(())
+    });
+    Ok(sums)
+}
+
+fn two_d(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
+    if x.dim() == 2 {
+        return Ok(());
+    }
+    Err(RuntimeError::Rank {
+        feature: name.to_owned(),
+        expected: tensor_plan(plan, name).map_or(2, |t| t.axes.len()),
+        got: x.shape().iter().map(|&d| d as i64).collect(),
+    })
+}
+
+/// Checks a sample after [`intake`](crate::intake::intake) (see the module
+/// documentation).
+pub fn check(plan: &Plan, taken: &Intake, _threads: usize) -> Result<Checked, RuntimeError> {
+    let features = &taken.features;
+    let passthrough = taken.passthrough.clone();
+    let names: Vec<String> = features
+        .keys()
+        .filter(|n| !passthrough.contains(n))
+        .cloned()
+        .collect();
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut first: BTreeMap<String, String> = BTreeMap::new();
+    for name in &names {
+        check_shape(plan, name, &features[name], &mut sizes, &mut first)?;
+    }
+    let owners = ownership(plan, features, &sizes)?;
+    for name in &names {
+        check_index(plan, name, &features[name], &sizes)?;
+        check_mask(plan, name, &features[name])?;
+    }
+    Ok(Checked {
+        names,
+        passthrough,
+        sizes,
+        owners,
+    })
+}
+
+/// Rank, dtype, channel sizes, and the length of each semantic (the first feature
+/// with it sets it).
+fn check_shape(
+    plan: &Plan,
+    name: &str,
+    x: &Array,
+    sizes: &mut BTreeMap<String, usize>,
+    first: &mut BTreeMap<String, String>,
+) -> Result<(), RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    let shape = x.shape();
+    if shape.len() != t.axes.len() {
+        return Err(RuntimeError::Rank {
+            feature: name.to_owned(),
+            expected: t.axes.len(),
+            got: shape.iter().map(|&d| d as i64).collect(),
+        });
+    }
+    if x.dtype() != t.dtype {
+        return Err(RuntimeError::DType {
+            feature: name.to_owned(),
+            expected: t.dtype.name().to_owned(),
+            got: x.dtype().name().to_owned(),
+        });
+    }
+    for (axis, (a, &n)) in t.axes.iter().zip(&shape).enumerate() {
+        match (&a.semantic, a.size) {
+            (None, Some(size)) if n as u64 != size => {
+                return Err(RuntimeError::ChannelSize {
+                    feature: name.to_owned(),
+                    axis,
+                    expected: size,
+                    got: n as i64,
+                });
+            }
+            (Some(s), _) => match sizes.get(s) {
+                Some(&expected) if expected != n => {
+                    return Err(RuntimeError::Length {
+                        feature: name.to_owned(),
+                        axis,
+                        semantic: s.clone(),
+                        got: n as i64,
+                        expected,
+                        first: first[s].clone(),
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    sizes.insert(s.clone(), n);
+                    first.insert(s.clone(), name.to_owned());
+                }
+            },
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn ownership(
+    plan: &Plan,
+    features: &Sample,
+    sizes: &BTreeMap<String, usize>,
+) -> Result<BTreeMap<String, Ownership>, RuntimeError> {
+    let mut owners = BTreeMap::new();
+    for (sem, s) in &plan.semantics {
+        let Padding::OwnerBlocks { owner, source, .. } = &s.padding else {
+            continue;
+        };
+        let Some(&len) = sizes.get(sem) else { continue };
+        let owner_len = sizes.get(owner).copied().unwrap_or(0);
+        let counts = source.counts().filter(|c| features.contains_key(*c));
+        let map = source.map().filter(|m| features.contains_key(*m));
+        let ownership = match (counts, map) {
+            (Some(c), map) => {
+                let counts = owner_counts(c, &features[c], sem, owner, len)?;
+                if let Some(m) = map {
+                    check_map_counts(m, &features[m], c, &counts, sem, owner)?;
+                }
+                Ownership::Counts(counts)
+            }
+            (None, Some(m)) => {
+                Ownership::Owners(map_owners(plan, m, &features[m], sem, owner, owner_len)?)
+            }
+            (None, None) => {
+                return Err(RuntimeError::Missing {
+                    feature: source.feature().to_owned(),
+                })
+            }
+        };
+        owners.insert(sem.clone(), ownership);
+    }
+    Ok(owners)
+}
+
+fn owner_counts(
+    fname: &str,
+    x: &Array,
+    sem: &str,
+    owner: &str,
+    len: usize,
+) -> Result<Vec<usize>, RuntimeError> {
+    let counts = to_i64(x);
+    let bad = |message: String| RuntimeError::Ownership {
+        feature: fname.to_owned(),
+        axis: 0,
+        semantic: owner.to_owned(),
+        message,
+    };
+    if let Some(c) = counts.iter().find(|&&c| c < 0) {
+        return Err(bad(format!("negative count {c} of `{sem}`")));
+    }
+    let sum: i64 = counts.iter().sum();
+    if usize::try_from(sum).ok() != Some(len) {
+        return Err(bad(format!(
+            "counts of `{sem}` sum to {sum}, but the sample has {len} {sem}"
+        )));
+    }
+    Ok(counts.into_iter().map(|c| c as usize).collect())
+}
+
+/// The owner of every row of a one-hot `[items, owner]` map.
+fn map_owners(
+    plan: &Plan,
+    fname: &str,
+    x: &Array,
+    sem: &str,
+    owner: &str,
+    owner_len: usize,
+) -> Result<Vec<usize>, RuntimeError> {
+    two_d(plan, fname, x)?;
+    let mut of = Vec::with_capacity(x.shape()[0]);
+    let mut bad = None;
+    let _ = x.for_each_row_nonzero(|idx, nz| {
+        let n: f64 = nz.iter().map(|&(_, v)| v).sum();
+        if n != 1.0 {
+            bad = Some((idx[0], n as i64));
+            return Err(());
+        }
+        // The first maximum, as argmax takes it: a row summing to 1 has one above 0.
+        let best = nz
+            .iter()
+            .fold((0, f64::MIN), |b, &(j, v)| if v > b.1 { (j, v) } else { b });
+        of.push(best.0);
+        Ok(())
+    });
+    if let Some((r, n)) = bad {
+        return Err(RuntimeError::Ownership {
+            feature: fname.to_owned(),
+            axis: 1,
+            semantic: owner.to_owned(),
+            message: format!("row {r} of `{sem}` must have exactly one owner, has {n}"),
+        });
+    }
+    if owner_len == 0 {
+        of.clear();
+    }
+    Ok(of)
+}
+
+/// Owner counts and an owner map given together must say the same, in owner order:
+/// every item's entry at its owner by the counts is 1. One read per item, not a pass
+/// over the map; that no row holds a second 1 is the one-hot check every index map gets.
+fn check_map_counts(
+    mname: &str,
+    x: &Array,
+    cname: &str,
+    counts: &[usize],
+    sem: &str,
+    owner: &str,
+) -> Result<(), RuntimeError> {
+    let by_counts: Vec<usize> = counts
+        .iter()
+        .enumerate()
+        .flat_map(|(o, &c)| std::iter::repeat_n(o, c))
+        .collect();
+    let shape = x.shape();
+    let bad = |message: String| RuntimeError::Ownership {
+        feature: mname.to_owned(),
+        axis: 1,
+        semantic: owner.to_owned(),
+        message,
+    };
+    if by_counts.is_empty() {
+        return Ok(());
+    }
+    if shape.len() != 2 || shape[0] != by_counts.len() {
+        return Err(bad(format!(
+            "shape {shape:?} does not fit {} `{sem}` counted by `{cname}`",
+            by_counts.len()
+        )));
+    }
+    let item = by_counts
+        .iter()
+        .enumerate()
+        .position(|(i, &o)| o >= shape[1] || x.value_at(&[i, o]) != 1.0);
+    let Some(item) = item else {
+        return Ok(());
+    };
+    let row = x.narrow(0, item, 1).values();
+    let got = row
+        .iter()
+        .position(|&v| v != 0.0)
+        .map_or("no".to_owned(), |o| o.to_string());
+    Err(bad(format!(
+        "`{sem}` item {item} belongs to `{owner}` {got} here, but to {} by `{cname}`",
+        by_counts[item]
+    )))
+}
+
+/// A mask's values are 0 or 1: `false`/`true`, integers 0 and 1, floats 0.0 and 1.0
+/// (NaN is neither).
+fn check_mask(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    if !matches!(t.role, Role::Mask { .. }) || x.dtype() == featshard_spec::ir::DType::Bool {
+        return Ok(());
+    }
+    let inner = x.shape().last().copied().unwrap_or(1);
+    let mut found = None;
+    let mut row_index = 0usize;
+    let _ = x.for_each_row_nonzero(|_, nz| {
+        if let Some(&(j, v)) = nz.iter().find(|&&(_, v)| v != 1.0) {
+            found = Some(((row_index * inner + j) as i64, v));
+            return Err(());
+        }
+        row_index += 1;
+        Ok(())
+    });
+    match found {
+        None => Ok(()),
+        Some((index, value)) => Err(RuntimeError::MaskValue {
+            feature: name.to_owned(),
+            index,
+            value,
+        }),
+    }
+}
+
+fn check_index(
+    plan: &Plan,
+    name: &str,
+    x: &Array,
+    sizes: &BTreeMap<String, usize>,
+) -> Result<(), RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    let Role::Index(ix) = &t.role else {
+        return Ok(());
+    };
+    if x.numel() == 0 {
+        return Ok(());
+    }
+    match ix.one_hot {
+        None => {
+            let len = sizes.get(&ix.of).copied().ok_or_else(|| {
+                RuntimeError::Plan(ResolveError::MissingLength {
+                    semantic: ix.of.clone(),
+                    feature: name.to_owned(),
+                    axis: 0,
+                })
+            })?;
+            let (mut min, mut max) = (i64::MAX, i64::MIN);
+            let _ = x.for_each_row(|_, row| {
+                for &v in row {
+                    let v = v as i64;
+                    (min, max) = (min.min(v), max.max(v));
+                }
+                Ok::<(), ()>(())
+            });
+            if min < 0 || usize::try_from(max).map_or(true, |m| m >= len) {
+                return Err(RuntimeError::IndexRange {
+                    feature: name.to_owned(),
+                    semantic: ix.of.clone(),
+                    min,
+                    max,
+                    len,
+                });
+            }
+            Ok(())
+        }
+        Some(axis) => check_one_hot(name, x, axis),
+    }
+}
+
+/// Values 0 or 1, and at most one 1 along `axis` in every row.
+fn check_one_hot(name: &str, x: &Array, axis: usize) -> Result<(), RuntimeError> {
+    let bad = |message: String| RuntimeError::OneHot {
+        feature: name.to_owned(),
+        axis,
+        message,
+    };
+    let shape = x.shape();
+    let last = shape.len() - 1;
+    // Sums along `axis`, keyed by the index without it.
+    let mut sums: Vec<f64> = if axis == last {
+        Vec::new()
+    } else {
+        vec![0.0; x.numel() / shape[axis].max(1)]
+    };
+    let (mut bad_value, mut per_row) = (false, 0.0f64);
+    let _ = x.for_each_row_nonzero(|idx, nz| {
+        if nz.iter().any(|&(_, v)| v != 1.0) {
+            bad_value = true;
+            return Err(());
+        }
+        if axis == last {
+            per_row = per_row.max(nz.len() as f64);
+            return Ok(());
+        }
+        let key = idx
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != axis)
+            .fold(0, |k, (d, &i)| k * shape[d] + i);
+        for &(j, v) in nz {
+            let s = &mut sums[key * shape[last] + j];
+            *s += v;
+            per_row = per_row.max(*s);
+        }
+        Ok(())
+    });
+    if bad_value {
+        return Err(bad("values must be 0 or 1".into()));
+    }
+    if per_row > 1.0 {
+        return Err(bad(format!(
+            "a row points at {} items; one-hot rows hold at most one 1",
+            per_row as i64
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,313 @@
+//! Any rectangular window of a feature's padded layout, written in one pass over its
+//! bytes: the base runs that land in it are copied, only the pad regions are filled.
+//! A rank's block is the window of its coordinates; the padded tensor is the whole
+//! layout.
+
+use std::io;
+
+use featshard_spec::infer::CP_AXES;
+use featshard_spec::plan::TensorPlan;
+
+use crate::array::{Array, Sel, RELEASE_BYTES};
+use crate::dtype;
+use crate::place::AxisMap;
+
+/// Where a window's bytes go.
+pub trait Sink {
+    /// Appends bytes of whole elements.
+    fn copy(&mut self, bytes: &[u8]) -> io::Result<()>;
+    /// Appends `count` copies of the element `pad`.
+    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()>;
+}
+
+impl Sink for Vec<u8> {
+    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
+        self.reserve(pad.len() * count);
+        for _ in 0..count {
+            self.extend_from_slice(pad);
+        }
+        Ok(())
+    }
+}
+
+/// A stretch of one axis of a window: `len` items from base item `src` on, or pads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// Items in the stretch.
+    pub len: usize,
+    /// The first base item, `None` for pads.
+    pub src: Option<usize>,
+}
+
+/// The pieces of one axis inside `window` (`(start, len)` of the padded axis), in
+/// window order: runs of items consecutive in both the padded layout and the base.
+pub fn pieces(sel: &Sel, axis: &AxisMap, (start, wlen): (usize, usize)) -> Vec<Piece> {
+    let end = start + wlen;
+    // (padded position, base item) of every item landing in the window, in window order.
+    let mut items: Vec<(usize, usize)> = (0..sel.len())
+        .map(|i| (axis.position(i), sel.get(i)))
+        .filter(|&(p, _)| p >= start && p < end)
+        .collect();
+    if items.windows(2).any(|w| w[0].0 > w[1].0) {
+        items.sort_unstable();
+    }
+    let mut out: Vec<Piece> = Vec::new();
+    let mut at = start;
+    for (p, b) in items {
+        if p > at {
+            out.push(Piece {
+                len: p - at,
+                src: None,
+            });
+        }
+        match out.last_mut() {
+            Some(Piece { len, src: Some(s) }) if p == at && *s + *len == b => *len += 1,
+            _ => out.push(Piece {
+                len: 1,
+                src: Some(b),
+            }),
+        }
+        at = p + 1;
+    }
+    if end > at {
+        out.push(Piece {
+            len: end - at,
+            src: None,
+        });
+    }
+    out
+}
+
+/// The region of a feature's padded layout the rank at `coord` holds, `(start, len)`
+/// per axis: a co-sharded (follower) axis takes its leader's coordinate.
+pub fn block_window(
+    t: &TensorPlan,
+    local: &[usize],
+    coord: [usize; CP_AXES],
+) -> Vec<(usize, usize)> {
+    t.axes
+        .iter()
+        .zip(local)
+        .map(|(a, &n)| match a.split.mesh_axis() {
+            Some(m) => (coord[m] * n, n),
+            None => (0, n),
+        })
+        .collect()
+}
+
+/// Writes the region `window` of `x`'s padded layout (`axes`) into `sink`, row-major;
+/// pads are the element `pad`. A mapped base gives its pages back as it goes.
+pub fn write_window(
+    x: &Array,
+    pad: &[u8],
+    axes: &[AxisMap],
+    window: &[(usize, usize)],
+    sink: &mut impl Sink,
+) -> io::Result<()> {
+    let pieces: Vec<Vec<Piece>> = (0..x.dim())
+        .map(|d| pieces(x.sel(d), &axes[d], window[d]))
+        .collect();
+    let base = x.base_shape();
+    // Trailing axes copied whole are one contiguous run of the base.
+    let whole = |d: usize| {
+        pieces[d]
+            == [Piece {
+                len: base[d],
+                src: Some(0),
+            }]
+    };
+    let row = (0..x.dim()).rev().find(|&d| !whole(d));
+    let es = dtype::size(x.dtype());
+    let Some(row) = row else {
+        sink.copy(x.base_bytes())?;
+        x.release_all();
+        return Ok(());
+    };
+    let mut sub = vec![1usize; x.dim()];
+    for d in (0..x.dim().saturating_sub(1)).rev() {
+        sub[d] = sub[d + 1] * window[d + 1].1;
+    }
+    let mut w = Writer {
+        x,
+        pad,
+        pieces: &pieces,
+        strides: x.base_strides(),
+        sub,
+        row,
+        es,
+        sink,
+        rows: None,
+        since: 0,
+    };
+    w.emit(0, 0)?;
+    w.release();
+    Ok(())
+}
+
+struct Writer<'w, 'a, S> {
+    x: &'w Array<'a>,
+    pad: &'w [u8],
+    pieces: &'w [Vec<Piece>],
+    strides: Vec<usize>,
+    /// Elements of the window below each axis.
+    sub: Vec<usize>,
+    /// The last axis not copied whole.
+    row: usize,
+    es: usize,
+    sink: &'w mut S,
+    /// Base rows of axis 0 read and not yet given back.
+    rows: Option<(usize, usize)>,
+    since: usize,
+}
+
+impl<S: Sink> Writer<'_, '_, S> {
+    fn emit(&mut self, d: usize, off: usize) -> io::Result<()> {
+        let stride = self.strides[d];
+        for k in 0..self.pieces[d].len() {
+            let p = self.pieces[d][k];
+            let Some(s) = p.src else {
+                self.sink.fill(self.pad, p.len * self.sub[d])?;
+                continue;
+            };
+            if d == self.row {
+                let a = off + s * stride;
+                self.sink
+                    .copy(&self.x.base_bytes()[a..a + p.len * stride])?;
+                self.since += p.len * stride;
+            } else {
+                for i in 0..p.len {
+                    self.emit(d + 1, off + (s + i) * stride)?;
+                }
+            }
+            if d == 0 {
+                let (lo, hi) = self.rows.unwrap_or((s, s));
+                self.rows = Some((lo.min(s), hi.max(s + p.len)));
+                if self.since >= RELEASE_BYTES {
+                    self.release();
+                }
+            }
+        }
+        debug_assert!(self.es > 0);
+        Ok(())
+    }
+
+    /// Gives back the base rows read since the last time.
+    fn release(&mut self) {
+        if let Some((lo, hi)) = self.rows.take() {
+            self.x.release_rows(lo, hi);
+        }
+        self.since = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use featshard_spec::ir::DType;
+
+    fn map(padded: usize, positions: Option<&[usize]>) -> AxisMap<'_> {
+        AxisMap { padded, positions }
+    }
+
+    #[test]
+    fn pieces_follow_positions_and_pads_fill_the_gaps() {
+        let sel = Sel::Range { start: 0, len: 6 };
+        let pos = [0, 1, 4, 5, 6, 9];
+        let p = pieces(&sel, &map(12, Some(&pos)), (0, 12));
+        let want = [
+            (2, Some(0)),
+            (2, None),
+            (3, Some(2)),
+            (2, None),
+            (1, Some(5)),
+            (2, None),
+        ];
+        let want: Vec<Piece> = want.iter().map(|&(len, src)| Piece { len, src }).collect();
+        assert_eq!(p, want);
+        // A window inside, and base items selected out of order.
+        let sel = Sel::List([5, 4, 3, 0, 1, 2].into());
+        let p = pieces(&sel, &map(12, Some(&pos)), (4, 4));
+        let want = [(1, Some(3)), (2, Some(0)), (1, None)];
+        let want: Vec<Piece> = want.iter().map(|&(len, src)| Piece { len, src }).collect();
+        assert_eq!(p, want);
+    }
+
+    /// The naive reference: every element of the window looked up one by one.
+    fn naive(x: &Array, pad: &[u8], axes: &[AxisMap], window: &[(usize, usize)]) -> Vec<u8> {
+        let shape: Vec<usize> = window.iter().map(|w| w.1).collect();
+        let n: usize = shape.iter().product();
+        let es = dtype::size(x.dtype());
+        let bytes = x.to_bytes();
+        let xs = x.shape();
+        let mut out = Vec::new();
+        for flat in 0..n {
+            let (mut rem, mut src) = (flat, Some(0usize));
+            for d in (0..shape.len()).rev() {
+                let p = window[d].0 + rem % shape[d];
+                rem /= shape[d];
+                let stride: usize = xs[d + 1..].iter().product();
+                let item = (0..xs[d]).find(|&i| axes[d].position(i) == p);
+                src = src.zip(item).map(|(s, i)| s + i * stride);
+            }
+            match src {
+                Some(s) => out.extend_from_slice(&bytes[s * es..(s + 1) * es]),
+                None => out.extend_from_slice(pad),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_window_equals_the_element_by_element_reference() {
+        let mut bytes = Vec::new();
+        for v in 0..(6 * 2 * 7) as i64 {
+            dtype::encode_i64(DType::Int16, v, &mut bytes);
+        }
+        let base = Array::owned(DType::Int16, vec![6, 2, 7], bytes);
+        let ordered = [0usize, 1, 2, 4, 5, 8];
+        let scattered = [7usize, 0, 3, 9, 4, 1];
+        let x = base.narrow(2, 1, 6);
+        let axes = [
+            map(10, Some(&ordered)),
+            map(3, None),
+            map(10, Some(&scattered)),
+        ];
+        let views = [x.clone(), x.select(0, &[5, 4, 3, 2, 1, 0])];
+        let pad = (-1i16).to_le_bytes();
+        let windows = |n: usize| {
+            [
+                (0, n),
+                (0, n / 2),
+                (n / 2, n - n / 2),
+                (n / 3, n / 3),
+                (n - 1, 1),
+                (2, 0),
+            ]
+        };
+        let mut checked = 0;
+        for v in &views {
+            for w0 in windows(10) {
+                for w1 in windows(3) {
+                    for w2 in windows(10) {
+                        let window = [w0, w1, w2];
+                        let mut got = Vec::new();
+                        write_window(v, &pad, &axes, &window, &mut got).unwrap();
+                        assert_eq!(got, naive(v, &pad, &axes, &window), "window {window:?}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 2 * 6 * 6 * 6);
+        // A whole, unpadded view is one copy of its base.
+        let whole = [map(6, None), map(2, None), map(7, None)];
+        let mut got = Vec::new();
+        write_window(&base, &pad, &whole, &[(0, 6), (0, 2), (0, 7)], &mut got).unwrap();
+        assert_eq!(got, base.base_bytes());
+    }
+}
