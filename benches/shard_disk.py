@@ -2,12 +2,13 @@
 PyTorch pad-and-save script, on one Boltz-2-shaped sample (1024 tokens, 2048 MSA rows),
 mesh 3x3, in one run; then a dataset of small samples at --jobs 1 and --jobs 2.
 
-    . scripts/env.sh && cargo build --release --features derive
+    cargo build --release   # no features: `featshard shard` links no libtorch
     ~/.cache/featshard/venv/bin/python benches/shard_disk.py
 
 Every step is a whole process timed by /usr/bin/time (wall clock and the peak resident
 set it reports, the touched pages of memory maps included), median of RUNS, the three
-interleaved, the sample in the page cache. The floor is one read of the sample
+interleaved, the sample in the page cache, each started after `sync` so that none pays
+for the previous one's writeback. The floor is one read of the sample
 (`cat SAMPLE > /dev/null`) plus one write of the same bytes into the same number of
 files (`cp -r` of featshard's own output folder, read from the page cache).
 """
@@ -33,7 +34,9 @@ MESH = "3x3"
 
 
 def timed(cmd: list[str] | str) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of a whole process."""
+    """Wall seconds and peak RSS (bytes) of a whole process, started with no dirty pages
+    left by the step before (each writes ~700 MB, which the kernel flushes later)."""
+    os.sync()
     shell = isinstance(cmd, str)
     argv = ["/usr/bin/time", "-v", "sh", "-c", cmd] if shell else ["/usr/bin/time", "-v", *cmd]
     start = time.perf_counter()

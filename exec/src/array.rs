@@ -2,12 +2,13 @@
 //! or owned) and, per axis, which base items the view holds. Cutting incoming pads and
 //! dropping unowned rows select items; nothing is copied until a block is written.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use featshard_spec::ir::DType;
 
 use crate::dtype::{decode_into, size};
 use crate::mapping::Pages;
+use crate::sparse::Sparse;
 
 /// The base items one axis of a view holds, in view order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,6 +66,8 @@ pub struct Array<'a> {
     base: Base<'a>,
     base_shape: Vec<usize>,
     sel: Vec<Sel>,
+    /// The base's nonzero entries, once a check asked for them (`None`: not sparse).
+    sparse: Arc<OnceLock<Option<Sparse>>>,
 }
 
 impl<'a> Array<'a> {
@@ -94,6 +97,7 @@ impl<'a> Array<'a> {
             base,
             base_shape: shape,
             sel,
+            sparse: Arc::default(),
         }
     }
 
@@ -247,39 +251,52 @@ impl<'a> Array<'a> {
         &self,
         mut f: impl FnMut(&[usize], &[(usize, f64)]) -> Result<(), E>,
     ) -> Result<(), E> {
-        let es = size(self.dtype);
-        let (strides, bytes) = (self.base_strides(), self.base_bytes());
         let last = self.dim().checked_sub(1);
-        let contiguous = last.map(|d| &self.sel[d]);
-        let Some(Sel::Range { start, len }) = contiguous.cloned() else {
-            let mut nz = Vec::new();
+        let Some((last, sparse)) = last.and_then(|l| Some((l, self.sparse()?))) else {
             return self.for_each_row(|idx, row| {
-                nz.clear();
-                nz.extend(
-                    row.iter()
-                        .enumerate()
-                        .filter(|(_, &v)| v != 0.0)
-                        .map(|(j, &v)| (j, v)),
-                );
+                let nz: Vec<(usize, f64)> = row
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &v)| v != 0.0)
+                    .map(|(j, &v)| (j, v))
+                    .collect();
                 f(idx, &nz)
             });
         };
-        let last = last.unwrap_or(0);
+        // Base row numbers of the outer axes, and each base column's view column.
+        let mut row_of = vec![1usize; last];
+        for d in (0..last.saturating_sub(1)).rev() {
+            row_of[d] = row_of[d + 1] * self.base_shape[d + 1];
+        }
+        let mut view_col = vec![None; self.base_shape[last]];
+        for j in 0..self.sel[last].len() {
+            view_col[self.sel[last].get(j)] = Some(j);
+        }
         let mut nz = Vec::new();
         self.for_each_outer(
             |idx| {
-                let off: usize = idx
-                    .iter()
-                    .enumerate()
-                    .map(|(d, &i)| self.sel[d].get(i) * strides[d])
-                    .sum::<usize>()
-                    + start * es;
+                let r: usize = (0..last).map(|d| self.sel[d].get(idx[d]) * row_of[d]).sum();
                 nz.clear();
-                nonzeros(self.dtype, &bytes[off..off + len * es], &mut nz);
+                nz.extend(sparse.row(r).filter_map(|(c, v)| Some((view_col[c]?, v))));
+                nz.sort_unstable_by_key(|e| e.0);
                 f(idx, &nz)
             },
             last,
         )
+    }
+
+    /// The base's nonzero entries, found on first use; `None` when it is not sparse.
+    fn sparse(&self) -> Option<&Sparse> {
+        self.sparse
+            .get_or_init(|| {
+                let bytes = self.base_bytes();
+                Sparse::build(self.dtype, &self.base_shape, bytes, |a, b| {
+                    if let Base::Mapped(_, Some(pages)) = &self.base {
+                        pages.release(&bytes[a..b]);
+                    }
+                })
+            })
+            .as_ref()
     }
 
     /// Calls `f` with every index of the first `n` axes, row-major, giving back the
@@ -380,7 +397,7 @@ impl<'a> Array<'a> {
 }
 
 /// The nonzero elements of `bytes` (column, value), skipping all-zero blocks unread.
-fn nonzeros(d: DType, bytes: &[u8], out: &mut Vec<(usize, f64)>) {
+pub(crate) fn nonzeros(d: DType, bytes: &[u8], out: &mut Vec<(usize, f64)>) {
     const BLOCK: usize = 64;
     let es = size(d);
     let mut values = Vec::with_capacity(BLOCK);
@@ -479,6 +496,7 @@ mod tests {
             x.select(1, &[3, 0, 1]),
             map.clone(),
             map.narrow(1, 5, 30),
+            map.select(1, &[30, 2, 9, 0, 18]).narrow(0, 1, 4),
         ] {
             let mut dense = Vec::new();
             v.for_each_row(|idx, row| {

@@ -21,6 +21,7 @@ pub mod intake;
 pub mod mapping;
 pub mod place;
 pub mod rank_files;
+mod sparse;
 pub mod validate;
 pub mod window;
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeaturePlan, Ownership, Padding, Plan, ResolveError, TensorPlan};
 
-use crate::array::Array;
+use crate::array::{Array, RELEASE_BYTES};
 use crate::error::RuntimeError;
 use crate::files::Sample;
 use crate::intake::Intake;
@@ -281,10 +281,16 @@ fn check_map_counts(
             by_counts.len()
         )));
     }
-    let item = by_counts
-        .iter()
-        .enumerate()
-        .position(|(i, &o)| o >= shape[1] || x.value_at(&[i, o]) != 1.0);
+    // One read per row faults in the pages around it: give them back as rows go by.
+    let rows_per_release = (RELEASE_BYTES / x.base_strides()[0].max(1)).max(1);
+    let item = by_counts.iter().enumerate().position(|(i, &o)| {
+        if i % rows_per_release == 0 && i > 0 {
+            let (a, b) = (x.sel(0).get(i - rows_per_release), x.sel(0).get(i - 1));
+            x.release_rows(a.min(b), a.max(b) + 1);
+        }
+        o >= shape[1] || x.value_at(&[i, o]) != 1.0
+    });
+    x.release_all();
     let Some(item) = item else {
         return Ok(());
     };

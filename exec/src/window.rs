@@ -9,7 +9,6 @@ use featshard_spec::infer::CP_AXES;
 use featshard_spec::plan::TensorPlan;
 
 use crate::array::{Array, Sel, RELEASE_BYTES};
-use crate::dtype;
 use crate::place::AxisMap;
 
 /// Where a window's bytes go.
@@ -122,7 +121,6 @@ pub fn write_window(
             }]
     };
     let row = (0..x.dim()).rev().find(|&d| !whole(d));
-    let es = dtype::size(x.dtype());
     let Some(row) = row else {
         sink.copy(x.base_bytes())?;
         x.release_all();
@@ -139,7 +137,6 @@ pub fn write_window(
         strides: x.base_strides(),
         sub,
         row,
-        es,
         sink,
         rows: None,
         since: 0,
@@ -158,7 +155,6 @@ struct Writer<'w, 'a, S> {
     sub: Vec<usize>,
     /// The last axis not copied whole.
     row: usize,
-    es: usize,
     sink: &'w mut S,
     /// Base rows of axis 0 read and not yet given back.
     rows: Option<(usize, usize)>,
@@ -179,21 +175,28 @@ impl<S: Sink> Writer<'_, '_, S> {
                 self.sink
                     .copy(&self.x.base_bytes()[a..a + p.len * stride])?;
                 self.since += p.len * stride;
+                self.passed(d, s, p.len);
             } else {
                 for i in 0..p.len {
                     self.emit(d + 1, off + (s + i) * stride)?;
-                }
-            }
-            if d == 0 {
-                let (lo, hi) = self.rows.unwrap_or((s, s));
-                self.rows = Some((lo.min(s), hi.max(s + p.len)));
-                if self.since >= RELEASE_BYTES {
-                    self.release();
+                    self.passed(d, s + i, 1);
                 }
             }
         }
-        debug_assert!(self.es > 0);
         Ok(())
+    }
+
+    /// Base rows `s..s + n` of axis `d` are written: on axis 0, give back what has been
+    /// read once it adds up to [`RELEASE_BYTES`].
+    fn passed(&mut self, d: usize, s: usize, n: usize) {
+        if d != 0 {
+            return;
+        }
+        let (lo, hi) = self.rows.unwrap_or((s, s));
+        self.rows = Some((lo.min(s), hi.max(s + n)));
+        if self.since >= RELEASE_BYTES {
+            self.release();
+        }
     }
 
     /// Gives back the base rows read since the last time.
@@ -208,6 +211,7 @@ impl<S: Sink> Writer<'_, '_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype;
     use featshard_spec::ir::DType;
 
     fn map(padded: usize, positions: Option<&[usize]>) -> AxisMap<'_> {

@@ -1,4 +1,6 @@
-//! Every class of bad sample gives its own error, naming the feature (and axis).
+//! Every class of bad sample gives its own error, naming the feature (and axis), and
+//! the same error from both executors: the tch runtime, and the byte executor
+//! (`featshard-exec`, what `featshard shard` runs) on the sample written to a file.
 
 mod common;
 
@@ -29,13 +31,26 @@ fn error(plan: &featshard_spec::Plan, s: &Features) -> RuntimeError {
     };
     let t = pad(plan, [2, 3], s, &threaded).expect_err("bad sample was accepted on 3 threads");
     assert_eq!(t.to_string(), e.to_string());
+    let bytes = exec(plan, s).expect_err("the byte executor accepted a bad sample");
+    assert_eq!(bytes, e, "the executors disagree");
     e
+}
+
+/// The byte executor's placement of the sample, read from a file as `featshard shard`
+/// reads it.
+fn exec(plan: &featshard_spec::Plan, s: &Features) -> Result<(), RuntimeError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sample.safetensors");
+    featshard_runtime::files::write(&path, s, &Default::default()).unwrap();
+    let mapped = featshard_exec::files::Mapped::open(&path)?;
+    featshard_exec::place(plan, [2, 3], &mapped.sample(), &inference()).map(|_| ())
 }
 
 #[test]
 fn the_unmodified_sample_is_accepted() {
     let (plan, s) = sample();
     pad(&plan, [2, 3], &s, &inference()).expect("valid sample");
+    exec(&plan, &s).expect("valid sample, byte executor");
 }
 
 #[test]
