@@ -105,6 +105,16 @@ pub fn round_up(n: usize, m: usize) -> usize {
     }
 }
 
+/// The strides (in elements) of a row-major tensor of `shape`: what a DTensor's
+/// global stride is.
+pub fn contiguous_stride(shape: &[usize]) -> Vec<usize> {
+    let mut stride = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        stride[d] = stride[d + 1] * shape[d + 1];
+    }
+    stride
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,14 +152,4 @@ mod tests {
         assert_eq!(round_up(7, 3), 9);
         assert_eq!(round_up(0, 3), 0);
     }
-}
-
-/// The strides (in elements) of a row-major tensor of `shape`: what a DTensor's
-/// global stride is.
-pub fn contiguous_stride(shape: &[usize]) -> Vec<usize> {
-    let mut stride = vec![1; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        stride[d] = stride[d + 1] * shape[d + 1];
-    }
-    stride
 }
