@@ -73,7 +73,7 @@ pub struct Array<'a> {
 impl<'a> Array<'a> {
     /// A view of all of `bytes` (row-major, `shape`, whole elements of `dtype`), whose
     /// pages `pages` gives back once read.
-    pub fn mapped(
+    pub fn borrowed(
         dtype: DType,
         shape: Vec<usize>,
         bytes: &'a [u8],
@@ -161,6 +161,12 @@ impl<'a> Array<'a> {
         let s = &self.sel[d];
         out.sel[d] = Sel::List(items.iter().map(|&i| s.get(i)).collect());
         out
+    }
+
+    /// Whether `other` views the same base (memory) as this array.
+    pub fn same_base(&self, other: &Array) -> bool {
+        let (a, b) = (self.base_bytes(), other.base_bytes());
+        a.as_ptr() == b.as_ptr() && a.len() == b.len() && self.base_shape == other.base_shape
     }
 
     /// Whether the view is its whole base, in order.

@@ -212,7 +212,7 @@ impl Mapped {
                     (self.header.data_start + e.offsets.0) as usize,
                     (self.header.data_start + e.offsets.1) as usize,
                 );
-                let x = Array::mapped(e.dtype, e.shape.clone(), &bytes[a..b], Some(pages));
+                let x = Array::borrowed(e.dtype, e.shape.clone(), &bytes[a..b], Some(pages));
                 (e.name.clone(), x)
             })
             .collect()

@@ -56,12 +56,10 @@ pub fn place<'a>(
     let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
     let mut arrays = BTreeMap::new();
     for name in &checked.names {
-        let t = tensor_plan(plan, name)?;
         let s = shapes.get(name).ok_or_else(|| RuntimeError::Missing {
             feature: name.clone(),
         })?;
-        let x = remap_to_padded(t, &taken.features[name], &layout);
-        check_diagonal(name, t, &x, &axis_maps(t, s, &layout), &layout)?;
+        let x = place_feature(plan, name, &taken.features[name], &layout, s)?;
         arrays.insert(name.clone(), x);
     }
     let passthrough = checked
@@ -80,6 +78,21 @@ pub fn place<'a>(
             unowned: taken.unowned,
         },
     })
+}
+
+/// One validated feature ready to write: index values remapped to the padded layout,
+/// nothing outside the diagonal blocks of a co-sharded feature.
+pub fn place_feature<'a>(
+    plan: &Plan,
+    name: &str,
+    x: &Array<'a>,
+    layout: &SampleLayout,
+    shapes: &FeatureShapes,
+) -> Result<Array<'a>, RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    let x = remap_to_padded(t, x, layout);
+    check_diagonal(name, t, &x, &axis_maps(t, shapes, layout), layout)?;
+    Ok(x)
 }
 
 /// Where one axis' serial items go in the padded layout.

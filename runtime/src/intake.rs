@@ -1,25 +1,17 @@
 //! Intake: a sample as the featurizer emitted it, made into the sample the plan lays
-//! out. Nothing here decides geometry; it executes what the plan declares:
-//!
-//! 1. keys: features kept, `drop` keys and (by the `other_keys` policy) other keys
-//!    removed or passed through, the rest refused all at once; optional features may
-//!    be absent;
-//! 2. incoming pads: every axis of a semantic that arrives padded is cut to its real
-//!    items (a prefix, told by a mask or by owner counts); one-hot maps may not point
-//!    into the cut;
-//! 3. unowned rows: owner-map rows with no owner are dropped where the plan says they
-//!    are pads;
-//! 4. derived features: made from their inputs, or checked against them when given.
+//! out (keys sorted, incoming pads cut, unowned rows dropped, derived features made or
+//! checked). The rules run in the byte executor (`featshard_exec::intake`), on views
+//! of the tensors' memory; here their result is applied to the tensors.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
-use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
-use tch::{Kind, Tensor};
+use featshard_exec::files::Sample;
+use featshard_exec::validate::Checked;
+use featshard_spec::plan::Plan;
 
-use crate::error::{RuntimeError, TorchContext};
-use crate::kind::kind_of;
-use crate::sample::{to_vec_i64, Features, Options};
+use crate::error::RuntimeError;
+use crate::sample::{Features, Options};
+use crate::views::{tensor, views};
 
 /// A sample after intake.
 #[derive(Debug)]
@@ -39,344 +31,43 @@ pub struct Intake {
 
 /// Runs intake on one serial sample (see the module documentation).
 pub fn intake(plan: &Plan, features: &Features, opts: &Options) -> Result<Intake, RuntimeError> {
-    if plan.mesh.domain.is_some() {
-        return Err(RuntimeError::Unsupported {
-            message: format!(
-                "`{}` is a domain-parallel (ShardTensor) plan: its generated Python module scatters it; this runtime shards CP (DTensor) plans",
-                plan.module
-            ),
-        });
-    }
-    let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
-    let real = real_lengths(plan, &kept)?;
-    let mut arrived = BTreeMap::new();
-    for (sem, &n) in &real {
-        if let Some(len) = cut_to_real(plan, &mut kept, sem, n)? {
-            arrived.insert(sem.clone(), len);
-        }
-    }
-    let unowned = drop_unowned_rows(plan, &mut kept)?;
-    derive(plan, &mut kept, opts)?;
-    for name in &passthrough {
-        kept.insert(name.clone(), features[name].shallow_clone());
+    let seen = views(plan, features)?;
+    let taken = featshard_exec::intake::intake(plan, &seen, opts)?;
+    to_tensors(taken, features, &seen)
+}
+
+/// Intake, then validation of what it gives: the lengths and ownership data the layout
+/// needs.
+pub(crate) fn intake_checked(
+    plan: &Plan,
+    features: &Features,
+    opts: &Options,
+) -> Result<(Intake, Checked), RuntimeError> {
+    let seen = views(plan, features)?;
+    let taken = featshard_exec::intake::intake(plan, &seen, opts)?;
+    let checked = featshard_exec::validate::check(plan, &taken, opts.threads)?;
+    Ok((to_tensors(taken, features, &seen)?, checked))
+}
+
+/// The executor's intake applied to the tensors it viewed.
+fn to_tensors(
+    taken: featshard_exec::intake::Intake,
+    features: &Features,
+    seen: &Sample,
+) -> Result<Intake, RuntimeError> {
+    let mut out = Features::new();
+    for (name, a) in &taken.features {
+        let x = match taken.passthrough.contains(name) {
+            true => features[name].shallow_clone(),
+            false => tensor(name, a, features.get(name).zip(seen.get(name)))?,
+        };
+        out.insert(name.clone(), x);
     }
     Ok(Intake {
-        features: kept,
-        passthrough,
-        dropped,
-        arrived,
-        unowned,
+        features: out,
+        passthrough: taken.passthrough,
+        dropped: taken.dropped,
+        arrived: taken.arrived,
+        unowned: taken.unowned,
     })
-}
-
-type Sorted = (Features, Vec<String>, Vec<String>);
-
-/// The tensor features to lay out, the names passed through, the names dropped.
-fn sort_keys(plan: &Plan, features: &Features, opts: &Options) -> Result<Sorted, RuntimeError> {
-    let wanted: BTreeSet<&str> = plan
-        .feature_names(opts.workflow.as_deref())?
-        .into_iter()
-        .collect();
-    let (mut kept, mut passthrough, mut dropped, mut unknown) =
-        (Features::new(), Vec::new(), Vec::new(), Vec::new());
-    for (name, x) in features {
-        match plan.features.get(name) {
-            Some(FeaturePlan::Tensor(_)) if wanted.contains(name.as_str()) => {
-                kept.insert(name.clone(), x.shallow_clone());
-            }
-            // Metadata passes through untouched.
-            Some(FeaturePlan::Metadata { .. }) if wanted.contains(name.as_str()) => {
-                passthrough.push(name.clone())
-            }
-            _ if opts.passthrough.contains(name) => passthrough.push(name.clone()),
-            _ if plan.inputs.drop.contains(name) => dropped.push(name.clone()),
-            // A feature of another workflow is not this workflow's to place.
-            Some(_) => unknown.push(name.clone()),
-            None => match plan.inputs.other_keys {
-                KeyPolicy::Refuse => unknown.push(name.clone()),
-                KeyPolicy::Drop => dropped.push(name.clone()),
-                KeyPolicy::Pass => passthrough.push(name.clone()),
-            },
-        }
-    }
-    if !unknown.is_empty() {
-        return Err(RuntimeError::Unknown { features: unknown });
-    }
-    // A key asked to be passed through must be there: a typo would silently drop it.
-    if let Some(absent) = opts.passthrough.iter().find(|n| !features.contains_key(*n)) {
-        return Err(RuntimeError::Missing {
-            feature: absent.clone(),
-        });
-    }
-    for name in &wanted {
-        if let Some(FeaturePlan::Tensor(t)) = plan.features.get(*name) {
-            if !t.optional && t.derived.is_none() && !kept.contains_key(*name) {
-                return Err(RuntimeError::Missing {
-                    feature: (*name).to_owned(),
-                });
-            }
-        }
-    }
-    Ok((kept, passthrough, dropped))
-}
-
-/// The number of real items of every semantic that arrives padded (and is present).
-fn real_lengths(plan: &Plan, kept: &Features) -> Result<BTreeMap<String, usize>, RuntimeError> {
-    let mut out = BTreeMap::new();
-    for (sem, s) in &plan.semantics {
-        let Some(source) = &s.incoming else { continue };
-        let fname = source.feature();
-        let Some(x) = kept.get(fname) else { continue };
-        let n = match source {
-            IncomingSource::Mask { .. } => mask_prefix(fname, sem, x)?,
-            IncomingSource::Counts { .. } => {
-                let counts = to_vec_i64(x, fname)?;
-                let sum: i64 = counts.iter().sum();
-                usize::try_from(sum).map_err(|_| RuntimeError::Ownership {
-                    feature: fname.to_owned(),
-                    axis: 0,
-                    semantic: sem.clone(),
-                    message: format!("counts of `{sem}` sum to {sum}"),
-                })?
-            }
-        };
-        if let IncomingSource::Mask { .. } = source {
-            check_counts_agree(plan, kept, sem, fname, n)?;
-        }
-        out.insert(sem.clone(), n);
-    }
-    Ok(out)
-}
-
-/// How many leading ones a 1-D incoming-pad mask holds; its values must be 0 or 1,
-/// ones first.
-fn mask_prefix(fname: &str, sem: &str, x: &Tensor) -> Result<usize, RuntimeError> {
-    let bad = |message: String| RuntimeError::Incoming {
-        feature: fname.to_owned(),
-        axis: 0,
-        semantic: sem.to_owned(),
-        message,
-    };
-    if x.dim() != 1 {
-        return Err(bad(format!(
-            "expected a 1-D mask, got shape {:?}",
-            x.size()
-        )));
-    }
-    let values = x
-        .f_to_kind(Kind::Double)
-        .and_then(|v| Vec::<f64>::try_from(&v))
-        .feature(fname)?;
-    if let Some((i, v)) = values
-        .iter()
-        .enumerate()
-        .find(|(_, &v)| v != 0.0 && v != 1.0)
-    {
-        return Err(bad(format!("mask values are 0 or 1, found {v} at {i}")));
-    }
-    let n = values.iter().take_while(|&&v| v == 1.0).count();
-    if let Some(i) = values[n..].iter().position(|&v| v == 1.0) {
-        return Err(bad(format!(
-            "the real items must come first: item {} is real after a pad at {n}",
-            n + i
-        )));
-    }
-    Ok(n)
-}
-
-/// Owner counts given next to an incoming-pad mask must count the same real items.
-fn check_counts_agree(
-    plan: &Plan,
-    kept: &Features,
-    sem: &str,
-    mask: &str,
-    n: usize,
-) -> Result<(), RuntimeError> {
-    let Some(Padding::OwnerBlocks { owner, source, .. }) =
-        plan.semantics.get(sem).map(|s| &s.padding)
-    else {
-        return Ok(());
-    };
-    let Some((cname, counts)) = source.counts().and_then(|c| Some((c, kept.get(c)?))) else {
-        return Ok(());
-    };
-    let sum: i64 = to_vec_i64(counts, cname)?.iter().sum();
-    if usize::try_from(sum).ok() != Some(n) {
-        return Err(RuntimeError::Ownership {
-            feature: cname.to_owned(),
-            axis: 0,
-            semantic: owner.clone(),
-            message: format!("counts of `{sem}` sum to {sum}, but `{mask}` marks {n} real {sem}"),
-        });
-    }
-    Ok(())
-}
-
-/// Cuts every `sem` axis to its `n` real items; the arrived length if any axis was
-/// longer. One-hot maps must have nothing in the cut part of their one-hot axis.
-fn cut_to_real(
-    plan: &Plan,
-    kept: &mut Features,
-    sem: &str,
-    n: usize,
-) -> Result<Option<usize>, RuntimeError> {
-    let mut arrived = None;
-    for (name, x) in kept.iter_mut() {
-        let t = tensor(plan, name)?;
-        for (d, a) in t.axes.iter().enumerate() {
-            if a.semantic.as_deref() != Some(sem) || d >= x.dim() {
-                continue;
-            }
-            let len = usize::try_from(x.size()[d]).unwrap_or(0);
-            if len < n {
-                return Err(RuntimeError::Incoming {
-                    feature: name.clone(),
-                    axis: d,
-                    semantic: sem.to_owned(),
-                    message: format!("length {len}, fewer than the {n} real {sem}"),
-                });
-            }
-            if len == n {
-                continue;
-            }
-            arrived = Some(arrived.map_or(len, |a: usize| a.max(len)));
-            check_cut_is_empty(name, t, x, d, n, sem)?;
-            *x = x.f_narrow(d as i64, 0, n as i64).feature(name)?;
-        }
-    }
-    Ok(arrived)
-}
-
-/// A one-hot map whose one-hot axis is cut must not point at a cut item.
-fn check_cut_is_empty(
-    name: &str,
-    t: &TensorPlan,
-    x: &Tensor,
-    d: usize,
-    n: usize,
-    sem: &str,
-) -> Result<(), RuntimeError> {
-    let Role::Index(ix) = &t.role else {
-        return Ok(());
-    };
-    if ix.one_hot != Some(d) {
-        return Ok(());
-    }
-    let len = x.size()[d];
-    let cut = x
-        .f_narrow(d as i64, n as i64, len - n as i64)
-        .and_then(|c| c.f_ne(0))
-        .and_then(|c| c.f_any())
-        .and_then(|c| c.f_int64_value(&[]))
-        .feature(name)?;
-    if cut != 0 {
-        return Err(RuntimeError::Incoming {
-            feature: name.to_owned(),
-            axis: d,
-            semantic: sem.to_owned(),
-            message: format!("a row points at an incoming pad (an item at {n} or later)"),
-        });
-    }
-    Ok(())
-}
-
-/// Drops owner-map rows with no owner where the plan says they are pads, on every
-/// axis of their semantic.
-fn drop_unowned_rows(
-    plan: &Plan,
-    kept: &mut Features,
-) -> Result<BTreeMap<String, usize>, RuntimeError> {
-    let mut out = BTreeMap::new();
-    for (sem, s) in &plan.semantics {
-        let Padding::OwnerBlocks { source, .. } = &s.padding else {
-            continue;
-        };
-        let Some(map) = source.map().filter(|_| s.unowned_rows_are_pads) else {
-            continue;
-        };
-        let Some(m) = kept.get(map) else { continue };
-        let rows = m.f_sum_dim_intlist(1, false, Kind::Int64).feature(map)?;
-        let rows = to_vec_i64(&rows, map)?;
-        let owned: Vec<i64> = (0..rows.len() as i64)
-            .filter(|&r| rows[r as usize] != 0)
-            .collect();
-        if owned.len() == rows.len() {
-            continue;
-        }
-        out.insert(sem.clone(), rows.len() - owned.len());
-        let owned = Tensor::from_slice(&owned);
-        for (name, x) in kept.iter_mut() {
-            let t = tensor(plan, name)?;
-            for (d, a) in t.axes.iter().enumerate() {
-                if a.semantic.as_deref() == Some(sem.as_str()) {
-                    *x = x.f_index_select(d as i64, &owned).feature(name)?;
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Makes every derived feature of the workflow, or checks the one given.
-fn derive(plan: &Plan, kept: &mut Features, opts: &Options) -> Result<(), RuntimeError> {
-    for name in plan.feature_names(opts.workflow.as_deref())? {
-        let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
-            continue;
-        };
-        let Some(rule) = &t.derived else { continue };
-        let made = match rule {
-            DeriveRule::Outer { of: [a, b] } => {
-                let (x, y) = match (kept.get(a), kept.get(b)) {
-                    (Some(x), Some(y)) => (x, y),
-                    _ => {
-                        return Err(RuntimeError::Missing {
-                            feature: if kept.contains_key(a) { b } else { a }.clone(),
-                        })
-                    }
-                };
-                outer(name, x, y, kind_of(t.dtype))?
-            }
-        };
-        match kept.get(name) {
-            Some(given) => {
-                let same = given.size() == made.size()
-                    && given.kind() == made.kind()
-                    && given.f_equal(&made).feature(name)?;
-                if !same {
-                    return Err(RuntimeError::Derived {
-                        feature: name.to_owned(),
-                        rule: describe(rule),
-                    });
-                }
-            }
-            None => {
-                kept.insert(name.to_owned(), made);
-            }
-        }
-    }
-    Ok(())
-}
-
-fn outer(name: &str, x: &Tensor, y: &Tensor, kind: Kind) -> Result<Tensor, RuntimeError> {
-    let (nx, ny) = (x.dim(), y.dim());
-    let mut xs = x.size();
-    xs.extend(std::iter::repeat_n(1, ny));
-    let mut ys: Vec<i64> = std::iter::repeat_n(1, nx).collect();
-    ys.extend(y.size());
-    x.f_view(xs.as_slice())
-        .and_then(|xv| {
-            xv.f_to_kind(kind)?
-                .f_mul(&y.f_view(ys.as_slice())?.f_to_kind(kind)?)
-        })
-        .feature(name)
-}
-
-fn describe(rule: &DeriveRule) -> String {
-    match rule {
-        DeriveRule::Outer { of: [a, b] } => format!("the outer product of `{a}` and `{b}`"),
-    }
-}
-
-fn tensor<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, RuntimeError> {
-    crate::sample::tensor_plan(plan, name)
 }

@@ -11,7 +11,7 @@
 //! Every rule (placements, padded lengths, owner-block positions, remaps) comes from
 //! the plan; this crate only moves tensors accordingly.
 
-// `unsafe` only in the FFI boundary module (`dist::ffi`), which allows it.
+// `unsafe` only in the FFI boundary modules (`dist::ffi`, `views`), which allow it.
 #![deny(unsafe_code)]
 
 #[cfg(feature = "c10d")]
@@ -27,6 +27,7 @@ mod par;
 pub mod sample;
 pub mod shard;
 pub mod synthetic;
+mod views;
 
 pub use error::RuntimeError;
 pub use intake::{intake, Intake};

@@ -9,10 +9,10 @@ use featshard_spec::plan::Plan;
 use tch::{Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
-use crate::intake::intake;
+use crate::intake::intake_checked;
 use crate::pad::IntakeReport;
 use crate::pad::{pad_feature, position_tensors, write_padded, AxisMap, Padded};
-use crate::sample::{check, Features, Options};
+use crate::sample::{Features, Options};
 use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
 
 /// A sample with one semantic packed.
@@ -41,9 +41,8 @@ pub fn pack(
             feature: "*".into(),
             message: format!("semantic `{semantic}` has no `window`, so it cannot be packed"),
         })?;
-    let taken = intake(plan, features, opts)?;
+    let (taken, checked) = intake_checked(plan, features, opts)?;
     let features = &taken.features;
-    let checked = check(plan, &taken, opts)?;
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
     let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
     let positions = position_tensors(&layout);
@@ -73,7 +72,7 @@ pub fn pack(
         let x = &features[name];
         let Some(pf) = packed.pack.features.get(name) else {
             let rest = &mut packed.rest;
-            let out = pad_feature(plan, name, x, &rest.layout, &rest.shapes[name], &positions)?;
+            let out = pad_feature(plan, name, x, &rest.layout, &rest.shapes[name])?;
             rest.tensors.insert(name.clone(), out);
             continue;
         };

@@ -9,17 +9,15 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::infer::{Split, CP_AXES};
+use featshard_spec::infer::CP_AXES;
 use featshard_spec::ir::PadValue;
-use featshard_spec::ir::Role;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
-use crate::intake::intake;
 use crate::kind::scalar;
-use crate::par::try_map;
-use crate::sample::{check, handles, tensor_plan, Features, Options};
+use crate::sample::{handles, tensor_plan, Features, Options};
+use crate::views::{tensor, view, views};
 
 /// One sample in the padded global layout of one mesh.
 #[derive(Debug)]
@@ -61,45 +59,32 @@ pub fn pad(
 }
 
 /// Validates a serial sample and places it on `mesh`: layout, shapes, index values
-/// remapped, nothing outside the diagonal blocks of co-sharded features.
+/// remapped, nothing outside the diagonal blocks of co-sharded features. The rules run
+/// in the byte executor on views of the tensors; their result comes back as tensors.
 pub fn place(
     plan: &Plan,
     mesh: [usize; CP_AXES],
     features: &Features,
     opts: &Options,
 ) -> Result<Placed, RuntimeError> {
-    let taken = intake(plan, features, opts)?;
-    let features = &taken.features;
-    let checked = check(plan, &taken, opts)?;
-    let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
-    let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
-    let placed = try_map(
-        &checked.names,
-        opts.threads,
-        || (handles(features), position_tensors(&layout)),
-        |(features, positions), name| {
-            let shapes = shapes.get(name).ok_or_else(|| RuntimeError::Missing {
-                feature: name.clone(),
-            })?;
-            place_feature(plan, name, &features[name], &layout, shapes, positions)
-        },
-    )?;
-    let tensors = checked.names.iter().cloned().zip(placed).collect();
-    let passthrough = checked
-        .passthrough
+    let seen = views(plan, features)?;
+    let placed = featshard_exec::place(plan, mesh, &seen, opts)?;
+    let tensors = placed
+        .arrays
         .iter()
+        .map(|(n, a)| Ok((n.clone(), tensor(n, a, features.get(n).zip(seen.get(n)))?)))
+        .collect::<Result<_, RuntimeError>>()?;
+    let passthrough = placed
+        .passthrough
+        .keys()
         .map(|n| (n.clone(), features[n].shallow_clone()))
         .collect();
     Ok(Placed {
-        layout,
-        shapes,
+        layout: placed.layout,
+        shapes: placed.shapes,
         tensors,
         passthrough,
-        intake: IntakeReport {
-            dropped: taken.dropped,
-            arrived: taken.arrived,
-            unowned: taken.unowned,
-        },
+        intake: placed.intake,
     })
 }
 
@@ -190,27 +175,12 @@ pub(crate) fn pad_feature(
     x: &Tensor,
     layout: &SampleLayout,
     shapes: &FeatureShapes,
-    positions: &BTreeMap<String, Tensor>,
 ) -> Result<Tensor, RuntimeError> {
     let t = tensor_plan(plan, name)?;
-    let x = place_feature(plan, name, x, layout, shapes, positions)?;
+    let seen = view(plan, name, x)?;
+    let placed = featshard_exec::place::place_feature(plan, name, &seen, layout, shapes)?;
+    let x = tensor(name, &placed, Some((x, &seen)))?;
     write_padded(name, &x, t.pad_value, &plan_axes(t, shapes, layout))
-}
-
-/// One feature at its serial shape, ready to write: index values remapped, nothing
-/// outside the diagonal blocks of a co-sharded feature.
-fn place_feature(
-    plan: &Plan,
-    name: &str,
-    x: &Tensor,
-    layout: &SampleLayout,
-    shapes: &FeatureShapes,
-    positions: &BTreeMap<String, Tensor>,
-) -> Result<Tensor, RuntimeError> {
-    let t = tensor_plan(plan, name)?;
-    let x = remap_to_padded(name, t, x, positions)?;
-    check_diagonal(name, t, &x, &plan_axes(t, shapes, layout), layout)?;
-    Ok(x)
 }
 
 pub(crate) fn position_tensors(layout: &SampleLayout) -> BTreeMap<String, Tensor> {
@@ -280,27 +250,6 @@ fn gaps(runs: &[Run], padded: i64) -> Vec<(i64, i64)> {
         out.push((at, padded - at));
     }
     out
-}
-
-/// Index values that point into an owner-partitioned layout move with their items.
-fn remap_to_padded(
-    name: &str,
-    t: &TensorPlan,
-    x: &Tensor,
-    positions: &BTreeMap<String, Tensor>,
-) -> Result<Tensor, RuntimeError> {
-    let of = match &t.remap {
-        Remap::ToPaddedLayout { of, .. } | Remap::ShardLocal { of, .. } => of,
-        _ => return Ok(x.shallow_clone()),
-    };
-    let Some(pos) = positions.get(of) else {
-        return Ok(x.shallow_clone());
-    };
-    let flat = x.f_flatten(0, -1).feature(name)?;
-    pos.f_index_select(0, &flat)
-        .and_then(|v| v.f_view(x.size().as_slice()))
-        .and_then(|v| v.f_to_kind(x.kind()))
-        .feature(name)
 }
 
 /// Where one axis' serial items go in the padded tensor.
@@ -479,74 +428,6 @@ fn write_by_index(
         None => dst.f_copy_(&src),
     }
     .feature(name)
-}
-
-/// The serial items of one axis that land in `window` of its padded layout: a view
-/// when they are consecutive, a copy otherwise.
-fn select_window(
-    name: &str,
-    x: &Tensor,
-    d: usize,
-    axis: &AxisMap,
-    window: (i64, i64),
-) -> Result<Tensor, RuntimeError> {
-    let runs = window_runs(axis, x.size()[d] as usize, window);
-    match runs.as_slice() {
-        [] => x.f_narrow(d as i64, 0, 0),
-        [r] => x.f_narrow(d as i64, r.src, r.len),
-        _ => x.f_index_select(d as i64, &run_indices(&runs, false)),
-    }
-    .feature(name)
-}
-
-/// A block-diagonal feature must have nothing outside its diagonal blocks, or
-/// sharding would silently drop it. Checked on the serial values (`x`, remapped), so
-/// that neither padding nor blocks need a padded global tensor.
-fn check_diagonal(
-    name: &str,
-    t: &TensorPlan,
-    x: &Tensor,
-    axes: &[AxisMap],
-    layout: &SampleLayout,
-) -> Result<(), RuntimeError> {
-    for (axis, a) in t.axes.iter().enumerate() {
-        let Split::Follows { leader, mesh_axis } = a.split else {
-            continue;
-        };
-        let parts = layout.mesh[mesh_axis] as i64;
-        if parts == 1 {
-            continue;
-        }
-        // One-hot values are 0/1 (checked), so a sum counts the ones without a
-        // temporary the size of the tensor; other features compare with the pad value.
-        let one_hot = matches!(&t.role, Role::Index(ix) if ix.one_hot.is_some());
-        let count = |x: &Tensor| -> Result<i64, RuntimeError> {
-            let s = if one_hot {
-                x.f_sum(Kind::Int64)
-            } else {
-                x.f_ne(scalar(t.pad_value))
-                    .and_then(|ne| ne.f_sum(Kind::Int64))
-            };
-            s.and_then(|s| s.f_int64_value(&[])).feature(name)
-        };
-        let total = count(x)?;
-        let (lead_len, follow_len) = (axes[leader].padded / parts, axes[axis].padded / parts);
-        let mut diagonal = 0;
-        for c in 0..parts {
-            let rows = select_window(name, x, leader, &axes[leader], (c * lead_len, lead_len))?;
-            let block =
-                select_window(name, &rows, axis, &axes[axis], (c * follow_len, follow_len))?;
-            diagonal += count(&block)?;
-        }
-        if total != diagonal {
-            return Err(RuntimeError::OffDiagonal {
-                feature: name.to_owned(),
-                axis,
-                semantic: a.semantic.clone().unwrap_or_default(),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// The padded global features back to the serial sample: pads dropped, items of

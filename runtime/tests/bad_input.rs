@@ -1,6 +1,7 @@
-//! Every class of bad sample gives its own error, naming the feature (and axis), and
-//! the same error from both executors: the tch runtime, and the byte executor
-//! (`featshard-exec`, what `featshard shard` runs) on the sample written to a file.
+//! Every class of bad sample gives its own error, naming the feature (and axis), and the
+//! same error whether the sample comes as tensors (the tch runtime, which validates
+//! through the byte executor's views of their memory) or as a file, memory-mapped (what
+//! `featshard shard` runs).
 
 mod common;
 
@@ -32,7 +33,7 @@ fn error(plan: &featshard_spec::Plan, s: &Features) -> RuntimeError {
     let t = pad(plan, [2, 3], s, &threaded).expect_err("bad sample was accepted on 3 threads");
     assert_eq!(t.to_string(), e.to_string());
     let bytes = exec(plan, s).expect_err("the byte executor accepted a bad sample");
-    assert_eq!(bytes, e, "the executors disagree");
+    assert_eq!(bytes, e, "tensors and file disagree");
     e
 }
 

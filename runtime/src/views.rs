@@ -1,0 +1,101 @@
+//! tch tensors as the byte executor's views, and back: validation, intake and placement
+//! run once, in `featshard-exec`, for both executors. A contiguous CPU tensor is viewed
+//! in place (no copy); any other is copied to the CPU for the checks. What the executor
+//! selects from a feature (incoming pads cut, unowned rows dropped) is then applied to
+//! the original tensor on its own device; what it makes (remapped ids, derived
+//! features) comes back as a new tensor. The FFI boundary for tensor memory.
+
+#![allow(unsafe_code)]
+
+use featshard_exec::array::{Array, Sel};
+use featshard_exec::files::Sample;
+use featshard_spec::ir::DType;
+use featshard_spec::plan::{FeaturePlan, Plan};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{RuntimeError, TorchContext};
+use crate::kind::{kind_name, kind_of};
+use crate::sample::Features;
+
+/// Every feature as a view (or, off the CPU or not contiguous, a copy).
+pub(crate) fn views<'t>(plan: &Plan, features: &'t Features) -> Result<Sample<'t>, RuntimeError> {
+    features
+        .iter()
+        .map(|(name, x)| Ok((name.clone(), view(plan, name, x)?)))
+        .collect()
+}
+
+fn dtype_of(kind: Kind) -> Option<DType> {
+    DType::ALL.into_iter().find(|d| kind_of(*d) == kind)
+}
+
+/// One feature as a view (or a copy; see [`views`]).
+pub(crate) fn view<'t>(plan: &Plan, name: &str, x: &'t Tensor) -> Result<Array<'t>, RuntimeError> {
+    let shape: Vec<usize> = x.size().iter().map(|&d| d as usize).collect();
+    let Some(dtype) = dtype_of(x.kind()) else {
+        // No spec dtype: refused by name when the spec places it; carried as bytes
+        // when it is passed through.
+        if let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) {
+            return Err(RuntimeError::DType {
+                feature: name.to_owned(),
+                expected: t.dtype.name().to_owned(),
+                got: kind_name(x.kind()),
+            });
+        }
+        return Ok(Array::owned(DType::Uint8, vec![0], Vec::new()));
+    };
+    let numel: usize = shape.iter().product();
+    let bytes = numel * featshard_exec::dtype::size(dtype);
+    if x.device() == Device::Cpu && x.is_contiguous() && numel > 0 {
+        // SAFETY: a contiguous CPU tensor of `numel` elements of `dtype` holds `bytes`
+        // bytes at `data_ptr`, alive while `x` (borrowed for `'t`) is. The pipeline only
+        // reads samples: no handle writes into them while this view lives.
+        let data = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const u8, bytes) };
+        return Ok(Array::borrowed(dtype, shape, data, None));
+    }
+    let mut data = vec![0u8; bytes];
+    x.f_to_device(Device::Cpu)
+        .and_then(|c| c.f_contiguous())
+        .and_then(|c| c.f_copy_data_u8(&mut data, numel))
+        .feature(name)?;
+    Ok(Array::owned(dtype, shape, data))
+}
+
+/// The tensor of a feature the executor returned: its selections applied to
+/// `original` when it views the original's memory, else a new tensor of its bytes
+/// (on the original's device, if there was one).
+pub(crate) fn tensor(
+    name: &str,
+    a: &Array,
+    original: Option<(&Tensor, &Array)>,
+) -> Result<Tensor, RuntimeError> {
+    match original {
+        Some((x, o)) if a.same_base(o) => select(name, x, a),
+        _ => {
+            let shape: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
+            let device = original.map_or(Device::Cpu, |(x, _)| x.device());
+            Tensor::f_from_data_size(&a.to_bytes(), &shape, kind_of(a.dtype()))
+                .and_then(|t| t.f_to_device(device))
+                .feature(name)
+        }
+    }
+}
+
+/// `x` narrowed or indexed along every axis as the view `a` of it selects.
+fn select(name: &str, x: &Tensor, a: &Array) -> Result<Tensor, RuntimeError> {
+    let mut y = x.shallow_clone();
+    for d in 0..a.dim() {
+        y = match a.sel(d) {
+            Sel::Range { start, len } if *start == 0 && *len == a.base_shape()[d] => continue,
+            Sel::Range { start, len } => y.f_narrow(d as i64, *start as i64, *len as i64),
+            Sel::List(items) => {
+                let idx: Vec<i64> = items.iter().map(|&i| i as i64).collect();
+                Tensor::f_from_slice(&idx)
+                    .and_then(|i| i.f_to_device(x.device()))
+                    .and_then(|i| y.f_index_select(d as i64, &i))
+            }
+        }
+        .feature(name)?;
+    }
+    Ok(y)
+}
