@@ -333,6 +333,78 @@ impl<'a> Array<'a> {
         Ok(())
     }
 
+    /// The first element (flat row-major index, value) that is none of `allowed`, compared
+    /// as bit patterns of the dtype (a float `-0.0` counts as `0.0`; NaN is never
+    /// allowed): a branch-free pass over the raw bytes, for large masks.
+    pub fn first_outside(&self, allowed: [f64; 2]) -> Option<(usize, f64)> {
+        let es = size(self.dtype);
+        let mut ok = [0u64; 3];
+        for (k, v) in [
+            allowed[0],
+            allowed[1],
+            if allowed.contains(&0.0) {
+                -0.0
+            } else {
+                allowed[0]
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut b = Vec::with_capacity(8);
+            crate::dtype::encode_f64(self.dtype, v, &mut b);
+            b.resize(8, 0);
+            ok[k] = u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+        }
+        let inner = self.shape().last().copied().unwrap_or(1);
+        let (mut row, mut found) = (0usize, None);
+        let _ = self.for_each_row_bytes(|_, bytes| {
+            if let Some(j) = first_bad(es, bytes, ok) {
+                let mut v = Vec::with_capacity(1);
+                decode_into(self.dtype, &bytes[j * es..(j + 1) * es], &mut v);
+                found = Some((row * inner + j, v[0]));
+                return Err(());
+            }
+            row += 1;
+            Ok(())
+        });
+        found
+    }
+
+    /// Calls `f` with the raw bytes of each row of the last axis (gathered when that axis
+    /// selects items out of order), giving back a mapped base's pages as it goes.
+    fn for_each_row_bytes<E>(
+        &self,
+        mut f: impl FnMut(&[usize], &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let es = size(self.dtype);
+        let (strides, bytes) = (self.base_strides(), self.base_bytes());
+        let Some(last) = self.dim().checked_sub(1) else {
+            return f(&[], &bytes[..es.min(bytes.len())]);
+        };
+        let mut gathered = Vec::new();
+        self.for_each_outer(
+            |idx| {
+                let off: usize = (0..last)
+                    .map(|d| self.sel[d].get(idx[d]) * strides[d])
+                    .sum();
+                match &self.sel[last] {
+                    Sel::Range { start, len } => {
+                        f(idx, &bytes[off + start * es..off + (start + len) * es])
+                    }
+                    Sel::List(items) => {
+                        gathered.clear();
+                        for &i in items.iter() {
+                            gathered.extend_from_slice(&bytes[off + i * es..off + (i + 1) * es]);
+                        }
+                        f(idx, &gathered)
+                    }
+                }
+            },
+            last,
+        )
+    }
+
     /// Every value of the view as `f64`, row-major (for small features).
     pub fn values(&self) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.numel());
@@ -424,6 +496,34 @@ pub(crate) fn nonzeros(d: DType, bytes: &[u8], out: &mut Vec<(usize, f64)>) {
     }
 }
 
+/// The first element of `row` (elements of `es` bytes) whose bits are none of `ok`.
+fn first_bad(es: usize, row: &[u8], ok: [u64; 3]) -> Option<usize> {
+    macro_rules! scan {
+        ($t:ty, $n:literal) => {{
+            let [a, b, c] = ok.map(|o| o as $t);
+            let value = |e: &[u8]| <$t>::from_le_bytes(e.try_into().unwrap_or([0; $n]));
+            let bad = |v: $t| (v != a) & (v != b) & (v != c);
+            const BLOCK: usize = 1024;
+            for (k, block) in row.chunks(BLOCK * $n).enumerate() {
+                let any = block
+                    .chunks_exact($n)
+                    .fold(false, |acc, e| acc | bad(value(e)));
+                if any {
+                    let j = block.chunks_exact($n).position(|e| bad(value(e)));
+                    return j.map(|j| k * BLOCK + j);
+                }
+            }
+            None
+        }};
+    }
+    match es {
+        1 => scan!(u8, 1),
+        2 => scan!(u16, 2),
+        4 => scan!(u32, 4),
+        _ => scan!(u64, 8),
+    }
+}
+
 /// Whether every byte is 0, a word at a time.
 fn all_zero(block: &[u8]) -> bool {
     let words = block.chunks_exact(8);
@@ -489,6 +589,19 @@ mod tests {
         assert_eq!(back, vec![9, 10, 1, 2]);
         assert!(!y.is_whole() && x.is_whole() && y.contiguous().is_whole());
         assert!(x.narrow(0, 1, 0).values().is_empty());
+        // The first value outside {0, 1}, by bit pattern, row-major through a view.
+        assert_eq!(x.first_outside([0.0, 1.0]), Some((2, 2.0)));
+        assert_eq!(
+            x.select(1, &[1, 0]).first_outside([0.0, 1.0]),
+            Some((2, 5.0))
+        );
+        let mut f = Vec::new();
+        for v in [1.0f32, -0.0, 0.0, 1.0, f32::NAN, 0.5] {
+            f.extend(v.to_le_bytes());
+        }
+        let f = Array::owned(DType::Float32, vec![2, 3], f);
+        assert_eq!(f.narrow(0, 0, 1).first_outside([0.0, 1.0]), None);
+        assert!(matches!(f.first_outside([0.0, 1.0]), Some((4, v)) if v.is_nan()));
         // Nonzero entries, read by blocks of bytes or (a selected last axis) by value:
         // a one-hot-like map whose rows span several blocks of zeros.
         let mut bytes = Vec::new();

@@ -352,7 +352,7 @@ fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), RuntimeE
             Some(given) => {
                 let same = given.shape() == made.shape()
                     && given.dtype() == made.dtype()
-                    && given.values() == made.values();
+                    && equal_values(given, &made);
                 if !same {
                     return Err(RuntimeError::Derived {
                         feature: name.to_owned(),
@@ -368,10 +368,9 @@ fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), RuntimeE
     Ok(())
 }
 
-/// `x[i..] * y[j..]` over every pair, in `d` (a bool product is a logical and).
+/// `x[i..] * y[j..]` over every pair, in `d` (a bool product is a logical and). Rows
+/// of a mask (`x[i]` 0 or 1) are copies of `y`'s bytes or zeros.
 fn outer(x: &Array, y: &Array, d: featshard_spec::ir::DType) -> Array<'static> {
-    let (xs, ys) = (x.values(), y.values());
-    let mut bytes = Vec::with_capacity(xs.len() * ys.len() * dtype::size(d));
     let cast = |v: f64| {
         let mut b = Vec::with_capacity(8);
         dtype::encode_f64(d, v, &mut b);
@@ -379,18 +378,46 @@ fn outer(x: &Array, y: &Array, d: featshard_spec::ir::DType) -> Array<'static> {
         dtype::decode_into(d, &b, &mut back);
         back[0]
     };
-    let (xs, ys): (Vec<f64>, Vec<f64>) = (
-        xs.into_iter().map(cast).collect(),
-        ys.into_iter().map(cast).collect(),
-    );
-    for &a in &xs {
-        for &b in &ys {
-            dtype::encode_f64(d, a * b, &mut bytes);
+    let ys: Vec<f64> = y.values().into_iter().map(cast).collect();
+    let encode = |vs: &mut dyn Iterator<Item = f64>| {
+        let mut b = Vec::with_capacity(ys.len() * dtype::size(d));
+        vs.for_each(|v| dtype::encode_f64(d, v, &mut b));
+        b
+    };
+    // The rows of x = 1 and x = +0, made once (by the same product: 0 * -1 is -0).
+    let row = |a: f64| encode(&mut ys.iter().map(|&b| a * b));
+    let (ones, zeros) = (row(1.0), row(0.0));
+    let xs = x.values();
+    let mut bytes = Vec::with_capacity(xs.len() * ones.len());
+    for a in xs.into_iter().map(cast) {
+        match a.to_bits() {
+            b if b == 1.0f64.to_bits() => bytes.extend_from_slice(&ones),
+            b if b == 0.0f64.to_bits() => bytes.extend_from_slice(&zeros),
+            _ => bytes.extend(row(a)),
         }
     }
     let mut shape = x.shape();
     shape.extend(y.shape());
     Array::owned(d, shape, bytes)
+}
+
+/// Whether `given` holds the values of `made` (a whole array of the same shape and
+/// dtype), compared as numbers row by row (so `-0.0 == 0.0` and NaN equals nothing).
+fn equal_values(given: &Array, made: &Array) -> bool {
+    let d = made.dtype();
+    let row = made.shape().last().copied().unwrap_or(1) * dtype::size(d);
+    let (mut k, mut theirs) = (0, Vec::new());
+    given
+        .for_each_row(|_, mine| {
+            theirs.clear();
+            dtype::decode_into(d, &made.base_bytes()[k * row..(k + 1) * row], &mut theirs);
+            k += 1;
+            match mine == theirs.as_slice() {
+                true => Ok(()),
+                false => Err(()),
+            }
+        })
+        .is_ok()
 }
 
 fn describe(rule: &DeriveRule) -> String {

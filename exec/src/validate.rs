@@ -312,17 +312,7 @@ fn check_mask(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
     if !matches!(t.role, Role::Mask { .. }) || x.dtype() == featshard_spec::ir::DType::Bool {
         return Ok(());
     }
-    let inner = x.shape().last().copied().unwrap_or(1);
-    let mut found = None;
-    let mut row_index = 0usize;
-    let _ = x.for_each_row_nonzero(|_, nz| {
-        if let Some(&(j, v)) = nz.iter().find(|&&(_, v)| v != 1.0) {
-            found = Some(((row_index * inner + j) as i64, v));
-            return Err(());
-        }
-        row_index += 1;
-        Ok(())
-    });
+    let found = x.first_outside([0.0, 1.0]).map(|(i, v)| (i as i64, v));
     match found {
         None => Ok(()),
         Some((index, value)) => Err(RuntimeError::MaskValue {
