@@ -18,7 +18,7 @@ use crate::error::RuntimeError;
 use crate::files::{self, Metadata};
 use crate::place::{axis_maps, AxisMap, Placed};
 use crate::validate::tensor_plan;
-use crate::window::{block_window, write_window, Sink};
+use crate::window::{write_window, Sink};
 
 /// The CP mesh coordinate of a rank, `rank = i * cp1 + j`.
 pub fn coords(mesh: [usize; 2], rank: usize) -> [usize; 2] {
@@ -171,7 +171,7 @@ impl RankFile<'_, '_, '_> {
             return write_window(e.x, &e.pad, &whole, &window, out);
         };
         let t = tensor_plan(self.plan, &e.name).map_err(io::Error::other)?;
-        let window = block_window(t, &e.shape, self.coord);
+        let window = t.block_window(&e.shape, self.coord);
         match &t.remap {
             Remap::ShardLocal { of, mesh_axis } => {
                 let start = shard_start(&self.placed.layout, of, *mesh_axis, self.coord);

@@ -5,9 +5,6 @@
 
 use std::io;
 
-use featshard_spec::infer::CP_AXES;
-use featshard_spec::plan::TensorPlan;
-
 use crate::array::{Array, Sel, RELEASE_BYTES};
 use crate::place::AxisMap;
 
@@ -80,23 +77,6 @@ pub fn pieces(sel: &Sel, axis: &AxisMap, (start, wlen): (usize, usize)) -> Vec<P
         });
     }
     out
-}
-
-/// The region of a feature's padded layout the rank at `coord` holds, `(start, len)`
-/// per axis: a co-sharded (follower) axis takes its leader's coordinate.
-pub fn block_window(
-    t: &TensorPlan,
-    local: &[usize],
-    coord: [usize; CP_AXES],
-) -> Vec<(usize, usize)> {
-    t.axes
-        .iter()
-        .zip(local)
-        .map(|(a, &n)| match a.split.mesh_axis() {
-            Some(m) => (coord[m] * n, n),
-            None => (0, n),
-        })
-        .collect()
 }
 
 /// Writes the region `window` of `x`'s padded layout (`axes`) into `sink`, row-major;

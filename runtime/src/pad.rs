@@ -266,16 +266,11 @@ fn plan_axes<'a>(
     shapes: &FeatureShapes,
     layout: &'a SampleLayout,
 ) -> Vec<AxisMap<'a>> {
-    t.axes
-        .iter()
-        .zip(&shapes.padded_shape)
-        .map(|(a, &padded)| AxisMap {
-            padded: padded as i64,
-            positions: a
-                .semantic
-                .as_ref()
-                .and_then(|s| layout.positions.get(s))
-                .map(Vec::as_slice),
+    featshard_exec::place::axis_maps(t, shapes, layout)
+        .into_iter()
+        .map(|a| AxisMap {
+            padded: a.padded as i64,
+            positions: a.positions,
         })
         .collect()
 }

@@ -130,16 +130,9 @@ pub(crate) fn block_window(
     local: &[usize],
     coord: [usize; CP_AXES],
 ) -> Vec<(i64, i64)> {
-    t.axes
-        .iter()
-        .zip(local)
-        .map(|(a, &n)| {
-            let n = n as i64;
-            match a.split.mesh_axis() {
-                Some(m) => (coord[m] as i64 * n, n),
-                None => (0, n),
-            }
-        })
+    t.block_window(local, coord)
+        .into_iter()
+        .map(|(start, n)| (start as i64, n as i64))
         .collect()
 }
 

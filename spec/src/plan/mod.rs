@@ -205,6 +205,23 @@ pub struct TensorPlan {
     pub output: bool,
 }
 
+impl TensorPlan {
+    /// The region of the feature's padded layout that the rank at CP mesh coordinate
+    /// `coord` holds, `(start, len)` per axis, for local block shape `local`: a split
+    /// axis takes the block of its mesh axis' coordinate (a co-sharded axis its
+    /// leader's, which keeps the diagonal block), a whole axis all of it.
+    pub fn block_window(&self, local: &[usize], coord: [usize; CP_AXES]) -> Vec<(usize, usize)> {
+        self.axes
+            .iter()
+            .zip(local)
+            .map(|(a, &n)| match a.split.mesh_axis() {
+                Some(m) => (coord[m] * n, n),
+                None => (0, n),
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AxisPlan {
