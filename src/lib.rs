@@ -11,6 +11,7 @@ pub use featshard_codegen as codegen;
 pub use featshard_exec as exec;
 pub use featshard_spec as spec;
 
+pub mod cli;
 pub mod commands;
 pub mod init;
 pub mod manifest;

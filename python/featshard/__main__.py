@@ -1,0 +1,5 @@
+"""``python -m featshard``: the featshard command."""
+
+from featshard.cli import main
+
+main()

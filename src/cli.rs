@@ -1,0 +1,335 @@
+//! The `featshard` command line, as a function: the `featshard` binary calls it, and so
+//! does the Python package's `featshard` command (in process, through its native
+//! module), so both take the same arguments and say the same things.
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::commands::{self, Failure};
+
+/// One YAML spec for every context-parallel feature placement, padding plan and
+/// generated module.
+#[derive(Parser)]
+#[command(name = "featshard", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write <module>.py, .pyi, <module>_data.py, <module>.rs and <module>.plan.json into DIR.
+    Generate {
+        spec: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Also write test_<module>_parity.py, a pytest parity test under torch.distributed.
+        #[arg(long)]
+        tests: bool,
+    },
+    /// Exit 1 naming every generated file in DIR that is missing or stale.
+    Check {
+        spec: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Validate a spec and print a summary.
+    Validate { spec: PathBuf },
+    /// Print every feature's placement, padded global shape and local shape on a mesh.
+    Explain {
+        spec: PathBuf,
+        /// CP mesh sizes, e.g. 3x3 or 2x3.
+        #[arg(long, value_parser = commands::parse_mesh)]
+        mesh: [usize; 2],
+        /// Run-time lengths, e.g. tokens=2048,atoms=20000,msa=4096.
+        #[arg(long, value_parser = parse_lengths)]
+        lengths: Option<LengthArg>,
+        /// Only the features of this workflow.
+        #[arg(long)]
+        workflow: Option<String>,
+        /// Draw this feature's tiles on the mesh instead of the table.
+        #[arg(long)]
+        feature: Option<String>,
+        /// Write the picture(s) as SVG: the named feature, or every feature.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+    },
+    /// Shard one serial sample (safetensors) into DIR/rank-<r>.safetensors + manifest.json,
+    /// or a dataset of them into DIR/<sample>/ + DIR/dataset.json.
+    Shard {
+        spec: PathBuf,
+        /// The serial sample, a safetensors file of feature name -> tensor; or a dataset:
+        /// a folder of them, a glob pattern, or @LIST (a file of paths, one per line).
+        #[arg(long, value_name = "FILE|DIR|GLOB|@LIST")]
+        features: String,
+        /// Datasets: samples sharded at a time.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Threads of each job, or of the one sample (value checks and block writes).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// CP mesh sizes, e.g. 3x3 or 2x3.
+        #[arg(long, value_parser = commands::parse_mesh)]
+        mesh: [usize; 2],
+        /// Only the features of this workflow.
+        #[arg(long)]
+        workflow: Option<String>,
+        /// Tensors not in the spec to carry along untouched (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        passthrough: Vec<String>,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Assemble DIR's rank files back into one sample (serial, or --padded).
+    Assemble {
+        spec: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        shards: PathBuf,
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Keep the padded global layout instead of un-padding.
+        #[arg(long)]
+        padded: bool,
+    },
+    /// Draft a spec from one serial sample (safetensors), proposing axis semantics by
+    /// matching lengths against anchor features; ambiguities are left as QUESTION(...).
+    Init {
+        /// The serial sample.
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+        /// Feature whose axis 0 counts tokens.
+        #[arg(long, value_name = "KEY")]
+        tokens: Option<String>,
+        /// Feature whose axis 0 counts atoms.
+        #[arg(long, value_name = "KEY")]
+        atoms: Option<String>,
+        /// Feature whose axis 0 counts MSA rows.
+        #[arg(long, value_name = "KEY")]
+        msa: Option<String>,
+        /// Feature whose axis 0 counts R-set rows.
+        #[arg(long, value_name = "KEY")]
+        rset: Option<String>,
+        /// Feature whose axis 0 counts ensemble members.
+        #[arg(long, value_name = "KEY")]
+        ensemble: Option<String>,
+        /// Feature whose axis 0 counts templates.
+        #[arg(long, value_name = "KEY")]
+        templates: Option<String>,
+        /// Module name of the draft.
+        #[arg(long, default_value = "features")]
+        module: String,
+        /// Write the draft here instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Print the JSON Schema (draft-07) of spec files, for editor completion.
+    Schema {
+        /// The schema of plan.json instead.
+        #[arg(long)]
+        plan: bool,
+    },
+}
+
+/// `--lengths` as one value (clap would read a `Vec` as repeated values).
+#[derive(Clone)]
+struct LengthArg(Vec<(String, usize)>);
+
+fn parse_lengths(s: &str) -> Result<LengthArg, String> {
+    commands::parse_lengths(s).map(LengthArg)
+}
+
+/// `featshard shard`'s run-time arguments.
+struct ShardArgs<'a> {
+    mesh: [usize; 2],
+    workflow: Option<&'a str>,
+    passthrough: &'a [String],
+    jobs: usize,
+    threads: usize,
+}
+
+fn shard(
+    spec: &std::path::Path,
+    features: &str,
+    args: &ShardArgs,
+    out: &std::path::Path,
+) -> Result<String, Failure> {
+    let run = crate::dataset::Run {
+        mesh: args.mesh,
+        workflow: args.workflow,
+        passthrough: args.passthrough,
+        jobs: args.jobs,
+        threads: args.threads,
+    };
+    if crate::dataset::is_dataset(features) {
+        return crate::dataset::shard_dataset(spec, features, &run, out);
+    }
+    let path = std::path::Path::new(features);
+    crate::shards::shard(
+        spec,
+        path,
+        run.mesh,
+        run.workflow,
+        run.passthrough,
+        run.threads,
+        out,
+    )
+}
+
+#[cfg(feature = "runtime")]
+fn assemble(
+    spec: &std::path::Path,
+    shards: &std::path::Path,
+    out: &std::path::Path,
+    padded: bool,
+) -> Result<String, Failure> {
+    crate::assemble::assemble_files(spec, shards, out, padded)
+}
+
+#[cfg(not(feature = "runtime"))]
+fn assemble(
+    _: &std::path::Path,
+    _: &std::path::Path,
+    _: &std::path::Path,
+    _: bool,
+) -> Result<String, Failure> {
+    Err(no_runtime())
+}
+
+#[cfg(not(feature = "runtime"))]
+fn no_runtime() -> Failure {
+    Failure::Other(
+        "`featshard assemble` runs on the tch runtime, which this featshard was built without; \
+         rebuild with `--features runtime` (after `. scripts/env.sh`)"
+            .into(),
+    )
+}
+
+/// Runs the command line `args` (the program name first) and returns its exit status:
+/// 0 on success, 1 when the command failed, 2 for arguments it cannot parse. Output
+/// goes to stdout and stderr; nothing here exits the process.
+pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are "errors" that print to stdout and succeed.
+            let _ = e.print();
+            return e.exit_code();
+        }
+    };
+    let result = match cli.command {
+        Command::Generate { spec, out, tests } => {
+            commands::generate(&spec, &out, tests).map(|written| {
+                written
+                    .iter()
+                    .map(|p| format!("wrote {}", p.display()))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+        }
+        Command::Check { spec, out } => commands::check(&spec, &out),
+        Command::Validate { spec } => commands::validate(&spec),
+        Command::Explain {
+            spec,
+            mesh,
+            lengths,
+            workflow,
+            feature,
+            svg,
+        } => {
+            let view = match (&svg, &feature) {
+                (Some(file), f) => commands::View::Svg {
+                    feature: f.as_deref(),
+                    file,
+                },
+                (None, Some(f)) => commands::View::Picture {
+                    feature: f,
+                    // Colour only on a terminal, and never with NO_COLOR set.
+                    color: std::io::stdout().is_terminal()
+                        && std::env::var_os("NO_COLOR").is_none(),
+                },
+                (None, None) => commands::View::Table,
+            };
+            commands::explain(
+                &spec,
+                mesh,
+                lengths.as_ref().map(|l| l.0.as_slice()),
+                workflow.as_deref(),
+                view,
+            )
+        }
+        Command::Schema { plan } => Ok(commands::schema(plan)),
+        Command::Init {
+            from,
+            tokens,
+            atoms,
+            msa,
+            rset,
+            ensemble,
+            templates,
+            module,
+            out,
+        } => {
+            let anchors = [
+                ("tokens", tokens),
+                ("atoms", atoms),
+                ("msa", msa),
+                ("rset", rset),
+                ("ensemble", ensemble),
+                ("templates", templates),
+            ]
+            .into_iter()
+            .filter_map(|(s, k)| k.map(|k| (s.to_owned(), k)))
+            .collect();
+            crate::init::draft(&from, &anchors, &module).and_then(|text| match &out {
+                Some(path) => std::fs::write(path, &text)
+                    .map(|()| format!("wrote {}", path.display()))
+                    .map_err(|e| Failure::Other(format!("cannot write {}: {e}", path.display()))),
+                None => Ok(text),
+            })
+        }
+        Command::Shard {
+            spec,
+            features,
+            jobs,
+            threads,
+            mesh,
+            workflow,
+            passthrough,
+            out,
+        } => shard(
+            &spec,
+            &features,
+            &ShardArgs {
+                mesh,
+                workflow: workflow.as_deref(),
+                passthrough: &passthrough,
+                jobs,
+                threads,
+            },
+            &out,
+        ),
+        Command::Assemble {
+            spec,
+            shards,
+            out,
+            padded,
+        } => assemble(&spec, &shards, &out, padded),
+    };
+    match result {
+        Ok(text) => {
+            println!("{}", text.trim_end());
+            0
+        }
+        Err(Failure::Spec(d)) => {
+            eprintln!("{:?}", miette::Report::new(d));
+            1
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
