@@ -9,7 +9,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use featshard_spec::ir::DType;
-use featshard_spec::plan::{Plan, Remap, SampleLayout};
+use featshard_spec::plan::{Plan, Remap};
 pub use featshard_spec::shards::FileSum;
 
 use crate::array::Array;
@@ -20,10 +20,7 @@ use crate::place::{axis_maps, AxisMap, Placed};
 use crate::validate::tensor_plan;
 use crate::window::{write_window, Sink};
 
-/// The CP mesh coordinate of a rank, `rank = i * cp1 + j`.
-pub fn coords(mesh: [usize; 2], rank: usize) -> [usize; 2] {
-    [rank / mesh[1], rank % mesh[1]]
-}
+pub use featshard_spec::layout::coords;
 
 /// Writes `paths[r]` (created new) for every rank `r`, with `headers[r]` as its
 /// `__metadata__`; `threads` (at least 1) share the ranks. Returns each file's sum.
@@ -174,7 +171,8 @@ impl RankFile<'_, '_, '_> {
         let window = t.block_window(&e.shape, self.coord);
         match &t.remap {
             Remap::ShardLocal { of, mesh_axis } => {
-                let start = shard_start(&self.placed.layout, of, *mesh_axis, self.coord);
+                let layout = &self.placed.layout;
+                let start = layout.shard_start(of, *mesh_axis, self.coord).unwrap_or(0) as i64;
                 let mut shifted = Shift {
                     out,
                     dtype: e.dtype,
@@ -186,12 +184,6 @@ impl RankFile<'_, '_, '_> {
             _ => write_window(e.x, &e.pad, axes, &window, out),
         }
     }
-}
-
-/// Where the shard along `mesh_axis` at `coord` starts in the padded layout of `of`.
-fn shard_start(layout: &SampleLayout, of: &str, mesh_axis: usize, coord: [usize; 2]) -> i64 {
-    let padded = layout.padded.get(of).copied().unwrap_or(0);
-    (coord[mesh_axis] * (padded / layout.mesh[mesh_axis].max(1))) as i64
 }
 
 /// Shard-local ids: every real entry (each copied one; pads are filled) moved by the

@@ -35,10 +35,8 @@ pub struct LocalBlock {
     pub meta: DTensorMeta,
 }
 
-/// The CP mesh coordinate of a rank, `rank = i * cp1 + j`.
-pub fn coords(mesh: [usize; CP_AXES], rank: usize) -> [usize; CP_AXES] {
-    [rank / mesh[1], rank % mesh[1]]
-}
+/// The CP mesh coordinate of a rank, `rank = i * cp1 + j` (the spec's rule).
+pub use featshard_spec::layout::coords;
 
 pub use featshard_spec::layout::contiguous_stride;
 
@@ -167,11 +165,12 @@ fn shift_ids(
         return Ok(block.shallow_clone());
     };
     let mesh_axis = *mesh_axis;
-    let padded = *layout.padded.get(of).ok_or_else(|| RuntimeError::Blocks {
-        feature: name.to_owned(),
-        message: format!("the layout has no length for `{of}`"),
-    })?;
-    let start = (coord[mesh_axis] * (padded / layout.mesh[mesh_axis])) as i64;
+    let start = layout
+        .shard_start(of, mesh_axis, coord)
+        .ok_or_else(|| RuntimeError::Blocks {
+            feature: name.to_owned(),
+            message: format!("the layout has no length for `{of}`"),
+        })? as i64;
     let real = real_mask(name, t, layout, block.size().as_slice(), coord)?;
     let shift = real
         .f_to_kind(block.kind())

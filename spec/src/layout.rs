@@ -105,6 +105,11 @@ pub fn round_up(n: usize, m: usize) -> usize {
     }
 }
 
+/// The CP mesh coordinate `(i, j)` of rank `rank = i * cp1 + j` on mesh `(cp0, cp1)`.
+pub fn coords(mesh: [usize; 2], rank: usize) -> [usize; 2] {
+    [rank / mesh[1].max(1), rank % mesh[1].max(1)]
+}
+
 /// The strides (in elements) of a row-major tensor of `shape`: what a DTensor's
 /// global stride is.
 pub fn contiguous_stride(shape: &[usize]) -> Vec<usize> {

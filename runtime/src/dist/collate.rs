@@ -71,16 +71,8 @@ fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, Runti
 }
 
 fn global_shape(t: &TensorPlan, target: &[i64], batch: usize, mesh: &Mesh) -> Vec<usize> {
-    let cp = mesh.cp_shape();
-    let mut shape = vec![batch * mesh.dp_size()];
-    for (a, &n) in t.axes.iter().zip(target) {
-        let n = n as usize;
-        shape.push(match a.split {
-            Split::Mesh { mesh_axis } => n * cp[mesh_axis],
-            _ => n,
-        });
-    }
-    shape
+    let local: Vec<usize> = target.iter().map(|&n| n as usize).collect();
+    t.collated_global_shape(&local, batch, mesh.dp_size(), mesh.cp_shape())
 }
 
 /// DP replicas must stack the same features (a sample may lack optional ones). A

@@ -220,6 +220,25 @@ impl TensorPlan {
             })
             .collect()
     }
+
+    /// The DTensor global shape of a DP batch of `batch` samples per replica on `dp`
+    /// replicas, whose local blocks were padded to `local`: the batch axis first, then
+    /// every split axis `cp` times its local length (a co-sharded axis keeps its
+    /// diagonal block's), every other axis as it is.
+    pub fn collated_global_shape(
+        &self,
+        local: &[usize],
+        batch: usize,
+        dp: usize,
+        cp: [usize; CP_AXES],
+    ) -> Vec<usize> {
+        let mut shape = vec![batch * dp];
+        shape.extend(self.axes.iter().zip(local).map(|(a, &n)| match a.split {
+            Split::Mesh { mesh_axis } => n * cp[mesh_axis],
+            _ => n,
+        }));
+        shape
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -309,5 +328,68 @@ impl Plan {
         let mut order: Vec<&str> = self.semantics.keys().map(String::as_str).collect();
         order.sort_by_key(|s| (depth(s), *s));
         order
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::layout::coords;
+
+    const SPEC: &str = "\
+version: 1
+module: t
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true}
+features:
+  pair: {axes: [tokens, tokens, 4], dtype: float32}
+  owner: {axes: [tokens, tokens], dtype: int64, coshard: [{axis: 1, follows: 0}], index: {of: tokens, scope: shard_local, one_hot: 1}}
+";
+
+    /// Every rank's block windows tile the split axes exactly once (a co-sharded axis
+    /// follows its leader onto the diagonal), and collate's global shape is the mesh
+    /// times the local block on split axes only.
+    #[test]
+    fn block_windows_tile_the_padded_layout_and_collate_scales_split_axes() {
+        let (_, plan) = crate::compile_str("t.yaml", SPEC).expect("spec");
+        let super::FeaturePlan::Tensor(pair) = &plan.features["pair"] else {
+            panic!("pair is a tensor")
+        };
+        let super::FeaturePlan::Tensor(owner) = &plan.features["owner"] else {
+            panic!("owner is a tensor")
+        };
+        // A padded length every mesh divides.
+        const N: usize = 12;
+        for mesh in [[1, 1], [2, 3], [3, 2], [4, 1]] {
+            let local = [N / mesh[0], N / mesh[1], 4];
+            let world = mesh[0] * mesh[1];
+            let mut cover = vec![vec![0; N]; N];
+            for rank in 0..world {
+                let c = coords(mesh, rank);
+                assert_eq!(c[0] * mesh[1] + c[1], rank);
+                let w = pair.block_window(&local, c);
+                assert_eq!(w[2], (0, 4));
+                for row in &mut cover[w[0].0..w[0].0 + w[0].1] {
+                    for n in &mut row[w[1].0..w[1].0 + w[1].1] {
+                        *n += 1;
+                    }
+                }
+                let d = owner.block_window(&[N / mesh[0], N / mesh[0]], c);
+                assert_eq!(d[0], d[1], "a co-sharded axis takes its leader's block");
+            }
+            assert!(
+                cover.iter().flatten().all(|&n| n == 1),
+                "mesh {mesh:?}: {cover:?}"
+            );
+            assert_eq!(
+                pair.collated_global_shape(&local, 2, 3, mesh),
+                vec![6, N, N, 4]
+            );
+            let diag = [N / mesh[0], N / mesh[0]];
+            assert_eq!(
+                owner.collated_global_shape(&diag, 1, 1, mesh),
+                vec![1, N, N / mesh[0]]
+            );
+        }
     }
 }

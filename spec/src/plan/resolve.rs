@@ -543,3 +543,18 @@ pub struct SampleLayout {
     pub positions: BTreeMap<String, Vec<usize>>,
     pub blocks: BTreeMap<String, BlockLayout>,
 }
+
+impl SampleLayout {
+    /// Where the shard of `semantic` along `mesh_axis` at CP coordinate `coord` starts
+    /// in its padded layout (what a shard-local id is counted from); `None` when the
+    /// layout has no length for it.
+    pub fn shard_start(
+        &self,
+        semantic: &str,
+        mesh_axis: usize,
+        coord: [usize; CP_AXES],
+    ) -> Option<usize> {
+        let padded = *self.padded.get(semantic)?;
+        Some(coord[mesh_axis] * (padded / self.mesh[mesh_axis].max(1)))
+    }
+}
