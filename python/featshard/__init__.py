@@ -1,19 +1,32 @@
 """featshard: one YAML spec for every context-parallel feature placement and padding plan.
 
 The package wraps featshard's Rust core (``featshard._native``, one abi3 module for every
-CPython >= 3.10, no libtorch): the ``featshard`` command runs in process, and
-:func:`plan` gives a spec's Plan IR, the numbers every generated module is made from.
+CPython >= 3.10, no libtorch): the ``featshard`` command runs in process, :func:`plan`
+gives a spec's Plan IR, and :class:`Plan` the geometry of any sample on any mesh
+(padded lengths, owner-block positions, shapes, block windows), computed by the same
+Rust functions the executors use.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, TypedDict
 
-from featshard._native import __version__, plan_json
+from featshard import _native
+from featshard._native import __version__, coords, plan_json, repad_indices
 
-__all__ = ["__version__", "plan", "plan_json"]
+__all__ = [
+    "BlockLayout",
+    "Layout",
+    "Plan",
+    "Shapes",
+    "__version__",
+    "coords",
+    "plan",
+    "plan_json",
+    "repad_indices",
+]
 
 
 def plan(spec: str | os.PathLike[str]) -> dict[str, Any]:
@@ -23,3 +36,73 @@ def plan(spec: str | os.PathLike[str]) -> dict[str, Any]:
     """
     result: dict[str, Any] = json.loads(plan_json(os.fspath(spec)))
     return result
+
+
+class BlockLayout(TypedDict):
+    """The owner blocks of an owner-partitioned semantic."""
+
+    blocks: int
+    per_block: int
+    block_counts: list[int]
+
+
+class Layout(TypedDict):
+    """One sample laid out on one mesh."""
+
+    mesh: list[int]
+    sizes: dict[str, int]
+    padded: dict[str, int]
+    positions: dict[str, list[int]]
+    blocks: dict[str, BlockLayout]
+
+
+class Shapes(TypedDict):
+    """One feature's shapes under a layout."""
+
+    serial: list[int]
+    padded: list[int]
+    global_: list[int]
+    local: list[int]
+
+
+class Plan:
+    """A compiled spec and its geometry."""
+
+    def __init__(self, spec: str | os.PathLike[str]) -> None:
+        self._native = _native.Plan.from_file(os.fspath(spec))
+
+    @property
+    def module(self) -> str:
+        """The generated module's name."""
+        return self._native.module
+
+    def layout(
+        self,
+        mesh: tuple[int, int],
+        sizes: dict[str, int],
+        counts: dict[str, list[int]] | None = None,
+        owners: dict[str, list[int]] | None = None,
+    ) -> Layout:
+        """One sample's layout on ``mesh``: every semantic's length in ``sizes``; for each
+        owner-partitioned one, its items per direct owner (``counts``) or the direct owner
+        of every item (``owners``). ``ValueError`` when they do not fit the plan."""
+        text = self._native.layout(mesh, sizes, counts or {}, owners or {})
+        result: Layout = json.loads(text)
+        return result
+
+    def shapes(self, layout: Layout, names: list[str]) -> dict[str, Shapes]:
+        """The shapes of the named features under ``layout``."""
+        raw: dict[str, dict[str, list[int]]] = json.loads(
+            self._native.shapes(json.dumps(layout), names)
+        )
+        return {
+            n: Shapes(serial=s["serial"], padded=s["padded"], global_=s["global"], local=s["local"])
+            for n, s in raw.items()
+        }
+
+    def block_window(
+        self, feature: str, local: list[int], coord: tuple[int, int]
+    ) -> list[tuple[int, int]]:
+        """The ``(start, len)`` per axis of the feature's padded layout that the rank at CP
+        coordinate ``coord`` holds."""
+        return self._native.block_window(feature, local, coord)

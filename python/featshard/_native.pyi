@@ -2,8 +2,34 @@
 
 __version__: str
 
+class Plan:
+    """A compiled spec: its Plan IR and the geometry of any sample on any mesh."""
+
+    @staticmethod
+    def from_file(path: str) -> Plan: ...
+    @property
+    def module(self) -> str: ...
+    def json(self) -> str: ...
+    def layout(
+        self,
+        mesh: tuple[int, int],
+        sizes: dict[str, int],
+        counts: dict[str, list[int]] = ...,
+        owners: dict[str, list[int]] = ...,
+    ) -> str: ...
+    def shapes(self, layout: str, names: list[str]) -> str: ...
+    def block_window(
+        self, feature: str, local: list[int], coord: tuple[int, int]
+    ) -> list[tuple[int, int]]: ...
+
 def main(argv: list[str]) -> int:
     """Run the featshard command line ``argv`` (program name first); its exit status."""
 
 def plan_json(path: str) -> str:
     """The Plan IR of the spec file at ``path``, as JSON; ``ValueError`` on a spec error."""
+
+def coords(mesh: tuple[int, int], rank: int) -> tuple[int, int]:
+    """The CP mesh coordinate of ``rank``."""
+
+def repad_indices(values: list[int], old: int, new: int) -> list[int]:
+    """Owner-block positions moved to a larger per-block stride; negatives stay."""

@@ -1,12 +1,21 @@
 //! `featshard._native`: the featshard command line run in process (so `pip install
-//! featshard` gives the `featshard` command with no Rust toolchain) and the spec
-//! crate's plans, for the typed Python package around it. One abi3 module serves every
-//! CPython >= 3.10; it links no libtorch.
+//! featshard` gives the `featshard` command with no Rust toolchain), and the spec crate's
+//! plans and geometry (padded lengths, owner-block positions, shapes, block windows,
+//! rank coordinates, repad strides), computed by the same functions the Rust executors
+//! call, for the typed Python package around it. One abi3 module serves every CPython
+//! >= 3.10; it links no libtorch.
 
 #![forbid(unsafe_code)]
 
-use pyo3::exceptions::PyValueError;
+use std::collections::BTreeMap;
+
+use featshard_spec::plan::{FeaturePlan, Ownership, SampleLayout};
+use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
+
+fn value_error(e: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
 
 /// Runs the featshard command line `argv` (the program name first) and returns its exit
 /// status, the interpreter's lock released meanwhile.
@@ -15,22 +24,131 @@ fn main(py: Python<'_>, argv: Vec<String>) -> i32 {
     py.detach(|| featshard::cli::run(argv))
 }
 
-/// The Plan IR of the spec file at `path`, as the JSON `featshard generate` writes to
-/// `<module>.plan.json`; a spec error is a `ValueError` with the rendered diagnostic
-/// (file, line and column).
+/// A compiled spec: its Plan IR and the geometry of any sample on any mesh.
+#[pyclass(frozen, module = "featshard._native")]
+struct Plan {
+    plan: featshard_spec::Plan,
+}
+
+#[pymethods]
+impl Plan {
+    /// Compiles the spec file at `path`; a spec error is a `ValueError` with the rendered
+    /// diagnostic (file, line and column).
+    #[staticmethod]
+    fn from_file(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Plan> {
+        py.detach(|| featshard_spec::compile_file(&path))
+            .map(|(_, plan)| Plan { plan })
+            .map_err(|d| value_error(format!("{:?}", miette::Report::new(d))))
+    }
+
+    /// The generated module's name.
+    #[getter]
+    fn module(&self) -> String {
+        self.plan.module.clone()
+    }
+
+    /// The Plan IR as the JSON `featshard generate` writes to `<module>.plan.json`.
+    fn json(&self) -> PyResult<String> {
+        featshard_codegen::plan_json(&self.plan).map_err(value_error)
+    }
+
+    /// One sample's layout on `mesh` as JSON (`SampleLayout`: padded lengths, owner-block
+    /// positions and blocks), from the length of every semantic present and, for each
+    /// owner-partitioned one, its items per direct owner (`counts`) or the direct owner
+    /// of every item (`owners`).
+    #[pyo3(signature = (mesh, sizes, counts = BTreeMap::new(), owners = BTreeMap::new()))]
+    fn layout(
+        &self,
+        mesh: (usize, usize),
+        sizes: BTreeMap<String, usize>,
+        counts: BTreeMap<String, Vec<usize>>,
+        owners: BTreeMap<String, Vec<usize>>,
+    ) -> PyResult<String> {
+        let mut ownership: BTreeMap<String, Ownership> = counts
+            .into_iter()
+            .map(|(s, c)| (s, Ownership::Counts(c)))
+            .collect();
+        ownership.extend(owners.into_iter().map(|(s, o)| (s, Ownership::Owners(o))));
+        let layout = self
+            .plan
+            .layout([mesh.0, mesh.1], &sizes, &ownership)
+            .map_err(value_error)?;
+        serde_json::to_string(&layout).map_err(value_error)
+    }
+
+    /// Every named feature's shapes (serial, padded, global, local) under a layout
+    /// (`layout`'s JSON), as JSON.
+    fn shapes(&self, layout: &str, names: Vec<String>) -> PyResult<String> {
+        let layout: SampleLayout = serde_json::from_str(layout).map_err(value_error)?;
+        let shapes = self
+            .plan
+            .shapes_of(&layout, names.iter().map(String::as_str))
+            .map_err(value_error)?;
+        let out: BTreeMap<&String, serde_json::Value> = shapes
+            .iter()
+            .map(|(n, s)| {
+                let v = serde_json::json!({
+                    "serial": s.serial_shape, "padded": s.padded_shape,
+                    "global": s.global_shape, "local": s.local_shape,
+                });
+                (n, v)
+            })
+            .collect();
+        serde_json::to_string(&out).map_err(value_error)
+    }
+
+    /// The `(start, len)` per axis of `feature`'s padded layout that the rank at CP
+    /// coordinate `coord` holds, for local block shape `local`.
+    fn block_window(
+        &self,
+        feature: &str,
+        local: Vec<usize>,
+        coord: (usize, usize),
+    ) -> PyResult<Vec<(usize, usize)>> {
+        match self.plan.features.get(feature) {
+            Some(FeaturePlan::Tensor(t)) if t.axes.len() == local.len() => {
+                Ok(t.block_window(&local, [coord.0, coord.1]))
+            }
+            Some(FeaturePlan::Tensor(t)) => Err(value_error(format!(
+                "feature `{feature}`: {} axes, but a local shape of {} was given",
+                t.axes.len(),
+                local.len()
+            ))),
+            _ => Err(PyKeyError::new_err(format!(
+                "feature `{feature}`: not a tensor feature of the spec"
+            ))),
+        }
+    }
+}
+
+/// The CP mesh coordinate `(i, j)` of rank `i * cp1 + j`.
+#[pyfunction]
+fn coords(mesh: (usize, usize), rank: usize) -> (usize, usize) {
+    let [i, j] = featshard_spec::layout::coords([mesh.0, mesh.1], rank);
+    (i, j)
+}
+
+/// Positions in an owner-block layout whose per-block stride grows from `old` to `new`
+/// (DP collate's repad); negative values (pads of index lists) stay.
+#[pyfunction]
+fn repad_indices(mut values: Vec<i64>, old: usize, new: usize) -> Vec<i64> {
+    featshard_spec::layout::repad_indices(&mut values, old, new);
+    values
+}
+
+/// The Plan IR of the spec file at `path`, as JSON (see `Plan.json`).
 #[pyfunction]
 fn plan_json(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
-    py.detach(|| {
-        let (_, plan) = featshard_spec::compile_file(&path)
-            .map_err(|d| PyValueError::new_err(format!("{:?}", miette::Report::new(d))))?;
-        featshard_codegen::plan_json(&plan).map_err(|e| PyValueError::new_err(e.to_string()))
-    })
+    Plan::from_file(py, path)?.json()
 }
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Plan>()?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(plan_json, m)?)?;
+    m.add_function(wrap_pyfunction!(coords, m)?)?;
+    m.add_function(wrap_pyfunction!(repad_indices, m)?)?;
     Ok(())
 }

@@ -165,3 +165,62 @@ def test_the_package_passes_mypy_strict_and_ruff() -> None:
         checked = subprocess.run(cmd, capture_output=True, text=True, check=False,
                                  env={**os.environ, "MYPYPATH": str(ROOT / "python")})
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+GEOMETRY = """
+import sys
+import featshard
+sys.path[:0] = sys.argv[1:3]
+import boltz2_placements as m
+from boltz_samples import random_sample
+
+plan = featshard.Plan(sys.argv[3])
+checked = 0
+for mesh in [(1, 1), (2, 2), (3, 3), (2, 3), (4, 1)]:
+    for seed in range(3):
+        s = random_sample(m, 30 + 7 * seed, seed=seed, atoms_per_token=(0, 6), msa_rows=8,
+                          templates=2, ensemble=1)
+        taken = m.intake(s)
+        lengths = m._sample_lengths(taken)
+        counts, owners = {}, {}
+        for sem, info in m.SEMANTICS.items():
+            if info.padding != "owner_blocks" or sem not in lengths:
+                continue
+            if info.owner_counts in taken:
+                counts[sem] = taken[info.owner_counts].tolist()
+            else:
+                owners[sem] = taken[info.owner_map].argmax(1).tolist()
+        native = plan.layout(mesh, lengths, counts, owners)
+        python = m.layouts(s, mesh)
+        assert sorted(python) == sorted(native["padded"]), (mesh, seed)
+        for sem, lay in python.items():
+            assert native["padded"][sem] == lay.padded, (mesh, seed, sem)
+            if lay.positions is None:
+                assert sem not in native["positions"], (mesh, seed, sem)
+            else:
+                assert native["positions"][sem] == lay.positions.tolist(), (mesh, seed, sem)
+                assert native["blocks"][sem]["per_block"] == lay.per_block, (mesh, seed, sem)
+        padded = m.pad_features(s, mesh)
+        names = sorted(n for n in padded if n in m.PLACEMENTS)
+        for n, sh in plan.shapes(native, names).items():
+            assert list(padded[n].shape) == sh["padded"], (mesh, seed, n)
+            local = sh["local"]
+            for rank in range(mesh[0] * mesh[1]):
+                window = plan.block_window(n, local, featshard.coords(mesh, rank))
+                assert [w[1] for w in window] == local and all(
+                    a + b <= p for (a, b), p in zip(window, sh["padded"])), (n, rank)
+        checked += 1
+print(checked)
+"""
+
+
+def test_the_native_geometry_equals_the_generated_modules(fresh_venv: Path, tmp_path: Path) -> None:
+    """Padded lengths, owner-block positions and padded shapes from the package's native
+    Plan (the spec crate's functions) equal the generated module's own, on random Boltz
+    samples for meshes 1x1, 2x2, 3x3, 2x3, 4x1; every rank's block window fits."""
+    out = tmp_path / "gen"
+    assert run(fresh_venv, "featshard", "generate", str(SPEC), "--out", str(out), cwd=tmp_path).returncode == 0
+    done = run(fresh_venv, "python", "-c", GEOMETRY, str(out), str(ROOT / "tests" / "python"), str(SPEC),
+               cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["15"]
