@@ -1,7 +1,7 @@
 // A derived feature's axes must be those of the outer product it is made as; the spec
 // check reports it on the field.
-use featshard::tch::Tensor;
-use featshard::Features;
+struct Tensor; // tch's stands here: the derive reads field types by name
+use featshard_macros::Features;
 
 #[derive(Features)]
 #[featshard(semantic(tokens, shard), semantic(msa, shard))]

@@ -1,5 +1,5 @@
-use featshard::tch::Tensor;
-use featshard::Features;
+struct Tensor; // tch's stands here: the derive reads field types by name
+use featshard_macros::Features;
 
 #[derive(Features)]
 #[featshard(semantic(tokens, shard), semantic(atoms, shard, owner = tokens, counts = atoms_per_token))]

@@ -1,5 +1,5 @@
-use featshard::tch::Tensor;
-use featshard::Features;
+struct Tensor; // tch's stands here: the derive reads field types by name
+use featshard_macros::Features;
 
 #[derive(Features)]
 #[featshard(spec = "examples/no_such_spec.yaml")]

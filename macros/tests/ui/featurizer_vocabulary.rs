@@ -1,7 +1,7 @@
 // The vocabulary for real featurizer output, misused: every error is reported at once,
 // each on its attribute.
-use featshard::tch::Tensor;
-use featshard::Features;
+struct Tensor; // tch's stands here: the derive reads field types by name
+use featshard_macros::Features;
 
 #[derive(Features)]
 #[featshard(
