@@ -455,10 +455,8 @@ fn explain_lengths(
         if owners == 0 {
             continue;
         }
-        let counts = (0..owners)
-            .map(|i| n / owners + usize::from(i < n % owners))
-            .collect();
-        l.counts.insert(name.clone(), counts);
+        l.counts
+            .insert(name.clone(), featshard_spec::plan::spread_evenly(n, owners));
         notes.push(format!(
             "{name} assumed spread evenly over {root}; real samples pad to their largest block"
         ));
@@ -489,39 +487,16 @@ fn axes_text(t: &TensorPlan) -> String {
     format!("[{}]", items.join(", "))
 }
 
-/// Shapes in terms of semantics: `pad6(tokens)` is tokens rounded up to a multiple of 6,
-/// `blocks6(atoms)` the owner-block layout of atoms in 6 blocks.
+/// Shapes in terms of semantics (`pad6(tokens)`, `blocks6(atoms)`), as the plan gives
+/// them.
 fn symbolic_shapes(plan: &Plan, t: &TensorPlan, mesh: [usize; CP_AXES]) -> (String, String) {
-    let mut global = Vec::new();
-    let mut local = Vec::new();
-    for a in &t.axes {
-        let full = match (&a.semantic, a.size) {
-            (Some(s), _) => {
-                let m = plan.pad_multiple(s, mesh);
-                match plan.semantics.get(s).map(|p| &p.padding) {
-                    Some(Padding::OwnerBlocks { .. }) => format!("blocks{m}({s})"),
-                    _ if m > 1 => format!("pad{m}({s})"),
-                    _ => s.clone(),
-                }
-            }
-            (None, Some(n)) => n.to_string(),
-            (None, None) => "?".into(),
-        };
-        let div = a.split.mesh_axis().map(|m| mesh[m]).filter(|&d| d > 1);
-        let part = match div {
-            Some(d) => format!("{full}/{d}"),
-            None => full.clone(),
-        };
-        match a.split {
-            featshard_spec::infer::Split::Follows { .. } => global.push(part.clone()),
-            _ => global.push(full),
-        }
-        local.push(part);
-    }
-    (
-        format!("[{}]", global.join(", ")),
-        format!("[{}]", local.join(", ")),
-    )
+    let s = plan.symbolic_shapes(t, mesh);
+    (extents(&s.global), extents(&s.local))
+}
+
+pub(crate) fn extents(e: &[featshard_spec::plan::Extent]) -> String {
+    let items: Vec<String> = e.iter().map(ToString::to_string).collect();
+    format!("[{}]", items.join(", "))
 }
 
 fn table(rows: &[[String; 5]]) -> String {

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use featshard_spec::infer::{Split, CP_AXES};
-use featshard_spec::plan::{FeaturePlan, Padding, Plan, Resolved, TensorPlan};
+use featshard_spec::plan::{FeaturePlan, Plan, Resolved, TensorPlan};
 
 use crate::commands::Failure;
 
@@ -89,29 +89,10 @@ pub fn picture(
     };
     let cuts: [Option<usize>; CP_AXES] = [split_on(0), split_on(1)];
     let dims = crate::commands::shape;
-    let symbolic = |local: bool| -> String {
-        let parts: Vec<String> = t
-            .axes
-            .iter()
-            .enumerate()
-            .map(|(d, a)| {
-                let full = match &a.semantic {
-                    Some(s) => match plan.semantics.get(s).map(|p| &p.padding) {
-                        Some(Padding::None) | None => s.clone(),
-                        Some(_) => format!("pad({s})"),
-                    },
-                    None => axis_name(t, d),
-                };
-                match (
-                    a.split.mesh_axis(),
-                    local || matches!(a.split, Split::Follows { .. }),
-                ) {
-                    (Some(m), true) if mesh[m] > 1 => format!("{full}/{}", mesh[m]),
-                    _ => full,
-                }
-            })
-            .collect();
-        format!("[{}]", parts.join(", "))
+    let symbolic_shapes = plan.symbolic_shapes(t, mesh);
+    let symbolic = |local: bool| match local {
+        true => crate::commands::extents(&symbolic_shapes.local),
+        false => crate::commands::extents(&symbolic_shapes.global),
     };
     let rows = if cuts[0].is_some() { mesh[0] } else { 1 };
     let cols = if cuts[1].is_some() { mesh[1] } else { 1 };

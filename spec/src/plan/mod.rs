@@ -15,11 +15,13 @@ use crate::layout::BlockLayout;
 
 mod build;
 mod resolve;
+mod symbolic;
 
 pub use build::plan;
 pub use resolve::{
     FeatureShapes, Lengths, Ownership, ResolveError, Resolved, SampleLayout, ShardBreach,
 };
+pub use symbolic::{spread_evenly, Extent, SymbolicShapes};
 
 /// Version of the plan.json format.
 pub const PLAN_VERSION: u32 = 1;
