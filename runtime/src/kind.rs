@@ -3,6 +3,7 @@
 use featshard_spec::ir::{DType, PadValue};
 use tch::{Kind, Scalar};
 
+/// The tch kind of a spec dtype.
 pub fn kind_of(d: DType) -> Kind {
     match d {
         DType::Bool => Kind::Bool,
@@ -27,6 +28,7 @@ pub fn kind_name(k: Kind) -> String {
         .unwrap_or_else(|| format!("{k:?}"))
 }
 
+/// A pad value as a tch scalar.
 pub fn scalar(p: PadValue) -> Scalar {
     match p {
         PadValue::Bool(b) => Scalar::int(i64::from(b)),

@@ -13,6 +13,7 @@
 
 // `unsafe` only in the FFI boundary modules (`dist::ffi`, `views`), which allow it.
 #![deny(unsafe_code)]
+#![deny(missing_docs)]
 
 #[cfg(feature = "c10d")]
 pub mod dist;

@@ -20,6 +20,7 @@ use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
 pub struct Packed {
     /// The features that do not touch the packed semantic, in the plan's layout.
     pub rest: Padded,
+    /// The pack plan of the packed semantic.
     pub pack: PackPlan,
     /// Length of the packed axis (a multiple of `window x cp0`).
     pub packed_len: usize,

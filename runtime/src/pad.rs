@@ -22,7 +22,9 @@ use crate::views::{tensor, view, views};
 /// One sample in the padded global layout of one mesh.
 #[derive(Debug)]
 pub struct Padded {
+    /// Padded lengths and owner-block positions.
     pub layout: SampleLayout,
+    /// Every tensor feature's shapes.
     pub shapes: BTreeMap<String, FeatureShapes>,
     /// Every tensor feature at its padded shape.
     pub tensors: BTreeMap<String, Tensor>,
@@ -35,7 +37,9 @@ pub struct Padded {
 /// A validated sample placed on one mesh, not yet padded.
 #[derive(Debug)]
 pub struct Placed {
+    /// Padded lengths and owner-block positions.
     pub layout: SampleLayout,
+    /// Every tensor feature's shapes.
     pub shapes: BTreeMap<String, FeatureShapes>,
     /// Every tensor feature at its serial shape, index values already in the padded
     /// layout (one-hot maps are moved by their axes instead).

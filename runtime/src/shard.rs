@@ -21,6 +21,7 @@ use crate::sample::{tensor_plan, Features};
 /// What `DTensor.from_local` needs besides the local tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DTensorMeta {
+    /// The DTensor's global shape.
     pub global_shape: Vec<usize>,
     /// Contiguous strides of the global shape.
     pub stride: Vec<usize>,
@@ -31,7 +32,9 @@ pub struct DTensorMeta {
 /// One rank's block of one feature.
 #[derive(Debug)]
 pub struct LocalBlock {
+    /// The rank's block.
     pub tensor: Tensor,
+    /// What `DTensor.from_local` needs besides the block.
     pub meta: DTensorMeta,
 }
 
@@ -41,10 +44,12 @@ pub use featshard_spec::layout::coords;
 pub use featshard_spec::layout::contiguous_stride;
 
 impl Padded {
+    /// The CP mesh `(cp0, cp1)` the sample is laid out on.
     pub fn mesh(&self) -> [usize; CP_AXES] {
         self.layout.mesh
     }
 
+    /// How many ranks the CP mesh holds.
     pub fn world_size(&self) -> usize {
         self.layout.mesh.iter().product()
     }

@@ -190,7 +190,9 @@ fn buffer(
 /// Why the source has no sample for this step.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SourceFailure {
+    /// The sample's index in the serial dataset, when known.
     pub sample: Option<usize>,
+    /// What went wrong.
     pub message: String,
 }
 
@@ -226,9 +228,11 @@ impl LocalSample {
 /// and `assemble` need.
 #[derive(Debug)]
 pub struct Distributed<T> {
+    /// The typed local blocks.
     pub local: T,
     /// Index of the sample in the serial dataset.
     pub sample: usize,
+    /// The sample's layout on the mesh.
     pub layout: SampleLayout,
     /// DTensor metadata of every block, by feature name.
     pub meta: BTreeMap<String, DTensorMeta>,

@@ -5,26 +5,44 @@ use std::fmt;
 
 use crate::error::RuntimeError;
 
+/// Why a distributed step failed; every rank of the group returns the same error.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DistError {
     /// The launcher environment or the mesh is not usable.
-    Setup { message: String },
+    Setup {
+        /// What is wrong with it.
+        message: String,
+    },
     /// A c10d call failed: a timeout, a peer that went away, a shape mismatch.
     Collective {
+        /// The collective.
         op: &'static str,
+        /// The group it ran on.
         group: String,
+        /// What c10d said.
         message: String,
     },
     /// The source rank of a CP group could not produce its sample (after retries).
     Source {
+        /// The source rank.
         rank: usize,
+        /// The sample's index in the serial dataset, when known.
         sample: Option<usize>,
+        /// Why.
         message: String,
     },
     /// A rank failed on what it received; every rank of the group reports it.
-    Rank { rank: usize, message: String },
+    Rank {
+        /// The rank that failed.
+        rank: usize,
+        /// Why.
+        message: String,
+    },
     /// What the source announced does not match what arrived (a bug or a mixed build).
-    Protocol { message: String },
+    Protocol {
+        /// What did not match.
+        message: String,
+    },
     /// The sample or blocks do not fit the plan (on the rank that found it).
     Runtime(RuntimeError),
 }

@@ -15,7 +15,10 @@ pub enum Backend {
     /// `ProcessGroupGloo`, CPU tensors.
     Gloo,
     /// `ProcessGroupNCCL` on CUDA device `device` (needs the `nccl` feature).
-    Nccl { device: usize },
+    Nccl {
+        /// The CUDA device index.
+        device: usize,
+    },
 }
 
 impl Backend {
@@ -33,16 +36,21 @@ pub fn nccl_compiled() -> bool {
     ffi::nccl_compiled()
 }
 
+/// How an all-reduce combines the ranks' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// The sum.
     Sum,
+    /// The largest value.
     Max,
+    /// The smallest value.
     Min,
 }
 
 /// How groups are created.
 #[derive(Clone, Debug)]
 pub struct GroupOptions {
+    /// The process-group backend.
     pub backend: Backend,
     /// Every store wait and collective gives up after this long.
     pub timeout: Duration,
@@ -149,14 +157,17 @@ impl Rendezvous {
             .collect()
     }
 
+    /// This process's rank in the world.
     pub fn rank(&self) -> usize {
         self.rank
     }
 
+    /// How many processes the world holds.
     pub fn world_size(&self) -> usize {
         self.world_size
     }
 
+    /// The options every group is created with.
     pub fn options(&self) -> &GroupOptions {
         &self.opts
     }
@@ -237,6 +248,7 @@ impl std::fmt::Debug for ProcessGroup {
 }
 
 impl ProcessGroup {
+    /// The group's name (its store prefix).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -246,6 +258,7 @@ impl ProcessGroup {
         self.rank
     }
 
+    /// How many ranks the group holds.
     pub fn size(&self) -> usize {
         self.ranks.len()
     }
@@ -315,6 +328,7 @@ impl ProcessGroup {
         Ok(outs)
     }
 
+    /// Reduces `t` in place over the group with `op`.
     pub fn all_reduce(&self, t: &mut Tensor, op: ReduceOp) -> Result<(), DistError> {
         let code = match op {
             ReduceOp::Sum => 0,
@@ -326,6 +340,7 @@ impl ProcessGroup {
             .map_err(self.err("all_reduce"))
     }
 
+    /// Waits until every rank of the group reaches it.
     pub fn barrier(&self) -> Result<(), DistError> {
         self.inner.barrier().map_err(self.err("barrier"))
     }

@@ -18,8 +18,10 @@ use crate::sample::{Features, Options};
 
 /// A dataset of serial (unpadded, unsharded) samples, read on source ranks only.
 pub trait SerialDataset: Send + Sync {
+    /// How many samples the dataset holds.
     fn len(&self) -> usize;
 
+    /// Whether the dataset holds no sample.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -28,18 +30,24 @@ pub trait SerialDataset: Send + Sync {
     fn get(&self, index: usize) -> Result<Features, String>;
 }
 
+/// The order samples are visited in, each epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {
     /// Dataset order (inference).
     Sequential,
     /// A permutation drawn from `seed` and the epoch (training); the same on every rank.
-    Shuffled { seed: u64 },
+    Shuffled {
+        /// The shuffle's seed.
+        seed: u64,
+    },
 }
 
+/// How a loader batches, orders and retries.
 #[derive(Clone, Debug)]
 pub struct LoaderOptions {
     /// Samples per batch on each DP replica.
     pub batch_size: usize,
+    /// The order of samples.
     pub order: Order,
     /// Drop the tail that does not fill every replica; otherwise wrap around to the
     /// start so every replica gets the same number of samples.
@@ -88,6 +96,7 @@ fn splitmix(state: &mut u64) -> u64 {
 }
 
 impl<D: SerialDataset + 'static> ShardedLoader<D> {
+    /// A loader over `dataset` for `plan`; refuses a batch size of 0.
     pub fn new(dataset: Arc<D>, plan: Arc<Plan>, opts: LoaderOptions) -> Result<Self, DistError> {
         if opts.batch_size == 0 {
             return Err(DistError::Setup {

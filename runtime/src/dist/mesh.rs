@@ -79,14 +79,17 @@ impl Mesh {
         }
     }
 
+    /// How many data-parallel replicas.
     pub fn dp_size(&self) -> usize {
         self.dp
     }
 
+    /// The CP mesh `(cp0, cp1)`.
     pub fn cp_shape(&self) -> [usize; CP_AXES] {
         self.cp
     }
 
+    /// This rank in the world.
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -112,14 +115,17 @@ impl Mesh {
         self.cp_rank() == 0
     }
 
+    /// The group of every rank.
     pub fn world(&self) -> &ProcessGroup {
         &self.world
     }
 
+    /// This rank's CP group (one sample's ranks).
     pub fn cp(&self) -> &ProcessGroup {
         &self.cp_group
     }
 
+    /// This rank's DP group (the ranks at its CP coordinate in every replica).
     pub fn dp(&self) -> &ProcessGroup {
         &self.dp_group
     }

@@ -48,10 +48,12 @@ impl PreshardedDataset {
         })
     }
 
+    /// How many samples the pre-sharded dataset holds.
     pub fn len(&self) -> usize {
         self.names.len()
     }
 
+    /// Whether it holds no sample.
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
     }
