@@ -207,19 +207,35 @@ fn no_runtime() -> Failure {
     )
 }
 
-/// Runs the command line `args` (the program name first) and returns its exit status:
-/// 0 on success, 1 when the command failed, 2 for arguments it cannot parse. Output
-/// goes to stdout and stderr; nothing here exits the process.
-pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> i32 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
-        Err(e) => {
-            // --help and --version are "errors" that print to stdout and succeed.
-            let _ = e.print();
-            return e.exit_code();
-        }
-    };
-    let result = match cli.command {
+/// How `explain` shows its result: an SVG file, a terminal picture of one feature (in
+/// colour only on a terminal, and never with NO_COLOR set), or the table.
+fn explain_view<'a>(
+    svg: Option<&'a std::path::Path>,
+    feature: Option<&'a str>,
+) -> commands::View<'a> {
+    match (svg, feature) {
+        (Some(file), feature) => commands::View::Svg { feature, file },
+        (None, Some(feature)) => commands::View::Picture {
+            feature,
+            color: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+        },
+        (None, None) => commands::View::Table,
+    }
+}
+
+/// `text` written to `out` (then a line saying so), or returned to be printed.
+fn write_or_print(text: String, out: Option<PathBuf>) -> Result<String, Failure> {
+    match out {
+        Some(path) => std::fs::write(&path, &text)
+            .map(|()| format!("wrote {}", path.display()))
+            .map_err(|e| Failure::Other(format!("cannot write {}: {e}", path.display()))),
+        None => Ok(text),
+    }
+}
+
+/// Runs one parsed command.
+fn dispatch(command: Command) -> Result<String, Failure> {
+    match command {
         Command::Generate { spec, out, tests } => {
             commands::generate(&spec, &out, tests).map(|written| {
                 written
@@ -239,19 +255,7 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> i32 {
             feature,
             svg,
         } => {
-            let view = match (&svg, &feature) {
-                (Some(file), f) => commands::View::Svg {
-                    feature: f.as_deref(),
-                    file,
-                },
-                (None, Some(f)) => commands::View::Picture {
-                    feature: f,
-                    // Colour only on a terminal, and never with NO_COLOR set.
-                    color: std::io::stdout().is_terminal()
-                        && std::env::var_os("NO_COLOR").is_none(),
-                },
-                (None, None) => commands::View::Table,
-            };
+            let view = explain_view(svg.as_deref(), feature.as_deref());
             commands::explain(
                 &spec,
                 mesh,
@@ -283,12 +287,7 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> i32 {
             .into_iter()
             .filter_map(|(s, k)| k.map(|k| (s.to_owned(), k)))
             .collect();
-            crate::init::draft(&from, &anchors, &module).and_then(|text| match &out {
-                Some(path) => std::fs::write(path, &text)
-                    .map(|()| format!("wrote {}", path.display()))
-                    .map_err(|e| Failure::Other(format!("cannot write {}: {e}", path.display()))),
-                None => Ok(text),
-            })
+            crate::init::draft(&from, &anchors, &module).and_then(|text| write_or_print(text, out))
         }
         Command::Shard {
             spec,
@@ -317,7 +316,26 @@ pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> i32 {
             out,
             padded,
         } => assemble(&spec, &shards, &out, padded),
+    }
+}
+
+/// Runs the command line `args` (the program name first) and returns its exit status:
+/// 0 on success, 1 when the command failed, 2 for arguments it cannot parse. Output
+/// goes to stdout and stderr; nothing here exits the process.
+pub fn run(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> i32 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are "errors" that print to stdout and succeed.
+            let _ = e.print();
+            return e.exit_code();
+        }
     };
+    report(dispatch(cli.command))
+}
+
+/// Prints a command's result and gives its exit status.
+fn report(result: Result<String, Failure>) -> i32 {
     match result {
         Ok(text) => {
             println!("{}", text.trim_end());
