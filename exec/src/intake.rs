@@ -32,8 +32,8 @@ pub struct Options {
     /// Features not in the spec (or workflow) that are carried along untouched
     /// instead of being an error.
     pub passthrough: BTreeSet<String>,
-    /// Threads that value checks and block writing may use (0 and 1: the calling
-    /// thread only). Errors are the same as on one thread.
+    /// Threads that writing rank files and blocks may use (0 and 1: the calling thread
+    /// only). Validation reads each large feature once, on the calling thread.
     pub threads: usize,
 }
 

@@ -51,7 +51,7 @@ pub fn place<'a>(
     opts: &Options,
 ) -> Result<Placed<'a>, RuntimeError> {
     let taken = intake(plan, features, opts)?;
-    let checked = check(plan, &taken, opts.threads)?;
+    let checked = check(plan, &taken)?;
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
     let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
     let mut arrays = BTreeMap::new();

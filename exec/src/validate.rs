@@ -64,7 +64,7 @@ fn two_d(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
 
 /// Checks a sample after [`intake`](crate::intake::intake) (see the module
 /// documentation).
-pub fn check(plan: &Plan, taken: &Intake, _threads: usize) -> Result<Checked, RuntimeError> {
+pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
     let features = &taken.features;
     let passthrough = taken.passthrough.clone();
     let names: Vec<String> = features

@@ -45,7 +45,7 @@ pub(crate) fn intake_checked(
 ) -> Result<(Intake, Checked), RuntimeError> {
     let seen = views(plan, features)?;
     let taken = featshard_exec::intake::intake(plan, &seen, opts)?;
-    let checked = featshard_exec::validate::check(plan, &taken, opts.threads)?;
+    let checked = featshard_exec::validate::check(plan, &taken)?;
     Ok((to_tensors(taken, features, &seen)?, checked))
 }
 

@@ -25,7 +25,7 @@ fn inference() -> Options {
 
 fn error(plan: &featshard_spec::Plan, s: &Features) -> RuntimeError {
     let e = pad(plan, [2, 3], s, &inference()).expect_err("bad sample was accepted");
-    // Checked feature by feature on several threads, the error is the same.
+    // With threads for writing blocks, the error is the same.
     let threaded = Options {
         threads: 3,
         ..inference()
