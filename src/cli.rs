@@ -68,7 +68,7 @@ enum Command {
         /// Datasets: samples sharded at a time.
         #[arg(long, default_value_t = 1)]
         jobs: usize,
-        /// Threads of each job, or of the one sample (value checks and block writes).
+        /// Threads of each job, or of the one sample, sharing its rank files.
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// CP mesh sizes, e.g. 3x3 or 2x3.
