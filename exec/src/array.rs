@@ -148,6 +148,14 @@ impl<'a> Array<'a> {
         s
     }
 
+    /// The base byte offset of view index `idx` on its first `idx.len()` axes.
+    fn offset(&self, idx: &[usize], strides: &[usize]) -> usize {
+        idx.iter()
+            .enumerate()
+            .map(|(d, &i)| self.sel[d].get(i) * strides[d])
+            .sum()
+    }
+
     /// Items `start..start + len` of axis `d` (within the view's length).
     pub fn narrow(&self, d: usize, start: usize, len: usize) -> Self {
         let mut out = self.clone();
@@ -201,11 +209,7 @@ impl<'a> Array<'a> {
         let mut row = Vec::with_capacity(inner);
         let mut released = Released::default();
         loop {
-            let off: usize = idx
-                .iter()
-                .enumerate()
-                .map(|(d, &i)| self.sel[d].get(i) * strides[d])
-                .sum();
+            let off = self.offset(&idx, &strides);
             row.clear();
             match last {
                 Sel::Range { start, len } => {
@@ -236,11 +240,7 @@ impl<'a> Array<'a> {
     /// The value at view index `idx` (one per axis, each within the view's length).
     pub fn value_at(&self, idx: &[usize]) -> f64 {
         let strides = self.base_strides();
-        let off: usize = idx
-            .iter()
-            .enumerate()
-            .map(|(d, &i)| self.sel[d].get(i) * strides[d])
-            .sum();
+        let off = self.offset(idx, &strides);
         let mut v = Vec::with_capacity(1);
         decode_into(
             self.dtype,
@@ -385,9 +385,7 @@ impl<'a> Array<'a> {
         let mut gathered = Vec::new();
         self.for_each_outer(
             |idx| {
-                let off: usize = (0..last)
-                    .map(|d| self.sel[d].get(idx[d]) * strides[d])
-                    .sum();
+                let off = self.offset(idx, &strides);
                 match &self.sel[last] {
                     Sel::Range { start, len } => {
                         f(idx, &bytes[off + start * es..off + (start + len) * es])
@@ -429,11 +427,7 @@ impl<'a> Array<'a> {
         }
         let mut idx = vec![0usize; shape.len()];
         loop {
-            let off: usize = idx
-                .iter()
-                .enumerate()
-                .map(|(d, &i)| self.sel[d].get(i) * strides[d])
-                .sum();
+            let off = self.offset(&idx, &strides);
             out.extend_from_slice(&bytes[off..off + es]);
             let Some(d) = (0..idx.len()).rev().find(|&d| idx[d] + 1 < shape[d]) else {
                 break;
