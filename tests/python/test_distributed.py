@@ -77,6 +77,8 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
         out["status"] = "error"
         out["error"] = f"{type(e).__name__}: {e}"
     Path(results, f"rank-{rank}.json").write_text(json.dumps(out))
+    # Nobody tears down gloo while a peer may still be using its connections.
+    dist.barrier()
     dist.destroy_process_group()
     del torch
 
