@@ -1,67 +1,134 @@
-"""Benchmark: the generated Python pipeline and the Rust runtime producing every rank's
-block of one Boltz-2-sized sample (N=2048 tokens, ~20k atoms, S=4096, cp=(3,3)), in
-one run on one machine, one thread each. Median of 3 runs each.
+"""Benchmark: every rank's block of one Boltz-2-sized sample (N=2048 tokens, ~20k atoms,
+S=4096, cp=(3,3)) made by the Rust tch runtime, by the featshard package on the byte
+executor (`featshard.blocks`) and by the generated module's own Python copy, in one run
+on one machine, with 1 and 2 threads. Median of 3 runs each.
 
-    . scripts/env.sh && cargo build --release -p featshard-runtime --example time_blocks
+    . scripts/env.sh && cargo build --release && \
+        cargo build --release -p featshard-runtime --example time_blocks
+    maturin build --release -m python/Cargo.toml -o target/wheels && pip install target/wheels/*.whl
     python benches/python_vs_rust.py
+
+Each path runs in a process of its own that first loads the sample from one safetensors
+file; its memory figure is the peak resident set while making the blocks, above what the
+process held with the sample loaded (the peak is reset after loading).
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import json
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "boltz2.yaml"
 MESH = (3, 3)
+RUNS = 3
+
+
+def _status(field: str) -> int:
+    """A /proc/self/status figure, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def child(how: str, threads: int, out: Path) -> None:
+    """One path, timed in this process: prints `seconds peak_bytes`."""
+    torch.set_num_threads(threads)
+    sys.path[:0] = [str(out)]
+    # Copied out of the file's memory map, so that the sample is resident before the
+    # peak is reset (a mapped sample's pages would count when the blocks first read them).
+    loaded = load_file(str(out / "sample.safetensors"))
+    sample = {name: x.clone() for name, x in loaded.items()}
+    del loaded
+    if how == "package":
+        import featshard
+        from featshard import blocks
+
+        plan = featshard.Plan(SPEC)
+
+        def run() -> Any:
+            return blocks.rank_blocks(plan, sample, MESH, workflow="inference", threads=threads)
+    else:
+        data = importlib.import_module("boltz2_placements_data")
+
+        def run() -> Any:
+            return data.rank_blocks(sample, MESH)
+
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak resident set
+    before = _status("VmRSS")
+    times = []
+    for _ in range(RUNS):
+        start = time.perf_counter()
+        made = run()
+        times.append(time.perf_counter() - start)
+        del made
+        gc.collect()
+    print(sorted(times)[RUNS // 2], _status("VmHWM") - before)
+
+
+def measure(how: str, threads: int, out: Path) -> tuple[float, int]:
+    if how == "rust":
+        cmd = [str(ROOT / "target" / "release" / "examples" / "time_blocks"), str(SPEC),
+               str(out / "sample.safetensors"), f"{MESH[0]}x{MESH[1]}", "inference", str(threads)]
+        line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        fields = dict(kv.split("=") for kv in line.split())
+        return float(fields["rust_seconds"]), int(fields["peak_bytes"])
+    cmd = [sys.executable, __file__, "--child", how, str(threads), str(out)]
+    seconds, peak = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()
+    return float(seconds), int(peak)
 
 
 def main() -> None:
-    torch.set_num_threads(1)
-    out = Path(tempfile.mkdtemp(prefix="featshard-bench-"))
-    subprocess.run([str(ROOT / "target" / "release" / "featshard"), "generate",
-                    str(ROOT / "examples" / "boltz2.yaml"), "--out", str(out)], check=True)
+    with tempfile.TemporaryDirectory(prefix="featshard-bench-") as folder:
+        bench(Path(folder))
+
+
+def bench(out: Path) -> None:
+    subprocess.run([str(ROOT / "target" / "release" / "featshard"), "generate", str(SPEC),
+                    "--out", str(out)], check=True, capture_output=True)
     sys.path[:0] = [str(out), str(ROOT / "tests" / "python")]
     placements = importlib.import_module("boltz2_placements")
-    data = importlib.import_module("boltz2_placements_data")
     from boltz_samples import random_sample
 
     sample = random_sample(placements, 2048, seed=1, atoms_per_token=(0, 20), msa_rows=4096,
                            templates=4, ensemble=1)
     n_atoms = int(sample["atom_counts_per_token"].sum())
     serial = sum(t.numel() * t.element_size() for t in sample.values())
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        blocks = data.rank_blocks(sample, MESH)
-        times.append(time.perf_counter() - start)
-        del blocks
-        gc.collect()
-    py = sorted(times)[1]
-    path = out / "sample.safetensors"
-    save_file(sample, str(path))
+    save_file(sample, str(out / "sample.safetensors"))
     del sample
     gc.collect()
-    rust_bin = ROOT / "target" / "release" / "examples" / "time_blocks"
-    line = subprocess.run([str(rust_bin), str(ROOT / "examples" / "boltz2.yaml"), str(path),
-                           f"{MESH[0]}x{MESH[1]}", "inference"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    fields = dict(kv.split("=") for kv in line.split())
-    rust = float(fields["rust_seconds"])
-    padded = int(fields["padded_bytes"])
-    print(f"sample: 2048 tokens, {n_atoms} atoms, 4096 MSA rows, {serial / 1e9:.2f} GB serial, "
-          f"{padded / 1e9:.2f} GB padded; mesh {MESH[0]}x{MESH[1]}; one thread each")
-    print(f"python (generated module): {py:7.3f} s  {padded / py / 1e9:5.2f} GB/s")
-    print(f"rust   (featshard-runtime): {rust:7.3f} s  {padded / rust / 1e9:5.2f} GB/s")
-    print(f"python / rust time ratio:   {py / rust:7.2f}")
+    print(f"sample: 2048 tokens, {n_atoms} atoms, 4096 MSA rows, {serial / 1e9:.2f} GB serial; "
+          f"mesh {MESH[0]}x{MESH[1]}; median of {RUNS}; memory: peak RSS above the loaded sample")
+    rows: dict[tuple[str, int], tuple[float, int]] = {}
+    for threads in (1, 2):
+        for how in ("rust", "package", "generated"):
+            if how == "generated" and threads == 2:
+                continue
+            rows[how, threads] = measure(how, threads, out)
+    names = {"rust": "rust tch runtime (pad + rank_blocks)",
+             "package": "featshard.blocks.rank_blocks",
+             "generated": "generated module's rank_blocks"}
+    for (how, threads), (s, peak) in rows.items():
+        rust_s, rust_peak = rows["rust", threads]
+        print(f"{names[how]:38} threads {threads}: {s:7.3f} s  x{s / rust_s:5.2f}   "
+              f"peak {peak / 1e9:5.2f} GB  x{peak / rust_peak:5.2f}")
+    print(json.dumps({f"{h}-{t}": v for (h, t), v in rows.items()}))
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child(sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]))
+    else:
+        main()

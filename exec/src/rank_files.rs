@@ -9,16 +9,14 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use featshard_spec::ir::DType;
-use featshard_spec::plan::{Plan, Remap};
+use featshard_spec::plan::Plan;
 pub use featshard_spec::shards::FileSum;
 
-use crate::array::Array;
-use crate::dtype;
+use crate::blocks::{feature_blocks, FeatureBlocks};
 use crate::error::RuntimeError;
 use crate::files::{self, Metadata};
-use crate::place::{axis_maps, AxisMap, Placed};
-use crate::validate::tensor_plan;
-use crate::window::{write_window, Sink};
+use crate::place::Placed;
+use crate::window::Sink;
 
 pub use featshard_spec::layout::coords;
 
@@ -46,7 +44,6 @@ pub fn write_rank_files(
     let threads = threads.clamp(1, world.max(1));
     let write = |rank: usize| {
         let file = RankFile {
-            plan,
             placed,
             entries: &entries,
             coord: coords(placed.layout.mesh, rank),
@@ -76,64 +73,25 @@ pub fn write_rank_files(
     done.into_iter().collect()
 }
 
-/// One entry of a rank file.
-struct Entry<'p, 'a> {
-    name: String,
-    dtype: DType,
-    shape: Vec<usize>,
-    x: &'p Array<'a>,
-    /// `None` for a feature carried along whole.
-    axes: Option<Vec<AxisMap<'p>>>,
-    pad: Vec<u8>,
-}
-
 /// Every rank file's entries, in the order safetensors lays out their data.
 fn entries<'p, 'a>(
-    plan: &Plan,
+    plan: &'p Plan,
     placed: &'p Placed<'a>,
-) -> Result<Vec<Entry<'p, 'a>>, RuntimeError> {
-    let mut out = Vec::new();
-    for (name, x) in &placed.arrays {
-        let t = tensor_plan(plan, name)?;
-        let shapes = placed
-            .shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::Missing {
-                feature: name.clone(),
-            })?;
-        out.push(Entry {
-            name: name.clone(),
-            dtype: x.dtype(),
-            shape: shapes.local_shape.clone(),
-            x,
-            axes: Some(axis_maps(t, shapes, &placed.layout)),
-            pad: dtype::pad_bytes(x.dtype(), t.pad_value),
-        });
-    }
-    for (name, x) in &placed.passthrough {
-        out.push(Entry {
-            name: name.clone(),
-            dtype: x.dtype(),
-            shape: x.shape(),
-            x,
-            axes: None,
-            pad: Vec::new(),
-        });
-    }
+) -> Result<Vec<FeatureBlocks<'p, 'a>>, RuntimeError> {
+    let out = feature_blocks(plan, placed)?;
     let keyed: Vec<(&str, DType, Vec<usize>)> = out
         .iter()
         .map(|e| (e.name.as_str(), e.dtype, e.shape.clone()))
         .collect();
     let order = files::data_order(&keyed);
-    let mut slots: Vec<Option<Entry>> = out.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<FeatureBlocks>> = out.into_iter().map(Some).collect();
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
 }
 
 /// One rank's file.
 struct RankFile<'r, 'p, 'a> {
-    plan: &'r Plan,
     placed: &'p Placed<'a>,
-    entries: &'r [Entry<'p, 'a>],
+    entries: &'r [FeatureBlocks<'p, 'a>],
     coord: [usize; 2],
 }
 
@@ -148,69 +106,10 @@ impl RankFile<'_, '_, '_> {
         out.copy(&files::header(&keyed, header)?)
             .map_err(|e| write_error(path, e))?;
         for e in self.entries {
-            self.write_entry(e, &mut out)
+            e.write(self.placed, self.coord, &mut out)
                 .map_err(|err| write_error(path, err))?;
         }
         out.finish()
-    }
-
-    fn write_entry(&self, e: &Entry, out: &mut Out) -> io::Result<()> {
-        let Some(axes) = &e.axes else {
-            let whole: Vec<AxisMap> = e
-                .shape
-                .iter()
-                .map(|&padded| AxisMap {
-                    padded,
-                    positions: None,
-                })
-                .collect();
-            let window: Vec<(usize, usize)> = e.shape.iter().map(|&n| (0, n)).collect();
-            return write_window(e.x, &e.pad, &whole, &window, out);
-        };
-        let t = tensor_plan(self.plan, &e.name).map_err(io::Error::other)?;
-        let window = t.block_window(&e.shape, self.coord);
-        match &t.remap {
-            Remap::ShardLocal { of, mesh_axis } => {
-                let layout = &self.placed.layout;
-                let start = layout.shard_start(of, *mesh_axis, self.coord).unwrap_or(0) as i64;
-                let mut shifted = Shift {
-                    out,
-                    dtype: e.dtype,
-                    by: start,
-                    buf: Vec::new(),
-                };
-                write_window(e.x, &e.pad, axes, &window, &mut shifted)
-            }
-            _ => write_window(e.x, &e.pad, axes, &window, out),
-        }
-    }
-}
-
-/// Shard-local ids: every real entry (each copied one; pads are filled) moved by the
-/// start of its shard.
-struct Shift<'o> {
-    out: &'o mut Out,
-    dtype: DType,
-    by: i64,
-    buf: Vec<u8>,
-}
-
-impl Sink for Shift<'_> {
-    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let es = dtype::size(self.dtype);
-        self.buf.clear();
-        for v in bytes.chunks_exact(es) {
-            dtype::encode_i64(
-                self.dtype,
-                dtype::read_i64(self.dtype, v) - self.by,
-                &mut self.buf,
-            );
-        }
-        self.out.copy(&self.buf)
-    }
-
-    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
-        self.out.fill(pad, count)
     }
 }
 

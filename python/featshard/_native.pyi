@@ -1,6 +1,22 @@
 """Types of featshard's native module (Rust, PyO3)."""
 
+from typing import Any
+
 __version__: str
+
+class Placement:
+    """A sample validated and placed on a CP mesh by the byte executor."""
+
+    def layout(self) -> str: ...
+    def features(self) -> list[tuple[str, str, list[int]]]: ...
+    def passthrough(self) -> list[str]: ...
+    def intake(self) -> tuple[list[str], dict[str, int], dict[str, int]]: ...
+    def write_blocks(
+        self, coord: tuple[int, int], outs: list[tuple[str, Any]], threads: int = 1
+    ) -> None: ...
+    def rank_buffer(
+        self, coord: tuple[int, int], threads: int = 1
+    ) -> tuple[Any, list[tuple[str, int]]]: ...
 
 class Plan:
     """A compiled spec: its Plan IR and the geometry of any sample on any mesh."""
@@ -10,6 +26,14 @@ class Plan:
     @property
     def module(self) -> str: ...
     def json(self) -> str: ...
+    def place(
+        self,
+        features: dict[str, Any],
+        mesh: tuple[int, int],
+        workflow: str | None = None,
+        passthrough: set[str] = ...,
+        threads: int = 1,
+    ) -> Placement: ...
     def layout(
         self,
         mesh: tuple[int, int],

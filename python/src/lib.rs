@@ -5,9 +5,13 @@
 //! call, for the typed Python package around it. One abi3 module serves every CPython
 //! >= 3.10; it links no libtorch.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
-use std::collections::BTreeMap;
+mod dlpack;
+mod placement;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use featshard_spec::plan::{FeaturePlan, Ownership, SampleLayout};
 use pyo3::exceptions::{PyKeyError, PyValueError};
@@ -27,7 +31,7 @@ fn main(py: Python<'_>, argv: Vec<String>) -> i32 {
 /// A compiled spec: its Plan IR and the geometry of any sample on any mesh.
 #[pyclass(frozen, module = "featshard._native")]
 struct Plan {
-    plan: featshard_spec::Plan,
+    plan: Arc<featshard_spec::Plan>,
 }
 
 #[pymethods]
@@ -37,8 +41,31 @@ impl Plan {
     #[staticmethod]
     fn from_file(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Plan> {
         py.detach(|| featshard_spec::compile_file(&path))
-            .map(|(_, plan)| Plan { plan })
+            .map(|(_, plan)| Plan {
+                plan: Arc::new(plan),
+            })
             .map_err(|d| value_error(format!("{:?}", miette::Report::new(d))))
+    }
+
+    /// Validates `features` (name -> a tensor's DLPack capsule, or the description of
+    /// a value that is not a readable tensor) and places them on `mesh`; see
+    /// `_native.pyi`.
+    #[pyo3(signature = (features, mesh, workflow = None, passthrough = BTreeSet::new(), threads = 1))]
+    fn place(
+        &self,
+        py: Python<'_>,
+        features: BTreeMap<String, placement::Value<'_>>,
+        mesh: (usize, usize),
+        workflow: Option<String>,
+        passthrough: BTreeSet<String>,
+        threads: usize,
+    ) -> PyResult<placement::Placement> {
+        let opts = featshard_exec::Options {
+            workflow,
+            passthrough,
+            threads,
+        };
+        placement::place(py, &self.plan, features, [mesh.0, mesh.1], opts)
     }
 
     /// The generated module's name.
@@ -146,6 +173,7 @@ fn plan_json(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Plan>()?;
+    m.add_class::<placement::Placement>()?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(plan_json, m)?)?;
     m.add_function(wrap_pyfunction!(coords, m)?)?;

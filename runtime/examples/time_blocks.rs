@@ -1,7 +1,9 @@
 //! Times the Rust runtime producing every rank's blocks of one sample file.
 //!
-//! `time_blocks SPEC SAMPLE.safetensors CP0xCP1 [WORKFLOW]` prints one line:
-//! `rust_seconds=<median of 3> padded_bytes=<n>`. Used by `benches/python_vs_rust.py`.
+//! `time_blocks SPEC SAMPLE.safetensors CP0xCP1 [WORKFLOW [THREADS]]` prints one line:
+//! `rust_seconds=<median of 3> padded_bytes=<n> peak_bytes=<n>`, the last the peak
+//! resident set while making blocks above what the process held with the sample
+//! loaded. Used by `benches/python_vs_rust.py`.
 
 use std::time::Instant;
 
@@ -11,17 +13,24 @@ use tch::Tensor;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let [_, spec, sample, mesh, rest @ ..] = args.as_slice() else {
-        return Err("usage: time_blocks SPEC SAMPLE.safetensors CP0xCP1 [WORKFLOW]".into());
+        return Err(
+            "usage: time_blocks SPEC SAMPLE.safetensors CP0xCP1 [WORKFLOW [THREADS]]".into(),
+        );
     };
-    tch::set_num_threads(1);
+    let threads: usize = rest.get(1).map_or(Ok(1), |t| t.parse())?;
+    tch::set_num_threads(threads as i32);
     let (_, plan) = featshard_spec::compile_file(spec.as_ref()).map_err(|d| d.render_plain())?;
     let (a, b) = mesh.split_once('x').ok_or("mesh like 3x3")?;
     let mesh = [a.parse()?, b.parse()?];
     let features = Tensor::read_safetensors(sample)?.into_iter().collect();
     let opts = Options {
         workflow: rest.first().cloned(),
+        threads,
         ..Options::default()
     };
+    // Resets the peak resident set, so that it tells the blocks, not the loading.
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    let before = status("VmRSS")?;
     let mut times = Vec::new();
     let mut padded_bytes = 0;
     for _ in 0..3 {
@@ -39,6 +48,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         drop(blocks);
     }
     times.sort_by(f64::total_cmp);
-    println!("rust_seconds={} padded_bytes={padded_bytes}", times[1]);
+    let peak = status("VmHWM")?.saturating_sub(before);
+    println!(
+        "rust_seconds={} padded_bytes={padded_bytes} peak_bytes={peak}",
+        times[1]
+    );
     Ok(())
+}
+
+/// A /proc/self/status figure, in bytes.
+fn status(field: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string("/proc/self/status")?;
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .ok_or(format!("no {field} in /proc/self/status"))?;
+    let kb: u64 = line.trim().trim_end_matches("kB").trim().parse()?;
+    Ok(kb * 1024)
 }

@@ -1,0 +1,194 @@
+//! Any rank's block of a placed sample's feature, written into any [`Sink`]: a rank
+//! file, or the memory of a tensor the caller allocated. Shard-local ids are shifted as
+//! they are copied; a feature carried along whole is written as it is.
+
+use std::io;
+
+use featshard_spec::ir::DType;
+use featshard_spec::plan::{Plan, Remap, TensorPlan};
+
+use crate::array::Array;
+use crate::dtype;
+use crate::error::RuntimeError;
+use crate::place::{axis_maps, AxisMap, Placed};
+use crate::validate::tensor_plan;
+use crate::window::{write_window, Sink};
+
+/// One feature of a placed sample, ready to have any rank's block written.
+#[derive(Debug)]
+pub struct FeatureBlocks<'p, 'a> {
+    /// The feature's name.
+    pub name: String,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Every rank's block shape (a passthrough feature's whole shape).
+    pub shape: Vec<usize>,
+    x: &'p Array<'a>,
+    /// `None` for a feature carried along whole.
+    placed: Option<(&'p TensorPlan, Vec<AxisMap<'p>>)>,
+    pad: Vec<u8>,
+}
+
+/// Every feature of `placed`, placed ones then passthrough ones, each sorted by name.
+pub fn feature_blocks<'p, 'a>(
+    plan: &'p Plan,
+    placed: &'p Placed<'a>,
+) -> Result<Vec<FeatureBlocks<'p, 'a>>, RuntimeError> {
+    let mut out = Vec::new();
+    for (name, x) in &placed.arrays {
+        let t = tensor_plan(plan, name)?;
+        let shapes = placed
+            .shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::Missing {
+                feature: name.clone(),
+            })?;
+        out.push(FeatureBlocks {
+            name: name.clone(),
+            dtype: x.dtype(),
+            shape: shapes.local_shape.clone(),
+            x,
+            placed: Some((t, axis_maps(t, shapes, &placed.layout))),
+            pad: dtype::pad_bytes(x.dtype(), t.pad_value),
+        });
+    }
+    for (name, x) in &placed.passthrough {
+        out.push(FeatureBlocks {
+            name: name.clone(),
+            dtype: x.dtype(),
+            shape: x.shape(),
+            x,
+            placed: None,
+            pad: Vec::new(),
+        });
+    }
+    Ok(out)
+}
+
+impl FeatureBlocks<'_, '_> {
+    /// Whether the feature is placed (else it is carried along whole).
+    pub fn is_placed(&self) -> bool {
+        self.placed.is_some()
+    }
+
+    /// Bytes of one block.
+    pub fn nbytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * dtype::size(self.dtype)
+    }
+
+    /// Writes the block of the rank at CP coordinate `coord` into `sink`, row-major.
+    pub fn write(
+        &self,
+        placed: &Placed,
+        coord: [usize; 2],
+        sink: &mut impl Sink,
+    ) -> io::Result<()> {
+        let Some((t, axes)) = &self.placed else {
+            let whole: Vec<AxisMap> = self
+                .shape
+                .iter()
+                .map(|&padded| AxisMap {
+                    padded,
+                    positions: None,
+                })
+                .collect();
+            let window: Vec<(usize, usize)> = self.shape.iter().map(|&n| (0, n)).collect();
+            return write_window(self.x, &self.pad, &whole, &window, sink);
+        };
+        let window = t.block_window(&self.shape, coord);
+        match &t.remap {
+            Remap::ShardLocal { of, mesh_axis } => {
+                let start = placed
+                    .layout
+                    .shard_start(of, *mesh_axis, coord)
+                    .unwrap_or(0);
+                let mut shifted = Shift {
+                    out: sink,
+                    dtype: self.dtype,
+                    by: start as i64,
+                    buf: Vec::new(),
+                };
+                write_window(self.x, &self.pad, axes, &window, &mut shifted)
+            }
+            _ => write_window(self.x, &self.pad, axes, &window, sink),
+        }
+    }
+}
+
+/// Shard-local ids: every real entry (each copied one; pads are filled) moved by the
+/// start of its shard.
+struct Shift<'o, S> {
+    out: &'o mut S,
+    dtype: DType,
+    by: i64,
+    buf: Vec<u8>,
+}
+
+impl<S: Sink> Sink for Shift<'_, S> {
+    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let es = dtype::size(self.dtype);
+        self.buf.clear();
+        for v in bytes.chunks_exact(es) {
+            dtype::encode_i64(
+                self.dtype,
+                dtype::read_i64(self.dtype, v) - self.by,
+                &mut self.buf,
+            );
+        }
+        self.out.copy(&self.buf)
+    }
+
+    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
+        self.out.fill(pad, count)
+    }
+}
+
+/// A block written into memory the caller owns, exactly filled.
+#[derive(Debug)]
+pub struct SliceSink<'b> {
+    out: &'b mut [u8],
+    at: usize,
+}
+
+impl<'b> SliceSink<'b> {
+    /// Writes into `out` from its start.
+    pub fn new(out: &'b mut [u8]) -> Self {
+        SliceSink { out, at: 0 }
+    }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> usize {
+        self.at
+    }
+
+    fn next(&mut self, n: usize) -> io::Result<&mut [u8]> {
+        let end = self.at + n;
+        if end > self.out.len() {
+            return Err(io::Error::other(format!(
+                "a block of {} bytes does not hold {end}",
+                self.out.len()
+            )));
+        }
+        let part = &mut self.out[self.at..end];
+        self.at = end;
+        Ok(part)
+    }
+}
+
+impl Sink for SliceSink<'_> {
+    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.next(bytes.len())?.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
+        let part = self.next(pad.len() * count)?;
+        if pad.iter().all(|&b| b == pad[0]) {
+            part.fill(pad.first().copied().unwrap_or(0));
+        } else {
+            part.chunks_exact_mut(pad.len())
+                .for_each(|c| c.copy_from_slice(pad));
+        }
+        Ok(())
+    }
+}

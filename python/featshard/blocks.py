@@ -1,0 +1,128 @@
+"""Every rank's blocks of a sample, made by featshard's byte executor on torch tensors.
+
+The sample is validated and placed in Rust (the executor ``featshard shard`` and the
+tch runtime share), reading the tensors' own memory through DLPack; each block is then
+written straight into a tensor allocated for it: no padded copy of the sample, the
+interpreter's lock released, features shared out over ``threads`` threads. Every number
+(padded lengths, owner blocks, windows, shard-local shifts) comes from the spec crate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from featshard import Layout, Plan, _native
+
+__all__ = ["Placement", "place", "rank_blocks"]
+
+# The spec's dtypes, by the names the spec and the executor use.
+_DTYPES: dict[torch.dtype, str] = {
+    torch.bool: "bool",
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+def _value(x: Any) -> Any:
+    """A tensor's DLPack capsule (on the CPU, contiguous), else what the value is."""
+    if not isinstance(x, torch.Tensor):
+        return type(x).__name__
+    if x.dtype not in _DTYPES:
+        return str(x.dtype).removeprefix("torch.")
+    return x.detach().cpu().contiguous().__dlpack__()
+
+
+class Placement:
+    """One sample validated and placed on a CP mesh. Its tensors are read when blocks
+    are written: do not write or resize them while the placement is in use."""
+
+    def __init__(self, native: _native.Placement, sample: Mapping[str, Any]) -> None:
+        self._native = native
+        self._features = {n: (_BY_NAME[d], tuple(s)) for n, d, s in native.features()}
+        self.passthrough: dict[str, Any] = {n: sample[n] for n in native.passthrough()}
+        """Sample values carried along untouched (metadata, passed-through keys)."""
+
+    @property
+    def layout(self) -> Layout:
+        """Padded lengths and owner-block positions of the sample on its mesh."""
+        result: Layout = json.loads(self._native.layout())
+        return result
+
+    @property
+    def features(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        """Every placed feature's dtype and block shape, by name."""
+        return dict(self._features)
+
+    def empty_blocks(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Uninitialised tensors for one rank's blocks (every placed feature by default)."""
+        chosen = self._features if names is None else {n: self._features[n] for n in names}
+        return {n: torch.empty(s, dtype=d) for n, (d, s) in chosen.items()}
+
+    def write_blocks(
+        self, coord: tuple[int, int], outs: Mapping[str, torch.Tensor], threads: int = 1
+    ) -> None:
+        """Writes the blocks of the rank at CP coordinate ``coord`` into ``outs``
+        (contiguous CPU tensors of each block's dtype and shape)."""
+        capsules = [(n, t.__dlpack__()) for n, t in outs.items()]
+        self._native.write_blocks(coord, capsules, threads)
+
+    def rank_blocks(self, coord: tuple[int, int], threads: int = 1) -> dict[str, torch.Tensor]:
+        """The blocks of the rank at CP coordinate ``coord``, every placed feature: views
+        of one buffer the executor allocated (huge pages advised) and wrote, freed when
+        the last of them goes."""
+        capsule, offsets = self._native.rank_buffer(coord, threads)
+        buffer = torch.from_dlpack(capsule)
+        out: dict[str, torch.Tensor] = {}
+        for name, at in offsets:
+            dtype, shape = self._features[name]
+            nbytes = math.prod(shape) * dtype.itemsize
+            out[name] = buffer[at : at + nbytes].view(dtype).view(shape)
+        return out
+
+
+def place(
+    plan: Plan,
+    features: Mapping[str, Any],
+    mesh: tuple[int, int],
+    *,
+    workflow: str | None = None,
+    passthrough: Iterable[str] = (),
+    threads: int = 1,
+) -> Placement:
+    """Validates a sample as the featurizer emitted it and places it on ``mesh``.
+
+    Intake runs as the spec declares (dropped keys, incoming pads cut, unowned rows,
+    derived features). Raises ``ValueError`` naming the feature and axis at fault, or
+    ``TypeError`` for a spec tensor that is not a tensor.
+    """
+    values = {name: _value(x) for name, x in features.items()}
+    native = plan._native.place(values, mesh, workflow, set(passthrough), threads)
+    return Placement(native, features)
+
+
+def rank_blocks(
+    plan: Plan,
+    features: Mapping[str, Any],
+    mesh: tuple[int, int],
+    *,
+    workflow: str | None = None,
+    threads: int = 1,
+) -> list[dict[str, torch.Tensor]]:
+    """Every rank's blocks of one serial sample; rank ``i * cp1 + j`` holds (i, j)."""
+    placed = place(plan, features, mesh, workflow=workflow, threads=threads)
+    return [
+        placed.rank_blocks(_native.coords(mesh, r), threads) for r in range(mesh[0] * mesh[1])
+    ]

@@ -1,0 +1,288 @@
+//! One sample validated and placed on a CP mesh by the byte executor (`featshard-exec`),
+//! on the torch tensors' own memory (DLPack), and any rank's blocks written straight
+//! into tensors the caller allocated: no padded copy, the interpreter's lock released,
+//! features shared out over threads. The executor `featshard shard` and the tch runtime
+//! run on: one set of rules for every front end. With `dlpack`, the boundary where
+//! tensor memory is viewed: the placed views are kept next to the memory they read.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use featshard_exec::array::Array;
+use featshard_exec::blocks::{feature_blocks, FeatureBlocks, SliceSink};
+use featshard_exec::files::Sample;
+use featshard_exec::{Options, Placed, RuntimeError};
+use featshard_spec::plan::FeaturePlan;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+
+use crate::dlpack::{Buffer, Memory};
+
+fn runtime_error(e: RuntimeError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+/// A sample placed on a mesh. The sample's tensors must not be written or resized
+/// while it lives: its blocks are read from their memory when written.
+#[pyclass(frozen, module = "featshard._native")]
+pub(crate) struct Placement {
+    // Declared first so it drops first: it views the memory of `inputs`.
+    placed: Placed<'static>,
+    plan: Arc<featshard_spec::Plan>,
+    inputs: Vec<Memory>,
+}
+
+/// What a feature value is: a tensor's DLPack capsule, or the description of a value
+/// the executor cannot read (its type or dtype).
+#[derive(FromPyObject)]
+pub(crate) enum Value<'py> {
+    Tensor(Bound<'py, PyCapsule>),
+    Other(String),
+}
+
+/// Validates and places `features` (see `Plan.place` in `_native.pyi`).
+pub(crate) fn place(
+    py: Python<'_>,
+    plan: &Arc<featshard_spec::Plan>,
+    features: BTreeMap<String, Value<'_>>,
+    mesh: [usize; 2],
+    opts: Options,
+) -> PyResult<Placement> {
+    let mut inputs = Vec::new();
+    let mut opaque = Vec::new();
+    for (name, value) in &features {
+        match value {
+            Value::Tensor(c) => inputs.push((name.clone(), Memory::new(name, c)?)),
+            Value::Other(what) => opaque.push((name.clone(), what.clone())),
+        }
+    }
+    let mut sample = Sample::new();
+    for (name, m) in &inputs {
+        // SAFETY: the slice lives in `Placement::placed`, which drops before `inputs`
+        // (or in `sample` below, dropped before this function returns `inputs`).
+        #[allow(unsafe_code)]
+        let bytes = unsafe { m.bytes_unbound() };
+        sample.insert(
+            name.clone(),
+            Array::borrowed(m.dtype, m.shape.clone(), bytes, None),
+        );
+    }
+    for (name, what) in opaque {
+        if let Some(FeaturePlan::Tensor(t)) = plan.features.get(&name) {
+            let message = format!(
+                "feature `{name}`: expected a {} tensor, got {what}",
+                t.dtype.name()
+            );
+            return Err(PyTypeError::new_err(message));
+        }
+        // Opaque: dropped or passed through by name, never read.
+        sample.insert(
+            name,
+            Array::owned(featshard_spec::ir::DType::Uint8, vec![0], Vec::new()),
+        );
+    }
+    let placed = py
+        .detach(|| featshard_exec::place(plan, mesh, &sample, &opts))
+        .map_err(runtime_error)?;
+    Ok(Placement {
+        placed,
+        plan: Arc::clone(plan),
+        inputs: inputs.into_iter().map(|(_, m)| m).collect(),
+    })
+}
+
+#[pymethods]
+impl Placement {
+    /// The sample's layout (`SampleLayout`) as JSON.
+    fn layout(&self) -> PyResult<String> {
+        serde_json::to_string(&self.placed.layout).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Every placed feature: `(name, dtype, block shape)`, sorted by name.
+    fn features(&self) -> Vec<(String, &'static str, Vec<usize>)> {
+        self.placed
+            .arrays
+            .iter()
+            .filter_map(|(n, x)| {
+                let shape = self.placed.shapes.get(n)?.local_shape.clone();
+                Some((n.clone(), x.dtype().name(), shape))
+            })
+            .collect()
+    }
+
+    /// Sample keys carried along untouched, sorted.
+    fn passthrough(&self) -> Vec<String> {
+        self.placed.passthrough.keys().cloned().collect()
+    }
+
+    /// What intake did: keys dropped, semantics that arrived padded (their arrived
+    /// length), owner-map rows without an owner dropped (per semantic).
+    #[allow(clippy::type_complexity)]
+    fn intake(
+        &self,
+    ) -> (
+        Vec<String>,
+        BTreeMap<String, usize>,
+        BTreeMap<String, usize>,
+    ) {
+        let r = &self.placed.intake;
+        (r.dropped.clone(), r.arrived.clone(), r.unowned.clone())
+    }
+
+    /// Writes the blocks of the rank at CP coordinate `coord` into `outs` (feature name,
+    /// DLPack capsule of a contiguous CPU tensor of the block's dtype and shape), on
+    /// `threads` threads, the interpreter's lock released.
+    #[pyo3(signature = (coord, outs, threads = 1))]
+    fn write_blocks(
+        &self,
+        py: Python<'_>,
+        coord: (usize, usize),
+        outs: Vec<(String, Bound<'_, PyCapsule>)>,
+        threads: usize,
+    ) -> PyResult<()> {
+        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
+        let mut jobs: Vec<(&FeatureBlocks, Memory)> = Vec::new();
+        for (name, capsule) in &outs {
+            let out = Memory::new(name, capsule)?;
+            let f = all.iter().find(|f| &f.name == name && f.is_placed());
+            let f = f.ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "feature `{name}`: not a placed feature of this sample"
+                ))
+            })?;
+            check_out(
+                f,
+                &out,
+                self.inputs.iter().chain(jobs.iter().map(|(_, m)| m)),
+            )?;
+            jobs.push((f, out));
+        }
+        let coord = [coord.0, coord.1];
+        let placed = &self.placed;
+        let slices: Vec<(&FeatureBlocks, &mut [u8])> =
+            jobs.iter_mut().map(|(f, m)| (*f, m.bytes_mut())).collect();
+        py.detach(|| write_all(placed, coord, slices, threads))
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Every placed feature's block of the rank at CP coordinate `coord`, in one buffer
+    /// allocated here (huge pages advised) on `threads` threads: the buffer as a
+    /// one-dimensional uint8 DLPack capsule, and each feature's byte offset in it
+    /// (64-byte aligned), in `features()` order.
+    #[pyo3(signature = (coord, threads = 1))]
+    fn rank_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        coord: (usize, usize),
+        threads: usize,
+    ) -> PyResult<(Bound<'py, PyAny>, Offsets)> {
+        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
+        let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
+        let mut offsets = Vec::with_capacity(placed.len());
+        let mut end = 0usize;
+        for f in &placed {
+            let at = end.next_multiple_of(ALIGN);
+            offsets.push((f.name.clone(), at));
+            end = at + f.nbytes();
+        }
+        let mut buffer = Buffer::new(end).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let coord = [coord.0, coord.1];
+        let this = &self.placed;
+        let bytes = buffer.bytes_mut();
+        py.detach(|| {
+            let mut slices = Vec::with_capacity(placed.len());
+            let mut rest: &mut [u8] = bytes;
+            let mut at = 0;
+            for (f, (_, offset)) in placed.iter().zip(&offsets) {
+                let (_, tail) = rest.split_at_mut(offset - at);
+                let (mine, tail) = tail.split_at_mut(f.nbytes());
+                slices.push((*f, mine));
+                rest = tail;
+                at = offset + f.nbytes();
+            }
+            write_all(this, coord, slices, threads)
+        })
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok((buffer.into_capsule(py)?, offsets))
+    }
+}
+
+/// Each feature's byte offset in a rank's buffer.
+type Offsets = Vec<(String, usize)>;
+
+/// One block to write: its feature and the memory it goes to.
+type Job<'f, 'b> = (&'f FeatureBlocks<'f, 'f>, &'b mut [u8]);
+
+/// Alignment of each block in a rank's buffer (any dtype's, and a cache line).
+const ALIGN: usize = 64;
+
+/// An output must be the block's dtype and shape and share no byte with any other view.
+fn check_out<'m>(
+    f: &FeatureBlocks,
+    out: &Memory,
+    others: impl IntoIterator<Item = &'m Memory>,
+) -> PyResult<()> {
+    if out.dtype != f.dtype || out.shape != f.shape {
+        return Err(PyValueError::new_err(format!(
+            "feature `{}`: its block is {} {:?}, the output given is {} {:?}",
+            f.name,
+            f.dtype.name(),
+            f.shape,
+            out.dtype.name(),
+            out.shape
+        )));
+    }
+    if others.into_iter().any(|m| m.overlaps(out)) {
+        return Err(PyValueError::new_err(format!(
+            "feature `{}`: the output shares memory with the sample or with another output",
+            f.name
+        )));
+    }
+    Ok(())
+}
+
+/// Every job's block written on `threads` threads, the largest blocks dealt first,
+/// each to the thread with the fewest bytes so far.
+fn write_all(
+    placed: &Placed,
+    coord: [usize; 2],
+    mut jobs: Vec<(&FeatureBlocks, &mut [u8])>,
+    threads: usize,
+) -> std::io::Result<()> {
+    let threads = threads.clamp(1, jobs.len().max(1));
+    jobs.sort_by_key(|(f, _)| std::cmp::Reverse(f.nbytes()));
+    let mut shares: Vec<(usize, Vec<Job>)> = (0..threads).map(|_| (0, Vec::new())).collect();
+    for job in jobs {
+        if let Some(least) = shares.iter_mut().min_by_key(|(bytes, _)| *bytes) {
+            least.0 += job.0.nbytes();
+            least.1.push(job);
+        }
+    }
+    let write = |share: Vec<(&FeatureBlocks, &mut [u8])>| -> std::io::Result<()> {
+        for (f, out) in share {
+            let mut sink = SliceSink::new(out);
+            f.write(placed, coord, &mut sink)?;
+            if sink.written() != f.nbytes() {
+                return Err(std::io::Error::other(format!(
+                    "feature `{}`: {} of its block's {} bytes written",
+                    f.name,
+                    sink.written(),
+                    f.nbytes()
+                )));
+            }
+        }
+        Ok(())
+    };
+    let mut shares = shares.into_iter().map(|(_, share)| share);
+    if threads == 1 {
+        return shares.try_for_each(write);
+    }
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = shares.map(|share| scope.spawn(|| write(share))).collect();
+        workers
+            .into_iter()
+            // A panic while writing is a bug, not an input error: it propagates.
+            .try_for_each(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })
+}

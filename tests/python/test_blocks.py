@@ -1,0 +1,139 @@
+"""`featshard.blocks`: the package's byte executor on torch tensors (DLPack, no padded
+copy) gives every rank's blocks byte for byte as the generated module's Python path and
+`featshard shard` do, and refuses bad input and bad outputs by name."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import featshard
+import pytest
+import torch
+from boltz_samples import random_sample, real_samples
+from conftest import ROOT, featshard_bin
+from featshard import blocks
+from safetensors.torch import save_file
+
+SPEC = ROOT / "examples" / "boltz2.yaml"
+MESHES = [(1, 1), (2, 2), (3, 3), (2, 3), (4, 1)]
+
+
+@pytest.fixture(scope="module")
+def plan() -> featshard.Plan:
+    return featshard.Plan(SPEC)
+
+
+def as_bytes(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.uint8) if x.dtype != torch.bool else x
+
+
+def assert_same_blocks(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor], what: str) -> None:
+    assert sorted(want) == sorted(got), what
+    for name, w in want.items():
+        g = got[name]
+        assert (g.dtype, g.shape) == (w.dtype, w.shape), f"{what} {name}"
+        assert g.is_contiguous(), f"{what} {name}"
+        assert torch.equal(as_bytes(g), as_bytes(w)), f"{what} {name}: bytes differ"
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=[f"{a}x{b}" for a, b in MESHES])
+def test_native_blocks_equal_the_generated_python_path(
+    placements: ModuleType, data: ModuleType, plan: featshard.Plan, mesh: tuple[int, int]
+) -> None:
+    for seed in range(2):
+        sample = random_sample(placements, 13 + 6 * seed, seed=seed + 10 * mesh[0] + mesh[1])
+        want = data.rank_blocks(sample, mesh)
+        for threads in (1, 2):
+            got = blocks.rank_blocks(plan, sample, mesh, workflow="inference", threads=threads)
+            assert len(got) == len(want) == mesh[0] * mesh[1]
+            for rank, (w, g) in enumerate(zip(want, got)):
+                assert_same_blocks(w, g, f"seed {seed} threads {threads} rank {rank}")
+
+
+def test_native_blocks_of_real_samples_equal_the_generated_python_path(
+    data: ModuleType, plan: featshard.Plan
+) -> None:
+    for i, sample in enumerate(real_samples()):
+        for mesh in [(2, 2), (3, 3)]:
+            want = data.rank_blocks(sample, mesh)
+            got = blocks.rank_blocks(plan, sample, mesh, workflow="inference", threads=2)
+            for rank, (w, g) in enumerate(zip(want, got)):
+                assert_same_blocks(w, g, f"real sample {i} mesh {mesh} rank {rank}")
+
+
+def test_a_placement_reports_its_layout_and_carries_metadata(
+    placements: ModuleType, plan: featshard.Plan
+) -> None:
+    sample = random_sample(placements, 11, seed=3)
+    placed = blocks.place(plan, dict(sample, extra=[1, 2]), (2, 2), workflow="inference",
+                          passthrough={"extra"})
+    assert placed.passthrough["extra"] == [1, 2]
+    lay = placed.layout
+    assert lay["mesh"] == [2, 2] and lay["sizes"]["tokens"] == 11
+    assert lay["padded"]["tokens"] % 2 == 0
+    dtype, shape = placed.features["token_pad_mask"]
+    assert dtype == sample["token_pad_mask"].dtype and shape == (lay["padded"]["tokens"] // 2,)
+
+
+def test_bad_samples_are_refused_as_featshard_shard_refuses_them(
+    placements: ModuleType, plan: featshard.Plan, tmp_path: Path
+) -> None:
+    sample = random_sample(placements, 9, seed=5)
+    bad = dict(sample, ref_pos=sample["ref_pos"].double())
+    with pytest.raises(ValueError) as raised:
+        blocks.place(plan, bad, (2, 2), workflow="inference")
+    save_file(bad, str(tmp_path / "bad.safetensors"))
+    shard = subprocess.run(
+        [str(featshard_bin()), "shard", str(SPEC), "--features", str(tmp_path / "bad.safetensors"),
+         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )
+    assert shard.returncode != 0
+    assert "`ref_pos`" in str(raised.value) and str(raised.value) in shard.stderr
+    with pytest.raises(TypeError, match="feature `ref_pos`: expected a float32 tensor, got list"):
+        blocks.place(plan, dict(sample, ref_pos=[0.0]), (2, 2), workflow="inference")
+
+
+def test_outputs_of_the_wrong_shape_or_sharing_memory_are_refused(
+    placements: ModuleType, plan: featshard.Plan
+) -> None:
+    sample = random_sample(placements, 9, seed=6)
+    placed = blocks.place(plan, sample, (2, 2), workflow="inference")
+    outs = placed.empty_blocks(["res_type"])
+    with pytest.raises(ValueError, match="feature `res_type`: its block is"):
+        placed.write_blocks((0, 0), {"res_type": outs["res_type"][:1].clone()})
+    with pytest.raises(ValueError, match="shares memory with the sample"):
+        taken = sample["res_type"]
+        placed.write_blocks((0, 0), {"res_type": taken.view(-1)[: outs["res_type"].numel()]
+                                     .view(outs["res_type"].shape)})
+    with pytest.raises(ValueError, match="feature `nope`: not a placed feature"):
+        placed.write_blocks((0, 0), {"nope": torch.zeros(1)})
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise KeyError("VmRSS")
+
+
+def test_rank_buffers_outlive_their_placement_and_are_freed_with_their_blocks(
+    placements: ModuleType, data: ModuleType, plan: featshard.Plan
+) -> None:
+    sample = random_sample(placements, 64, seed=7, msa_rows=64)
+    want = data.rank_blocks(sample, (2, 2))[3]
+    placed = blocks.place(plan, sample, (2, 2), workflow="inference")
+    got = placed.rank_blocks((1, 1))
+    unconsumed, _ = placed._native.rank_buffer((0, 0))  # freed by its capsule alone
+    del placed, unconsumed
+    assert_same_blocks(want, got, "after the placement went")
+    size = sum(b.numel() * b.element_size() for b in got.values())
+    del got
+    base = _rss()
+    for _ in range(40):
+        again = blocks.rank_blocks(plan, sample, (2, 2), workflow="inference")
+        del again
+    # 40 rounds of 4 ranks' buffers: freed each round, so at most a few stay resident.
+    assert _rss() - base < 8 * size + (32 << 20)
