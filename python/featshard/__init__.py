@@ -9,6 +9,7 @@ Rust functions the executors use.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, TypedDict
@@ -70,6 +71,12 @@ class Plan:
 
     def __init__(self, spec: str | os.PathLike[str]) -> None:
         self._native = _native.Plan.from_file(os.fspath(spec))
+
+    @functools.cached_property
+    def ir(self) -> dict[str, Any]:
+        """The Plan IR (what ``<module>.plan.json`` holds), read once."""
+        result: dict[str, Any] = json.loads(self._native.json())
+        return result
 
     @property
     def module(self) -> str:

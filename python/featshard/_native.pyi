@@ -8,7 +8,8 @@ class Placement:
     """A sample validated and placed on a CP mesh by the byte executor."""
 
     def layout(self) -> str: ...
-    def features(self) -> list[tuple[str, str, list[int]]]: ...
+    def features(self) -> list[tuple[str, str, list[int], list[int]]]: ...
+    def buffer_offsets(self) -> tuple[list[tuple[str, int]], int]: ...
     def passthrough(self) -> list[str]: ...
     def intake(self) -> tuple[list[str], dict[str, int], dict[str, int]]: ...
     def write_blocks(
@@ -54,6 +55,9 @@ def plan_json(path: str) -> str:
 
 def coords(mesh: tuple[int, int], rank: int) -> tuple[int, int]:
     """The CP mesh coordinate of ``rank``."""
+
+def contiguous_stride(shape: list[int]) -> list[int]:
+    """Row-major strides (in elements) of a tensor of ``shape``."""
 
 def repad_indices(values: list[int], old: int, new: int) -> list[int]:
     """Owner-block positions moved to a larger per-block stride; negatives stay."""

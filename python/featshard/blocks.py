@@ -15,10 +15,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from featshard import Layout, Plan, _native
 
-__all__ = ["Placement", "place", "rank_blocks"]
+__all__ = ["Placement", "buffer_views", "place", "rank_blocks"]
 
 # The spec's dtypes, by the names the spec and the executor use.
 _DTYPES: dict[torch.dtype, str] = {
@@ -51,7 +52,10 @@ class Placement:
 
     def __init__(self, native: _native.Placement, sample: Mapping[str, Any]) -> None:
         self._native = native
-        self._features = {n: (_BY_NAME[d], tuple(s)) for n, d, s in native.features()}
+        found = native.features()
+        self._features = {n: (_BY_NAME[d], tuple(s)) for n, d, s, _ in found}
+        self.global_shapes: dict[str, tuple[int, ...]] = {n: tuple(g) for n, _, _, g in found}
+        """Every placed feature's padded global shape (what its DTensor reports)."""
         self.passthrough: dict[str, Any] = {n: sample[n] for n in native.passthrough()}
         """Sample values carried along untouched (metadata, passed-through keys)."""
 
@@ -83,14 +87,39 @@ class Placement:
         """The blocks of the rank at CP coordinate ``coord``, every placed feature: views
         of one buffer the executor allocated (huge pages advised) and wrote, freed when
         the last of them goes."""
-        capsule, offsets = self._native.rank_buffer(coord, threads)
-        buffer = torch.from_dlpack(capsule)
-        out: dict[str, torch.Tensor] = {}
-        for name, at in offsets:
-            dtype, shape = self._features[name]
-            nbytes = math.prod(shape) * dtype.itemsize
-            out[name] = buffer[at : at + nbytes].view(dtype).view(shape)
-        return out
+        return self.views(self.rank_buffer(coord, threads))
+
+    def rank_buffer(self, coord: tuple[int, int], threads: int = 1) -> torch.Tensor:
+        """The blocks of the rank at ``coord`` in one uint8 tensor (``buffer_offsets``
+        tells where each lies): what a source sends that rank."""
+        capsule, _ = self._native.rank_buffer(coord, threads)
+        return from_dlpack(capsule)
+
+    def buffer_offsets(self) -> tuple[list[tuple[str, int]], int]:
+        """Each placed feature's byte offset in a rank's buffer, and the buffer's length."""
+        return self._native.buffer_offsets()
+
+    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The blocks in a rank's buffer, by name (views of it)."""
+        return buffer_views(buffer, self.wire())
+
+    def wire(self) -> list[tuple[str, str, tuple[int, ...], int]]:
+        """What a receiver needs to read a rank's buffer: per feature its name, dtype,
+        block shape and byte offset."""
+        offsets, _ = self.buffer_offsets()
+        return [(n, _DTYPES[self._features[n][0]], self._features[n][1], at) for n, at in offsets]
+
+
+def buffer_views(
+    buffer: torch.Tensor, wire: list[tuple[str, str, tuple[int, ...], int]]
+) -> dict[str, torch.Tensor]:
+    """The blocks in a rank's buffer (``Placement.wire`` tells where), views of it."""
+    out: dict[str, torch.Tensor] = {}
+    for name, dtype_name, shape, at in wire:
+        dtype = _BY_NAME[dtype_name]
+        nbytes = math.prod(shape) * dtype.itemsize
+        out[name] = buffer[at : at + nbytes].view(dtype).view(shape)
+    return out
 
 
 def place(

@@ -163,6 +163,12 @@ fn repad_indices(mut values: Vec<i64>, old: usize, new: usize) -> Vec<i64> {
     values
 }
 
+/// Row-major strides (in elements) of a tensor of `shape`.
+#[pyfunction]
+fn contiguous_stride(shape: Vec<usize>) -> Vec<usize> {
+    featshard_spec::layout::contiguous_stride(&shape)
+}
+
 /// The Plan IR of the spec file at `path`, as JSON (see `Plan.json`).
 #[pyfunction]
 fn plan_json(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
@@ -177,6 +183,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(plan_json, m)?)?;
     m.add_function(wrap_pyfunction!(coords, m)?)?;
+    m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;
     m.add_function(wrap_pyfunction!(repad_indices, m)?)?;
     Ok(())
 }

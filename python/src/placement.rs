@@ -99,16 +99,30 @@ impl Placement {
         serde_json::to_string(&self.placed.layout).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
-    /// Every placed feature: `(name, dtype, block shape)`, sorted by name.
-    fn features(&self) -> Vec<(String, &'static str, Vec<usize>)> {
+    /// Every placed feature: `(name, dtype, block shape, global shape)`, sorted by name.
+    #[allow(clippy::type_complexity)]
+    fn features(&self) -> Vec<(String, &'static str, Vec<usize>, Vec<usize>)> {
         self.placed
             .arrays
             .iter()
             .filter_map(|(n, x)| {
-                let shape = self.placed.shapes.get(n)?.local_shape.clone();
-                Some((n.clone(), x.dtype().name(), shape))
+                let s = self.placed.shapes.get(n)?;
+                Some((
+                    n.clone(),
+                    x.dtype().name(),
+                    s.local_shape.clone(),
+                    s.global_shape.clone(),
+                ))
             })
             .collect()
+    }
+
+    /// Where each placed feature's block lies in a rank's buffer (`rank_buffer`): byte
+    /// offsets in `features()` order, and the buffer's length.
+    fn buffer_offsets(&self) -> PyResult<(Offsets, usize)> {
+        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
+        let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
+        Ok(offsets(&placed))
     }
 
     /// Sample keys carried along untouched, sorted.
@@ -179,13 +193,7 @@ impl Placement {
     ) -> PyResult<(Bound<'py, PyAny>, Offsets)> {
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
-        let mut offsets = Vec::with_capacity(placed.len());
-        let mut end = 0usize;
-        for f in &placed {
-            let at = end.next_multiple_of(ALIGN);
-            offsets.push((f.name.clone(), at));
-            end = at + f.nbytes();
-        }
+        let (offsets, end) = offsets(&placed);
         let mut buffer = Buffer::new(end).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let coord = [coord.0, coord.1];
         let this = &self.placed;
@@ -213,6 +221,18 @@ type Offsets = Vec<(String, usize)>;
 
 /// One block to write: its feature and the memory it goes to.
 type Job<'f, 'b> = (&'f FeatureBlocks<'f, 'f>, &'b mut [u8]);
+
+/// Each block's offset in a rank's buffer, aligned, and the buffer's length.
+fn offsets(placed: &[&FeatureBlocks]) -> (Offsets, usize) {
+    let mut offsets = Vec::with_capacity(placed.len());
+    let mut end = 0usize;
+    for f in placed {
+        let at = end.next_multiple_of(ALIGN);
+        offsets.push((f.name.clone(), at));
+        end = at + f.nbytes();
+    }
+    (offsets, end)
+}
 
 /// Alignment of each block in a rank's buffer (any dtype's, and a cache line).
 const ALIGN: usize = 64;

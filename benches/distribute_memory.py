@@ -1,0 +1,132 @@
+"""Benchmark: peak memory of every rank while one Boltz-2-shaped sample (1024 tokens,
+2048 MSA rows) is distributed over a 3x3 CP mesh of 9 gloo ranks, in fresh processes,
+by the package (`featshard.distribute`: the source sends each rank its blocks in one
+buffer, one rank at a time) and by the generated module (`distribute_features`: the
+source pads the whole sample, then scatters feature by feature).
+
+    . scripts/env.sh && cargo build --release
+    maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
+    python benches/distribute_memory.py
+
+Each rank distributes one small sample first (what a first call costs once: lazy imports,
+DTensor's first use, gloo's buffers), resets its peak resident set with the sample
+loaded (the source's copied out of the file's map, so that it is resident), then
+reports its peak above that.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch.multiprocessing import spawn
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "boltz2.yaml"
+MESH = (3, 3)
+RANKS = MESH[0] * MESH[1]
+
+
+def _status(field: str) -> int:
+    """A /proc/self/status figure, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _worker(rank: int, folder: str, how: str) -> None:
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.set_num_threads(1)
+    sys.path[:0] = [folder, str(ROOT / "tests" / "python")]
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store-{how}", rank=rank,
+                            world_size=RANKS, timeout=timedelta(seconds=600))
+    mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("cp0", "cp1"))
+    sample = None
+    if rank == 0:
+        loaded = load_file(f"{folder}/sample.safetensors")
+        sample = {n: x.clone() for n, x in loaded.items()}
+        del loaded
+    if how == "package":
+        import featshard
+        from featshard.distribute import cp_group, distribute_features
+
+        plan, group = featshard.Plan(SPEC), cp_group(mesh)
+
+        def run(x: object) -> dict[str, object]:
+            return distribute_features(plan, x, mesh, workflow="inference", group=group)
+    else:
+        data = importlib.import_module("boltz2_placements_data")
+
+        def run(x: object) -> dict[str, object]:
+            return dict(data.distribute_features(x, mesh))
+    # One small sample first: what the first call costs once (lazy imports, DTensor's
+    # first use, gloo's buffers) is not what a sample costs.
+    from boltz_samples import random_sample
+
+    small = random_sample(importlib.import_module("boltz2_placements"), 8, seed=0)
+    run(small if rank == 0 else None)
+    gc.collect()
+    dist.barrier()
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak resident set
+    before = _status("VmRSS")
+    start = time.perf_counter()
+    out = run(sample)
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    blocks = sum(x.to_local().numel() * x.to_local().element_size()
+                 for x in out.values() if hasattr(x, "to_local"))
+    peak = _status("VmHWM") - before
+    Path(folder, f"{how}-{rank}.json").write_text(json.dumps({"peak": peak, "block": blocks,
+                                                              "s": seconds}))
+    del out
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="featshard-dist-bench-") as folder:
+        bench(Path(folder))
+
+
+def bench(folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    subprocess.run([str(ROOT / "target" / "release" / "featshard"), "generate", str(SPEC),
+                    "--out", str(folder)], check=True, capture_output=True)
+    sys.path[:0] = [str(folder), str(ROOT / "tests" / "python")]
+    placements = importlib.import_module("boltz2_placements")
+    from boltz_samples import random_sample
+
+    sample = random_sample(placements, 1024, seed=1, atoms_per_token=(0, 20), msa_rows=2048,
+                           templates=4, ensemble=1)
+    size = sum(t.numel() * t.element_size() for t in sample.values())
+    save_file(sample, str(folder / "sample.safetensors"))
+    del sample
+    print(f"sample: 1024 tokens, 2048 MSA rows, {size / 1e6:.0f} MB; mesh {MESH[0]}x{MESH[1]}, "
+          f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)")
+    print("| path | rank | its blocks | peak above start | / its blocks | / sample | wall |")
+    print("|---|---|---|---|---|---|---|")
+    for how in ("package", "generated"):
+        spawn(_worker, args=(str(folder), how), nprocs=RANKS, join=True)  # type: ignore[no-untyped-call]
+        rows = [json.loads((folder / f"{how}-{r}.json").read_text()) for r in range(RANKS)]
+        wall = max(r["s"] for r in rows)
+        others = rows[1:]
+        for label, row in (("0 (source)", rows[0]), ("1-8 (largest)", max(others, key=lambda r: r["peak"]))):
+            print(f"| {how} | {label} | {row['block'] / 1e6:.0f} MB | {row['peak'] / 1e6:.0f} MB | "
+                  f"{row['peak'] / row['block']:.2f} | {row['peak'] / size:.2f} | {wall:.2f} s |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""One serial sample distributed over a context-parallel mesh on ``torch.distributed``,
+every rank's blocks made by featshard's byte executor (:mod:`featshard.blocks`).
+
+The source rank of each CP group validates and places the sample, broadcasts the
+metadata (or its error, so that every rank raises it and nobody is left waiting), then
+sends each other rank of the group its blocks in one buffer, one rank at a time, and
+makes its own last: beyond the sample, the source holds one rank's blocks at a time.
+Every other rank receives only its own. Every rank ends with DTensors built with the
+plan's placements and explicit global shape and stride.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+
+from featshard import Plan, _native
+from featshard.blocks import buffer_views, place
+
+__all__ = ["FeatureDistributionError", "cp_group", "distribute_features", "placements"]
+
+
+class FeatureDistributionError(RuntimeError):
+    """Raised on every rank of a CP group when a rank fails with a non-builtin error."""
+
+    def __init__(self, kind: str, message: str, rank: int) -> None:
+        super().__init__(f"{kind} on rank {rank}: {message}")
+        self.kind = kind
+        self.message = message
+        self.rank = rank
+
+
+def _same_error(kind: str, message: str, rank: int) -> Exception:
+    """The exception every rank raises: the failing rank's builtin type and message."""
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not KeyError:
+        try:
+            return cls(message)
+        except TypeError:
+            pass
+    return FeatureDistributionError(kind, message, rank)
+
+
+def placements(plan: Plan) -> dict[str, tuple[Placement, ...]]:
+    """Every tensor feature's DTensor placements on the (cp0, cp1) mesh, from the plan."""
+    out: dict[str, tuple[Placement, ...]] = {}
+    for name, f in plan.ir["features"].items():
+        if f.get("kind") == "tensor":
+            out[name] = tuple(
+                Replicate() if p == "replicate" else Shard(int(p["shard"]))
+                for p in f["placements"]
+            )
+    return out
+
+
+def _cp_group(mesh: DeviceMesh) -> tuple[dist.ProcessGroup, list[int], DeviceMesh]:
+    """This rank's CP group, its ranks in mesh order and the (cp0, cp1) sub-mesh.
+    ``mesh`` is (cp0, cp1), or (dp, cp0, cp1) with names. Collective."""
+    full = mesh.mesh
+    if full.dim() == 2:
+        planes, cp_mesh = [full], mesh
+    elif full.dim() == 3 and mesh.mesh_dim_names is not None:
+        planes, cp_mesh = list(full), mesh[mesh.mesh_dim_names[1:]]
+    else:
+        raise ValueError("mesh: expected (cp0, cp1), or (dp, cp0, cp1) with mesh_dim_names")
+    groups = [[int(r) for r in p.flatten().tolist()] for p in planes]
+    mine = next(g for g in groups if dist.get_rank() in g)
+    # Every rank creates every CP group, in the same order; gloo: the blocks are on the CPU.
+    group, _ = dist.new_subgroups_by_enumeration(groups, backend="gloo")  # type: ignore[no-untyped-call]
+    return group, mine, cp_mesh
+
+
+def _raise_if_failed(statuses: Sequence[Any]) -> None:
+    for s in statuses:
+        if s is not None:
+            raise _same_error(*s)
+
+
+def distribute_features(
+    plan: Plan,
+    features: Mapping[str, Any] | None,
+    mesh: DeviceMesh,
+    src: int | None = None,
+    *,
+    workflow: str | None = None,
+    threads: int = 1,
+    check: Callable[[Mapping[str, torch.Tensor]], None] | None = None,
+    group: tuple[dist.ProcessGroup, list[int], DeviceMesh] | None = None,
+) -> dict[str, Any]:
+    """Distributes one serial sample from the source rank of each CP group.
+
+    ``features`` is the sample on the source rank (None elsewhere); ``src`` the source's
+    global rank (default: the group's rank at CP coordinate (0, 0)). ``check``, if given,
+    runs on every rank on its local blocks. An error on any rank is raised on every rank
+    of the group with the same type and message. ``group`` reuses what an earlier call's
+    ``cp_group(mesh)`` returned (creating groups is collective and not free).
+    """
+    pg, ranks, cp_mesh = group if group is not None else _cp_group(mesh)
+    sizes = (cp_mesh.size(0), cp_mesh.size(1))
+    me = dist.get_rank()
+    source = ranks[0] if src is None else src
+    placed = None
+    header: list[Any] = [None]
+    if me == source:
+        try:
+            if features is None:
+                raise ValueError("the source rank was given no sample")
+            placed = place(plan, features, sizes, workflow=workflow, threads=threads)
+            header = [("ok", placed.wire(), placed.buffer_offsets()[1],
+                       placed.global_shapes, placed.passthrough)]
+        except Exception as e:  # noqa: BLE001 - every error is sent to every rank
+            header = [("error", type(e).__name__, str(e), me)]
+    dist.broadcast_object_list(header, src=source, group=pg)
+    status = header[0]
+    if status[0] == "error":
+        raise _same_error(status[1], status[2], status[3])
+    _, wire, length, global_shapes, passthrough = status
+    if placed is not None:
+        for k, r in enumerate(ranks):
+            if r != source:
+                dist.send(placed.rank_buffer(_native.coords(sizes, k), threads), dst=r, group=pg)
+        mine = placed.rank_buffer(_native.coords(sizes, ranks.index(source)), threads)
+    else:
+        mine = torch.empty(length, dtype=torch.uint8)
+        dist.recv(mine, src=source, group=pg)
+    local = buffer_views(mine, wire)
+    failed: Any = None
+    if check is not None:
+        try:
+            check(local)
+        except Exception as e:  # noqa: BLE001 - shared with every rank below
+            failed = (type(e).__name__, str(e), me)
+    statuses: list[Any] = [None] * len(ranks)
+    dist.all_gather_object(statuses, failed, group=pg)
+    _raise_if_failed(statuses)
+    on_mesh = placements(plan)
+    result: dict[str, Any] = dict(passthrough)
+    for name, x in local.items():
+        shape = torch.Size(global_shapes[name])
+        result[name] = DTensor.from_local(x, cp_mesh, on_mesh[name], run_check=False,
+                                          shape=shape, stride=tuple(_native.contiguous_stride(list(shape))))
+    return result
+
+
+def cp_group(mesh: DeviceMesh) -> tuple[dist.ProcessGroup, list[int], DeviceMesh]:
+    """This rank's CP process group, its ranks in mesh order and the (cp0, cp1) sub-mesh,
+    for ``distribute_features(group=...)``. Collective: every rank calls it."""
+    return _cp_group(mesh)
+

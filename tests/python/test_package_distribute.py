@@ -1,0 +1,92 @@
+"""`featshard.distribute`: the package's distribute on gloo ranks in separate processes
+gives every rank the DTensors the generated module's `distribute_features` gives, its
+blocks made by the byte executor and sent one rank at a time; a bad sample raises the
+same error on every rank."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+HERE = Path(__file__).resolve().parent
+SPEC = HERE.parents[1] / "examples" / "boltz2.yaml"
+
+
+def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, ...],
+            results: str) -> None:
+    sys.path[:0] = [gen_dir, str(HERE)]
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    names = ("dp", "cp0", "cp1") if len(shape) == 3 else ("cp0", "cp1")
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    import boltz2_placements as P
+    import boltz2_placements_data as D
+    import featshard
+    from boltz_samples import random_sample, real_samples
+    from featshard.distribute import cp_group, distribute_features
+
+    plan = featshard.Plan(SPEC)
+    group = cp_group(mesh)
+    source = rank == group[1][0]
+    coord = mesh.get_coordinate()
+    assert coord is not None
+    dp = coord[0] if len(shape) == 3 else 0
+    out: dict[str, Any] = {"rank": rank}
+    try:
+        samples = [random_sample(P, 11 + dp, seed=200 + dp), *real_samples()[:1]]
+        for sample in samples:
+            want = D.distribute_features(sample if source else None, mesh)
+            got = distribute_features(plan, sample if source else None, mesh,
+                                      workflow="inference", threads=2, group=group)
+            assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+            for name, w in want.items():
+                g = got[name]
+                if not isinstance(w, torch.Tensor):
+                    assert g == w, name
+                    continue
+                assert tuple(g.placements) == tuple(w.placements), name
+                assert (g.shape, g.stride()) == (w.shape, w.stride()), name
+                a, b = g.to_local(), w.to_local().contiguous()
+                assert a.dtype == b.dtype and a.shape == b.shape, name
+                assert torch.equal(a.view(torch.uint8) if a.dtype != torch.bool else a,
+                                   b.view(torch.uint8) if b.dtype != torch.bool else b), name
+        bad = dict(samples[0], ref_pos=samples[0]["ref_pos"].double())
+        try:
+            distribute_features(plan, bad if source else None, mesh, workflow="inference",
+                                group=group)
+            out["error"] = None
+        except ValueError as e:
+            out["error"] = str(e)
+        out["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported to the test process
+        out["status"] = f"{type(e).__name__}: {e}"
+    Path(results, f"rank-{rank}.json").write_text(json.dumps(out))
+    # Nobody tears down gloo while a peer may still be using its connections.
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (2, 1, 2)], ids=["2x2", "dp2x1x2"])
+def test_the_package_distributes_as_the_generated_module_does(
+    generated_dir: Path, tmp_path: Path, shape: tuple[int, ...]
+) -> None:
+    world = 1
+    for n in shape:
+        world *= n
+    mp.spawn(_worker, args=(world, str(tmp_path / "store"), str(generated_dir), shape,
+                            str(tmp_path)), nprocs=world, join=True)
+    outs = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
+    assert [o["status"] for o in outs] == ["ok"] * world, outs
+    errors = {o["error"] for o in outs}
+    assert len(errors) == 1 and "feature `ref_pos`" in str(errors.pop()), outs
