@@ -5,7 +5,7 @@
 
 use featshard_spec::infer::Split;
 use featshard_spec::ir::{DeriveRule, IncomingSource, IndexScope, PadValue, Placement, Role};
-use featshard_spec::plan::{FeaturePlan, Padding, Plan, Remap, TensorPlan};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan, Remap, SemanticPlan, TensorPlan};
 use serde::Serialize;
 use tera::{Context, Tera};
 
@@ -156,105 +156,160 @@ struct WorkflowRow {
 }
 
 fn context(plan: &Plan) -> Ctx {
-    let header = header_comment(plan);
-    let semantics = plan
-        .semantics
-        .iter()
-        .map(|(name, s)| {
-            let (padding, mesh_axes, owner) = match &s.padding {
-                Padding::None => ("none", Vec::new(), None),
-                Padding::Multiple { mesh_axes } => ("multiple", mesh_axes.clone(), None),
-                Padding::OwnerBlocks {
-                    owner,
-                    root,
-                    source,
-                    mesh_axes,
-                } => (
-                    "owner_blocks",
-                    mesh_axes.clone(),
-                    Some((owner, root, source)),
-                ),
-            };
-            let opt = |f: Option<&str>| f.map_or("None".into(), py_str);
-            let (o, r, counts, map) = match owner {
-                Some((o, r, src)) => (py_str(o), py_str(r), opt(src.counts()), opt(src.map())),
-                None => ("None".into(), "None".into(), "None".into(), "None".into()),
-            };
-            let incoming = match &s.incoming {
-                Some(IncomingSource::Mask { feature }) => {
-                    format!("(\"mask\", {})", py_str(feature))
+    let rows = FeatureRows::of(plan);
+    Ctx {
+        header: header_comment(plan),
+        semantics: plan
+            .semantics
+            .iter()
+            .map(|(name, s)| semantic_row(name, s))
+            .collect(),
+        module: plan.module.clone(),
+        sha256: plan.source.sha256.clone(),
+        cp0: py_str(plan.mesh.cp.first().map_or("cp0", String::as_str)),
+        cp1: py_str(plan.mesh.cp.get(1).map_or("cp1", String::as_str)),
+        dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
+        semantic_order: plan
+            .semantic_order()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        tensors: rows.tensors,
+        masks: rows.masks,
+        indices: rows.indices,
+        cosharded: rows.cosharded,
+        shard_local: rows.shard_local,
+        repad: rows.repad,
+        metadata: rows.metadata,
+        all_features: plan.features.keys().cloned().collect(),
+        workflows: plan
+            .workflows
+            .iter()
+            .map(|(w, fs)| WorkflowRow {
+                name: w.clone(),
+                features: fs.clone(),
+            })
+            .collect(),
+        optional: rows.optional,
+        derived: rows.derived,
+        drop: plan.inputs.drop.clone(),
+        other_keys: plan.inputs.other_keys.name(),
+    }
+}
+
+/// One semantic's row of the `SEMANTICS` table.
+fn semantic_row(name: &str, s: &SemanticPlan) -> SemanticRow {
+    let (padding, mesh_axes, owner) = match &s.padding {
+        Padding::None => ("none", Vec::new(), None),
+        Padding::Multiple { mesh_axes } => ("multiple", mesh_axes.clone(), None),
+        Padding::OwnerBlocks {
+            owner,
+            root,
+            source,
+            mesh_axes,
+        } => (
+            "owner_blocks",
+            mesh_axes.clone(),
+            Some((owner, root, source)),
+        ),
+    };
+    let opt = |f: Option<&str>| f.map_or("None".into(), py_str);
+    let (o, r, counts, map) = match owner {
+        Some((o, r, src)) => (py_str(o), py_str(r), opt(src.counts()), opt(src.map())),
+        None => ("None".into(), "None".into(), "None".into(), "None".into()),
+    };
+    let incoming = match &s.incoming {
+        Some(IncomingSource::Mask { feature }) => {
+            format!("(\"mask\", {})", py_str(feature))
+        }
+        Some(IncomingSource::Counts { feature }) => {
+            format!("(\"counts\", {})", py_str(feature))
+        }
+        None => "None".into(),
+    };
+    SemanticRow {
+        name: name.to_owned(),
+        sharded: py_bool(s.sharded),
+        padding,
+        mesh_axes: py_tuple(mesh_axes.iter().map(ToString::to_string)),
+        owner: o,
+        root: r,
+        owner_counts: counts,
+        owner_map: map,
+        window: s.window.map_or("None".into(), |w| w.to_string()),
+        incoming,
+        unowned_rows: py_bool(s.unowned_rows_are_pads),
+    }
+}
+
+/// One tensor feature's row of the placement tables.
+fn tensor_row(name: &str, t: &TensorPlan) -> TensorRow {
+    TensorRow {
+        name: name.to_owned(),
+        placements: py_tuple(t.placements.iter().map(py_placement)),
+        placements_dp: py_tuple(t.placements_dp.iter().map(py_placement)),
+        splits: py_tuple(t.axes.iter().map(|a| match a.split {
+            Split::Whole => "None".to_owned(),
+            Split::Mesh { mesh_axis } => format!("(\"mesh\", {mesh_axis})"),
+            Split::Follows { mesh_axis, .. } => format!("(\"follows\", {mesh_axis})"),
+        })),
+        semantics: py_axis_semantics(t),
+        channels: py_channel_sizes(t),
+        dtype: t.dtype.name(),
+        pad: py_pad(t.pad_value),
+    }
+}
+
+/// Every per-feature table but the semantics', filled in one pass over the features.
+#[derive(Default)]
+struct FeatureRows {
+    tensors: Vec<TensorRow>,
+    masks: Vec<MaskRow>,
+    indices: Vec<IndexRow>,
+    cosharded: Vec<CoshardRow>,
+    metadata: Vec<String>,
+    shard_local: Vec<ShardLocalRow>,
+    repad: Vec<MaskRow>,
+    optional: Vec<String>,
+    derived: Vec<MaskRow>,
+}
+
+impl FeatureRows {
+    fn of(plan: &Plan) -> FeatureRows {
+        let mut rows = FeatureRows::default();
+        for (name, f) in &plan.features {
+            match f {
+                FeaturePlan::Metadata { optional, .. } => {
+                    rows.metadata.push(name.clone());
+                    if *optional {
+                        rows.optional.push(name.clone());
+                    }
                 }
-                Some(IncomingSource::Counts { feature }) => {
-                    format!("(\"counts\", {})", py_str(feature))
-                }
-                None => "None".into(),
-            };
-            SemanticRow {
-                name: name.clone(),
-                sharded: py_bool(s.sharded),
-                padding,
-                mesh_axes: py_tuple(mesh_axes.iter().map(ToString::to_string)),
-                owner: o,
-                root: r,
-                owner_counts: counts,
-                owner_map: map,
-                window: s.window.map_or("None".into(), |w| w.to_string()),
-                incoming,
-                unowned_rows: py_bool(s.unowned_rows_are_pads),
+                FeaturePlan::Tensor(t) => rows.add_tensor(name, t),
             }
-        })
-        .collect();
-    let mut tensors = Vec::new();
-    let mut masks = Vec::new();
-    let mut indices = Vec::new();
-    let mut cosharded = Vec::new();
-    let mut metadata = Vec::new();
-    let mut shard_local = Vec::new();
-    let mut repad = Vec::new();
-    let mut optional = Vec::new();
-    let mut derived = Vec::new();
-    for (name, f) in &plan.features {
-        let t = match f {
-            FeaturePlan::Metadata { optional: o, .. } => {
-                metadata.push(name.clone());
-                if *o {
-                    optional.push(name.clone());
-                }
-                continue;
-            }
-            FeaturePlan::Tensor(t) => t,
-        };
+        }
+        rows
+    }
+
+    fn add_tensor(&mut self, name: &str, t: &TensorPlan) {
         if t.optional {
-            optional.push(name.clone());
+            self.optional.push(name.to_owned());
         }
         if let Some(DeriveRule::Outer { of: [a, b] }) = &t.derived {
-            derived.push(MaskRow {
-                name: name.clone(),
+            self.derived.push(MaskRow {
+                name: name.to_owned(),
                 of: format!("({}, {})", py_str(a), py_str(b)),
             });
         }
-        tensors.push(TensorRow {
-            name: name.clone(),
-            placements: py_tuple(t.placements.iter().map(py_placement)),
-            placements_dp: py_tuple(t.placements_dp.iter().map(py_placement)),
-            splits: py_tuple(t.axes.iter().map(|a| match a.split {
-                Split::Whole => "None".to_owned(),
-                Split::Mesh { mesh_axis } => format!("(\"mesh\", {mesh_axis})"),
-                Split::Follows { mesh_axis, .. } => format!("(\"follows\", {mesh_axis})"),
-            })),
-            semantics: py_axis_semantics(t),
-            channels: py_channel_sizes(t),
-            dtype: t.dtype.name(),
-            pad: py_pad(t.pad_value),
-        });
+        self.tensors.push(tensor_row(name, t));
         match &t.role {
             Role::Data => {}
-            Role::Mask { of } => masks.push(MaskRow {
-                name: name.clone(),
+            Role::Mask { of } => self.masks.push(MaskRow {
+                name: name.to_owned(),
                 of: py_tuple(of.iter().map(|s| py_str(s))),
             }),
-            Role::Index(ix) => indices.push(IndexRow {
-                name: name.clone(),
+            Role::Index(ix) => self.indices.push(IndexRow {
+                name: name.to_owned(),
                 of: ix.of.clone(),
                 scope: match ix.scope {
                     IndexScope::Serial => "serial",
@@ -265,14 +320,14 @@ fn context(plan: &Plan) -> Ctx {
             }),
         }
         if let Remap::ToPaddedLayout { of, repad: true } = &t.remap {
-            repad.push(MaskRow {
-                name: name.clone(),
+            self.repad.push(MaskRow {
+                name: name.to_owned(),
                 of: py_str(of),
             });
         }
         if let Remap::ShardLocal { of, mesh_axis } = &t.remap {
-            shard_local.push(ShardLocalRow {
-                name: name.clone(),
+            self.shard_local.push(ShardLocalRow {
+                name: name.to_owned(),
                 of: of.clone(),
                 mesh_axis: *mesh_axis,
             });
@@ -289,45 +344,11 @@ fn context(plan: &Plan) -> Ctx {
             })
             .collect();
         if !pairs.is_empty() {
-            cosharded.push(CoshardRow {
-                name: name.clone(),
+            self.cosharded.push(CoshardRow {
+                name: name.to_owned(),
                 pairs: py_tuple(pairs.into_iter()),
             });
         }
-    }
-    Ctx {
-        header,
-        module: plan.module.clone(),
-        sha256: plan.source.sha256.clone(),
-        cp0: py_str(plan.mesh.cp.first().map_or("cp0", String::as_str)),
-        cp1: py_str(plan.mesh.cp.get(1).map_or("cp1", String::as_str)),
-        dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
-        semantics,
-        semantic_order: plan
-            .semantic_order()
-            .into_iter()
-            .map(str::to_owned)
-            .collect(),
-        tensors,
-        masks,
-        indices,
-        cosharded,
-        shard_local,
-        repad,
-        metadata,
-        all_features: plan.features.keys().cloned().collect(),
-        workflows: plan
-            .workflows
-            .iter()
-            .map(|(w, fs)| WorkflowRow {
-                name: w.clone(),
-                features: fs.clone(),
-            })
-            .collect(),
-        optional,
-        derived,
-        drop: plan.inputs.drop.clone(),
-        other_keys: plan.inputs.other_keys.name(),
     }
 }
 
