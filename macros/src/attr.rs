@@ -302,99 +302,118 @@ pub fn field_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> FieldAt
     let mut out = FieldAttrs::default();
     for attr in attrs.iter().filter(|a| is_featshard(a)) {
         out.present = true;
-        let result = attr.parse_nested_meta(|meta| {
-            let p = &meta.path;
-            let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
-            if p.is_ident("axes") {
-                let mut axes = Vec::new();
-                let content;
-                syn::parenthesized!(content in meta.input);
-                while !content.is_empty() {
-                    if content.peek(LitInt) {
-                        let n: LitInt = content.parse()?;
-                        axes.push(AxisAttr::Channel(n.base10_parse()?));
-                    } else {
-                        let i: Ident = content.parse()?;
-                        axes.push(AxisAttr::Semantic(i.to_string()));
-                    }
-                    if !content.is_empty() {
-                        content.parse::<syn::Token![,]>()?;
-                    }
-                }
-                once(&mut out.axes, At::new(axes, span), &meta)?;
-            } else if p.is_ident("dtype") {
-                once(&mut out.dtype, ident_string(&meta)?, &meta)?;
-            } else if p.is_ident("pad") {
-                let e: Expr = meta.value()?.parse()?;
-                once(&mut out.pad, At::new(pad_literal(&e)?, span), &meta)?;
-            } else if p.is_ident("mask") {
-                let names = name_list(&meta)?.into_iter().map(|n| n.value).collect();
-                once(&mut out.mask, At::new(names, span), &meta)?;
-            } else if p.is_ident("index") {
-                once(&mut out.index, At::new(index(&meta)?, span), &meta)?;
-            } else if p.is_ident("coshard") {
-                let (mut axis, mut follows) = (None, None);
-                meta.parse_nested_meta(|m| {
-                    if m.path.is_ident("axis") {
-                        axis = Some(int(&m)?);
-                    } else if m.path.is_ident("follows") {
-                        follows = Some(int(&m)?);
-                    } else {
-                        return Err(unknown(&m, "coshard", "`axis`, `follows`"));
-                    }
-                    Ok(())
-                })?;
-                match (axis, follows) {
-                    (Some(a), Some(f)) => out.coshard.push(At::new((a, f), span)),
-                    _ => return Err(meta.error("`coshard` needs `axis = A, follows = L`")),
-                }
-            } else if p.is_ident("replicate_axes") {
-                let content;
-                syn::parenthesized!(content in meta.input);
-                let list = content.parse_terminated(LitInt::parse, syn::Token![,])?;
-                for n in list {
-                    out.replicate_axes.push(At::new(n.base10_parse()?, n.span()));
-                }
-            } else if p.is_ident("replicated") {
-                if out.replicated {
-                    return Err(duplicate(&meta));
-                }
-                out.replicated = true;
-            } else if p.is_ident("placement") {
-                let content;
-                syn::parenthesized!(content in meta.input);
-                let list = content.parse_terminated(<LitStr as syn::parse::Parse>::parse, syn::Token![,])?;
-                once(&mut out.placement, At::new(list.iter().map(LitStr::value).collect(), span), &meta)?;
-            } else if p.is_ident("only") {
-                once(&mut out.only, name_list(&meta)?, &meta)?;
-            } else if p.is_ident("name") {
-                once(&mut out.name, ident_string(&meta)?, &meta)?;
-            } else if p.is_ident("derive") {
-                let mut of = None;
-                meta.parse_nested_meta(|m| {
-                    if m.path.is_ident("outer") {
-                        of = Some(name_list(&m)?.into_iter().map(|n| n.value).collect());
-                        Ok(())
-                    } else {
-                        Err(unknown(&m, "derive", "`outer(FEATURE, FEATURE)`"))
-                    }
-                })?;
-                let of = of.ok_or_else(|| meta.error("`derive` needs `outer(FEATURE, FEATURE)`"))?;
-                once(&mut out.derive, At::new(of, span), &meta)?;
-            } else {
-                return Err(unknown(
-                    &meta,
-                    "field",
-                    "`axes`, `dtype`, `pad`, `mask`, `index`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`, `derive`",
-                ));
-            }
-            Ok(())
-        });
-        if let Err(e) = result {
+        if let Err(e) = attr.parse_nested_meta(|meta| field_key(&mut out, &meta)) {
             errors.push(e);
         }
     }
     out
+}
+
+/// One key of a field's attribute; a key given twice is an error.
+fn field_key(out: &mut FieldAttrs, meta: &ParseNestedMeta) -> syn::Result<()> {
+    let p = &meta.path;
+    let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
+    if p.is_ident("axes") {
+        once(&mut out.axes, At::new(axes_list(meta)?, span), meta)?;
+    } else if p.is_ident("dtype") {
+        once(&mut out.dtype, ident_string(meta)?, meta)?;
+    } else if p.is_ident("pad") {
+        let e: Expr = meta.value()?.parse()?;
+        once(&mut out.pad, At::new(pad_literal(&e)?, span), meta)?;
+    } else if p.is_ident("mask") {
+        let names = name_list(meta)?.into_iter().map(|n| n.value).collect();
+        once(&mut out.mask, At::new(names, span), meta)?;
+    } else if p.is_ident("index") {
+        once(&mut out.index, At::new(index(meta)?, span), meta)?;
+    } else if p.is_ident("coshard") {
+        out.coshard.push(At::new(coshard(meta)?, span));
+    } else if p.is_ident("replicate_axes") {
+        let content;
+        syn::parenthesized!(content in meta.input);
+        let list = content.parse_terminated(LitInt::parse, syn::Token![,])?;
+        for n in list {
+            out.replicate_axes
+                .push(At::new(n.base10_parse()?, n.span()));
+        }
+    } else if p.is_ident("replicated") {
+        if out.replicated {
+            return Err(duplicate(meta));
+        }
+        out.replicated = true;
+    } else if p.is_ident("placement") {
+        let content;
+        syn::parenthesized!(content in meta.input);
+        let list =
+            content.parse_terminated(<LitStr as syn::parse::Parse>::parse, syn::Token![,])?;
+        let values = list.iter().map(LitStr::value).collect();
+        once(&mut out.placement, At::new(values, span), meta)?;
+    } else if p.is_ident("only") {
+        once(&mut out.only, name_list(meta)?, meta)?;
+    } else if p.is_ident("name") {
+        once(&mut out.name, ident_string(meta)?, meta)?;
+    } else if p.is_ident("derive") {
+        once(&mut out.derive, At::new(derive_outer(meta)?, span), meta)?;
+    } else {
+        return Err(unknown(
+            meta,
+            "field",
+            "`axes`, `dtype`, `pad`, `mask`, `index`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`, `derive`",
+        ));
+    }
+    Ok(())
+}
+
+/// `axes(tokens, atoms, 3)`: semantics by name, channels by size.
+fn axes_list(meta: &ParseNestedMeta) -> syn::Result<Vec<AxisAttr>> {
+    let mut axes = Vec::new();
+    let content;
+    syn::parenthesized!(content in meta.input);
+    while !content.is_empty() {
+        if content.peek(LitInt) {
+            let n: LitInt = content.parse()?;
+            axes.push(AxisAttr::Channel(n.base10_parse()?));
+        } else {
+            let i: Ident = content.parse()?;
+            axes.push(AxisAttr::Semantic(i.to_string()));
+        }
+        if !content.is_empty() {
+            content.parse::<syn::Token![,]>()?;
+        }
+    }
+    Ok(axes)
+}
+
+/// `coshard(axis = A, follows = L)`.
+fn coshard(meta: &ParseNestedMeta) -> syn::Result<(usize, usize)> {
+    let (mut axis, mut follows) = (None, None);
+    meta.parse_nested_meta(|m| {
+        if m.path.is_ident("axis") {
+            axis = Some(int(&m)?);
+        } else if m.path.is_ident("follows") {
+            follows = Some(int(&m)?);
+        } else {
+            return Err(unknown(&m, "coshard", "`axis`, `follows`"));
+        }
+        Ok(())
+    })?;
+    match (axis, follows) {
+        (Some(a), Some(f)) => Ok((a, f)),
+        _ => Err(meta.error("`coshard` needs `axis = A, follows = L`")),
+    }
+}
+
+/// `derive(outer(A, B))`.
+fn derive_outer(meta: &ParseNestedMeta) -> syn::Result<Vec<String>> {
+    let mut of = None;
+    meta.parse_nested_meta(|m| {
+        if m.path.is_ident("outer") {
+            of = Some(name_list(&m)?.into_iter().map(|n| n.value).collect());
+            Ok(())
+        } else {
+            Err(unknown(&m, "derive", "`outer(FEATURE, FEATURE)`"))
+        }
+    })?;
+    of.ok_or_else(|| meta.error("`derive` needs `outer(FEATURE, FEATURE)`"))
 }
 
 use syn::parse::Parse as _;
