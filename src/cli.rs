@@ -233,17 +233,28 @@ fn write_or_print(text: String, out: Option<PathBuf>) -> Result<String, Failure>
     }
 }
 
+/// One `wrote PATH` line per file written.
+fn wrote(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| format!("wrote {}", p.display()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `init`'s anchors: the sample key given for each semantic that was named.
+fn anchors(given: [(&str, Option<String>); 6]) -> crate::init::Anchors {
+    given
+        .into_iter()
+        .filter_map(|(s, k)| k.map(|k| (s.to_owned(), k)))
+        .collect()
+}
+
 /// Runs one parsed command.
 fn dispatch(command: Command) -> Result<String, Failure> {
     match command {
         Command::Generate { spec, out, tests } => {
-            commands::generate(&spec, &out, tests).map(|written| {
-                written
-                    .iter()
-                    .map(|p| format!("wrote {}", p.display()))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
+            commands::generate(&spec, &out, tests).map(|written| wrote(&written))
         }
         Command::Check { spec, out } => commands::check(&spec, &out),
         Command::Validate { spec } => commands::validate(&spec),
@@ -276,17 +287,14 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             module,
             out,
         } => {
-            let anchors = [
+            let anchors = anchors([
                 ("tokens", tokens),
                 ("atoms", atoms),
                 ("msa", msa),
                 ("rset", rset),
                 ("ensemble", ensemble),
                 ("templates", templates),
-            ]
-            .into_iter()
-            .filter_map(|(s, k)| k.map(|k| (s.to_owned(), k)))
-            .collect();
+            ]);
             crate::init::draft(&from, &anchors, &module).and_then(|text| write_or_print(text, out))
         }
         Command::Shard {

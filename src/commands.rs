@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use featshard_codegen::GeneratedFile;
 use featshard_spec::infer::CP_AXES;
 use featshard_spec::plan::{
-    DomainPlan, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, TensorPlan,
+    DomainPlan, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, ResolveError, Resolved,
+    TensorPlan,
 };
 use featshard_spec::{Diagnostics, Spec};
 
@@ -220,52 +221,84 @@ pub fn explain(
     let mut notes = Vec::new();
     let resolved = match lengths {
         None => None,
-        Some(given) => {
-            let l = explain_lengths(&plan, given, &mut notes)?;
-            Some(plan.resolve(mesh, &l, workflow).map_err(|e| {
-                let hint = match e {
-                    featshard_spec::plan::ResolveError::MissingLength { .. } => {
-                        " (pass it with --lengths)"
-                    }
-                    _ => "",
-                };
-                Failure::Other(format!("{e}{hint}"))
-            })?)
-        }
+        Some(given) => Some(resolve_for_explain(
+            &plan, mesh, given, workflow, &mut notes,
+        )?),
     };
-    match view {
-        View::Table => {}
+    let out = match view {
+        View::Table => explain_table(&plan, mesh, &names, workflow, resolved.as_ref()),
         View::Picture { feature, color } => {
             let p = crate::picture::picture(&plan, mesh, feature, resolved.as_ref())?;
-            let mut out = crate::picture::render_text(&p, color);
-            for n in notes {
-                let _ = writeln!(out, "note: {n}");
-            }
-            return Ok(out);
+            crate::picture::render_text(&p, color)
         }
         View::Svg { feature, file } => {
-            let chosen: Vec<&str> = match feature {
-                Some(f) => vec![f],
-                None => names
-                    .iter()
-                    .copied()
-                    .filter(|n| matches!(plan.features.get(*n), Some(FeaturePlan::Tensor(_))))
-                    .collect(),
-            };
-            let pictures = chosen
-                .iter()
-                .map(|n| crate::picture::picture(&plan, mesh, n, resolved.as_ref()))
-                .collect::<Result<Vec<_>, _>>()?;
-            std::fs::write(file, crate::picture::render_svg(&pictures))
-                .map_err(|e| Failure::Other(format!("cannot write {}: {e}", file.display())))?;
-            return Ok(format!(
-                "wrote {} ({} feature picture{})",
-                file.display(),
-                pictures.len(),
-                if pictures.len() == 1 { "" } else { "s" }
-            ));
+            return explain_svg(&plan, mesh, &names, feature, file, resolved.as_ref());
         }
+    };
+    let mut out = out;
+    for n in notes {
+        let _ = writeln!(out, "note: {n}");
     }
+    Ok(out)
+}
+
+/// The plan resolved on the lengths `--lengths` gave; a missing one says how to pass it.
+fn resolve_for_explain(
+    plan: &Plan,
+    mesh: [usize; CP_AXES],
+    given: &[(String, usize)],
+    workflow: Option<&str>,
+    notes: &mut Vec<String>,
+) -> Result<Resolved, Failure> {
+    let l = explain_lengths(plan, given, notes)?;
+    plan.resolve(mesh, &l, workflow).map_err(|e| {
+        let hint = match e {
+            ResolveError::MissingLength { .. } => " (pass it with --lengths)",
+            _ => "",
+        };
+        Failure::Other(format!("{e}{hint}"))
+    })
+}
+
+/// `explain --svg`: one picture per chosen feature, written to `file`.
+fn explain_svg(
+    plan: &Plan,
+    mesh: [usize; CP_AXES],
+    names: &[&str],
+    feature: Option<&str>,
+    file: &Path,
+    resolved: Option<&Resolved>,
+) -> Result<String, Failure> {
+    let chosen: Vec<&str> = match feature {
+        Some(f) => vec![f],
+        None => names
+            .iter()
+            .copied()
+            .filter(|n| matches!(plan.features.get(*n), Some(FeaturePlan::Tensor(_))))
+            .collect(),
+    };
+    let pictures = chosen
+        .iter()
+        .map(|n| crate::picture::picture(plan, mesh, n, resolved))
+        .collect::<Result<Vec<_>, _>>()?;
+    std::fs::write(file, crate::picture::render_svg(&pictures))
+        .map_err(|e| Failure::Other(format!("cannot write {}: {e}", file.display())))?;
+    Ok(format!(
+        "wrote {} ({} feature picture{})",
+        file.display(),
+        pictures.len(),
+        if pictures.len() == 1 { "" } else { "s" }
+    ))
+}
+
+/// `explain`'s table: the mesh, every feature's row, intake, padded lengths.
+fn explain_table(
+    plan: &Plan,
+    mesh: [usize; CP_AXES],
+    names: &[&str],
+    workflow: Option<&str>,
+    resolved: Option<&Resolved>,
+) -> String {
     let mut rows = vec![[
         "feature".to_owned(),
         "axes".to_owned(),
@@ -273,38 +306,10 @@ pub fn explain(
         "padded global shape".to_owned(),
         "local shape".to_owned(),
     ]];
-    for &name in &names {
-        let Some(f) = plan.features.get(name) else {
-            continue;
-        };
-        let FeaturePlan::Tensor(t) = f else {
-            rows.push([
-                name.to_owned(),
-                "metadata".into(),
-                "passed through".into(),
-                "-".into(),
-                "-".into(),
-            ]);
-            continue;
-        };
-        let (global, local) = match resolved.as_ref().map(|r| r.features.get(name)) {
-            Some(Some(s)) => (shape(&s.global_shape), local_text(&plan, t, s, mesh)),
-            // An optional feature whose lengths were not given: as if absent.
-            Some(None) => ("absent (optional)".into(), "-".into()),
-            None => symbolic_shapes(&plan, t, mesh),
-        };
-        rows.push([
-            name.to_owned(),
-            axes_text(t),
-            t.placements
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-            global,
-            local,
-        ]);
-    }
+    rows.extend(names.iter().filter_map(|&name| {
+        let f = plan.features.get(name)?;
+        Some(feature_row(plan, mesh, name, f, resolved))
+    }));
     let mut out = format!(
         "mesh ({}) = ({}, {}): {} {} ranks{}\n\n",
         plan.mesh.cp.join(", "),
@@ -321,17 +326,50 @@ pub fn explain(
             .unwrap_or_default()
     );
     out.push_str(&table(&rows));
-    out.push_str(&intake_text(&plan, &names));
-    if let Some(r) = &resolved {
+    out.push_str(&intake_text(plan, names));
+    if let Some(r) = resolved {
         out.push('\n');
         for (s, p) in &r.padded {
             let _ = writeln!(out, "{s}: padded to {p}");
         }
     }
-    for n in notes {
-        let _ = writeln!(out, "note: {n}");
-    }
-    Ok(out)
+    out
+}
+
+/// One feature's row of `explain`'s table.
+fn feature_row(
+    plan: &Plan,
+    mesh: [usize; CP_AXES],
+    name: &str,
+    f: &FeaturePlan,
+    resolved: Option<&Resolved>,
+) -> [String; 5] {
+    let FeaturePlan::Tensor(t) = f else {
+        return [
+            name.to_owned(),
+            "metadata".into(),
+            "passed through".into(),
+            "-".into(),
+            "-".into(),
+        ];
+    };
+    let (global, local) = match resolved.map(|r| r.features.get(name)) {
+        Some(Some(s)) => (shape(&s.global_shape), local_text(plan, t, s, mesh)),
+        // An optional feature whose lengths were not given: as if absent.
+        Some(None) => ("absent (optional)".into(), "-".into()),
+        None => symbolic_shapes(plan, t, mesh),
+    };
+    [
+        name.to_owned(),
+        axes_text(t),
+        t.placements
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        global,
+        local,
+    ]
 }
 
 /// What the pipeline does to a sample as the featurizer emits it, before the table's

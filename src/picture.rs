@@ -88,35 +88,16 @@ pub fn picture(
             .map(|(d, _)| d)
     };
     let cuts: [Option<usize>; CP_AXES] = [split_on(0), split_on(1)];
-    let dims = crate::commands::shape;
-    let symbolic_shapes = plan.symbolic_shapes(t, mesh);
-    let symbolic = |local: bool| match local {
-        true => crate::commands::extents(&symbolic_shapes.local),
-        false => crate::commands::extents(&symbolic_shapes.global),
+    let symbolic = plan.symbolic_shapes(t, mesh);
+    let grid = Grid {
+        mesh,
+        rows: if cuts[0].is_some() { mesh[0] } else { 1 },
+        cols: if cuts[1].is_some() { mesh[1] } else { 1 },
     };
-    let rows = if cuts[0].is_some() { mesh[0] } else { 1 };
-    let cols = if cuts[1].is_some() { mesh[1] } else { 1 };
-    let mut tiles = Vec::new();
-    for row in 0..rows {
-        for col in 0..cols {
-            let ranks: Vec<usize> = (0..mesh[0])
-                .flat_map(|i| (0..mesh[1]).map(move |j| (i, j)))
-                .filter(|&(i, j)| (rows == 1 || i == row) && (cols == 1 || j == col))
-                .map(|(i, j)| i * mesh[1] + j)
-                .collect();
-            let pads = match (shapes, resolved) {
-                (Some(s), Some(r)) => tile_pads(t, r, s, [row, col]),
-                _ => Vec::new(),
-            };
-            tiles.push(Tile {
-                row,
-                col,
-                ranks,
-                local_shape: shapes.map_or_else(|| symbolic(true), |s| dims(&s.local_shape)),
-                pads,
-            });
-        }
-    }
+    let local_shape = shapes.map_or_else(
+        || crate::commands::extents(&symbolic.local),
+        |s| crate::commands::shape(&s.local_shape),
+    );
     let cut = |m: usize| {
         cuts[m].map(|d| format!("axis {d} ({}) over {}", axis_name(t, d), plan.mesh.cp[m]))
     };
@@ -135,33 +116,82 @@ pub fn picture(
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", "),
-        global_shape: shapes.map_or_else(|| symbolic(false), |s| dims(&s.global_shape)),
-        rows,
-        cols,
+        global_shape: shapes.map_or_else(
+            || crate::commands::extents(&symbolic.global),
+            |s| crate::commands::shape(&s.global_shape),
+        ),
+        rows: grid.rows,
+        cols: grid.cols,
         row_cut: cut(0),
         col_cut: cut(1),
-        whole: t
-            .axes
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.semantic.is_some() && a.split == Split::Whole)
-            .map(|(d, _)| format!("axis {d} ({})", axis_name(t, d)))
-            .collect(),
-        diagonal: t
-            .axes
-            .iter()
-            .enumerate()
-            .filter_map(|(d, a)| match a.split {
-                Split::Follows { leader, mesh_axis } => Some(format!(
-                    "axis {d} ({}) follows axis {leader} over {}",
-                    axis_name(t, d),
-                    plan.mesh.cp[mesh_axis]
-                )),
-                _ => None,
-            })
-            .collect(),
-        tiles,
+        whole: whole_axes(t),
+        diagonal: diagonal_axes(plan, t),
+        tiles: grid.tiles(t, shapes.zip(resolved), &local_shape),
     })
+}
+
+/// The tiles of a picture: one per block of the split mesh axes.
+struct Grid {
+    mesh: [usize; CP_AXES],
+    rows: usize,
+    cols: usize,
+}
+
+impl Grid {
+    /// Every tile, with the ranks it stands for and, resolved, its pads.
+    fn tiles(
+        &self,
+        t: &TensorPlan,
+        resolved: Option<(&featshard_spec::plan::FeatureShapes, &Resolved)>,
+        local_shape: &str,
+    ) -> Vec<Tile> {
+        let (rows, cols, mesh) = (self.rows, self.cols, self.mesh);
+        let mut tiles = Vec::new();
+        for row in 0..rows {
+            for col in 0..cols {
+                let ranks: Vec<usize> = (0..mesh[0])
+                    .flat_map(|i| (0..mesh[1]).map(move |j| (i, j)))
+                    .filter(|&(i, j)| (rows == 1 || i == row) && (cols == 1 || j == col))
+                    .map(|(i, j)| i * mesh[1] + j)
+                    .collect();
+                let pads = resolved.map_or_else(Vec::new, |(s, r)| tile_pads(t, r, s, [row, col]));
+                tiles.push(Tile {
+                    row,
+                    col,
+                    ranks,
+                    local_shape: local_shape.to_owned(),
+                    pads,
+                });
+            }
+        }
+        tiles
+    }
+}
+
+/// The feature's axes of a semantic that no mesh axis splits.
+fn whole_axes(t: &TensorPlan) -> Vec<String> {
+    t.axes
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.semantic.is_some() && a.split == Split::Whole)
+        .map(|(d, _)| format!("axis {d} ({})", axis_name(t, d)))
+        .collect()
+}
+
+/// The feature's axes split with another (block-diagonal).
+fn diagonal_axes(plan: &Plan, t: &TensorPlan) -> Vec<String> {
+    t.axes
+        .iter()
+        .enumerate()
+        .filter_map(|(d, a)| match a.split {
+            Split::Follows { leader, mesh_axis } => Some(format!(
+                "axis {d} ({}) follows axis {leader} over {}",
+                axis_name(t, d),
+                plan.mesh.cp[mesh_axis]
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Pad items of each split axis inside the tile at `grid` (row, col).
