@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use featshard_spec::infer::CP_AXES;
 use featshard_spec::ir::Placement;
-use featshard_spec::plan::{Plan, Remap, SampleLayout, TensorPlan};
+use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
@@ -233,6 +233,25 @@ pub fn assemble(
     workflow: Option<&str>,
     ranks: &[Features],
 ) -> Result<Features, RuntimeError> {
+    let shapes = assembled_shapes(plan, layout, workflow, ranks)?;
+    let mut out = BTreeMap::new();
+    for (name, s) in &shapes {
+        out.insert(
+            name.clone(),
+            assemble_feature(plan, layout, name, s, ranks)?,
+        );
+    }
+    Ok(out)
+}
+
+/// The shapes of the features the blocks hold (optional ones may be absent) of the
+/// workflow, once the ranks are one per mesh position and no required feature is missing.
+fn assembled_shapes(
+    plan: &Plan,
+    layout: &SampleLayout,
+    workflow: Option<&str>,
+    ranks: &[Features],
+) -> Result<BTreeMap<String, FeatureShapes>, RuntimeError> {
     let mesh = layout.mesh;
     let world: usize = mesh.iter().product();
     if ranks.len() != world {
@@ -246,7 +265,6 @@ pub fn assemble(
             ),
         });
     }
-    // The features the blocks hold (optional ones may be absent), of the workflow.
     let wanted = plan.feature_names(workflow)?;
     let names = ranks[0]
         .keys()
@@ -265,60 +283,66 @@ pub fn assemble(
             });
         }
     }
-    let mut out = BTreeMap::new();
-    for (name, s) in &shapes {
-        let t = tensor_plan(plan, name)?;
-        let full = Tensor::f_full(
-            dims(&s.padded_shape).as_slice(),
-            scalar(t.pad_value),
-            (kind_of(t.dtype), Device::Cpu),
-        )
-        .feature(name)?;
-        let mut written: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
-        for (r, blocks) in ranks.iter().enumerate() {
-            let coord = coords(mesh, r);
-            let block = blocks.get(name).ok_or_else(|| RuntimeError::Blocks {
+    Ok(shapes)
+}
+
+/// One feature's padded global tensor from every rank's block of it.
+fn assemble_feature(
+    plan: &Plan,
+    layout: &SampleLayout,
+    name: &String,
+    s: &FeatureShapes,
+    ranks: &[Features],
+) -> Result<Tensor, RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    let full = Tensor::f_full(
+        dims(&s.padded_shape).as_slice(),
+        scalar(t.pad_value),
+        (kind_of(t.dtype), Device::Cpu),
+    )
+    .feature(name)?;
+    let mut written: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+    for (r, blocks) in ranks.iter().enumerate() {
+        let coord = coords(layout.mesh, r);
+        let block = blocks.get(name).ok_or_else(|| RuntimeError::Blocks {
+            feature: name.clone(),
+            message: format!("rank {r} has no block"),
+        })?;
+        if block.size() != dims(&s.local_shape) || block.kind() != kind_of(t.dtype) {
+            return Err(RuntimeError::Blocks {
                 feature: name.clone(),
-                message: format!("rank {r} has no block"),
-            })?;
-            if block.size() != dims(&s.local_shape) || block.kind() != kind_of(t.dtype) {
+                message: format!(
+                    "rank {r} holds {:?} {:?}, the plan says {:?} {}",
+                    block.size(),
+                    block.kind(),
+                    s.local_shape,
+                    t.dtype
+                ),
+            });
+        }
+        let block = shift_ids(name, t, block, coord, layout, 1)?;
+        let mut region = narrow_to_block(name, t, &full, &s.local_shape, coord)?;
+        // The region a rank holds is identified by its coordinates on split axes.
+        let key: Vec<usize> = t
+            .axes
+            .iter()
+            .filter_map(|a| a.split.mesh_axis().map(|m| coord[m]))
+            .collect();
+        match written.get(&key) {
+            Some(&first) if !region.equal(&block) => {
                 return Err(RuntimeError::Blocks {
                     feature: name.clone(),
                     message: format!(
-                        "rank {r} holds {:?} {:?}, the plan says {:?} {}",
-                        block.size(),
-                        block.kind(),
-                        s.local_shape,
-                        t.dtype
+                        "ranks {first} and {r} hold different copies of a replicated block"
                     ),
                 });
             }
-            let block = shift_ids(name, t, block, coord, layout, 1)?;
-            let mut region = narrow_to_block(name, t, &full, &s.local_shape, coord)?;
-            // The region a rank holds is identified by its coordinates on split axes.
-            let key: Vec<usize> = t
-                .axes
-                .iter()
-                .filter_map(|a| a.split.mesh_axis().map(|m| coord[m]))
-                .collect();
-            match written.get(&key) {
-                Some(&first) => {
-                    if !region.equal(&block) {
-                        return Err(RuntimeError::Blocks {
-                            feature: name.clone(),
-                            message: format!(
-                                "ranks {first} and {r} hold different copies of a replicated block"
-                            ),
-                        });
-                    }
-                }
-                None => {
-                    region.f_copy_(&block).feature(name)?;
-                    written.insert(key, r);
-                }
+            Some(_) => {}
+            None => {
+                region.f_copy_(&block).feature(name)?;
+                written.insert(key, r);
             }
         }
-        out.insert(name.clone(), full);
     }
-    Ok(out)
+    Ok(full)
 }

@@ -113,13 +113,29 @@ fn agree_on_features(mesh: &Mesh, plan: &Plan, names: &[String]) -> Result<(), D
 /// Stacks `batch` (this replica's samples, all of one workflow) into DTensor blocks on
 /// `(dp, cp0, cp1)`. Every rank of the world calls it with the same batch length.
 pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batch, DistError> {
+    let names = same_features(&batch)?;
+    agree_on_features(mesh, plan, &names)?;
+    let targets = agreed_shapes(mesh, &batch, &names)?;
+    let mut blocks = BTreeMap::new();
+    for name in &names {
+        blocks.insert(name.clone(), stack(mesh, plan, &batch, name, &targets)?);
+    }
+    Ok(Batch {
+        samples: batch.iter().map(|s| s.sample).collect(),
+        blocks,
+        passthrough: batch.into_iter().map(|s| s.passthrough).collect(),
+    })
+}
+
+/// The features every sample of the batch holds (all the same, or an error).
+fn same_features(batch: &[LocalSample]) -> Result<Vec<String>, DistError> {
     let Some(first) = batch.first() else {
         return Err(DistError::Setup {
             message: "collate: empty batch".into(),
         });
     };
     let names: Vec<String> = first.blocks.keys().cloned().collect();
-    for s in &batch {
+    for s in batch {
         if s.blocks.keys().ne(names.iter()) {
             return Err(DistError::Protocol {
                 message: format!(
@@ -132,10 +148,19 @@ pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batc
             });
         }
     }
-    agree_on_features(mesh, plan, &names)?;
-    // One all-reduce for every axis of every feature: the largest local length.
+    Ok(names)
+}
+
+/// Every feature's local shape in the batch: the largest length of each axis over the
+/// batch and every DP replica (one all-reduce for all of them).
+fn agreed_shapes(
+    mesh: &Mesh,
+    batch: &[LocalSample],
+    names: &[String],
+) -> Result<BTreeMap<String, Vec<i64>>, DistError> {
+    let first = &batch[0];
     let mut longest = Vec::new();
-    for name in &names {
+    for name in names {
         for d in 0..first.blocks[name].tensor.dim() {
             longest.push(
                 batch
@@ -154,56 +179,57 @@ pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batc
         })?;
     let mut targets = BTreeMap::new();
     let mut k = 0;
-    for name in &names {
+    for name in names {
         let n = first.blocks[name].tensor.dim();
         targets.insert(name.clone(), agreed[k..k + n].to_vec());
         k += n;
     }
-    let mut blocks = BTreeMap::new();
-    for name in &names {
-        let t = tensor_plan(plan, name)?;
-        let target = &targets[name];
-        let mut padded = Vec::with_capacity(batch.len());
-        for s in &batch {
-            let mut x = s.blocks[name].tensor.shallow_clone();
-            if let Remap::ToPaddedLayout { of, repad: true } = &t.remap {
-                if let (Some(old), Some(new)) = (
-                    axis_local_length(plan, s, of),
-                    target_length(plan, &targets, of),
-                ) {
-                    x = repad(name, &x, old, new)?;
-                }
+    Ok(targets)
+}
+
+/// One feature's samples padded to the agreed shape (owner-block indices re-padded)
+/// and stacked along a new DP axis, with its DTensor metadata.
+fn stack(
+    mesh: &Mesh,
+    plan: &Plan,
+    batch: &[LocalSample],
+    name: &String,
+    targets: &BTreeMap<String, Vec<i64>>,
+) -> Result<LocalBlock, DistError> {
+    let t = tensor_plan(plan, name)?;
+    let target = &targets[name];
+    let mut padded = Vec::with_capacity(batch.len());
+    for s in batch {
+        let mut x = s.blocks[name].tensor.shallow_clone();
+        if let Remap::ToPaddedLayout { of, repad: true } = &t.remap {
+            if let (Some(old), Some(new)) = (
+                axis_local_length(plan, s, of),
+                target_length(plan, targets, of),
+            ) {
+                x = repad(name, &x, old, new)?;
             }
-            let y = Tensor::f_full(
-                target.as_slice(),
-                scalar(t.pad_value),
-                (kind_of(t.dtype), x.device()),
-            )
-            .feature(name)?;
-            let mut region = y.shallow_clone();
-            for (d, &n) in x.size().iter().enumerate() {
-                region = region.f_narrow(d as i64, 0, n).feature(name)?;
-            }
-            region.f_copy_(&x).feature(name)?;
-            padded.push(y);
         }
-        let stacked = Tensor::f_stack(&padded, 0).feature(name)?;
-        let shape = global_shape(t, target, batch.len(), mesh);
-        blocks.insert(
-            name.clone(),
-            LocalBlock {
-                tensor: stacked,
-                meta: DTensorMeta {
-                    stride: contiguous_stride(&shape),
-                    global_shape: shape,
-                    placements: t.placements_dp.clone(),
-                },
-            },
-        );
+        let y = Tensor::f_full(
+            target.as_slice(),
+            scalar(t.pad_value),
+            (kind_of(t.dtype), x.device()),
+        )
+        .feature(name)?;
+        let mut region = y.shallow_clone();
+        for (d, &n) in x.size().iter().enumerate() {
+            region = region.f_narrow(d as i64, 0, n).feature(name)?;
+        }
+        region.f_copy_(&x).feature(name)?;
+        padded.push(y);
     }
-    Ok(Batch {
-        samples: batch.iter().map(|s| s.sample).collect(),
-        blocks,
-        passthrough: batch.into_iter().map(|s| s.passthrough).collect(),
+    let stacked = Tensor::f_stack(&padded, 0).feature(name)?;
+    let shape = global_shape(t, target, batch.len(), mesh);
+    Ok(LocalBlock {
+        tensor: stacked,
+        meta: DTensorMeta {
+            stride: contiguous_stride(&shape),
+            global_shape: shape,
+            placements: t.placements_dp.clone(),
+        },
     })
 }

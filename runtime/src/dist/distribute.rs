@@ -426,7 +426,47 @@ pub fn distribute_with<T>(
 ) -> Result<T, DistError> {
     let cp = mesh.cp();
     let source_rank = cp.ranks()[0];
-    let (mut prepared, header) = match (mesh.is_source(), source) {
+    let (prepared, header) = source_header(mesh.is_source(), source);
+    let received = cp.broadcast_bytes(header.as_deref(), 0)?;
+    let header: Header = serde_json::from_slice(&received).map_err(|e| DistError::Protocol {
+        message: format!("unreadable header from rank {source_rank}: {e}"),
+    })?;
+    let (status, value) = match header {
+        Header::Error { sample, message } => (
+            Status::Source {
+                rank: source_rank,
+                sample,
+                message,
+            },
+            None,
+        ),
+        Header::Ok {
+            sample,
+            layout,
+            slots,
+            bytes,
+            deferred,
+        } => {
+            let announced = Announced {
+                sample,
+                layout,
+                slots,
+                bytes,
+                deferred,
+            };
+            receive(mesh, pool, prepared, announced, local)?
+        }
+    };
+    agree(mesh, status)?;
+    value.ok_or_else(|| DistError::Protocol {
+        message: "agreed on success without a local value".into(),
+    })
+}
+
+/// What the source rank sends first: its prepared sample's header, or its failure.
+/// Other ranks send nothing.
+fn source_header(is_source: bool, source: Option<Source>) -> (Option<Prepared>, Option<Vec<u8>>) {
+    match (is_source, source) {
         (true, Some(Ok(p))) => {
             let header = serde_json::to_vec(&p.header).unwrap_or_default();
             (Some(p), Some(header))
@@ -445,93 +485,88 @@ pub fn distribute_with<T>(
             (None, Some(serde_json::to_vec(&header).unwrap_or_default()))
         }
         (false, _) => (None, None),
-    };
-    let received = cp.broadcast_bytes(header.as_deref(), 0)?;
-    let header: Header = serde_json::from_slice(&received).map_err(|e| DistError::Protocol {
-        message: format!("unreadable header from rank {source_rank}: {e}"),
+    }
+}
+
+/// A sample the source's header announced.
+struct Announced {
+    sample: usize,
+    layout: SampleLayout,
+    slots: Vec<wire::Slot>,
+    bytes: usize,
+    deferred: bool,
+}
+
+/// This rank's part of an announced sample: the source writes and scatters its blocks,
+/// every rank receives its own and runs `local` on them. Returns this rank's status and,
+/// on success, its value.
+fn receive<T>(
+    mesh: &Mesh,
+    pool: Option<&BufferPool>,
+    mut prepared: Option<Prepared>,
+    a: Announced,
+    local: impl FnOnce(LocalSample) -> Result<T, String>,
+) -> Result<(Status, Option<T>), DistError> {
+    let cp = mesh.cp();
+    let device = cp.device();
+    let (mut buf, fresh) = buffer(pool, a.bytes, device).map_err(|e| DistError::Protocol {
+        message: format!("a {}-byte buffer: {e}", a.bytes),
     })?;
-    let mut value = None;
-    let status = match header {
-        Header::Error { sample, message } => Status::Source {
-            rank: source_rank,
-            sample,
+    // While a deferred source writes its blocks, the others fault a new receive
+    // buffer in (zeroing it), which the scatter would otherwise wait on.
+    if fresh && a.deferred && prepared.is_none() {
+        let zeroed = buf.f_zero_().map_err(|e| DistError::Protocol {
+            message: format!("a {}-byte buffer: {e}", a.bytes),
+        })?;
+        drop(zeroed);
+    }
+    // A source that fails to write after its header still takes part in the
+    // scatter; the status agreement then fails the step everywhere.
+    let unwritten = prepared
+        .as_mut()
+        .and_then(|p| p.write().err())
+        .map(|e| e.to_string());
+    // NCCL scatters device memory; gloo takes the CPU buffers as they are.
+    let buffers: Option<Vec<Tensor>> = prepared.as_ref().map(|p| {
+        p.buffers
+            .iter()
+            .map(|b| {
+                if device == Device::Cpu {
+                    b.shallow_clone()
+                } else {
+                    b.to_device(device)
+                }
+            })
+            .collect()
+    });
+    cp.scatter(&mut buf, buffers.as_deref(), 0)?;
+    drop(buffers);
+    // Frees the send buffers for the pool's next sample.
+    drop(prepared);
+    let outcome = wire::unpack(&buf, &a.slots)
+        .map_err(|(feature, e)| format!("feature `{feature}`: {e}"))
+        .and_then(|(blocks, passthrough)| {
+            local(LocalSample {
+                sample: a.sample,
+                coord: mesh.cp_coord(),
+                layout: a.layout,
+                blocks,
+                passthrough,
+            })
+        });
+    let status = match (unwritten, outcome) {
+        (Some(message), _) => Status::Source {
+            rank: cp.ranks()[0],
+            sample: Some(a.sample),
             message,
         },
-        Header::Ok {
-            sample,
-            layout,
-            slots,
-            bytes,
-            deferred,
-        } => {
-            let device = cp.device();
-            let (mut buf, fresh) =
-                buffer(pool, bytes, device).map_err(|e| DistError::Protocol {
-                    message: format!("a {bytes}-byte buffer: {e}"),
-                })?;
-            // While a deferred source writes its blocks, the others fault a new receive
-            // buffer in (zeroing it), which the scatter would otherwise wait on.
-            if fresh && deferred && prepared.is_none() {
-                let zeroed = buf.f_zero_().map_err(|e| DistError::Protocol {
-                    message: format!("a {bytes}-byte buffer: {e}"),
-                })?;
-                drop(zeroed);
-            }
-            // A source that fails to write after its header still takes part in the
-            // scatter; the status agreement then fails the step everywhere.
-            let unwritten = prepared
-                .as_mut()
-                .and_then(|p| p.write().err())
-                .map(|e| e.to_string());
-            // NCCL scatters device memory; gloo takes the CPU buffers as they are.
-            let buffers: Option<Vec<Tensor>> = prepared.as_ref().map(|p| {
-                p.buffers
-                    .iter()
-                    .map(|b| {
-                        if device == Device::Cpu {
-                            b.shallow_clone()
-                        } else {
-                            b.to_device(device)
-                        }
-                    })
-                    .collect()
-            });
-            cp.scatter(&mut buf, buffers.as_deref(), 0)?;
-            drop(buffers);
-            // Frees the send buffers for the pool's next sample.
-            drop(prepared);
-            let outcome = wire::unpack(&buf, &slots)
-                .map_err(|(feature, e)| format!("feature `{feature}`: {e}"))
-                .and_then(|(blocks, passthrough)| {
-                    local(LocalSample {
-                        sample,
-                        coord: mesh.cp_coord(),
-                        layout,
-                        blocks,
-                        passthrough,
-                    })
-                });
-            match (unwritten, outcome) {
-                (Some(message), _) => Status::Source {
-                    rank: source_rank,
-                    sample: Some(sample),
-                    message,
-                },
-                (None, Ok(v)) => {
-                    value = Some(v);
-                    Status::Ok
-                }
-                (None, Err(message)) => Status::Rank {
-                    rank: mesh.rank(),
-                    message,
-                },
-            }
-        }
+        (None, Ok(v)) => return Ok((Status::Ok, Some(v))),
+        (None, Err(message)) => Status::Rank {
+            rank: mesh.rank(),
+            message,
+        },
     };
-    agree(mesh, status)?;
-    value.ok_or_else(|| DistError::Protocol {
-        message: "agreed on success without a local value".into(),
-    })
+    Ok((status, None))
 }
 
 /// Every rank's status of this step, gathered over the world; the first failure in
