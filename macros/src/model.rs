@@ -146,64 +146,11 @@ fn from_attributes(
     fattrs: &[FieldAttrs],
     errors: &mut Vec<syn::Error>,
 ) -> Option<Model> {
-    let struct_span = input.ident.span();
-    let (cp, dp) = match &sattrs.mesh {
-        Some(attr::MeshAttr { cp, dp, span }) => {
-            if cp.len() != 2 {
-                errors.push(syn::Error::new(
-                    *span,
-                    format!(
-                        "the CP mesh has exactly two axes `mesh(cp0, cp1)`, {} given",
-                        cp.len()
-                    ),
-                ));
-                return None;
-            }
-            (
-                [named(&cp[0].value), named(&cp[1].value)],
-                dp.as_ref().map(|d| named(&d.value)),
-            )
-        }
-        None => ([named("cp0"), named("cp1")], None),
-    };
+    let (cp, dp) = mesh_of(sattrs, errors)?;
     let mut semantics = BTreeMap::new();
     let mut semantic_spans: BTreeMap<String, Span> = BTreeMap::new();
     for s in &sattrs.semantics {
-        let owner = match (&s.owner, &s.counts, &s.map) {
-            (Some(o), Some(c), None) => Some(Owner {
-                owner: named(&o.value),
-                source: OwnerSource::Counts {
-                    feature: c.value.clone(),
-                },
-                source_loc: Loc::UNKNOWN,
-            }),
-            (Some(o), None, Some(m)) => Some(Owner {
-                owner: named(&o.value),
-                source: OwnerSource::Map {
-                    feature: m.value.clone(),
-                },
-                source_loc: Loc::UNKNOWN,
-            }),
-            (Some(o), Some(c), Some(m)) => Some(Owner {
-                owner: named(&o.value),
-                source: OwnerSource::CountsOrMap {
-                    counts: c.value.clone(),
-                    map: m.value.clone(),
-                },
-                source_loc: Loc::UNKNOWN,
-            }),
-            (None, None, None) => None,
-            _ => {
-                errors.push(syn::Error::new(
-                    s.name.span,
-                    format!(
-                        "semantic `{}`: `owner = SEM` goes with `counts = FEATURE`, `map = FEATURE` or both",
-                        s.name.value
-                    ),
-                ));
-                None
-            }
-        };
+        let owner = owner_of(s, errors);
         if semantic_spans
             .insert(s.name.value.clone(), s.name.span)
             .is_some()
@@ -213,53 +160,7 @@ fn from_attributes(
                 format!("semantic `{}` is declared twice", s.name.value),
             ));
         }
-        let incoming = match s.incoming.as_ref().map(|i| &i.value) {
-            Some(attr::IncomingAttr::Mask(m)) => Some(IncomingSource::Mask { feature: m.clone() }),
-            Some(attr::IncomingAttr::Counts) => {
-                match owner.as_ref().and_then(|o| o.source.counts()) {
-                    Some(c) => Some(IncomingSource::Counts {
-                        feature: c.to_owned(),
-                    }),
-                    None => {
-                        errors.push(syn::Error::new(
-                        s.incoming.as_ref().map_or(s.name.span, |i| i.span),
-                        format!("semantic `{}`: `incoming_pads(counts)` needs `owner = SEM, counts = FEATURE`", s.name.value),
-                    ));
-                        None
-                    }
-                }
-            }
-            None => None,
-        };
-        let unowned_rows = match s.unowned_rows.as_ref().map(|u| (u.value.as_str(), u.span)) {
-            Some(("pad", _)) => Some(Loc::UNKNOWN),
-            Some(("refuse", _)) | None => None,
-            Some((other, span)) => {
-                errors.push(syn::Error::new(
-                    span,
-                    format!("semantic `{}`: unknown `unowned_rows` value `{other}`; expected `pad` or `refuse`", s.name.value),
-                ));
-                None
-            }
-        };
-        semantics.insert(
-            s.name.value.clone(),
-            Semantic {
-                name: s.name.value.clone(),
-                sharded: s.shard,
-                owner,
-                window: s.window,
-                // The derive describes context-parallel structs; domain specs are YAML.
-                batch: false,
-                incoming: incoming.map(|source| Incoming {
-                    source,
-                    loc: Loc::UNKNOWN,
-                }),
-                unowned_rows,
-                shards: Default::default(),
-                loc: Loc::UNKNOWN,
-            },
-        );
+        semantics.insert(s.name.value.clone(), semantic_of(s, owner, errors));
     }
     let mut features = BTreeMap::new();
     for (f, a) in fields.iter().zip(fattrs) {
@@ -270,22 +171,7 @@ fn from_attributes(
             Err(e) => errors.push(e),
         }
     }
-    let other_keys = match &sattrs.other_keys {
-        Some(p) => match KeyPolicy::parse(&p.value) {
-            Some(k) => k,
-            None => {
-                errors.push(syn::Error::new(
-                    p.span,
-                    format!(
-                        "unknown `other_keys` policy `{}`; expected `refuse`, `drop` or `pass`",
-                        p.value
-                    ),
-                ));
-                KeyPolicy::Refuse
-            }
-        },
-        None => KeyPolicy::Refuse,
-    };
+    let other_keys = other_keys_of(sattrs, errors);
     if !errors.is_empty() {
         return None;
     }
@@ -325,21 +211,186 @@ fn from_attributes(
             spec_file: None,
         }),
         Err(spec_errors) => {
-            for e in spec_errors {
-                let span = e
-                    .feature
-                    .as_ref()
-                    .and_then(|n| fields.iter().find(|f| &f.feature == n).map(|f| f.span))
-                    .or_else(|| {
-                        e.semantic
-                            .as_ref()
-                            .and_then(|s| semantic_spans.get(s).copied())
-                    })
-                    .unwrap_or(struct_span);
-                errors.push(syn::Error::new(span, spec_message(&e)));
-            }
+            let at = Spans {
+                fields: &fields,
+                semantics: &semantic_spans,
+                whole: input.ident.span(),
+            };
+            errors.extend(spec_errors.iter().map(|e| at.error(e)));
             None
         }
+    }
+}
+
+/// The CP mesh axes and the DP axis, from `mesh(...)` or the defaults.
+fn mesh_of(
+    sattrs: &StructAttrs,
+    errors: &mut Vec<syn::Error>,
+) -> Option<([Named; 2], Option<Named>)> {
+    match &sattrs.mesh {
+        Some(attr::MeshAttr { cp, dp, span }) => {
+            if cp.len() != 2 {
+                errors.push(syn::Error::new(
+                    *span,
+                    format!(
+                        "the CP mesh has exactly two axes `mesh(cp0, cp1)`, {} given",
+                        cp.len()
+                    ),
+                ));
+                return None;
+            }
+            Some((
+                [named(&cp[0].value), named(&cp[1].value)],
+                dp.as_ref().map(|d| named(&d.value)),
+            ))
+        }
+        None => Some(([named("cp0"), named("cp1")], None)),
+    }
+}
+
+/// One `semantic(...)` attribute as the IR's semantic, its owner read already.
+fn semantic_of(
+    s: &attr::SemanticAttr,
+    owner: Option<Owner>,
+    errors: &mut Vec<syn::Error>,
+) -> Semantic {
+    let incoming = incoming_of(s, owner.as_ref(), errors);
+    Semantic {
+        name: s.name.value.clone(),
+        sharded: s.shard,
+        window: s.window,
+        // The derive describes context-parallel structs; domain specs are YAML.
+        batch: false,
+        incoming: incoming.map(|source| Incoming {
+            source,
+            loc: Loc::UNKNOWN,
+        }),
+        unowned_rows: unowned_rows_of(s, errors),
+        owner,
+        shards: Default::default(),
+        loc: Loc::UNKNOWN,
+    }
+}
+
+/// `owner = SEM` with `counts = FEATURE`, `map = FEATURE` or both.
+fn owner_of(s: &attr::SemanticAttr, errors: &mut Vec<syn::Error>) -> Option<Owner> {
+    match (&s.owner, &s.counts, &s.map) {
+        (Some(o), Some(c), None) => Some(Owner {
+            owner: named(&o.value),
+            source: OwnerSource::Counts {
+                feature: c.value.clone(),
+            },
+            source_loc: Loc::UNKNOWN,
+        }),
+        (Some(o), None, Some(m)) => Some(Owner {
+            owner: named(&o.value),
+            source: OwnerSource::Map {
+                feature: m.value.clone(),
+            },
+            source_loc: Loc::UNKNOWN,
+        }),
+        (Some(o), Some(c), Some(m)) => Some(Owner {
+            owner: named(&o.value),
+            source: OwnerSource::CountsOrMap {
+                counts: c.value.clone(),
+                map: m.value.clone(),
+            },
+            source_loc: Loc::UNKNOWN,
+        }),
+        (None, None, None) => None,
+        _ => {
+            errors.push(syn::Error::new(
+                s.name.span,
+                format!(
+                    "semantic `{}`: `owner = SEM` goes with `counts = FEATURE`, `map = FEATURE` or both",
+                    s.name.value
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// `incoming_pads(mask = FEATURE)` or `incoming_pads(counts)`.
+fn incoming_of(
+    s: &attr::SemanticAttr,
+    owner: Option<&Owner>,
+    errors: &mut Vec<syn::Error>,
+) -> Option<IncomingSource> {
+    match s.incoming.as_ref().map(|i| &i.value) {
+        Some(attr::IncomingAttr::Mask(m)) => Some(IncomingSource::Mask { feature: m.clone() }),
+        Some(attr::IncomingAttr::Counts) => match owner.and_then(|o| o.source.counts()) {
+            Some(c) => Some(IncomingSource::Counts {
+                feature: c.to_owned(),
+            }),
+            None => {
+                errors.push(syn::Error::new(
+                    s.incoming.as_ref().map_or(s.name.span, |i| i.span),
+                    format!("semantic `{}`: `incoming_pads(counts)` needs `owner = SEM, counts = FEATURE`", s.name.value),
+                ));
+                None
+            }
+        },
+        None => None,
+    }
+}
+
+/// `unowned_rows = pad | refuse`: where unowned rows are pads.
+fn unowned_rows_of(s: &attr::SemanticAttr, errors: &mut Vec<syn::Error>) -> Option<Loc> {
+    match s.unowned_rows.as_ref().map(|u| (u.value.as_str(), u.span)) {
+        Some(("pad", _)) => Some(Loc::UNKNOWN),
+        Some(("refuse", _)) | None => None,
+        Some((other, span)) => {
+            errors.push(syn::Error::new(
+                span,
+                format!("semantic `{}`: unknown `unowned_rows` value `{other}`; expected `pad` or `refuse`", s.name.value),
+            ));
+            None
+        }
+    }
+}
+
+/// `other_keys = refuse | drop | pass`.
+fn other_keys_of(sattrs: &StructAttrs, errors: &mut Vec<syn::Error>) -> KeyPolicy {
+    match &sattrs.other_keys {
+        Some(p) => match KeyPolicy::parse(&p.value) {
+            Some(k) => k,
+            None => {
+                errors.push(syn::Error::new(
+                    p.span,
+                    format!(
+                        "unknown `other_keys` policy `{}`; expected `refuse`, `drop` or `pass`",
+                        p.value
+                    ),
+                ));
+                KeyPolicy::Refuse
+            }
+        },
+        None => KeyPolicy::Refuse,
+    }
+}
+
+/// Where a spec error lands: its feature's field, its semantic's attribute, else the
+/// struct.
+struct Spans<'a> {
+    fields: &'a [TensorField],
+    semantics: &'a BTreeMap<String, Span>,
+    whole: Span,
+}
+
+impl Spans<'_> {
+    fn error(&self, e: &SpecError) -> syn::Error {
+        let span = e
+            .feature
+            .as_ref()
+            .and_then(|n| self.fields.iter().find(|f| &f.feature == n).map(|f| f.span))
+            .or_else(|| {
+                e.semantic
+                    .as_ref()
+                    .and_then(|s| self.semantics.get(s).copied())
+            })
+            .unwrap_or(self.whole);
+        syn::Error::new(span, spec_message(e))
     }
 }
 
