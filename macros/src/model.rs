@@ -427,92 +427,22 @@ fn feature_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Feature> {
             format!("feature `{}`: unknown dtype `{}`", f.feature, dtype.value),
         )
     })?;
-    let role = match (&a.mask, &a.index) {
-        (Some(_), Some(i)) => {
-            return Err(syn::Error::new(
-                i.span,
-                format!("feature `{}`: a mask or an index, not both", f.feature),
-            ))
-        }
-        (Some(m), None) => Role::Mask {
-            of: m.value.clone(),
-        },
-        (None, Some(i)) => Role::Index(IndexRole {
-            of: i.value.of.clone(),
-            scope: match i.value.scope.value.as_str() {
-                "serial" => IndexScope::Serial,
-                "shard_local" => IndexScope::ShardLocal,
-                "padded_global" => IndexScope::PaddedGlobal,
-                other => {
-                    return Err(syn::Error::new(
-                        i.value.scope.span,
-                        format!("feature `{}`: unknown index scope `{other}`", f.feature),
-                    ))
-                }
-            },
-            one_hot: i.value.one_hot,
-        }),
-        (None, None) => Role::Data,
-    };
-    let placement = match &a.placement {
-        Some(p) => {
-            let mut out = Vec::new();
-            for s in &p.value {
-                out.push(Placement::parse(s).ok_or_else(|| {
-                    syn::Error::new(
-                        p.span,
-                        format!("feature `{}`: `{s}` is not a placement", f.feature),
-                    )
-                })?);
-            }
-            Some((out, Loc::UNKNOWN))
-        }
-        None => None,
-    };
-    let derived = match &a.derive {
-        Some(d) => {
-            let of = match d.value.as_slice() {
-                [x] => [x.clone(), x.clone()],
-                [x, y] => [x.clone(), y.clone()],
-                _ => {
-                    return Err(syn::Error::new(
-                        d.span,
-                        format!("feature `{}`: `outer` takes one or two features", f.feature),
-                    ))
-                }
-            };
-            Some(Derived {
-                rule: DeriveRule::Outer { of },
-                loc: Loc::UNKNOWN,
-            })
-        }
-        None => None,
-    };
+    let role = role_of(f, a)?;
+    let placement = placement_of(f, a)?;
+    let derived = derived_of(f, a)?;
     // An `Option` field is optional, unless it is one the pipeline derives.
     let optional = (f.optional && derived.is_none()).then_some(Loc::UNKNOWN);
     Ok(Feature {
         name: f.feature.clone(),
         kind: FeatureKind::Tensor(Box::new(TensorFeature {
-            axes: axes
-                .value
-                .iter()
-                .map(|a| Axis {
-                    kind: match a {
-                        AxisAttr::Semantic(s) => AxisKind::Semantic(s.clone()),
-                        AxisAttr::Channel(n) => AxisKind::Channel(*n),
-                    },
-                    loc: Loc::UNKNOWN,
-                })
-                .collect(),
+            axes: axes.value.iter().map(axis_of).collect(),
             axes_loc: Loc::UNKNOWN,
             dtype: dtype_value,
             dtype_loc: Loc::UNKNOWN,
-            pad: match a.pad.as_ref().map(|p| p.value) {
-                Some(PadLit::Bool(b)) => PadValue::Bool(b),
-                Some(PadLit::Int(i)) => PadValue::Int(i),
-                Some(PadLit::Float(x)) => PadValue::Float(x),
-                None => PadValue::default(),
-            },
+            pad: a
+                .pad
+                .as_ref()
+                .map_or_else(PadValue::default, |p| pad_of(p.value)),
             pad_loc: Loc::UNKNOWN,
             role,
             role_loc: Loc::UNKNOWN,
@@ -544,6 +474,95 @@ fn feature_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Feature> {
         doc: None,
         loc: Loc::UNKNOWN,
     })
+}
+
+/// `mask(...)`, `index(...)` or neither.
+fn role_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Role> {
+    match (&a.mask, &a.index) {
+        (Some(_), Some(i)) => Err(syn::Error::new(
+            i.span,
+            format!("feature `{}`: a mask or an index, not both", f.feature),
+        )),
+        (Some(m), None) => Ok(Role::Mask {
+            of: m.value.clone(),
+        }),
+        (None, Some(i)) => Ok(Role::Index(IndexRole {
+            of: i.value.of.clone(),
+            scope: match i.value.scope.value.as_str() {
+                "serial" => IndexScope::Serial,
+                "shard_local" => IndexScope::ShardLocal,
+                "padded_global" => IndexScope::PaddedGlobal,
+                other => {
+                    return Err(syn::Error::new(
+                        i.value.scope.span,
+                        format!("feature `{}`: unknown index scope `{other}`", f.feature),
+                    ))
+                }
+            },
+            one_hot: i.value.one_hot,
+        })),
+        (None, None) => Ok(Role::Data),
+    }
+}
+
+/// `placement("Shard(0)", ...)`, if given.
+fn placement_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Option<(Vec<Placement>, Loc)>> {
+    match &a.placement {
+        Some(p) => {
+            let mut out = Vec::new();
+            for s in &p.value {
+                out.push(Placement::parse(s).ok_or_else(|| {
+                    syn::Error::new(
+                        p.span,
+                        format!("feature `{}`: `{s}` is not a placement", f.feature),
+                    )
+                })?);
+            }
+            Ok(Some((out, Loc::UNKNOWN)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// `derive(outer(A, B))`, if given.
+fn derived_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Option<Derived>> {
+    match &a.derive {
+        Some(d) => {
+            let of = match d.value.as_slice() {
+                [x] => [x.clone(), x.clone()],
+                [x, y] => [x.clone(), y.clone()],
+                _ => {
+                    return Err(syn::Error::new(
+                        d.span,
+                        format!("feature `{}`: `outer` takes one or two features", f.feature),
+                    ))
+                }
+            };
+            Ok(Some(Derived {
+                rule: DeriveRule::Outer { of },
+                loc: Loc::UNKNOWN,
+            }))
+        }
+        None => Ok(None),
+    }
+}
+
+fn axis_of(a: &AxisAttr) -> Axis {
+    Axis {
+        kind: match a {
+            AxisAttr::Semantic(s) => AxisKind::Semantic(s.clone()),
+            AxisAttr::Channel(n) => AxisKind::Channel(*n),
+        },
+        loc: Loc::UNKNOWN,
+    }
+}
+
+fn pad_of(p: PadLit) -> PadValue {
+    match p {
+        PadLit::Bool(b) => PadValue::Bool(b),
+        PadLit::Int(i) => PadValue::Int(i),
+        PadLit::Float(x) => PadValue::Float(x),
+    }
 }
 
 /// Spec-file mode: the struct is checked against a YAML spec.
