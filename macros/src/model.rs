@@ -574,6 +574,68 @@ fn from_spec_file(
     fattrs: &[FieldAttrs],
     errors: &mut Vec<syn::Error>,
 ) -> Option<Model> {
+    let (file, text, spec) = load_spec(sattrs, path, errors)?;
+    let plan = match plan::plan(&spec) {
+        Ok(p) => p,
+        Err(e) => {
+            let d = featshard_spec::Diagnostics::new(&path.value, &text, e);
+            errors.push(syn::Error::new(
+                path.span,
+                d.render_plain().trim_end().to_owned(),
+            ));
+            return None;
+        }
+    };
+    let at = |l: Loc| format!("{}:{}:{}", path.value, l.line, l.column);
+    for f in &mut fields {
+        let Some(feat) = spec.features.get(&f.feature) else {
+            continue;
+        };
+        let derived = matches!(&feat.kind, FeatureKind::Tensor(t) if t.derived.is_some());
+        f.derived = derived;
+        if f.optional && !derived && feat.optional.is_none() {
+            errors.push(syn::Error::new(
+                f.span,
+                format!(
+                    "feature `{}` (at {}) is in every sample: its field is `Tensor`, not `Option<Tensor>`",
+                    f.feature,
+                    at(feat.loc)
+                ),
+            ));
+        }
+    }
+    for (f, a) in fields.iter().zip(fattrs) {
+        check_field(f, a, &spec, sattrs, path, errors);
+    }
+    for (name, feat) in &spec.features {
+        if matches!(feat.kind, FeatureKind::Tensor(_)) && !fields.iter().any(|f| &f.feature == name)
+        {
+            errors.push(syn::Error::new(
+                input.ident.span(),
+                format!(
+                    "feature `{name}` (declared at {}) has no field; add `{name}: Tensor`",
+                    at(feat.loc)
+                ),
+            ));
+        }
+    }
+    if !errors.is_empty() {
+        return None;
+    }
+    Some(Model {
+        plan,
+        fields,
+        workflow: sattrs.workflow.as_ref().map(|w| w.value.clone()),
+        spec_file: Some(file),
+    })
+}
+
+/// The spec file read, parsed and cut to the struct's workflow; it must be a CP spec.
+fn load_spec(
+    sattrs: &StructAttrs,
+    path: &attr::At<String>,
+    errors: &mut Vec<syn::Error>,
+) -> Option<(PathBuf, String, Spec)> {
     let root = std::env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_default();
@@ -620,118 +682,79 @@ fn from_spec_file(
             }
         }
     }
-    let plan = match plan::plan(&spec) {
-        Ok(p) => p,
-        Err(e) => {
-            let d = featshard_spec::Diagnostics::new(&path.value, &text, e);
-            errors.push(syn::Error::new(
-                path.span,
-                d.render_plain().trim_end().to_owned(),
-            ));
-            return None;
-        }
+    Some((file, text, spec))
+}
+
+/// A field's attributes checked against its feature in the spec file.
+fn check_field(
+    f: &TensorField,
+    a: &FieldAttrs,
+    spec: &Spec,
+    sattrs: &StructAttrs,
+    path: &attr::At<String>,
+    errors: &mut Vec<syn::Error>,
+) {
+    let f_at = |l: Loc| format!("{}:{}:{}", path.value, l.line, l.column);
+    let Some(feat) = spec.features.get(&f.feature) else {
+        let scope = sattrs
+            .workflow
+            .as_ref()
+            .map(|w| format!(" (workflow `{}`)", w.value))
+            .unwrap_or_default();
+        errors.push(syn::Error::new(
+            f.span,
+            format!("feature `{}` is not in `{}`{scope}", f.feature, path.value),
+        ));
+        return;
     };
-    let at = |l: Loc| format!("{}:{}:{}", path.value, l.line, l.column);
-    for f in &mut fields {
-        let Some(feat) = spec.features.get(&f.feature) else {
-            continue;
-        };
-        let derived = matches!(&feat.kind, FeatureKind::Tensor(t) if t.derived.is_some());
-        f.derived = derived;
-        if f.optional && !derived && feat.optional.is_none() {
+    let FeatureKind::Tensor(t) = &feat.kind else {
+        errors.push(syn::Error::new(
+            f.span,
+            format!(
+                "feature `{}` is metadata (at {}), not a tensor",
+                f.feature,
+                f_at(feat.loc)
+            ),
+        ));
+        return;
+    };
+    if let Some(d) = &a.dtype {
+        if DType::parse(&d.value) != Some(t.dtype) {
             errors.push(syn::Error::new(
-                f.span,
+                d.span,
                 format!(
-                    "feature `{}` (at {}) is in every sample: its field is `Tensor`, not `Option<Tensor>`",
+                    "feature `{}`: dtype `{}` disagrees with `{}` at {}",
                     f.feature,
-                    at(feat.loc)
+                    d.value,
+                    t.dtype,
+                    f_at(t.dtype_loc)
                 ),
             ));
         }
     }
-    for (f, a) in fields.iter().zip(fattrs) {
-        let Some(feat) = spec.features.get(&f.feature) else {
-            let scope = sattrs
-                .workflow
-                .as_ref()
-                .map(|w| format!(" (workflow `{}`)", w.value))
-                .unwrap_or_default();
+    if let Some(axes) = &a.axes {
+        let spec_axes: Vec<String> = t.axes.iter().map(|x| x.kind.to_string()).collect();
+        let ours: Vec<String> = axes
+            .value
+            .iter()
+            .map(|x| match x {
+                AxisAttr::Semantic(s) => s.clone(),
+                AxisAttr::Channel(n) => n.to_string(),
+            })
+            .collect();
+        if ours != spec_axes {
             errors.push(syn::Error::new(
-                f.span,
-                format!("feature `{}` is not in `{}`{scope}", f.feature, path.value),
-            ));
-            continue;
-        };
-        let FeatureKind::Tensor(t) = &feat.kind else {
-            errors.push(syn::Error::new(
-                f.span,
+                axes.span,
                 format!(
-                    "feature `{}` is metadata (at {}), not a tensor",
+                    "feature `{}`: axes [{}] (rank {}) disagree with [{}] (rank {}) at {}",
                     f.feature,
-                    at(feat.loc)
-                ),
-            ));
-            continue;
-        };
-        if let Some(d) = &a.dtype {
-            if DType::parse(&d.value) != Some(t.dtype) {
-                errors.push(syn::Error::new(
-                    d.span,
-                    format!(
-                        "feature `{}`: dtype `{}` disagrees with `{}` at {}",
-                        f.feature,
-                        d.value,
-                        t.dtype,
-                        at(t.dtype_loc)
-                    ),
-                ));
-            }
-        }
-        if let Some(axes) = &a.axes {
-            let spec_axes: Vec<String> = t.axes.iter().map(|x| x.kind.to_string()).collect();
-            let ours: Vec<String> = axes
-                .value
-                .iter()
-                .map(|x| match x {
-                    AxisAttr::Semantic(s) => s.clone(),
-                    AxisAttr::Channel(n) => n.to_string(),
-                })
-                .collect();
-            if ours != spec_axes {
-                errors.push(syn::Error::new(
-                    axes.span,
-                    format!(
-                        "feature `{}`: axes [{}] (rank {}) disagree with [{}] (rank {}) at {}",
-                        f.feature,
-                        ours.join(", "),
-                        ours.len(),
-                        spec_axes.join(", "),
-                        spec_axes.len(),
-                        at(t.axes_loc)
-                    ),
-                ));
-            }
-        }
-    }
-    for (name, feat) in &spec.features {
-        if matches!(feat.kind, FeatureKind::Tensor(_)) && !fields.iter().any(|f| &f.feature == name)
-        {
-            errors.push(syn::Error::new(
-                input.ident.span(),
-                format!(
-                    "feature `{name}` (declared at {}) has no field; add `{name}: Tensor`",
-                    at(feat.loc)
+                    ours.join(", "),
+                    ours.len(),
+                    spec_axes.join(", "),
+                    spec_axes.len(),
+                    f_at(t.axes_loc)
                 ),
             ));
         }
     }
-    if !errors.is_empty() {
-        return None;
-    }
-    Some(Model {
-        plan,
-        fields,
-        workflow: sattrs.workflow.as_ref().map(|w| w.value.clone()),
-        spec_file: Some(file),
-    })
 }
