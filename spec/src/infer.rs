@@ -46,6 +46,38 @@ pub struct Inferred {
 
 /// Infers one tensor feature's placement, checking an explicit placement against it.
 pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box<SpecError>> {
+    let splits = splits(spec, name, t)?;
+    let mesh_axes = spec.mesh.axes();
+    let mut placements = vec![Placement::Replicate; mesh_axes];
+    for (i, s) in splits.iter().enumerate() {
+        if let Split::Mesh { mesh_axis } = s {
+            placements[*mesh_axis] = Placement::Shard(i);
+        }
+    }
+    if let Role::Index(IndexRole {
+        scope: IndexScope::ShardLocal,
+        one_hot: None,
+        of,
+    }) = &t.role
+    {
+        if splits.iter().all(|s| *s == Split::Whole) {
+            return Err(Box::new(
+                SpecError::new(
+                    format!("shard-local ids of `{of}` need the feature itself to be sharded"),
+                    t.role_loc,
+                )
+                .feature(name)
+                .help("use `scope: padded_global` for a feature every rank holds whole"),
+            ));
+        }
+    }
+    check_explicit(spec, name, t, &placements)?;
+    Ok(Inferred { splits, placements })
+}
+
+/// Every axis' split: sharded semantics take the mesh axes in order, co-sharded axes
+/// follow their leader, replicated ones stay whole.
+fn splits(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Vec<Split>, Box<SpecError>> {
     let mut splits = vec![Split::Whole; t.axes.len()];
     let mesh_axes = spec.mesh.axes();
     let kind = if spec.mesh.domain.is_some() {
@@ -92,31 +124,19 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
             };
         }
     }
-    let mut placements = vec![Placement::Replicate; mesh_axes];
-    for (i, s) in splits.iter().enumerate() {
-        if let Split::Mesh { mesh_axis } = s {
-            placements[*mesh_axis] = Placement::Shard(i);
-        }
-    }
-    if let Role::Index(IndexRole {
-        scope: IndexScope::ShardLocal,
-        one_hot: None,
-        of,
-    }) = &t.role
-    {
-        if splits.iter().all(|s| *s == Split::Whole) {
-            return Err(Box::new(
-                SpecError::new(
-                    format!("shard-local ids of `{of}` need the feature itself to be sharded"),
-                    t.role_loc,
-                )
-                .feature(name)
-                .help("use `scope: padded_global` for a feature every rank holds whole"),
-            ));
-        }
-    }
+    Ok(splits)
+}
+
+/// An explicit `placement` must be the inferred one.
+fn check_explicit(
+    spec: &Spec,
+    name: &str,
+    t: &TensorFeature,
+    placements: &[Placement],
+) -> Result<(), Box<SpecError>> {
+    let mesh_axes = spec.mesh.axes();
     if let Some((explicit, loc)) = &t.placement {
-        if explicit.as_slice() != placements.as_slice() {
+        if explicit.as_slice() != placements {
             let show = |p: &[Placement]| {
                 p.iter()
                     .map(ToString::to_string)
@@ -127,7 +147,7 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
                 format!(
                     "explicit placement ({}) contradicts the inferred ({}) from the axis semantics",
                     show(explicit),
-                    show(&placements)
+                    show(placements)
                 ),
                 *loc,
             )
@@ -147,7 +167,7 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
             return Err(Box::new(e));
         }
     }
-    Ok(Inferred { splits, placements })
+    Ok(())
 }
 
 /// Placements on `(dp, cp0, cp1)`: `Shard(0)` on dp, every CP `Shard(d)` becomes `Shard(d+1)`.
