@@ -201,38 +201,7 @@ impl Lower {
                 }
             }
             (None, Some(domain)) => {
-                let axes = names(domain);
-                if axes.is_empty() || axes.len() > 2 {
-                    self.err(SpecError::new(
-                        format!("a domain mesh has one or two axes, {} given", axes.len()),
-                        loc(domain),
-                    ));
-                    (fallback(), None)
-                } else {
-                    let mut uneven = vec![false; axes.len()];
-                    for u in &raw.value.uneven {
-                        match axes.iter().position(|a| a.name == u.value) {
-                            Some(i) => uneven[i] = true,
-                            None => self.err(
-                                SpecError::new(
-                                    format!(
-                                        "`uneven` names `{}`, which is not a domain axis",
-                                        u.value
-                                    ),
-                                    loc(u),
-                                )
-                                .help(format!(
-                                    "domain axes: {}",
-                                    axes.iter()
-                                        .map(|a| a.name.as_str())
-                                        .collect::<Vec<_>>()
-                                        .join(", ")
-                                )),
-                            ),
-                        }
-                    }
-                    (axes, Some(Domain { uneven }))
-                }
+                self.domain_axes(names(domain), loc(domain), &raw.value.uneven, fallback())
             }
             (Some(_), Some(domain)) => {
                 self.err(
@@ -268,6 +237,123 @@ impl Lower {
         }
     }
 
+    /// A semantic's owner: `owner` with `counts`, `map` or both.
+    fn owner(
+        &mut self,
+        name: &str,
+        key: Loc,
+        owner: Option<Spanned<String>>,
+        counts: Option<Spanned<String>>,
+        map: Option<Spanned<String>>,
+    ) -> Option<Owner> {
+        match (owner, counts, map) {
+            (None, None, None) => None,
+            (Some(owner), Some(counts), None) => Some(Owner {
+                owner: Named::new(owner.value.clone(), loc(&owner)),
+                source_loc: loc(&counts),
+                source: OwnerSource::Counts {
+                    feature: counts.value,
+                },
+            }),
+            (Some(owner), None, Some(map)) => Some(Owner {
+                owner: Named::new(owner.value.clone(), loc(&owner)),
+                source_loc: loc(&map),
+                source: OwnerSource::Map { feature: map.value },
+            }),
+            (Some(owner), None, None) => {
+                self.err(
+                    SpecError::new(
+                        format!(
+                            "owner `{}` needs `counts: <feature>` or `map: <feature>`",
+                            owner.value
+                        ),
+                        loc(&owner),
+                    )
+                    .semantic(name),
+                );
+                None
+            }
+            (Some(owner), Some(counts), Some(map)) => Some(Owner {
+                owner: Named::new(owner.value.clone(), loc(&owner)),
+                source_loc: loc(&counts),
+                source: OwnerSource::CountsOrMap {
+                    counts: counts.value,
+                    map: map.value,
+                },
+            }),
+            (None, counts, map) => {
+                let at = counts.as_ref().map(loc).or(map.as_ref().map(loc));
+                self.err(
+                    SpecError::new(
+                        "`counts` / `map` need `owner: <semantic>`",
+                        at.unwrap_or(key),
+                    )
+                    .semantic(name),
+                );
+                None
+            }
+        }
+    }
+
+    /// A batch semantic is never sharded; a window holds at least one item.
+    fn semantic_flags(&mut self, name: &str, body: &RawSemantic) {
+        if let Some(b) = body.batch.as_ref().filter(|b| b.value.0) {
+            if body.shard.value.0 {
+                self.err(
+                SpecError::new(
+                    "a batch semantic is never sharded: scale the batch over the data-parallel axis",
+                    loc(b),
+                )
+                .semantic(name)
+                .help("set `shard: false`"),
+            );
+            }
+        }
+        if let Some(w) = &body.window {
+            if w.value == 0 {
+                self.err(SpecError::new("window must be at least 1", loc(w)).semantic(name));
+            }
+        }
+    }
+
+    /// A domain mesh's axes (one or two) and which of them are uneven.
+    fn domain_axes(
+        &mut self,
+        axes: Vec<Named>,
+        at: Loc,
+        uneven_names: &[Spanned<String>],
+        fallback: Vec<Named>,
+    ) -> (Vec<Named>, Option<Domain>) {
+        if axes.is_empty() || axes.len() > 2 {
+            self.err(SpecError::new(
+                format!("a domain mesh has one or two axes, {} given", axes.len()),
+                at,
+            ));
+            (fallback, None)
+        } else {
+            let mut uneven = vec![false; axes.len()];
+            for u in uneven_names {
+                match axes.iter().position(|a| a.name == u.value) {
+                    Some(i) => uneven[i] = true,
+                    None => self.err(
+                        SpecError::new(
+                            format!("`uneven` names `{}`, which is not a domain axis", u.value),
+                            loc(u),
+                        )
+                        .help(format!(
+                            "domain axes: {}",
+                            axes.iter()
+                                .map(|a| a.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    ),
+                }
+            }
+            (axes, Some(Domain { uneven }))
+        }
+    }
+
     fn semantics(&mut self, raw: SpannedMap<RawSemantic>) -> BTreeMap<String, Semantic> {
         if raw.0.len() > limits::MAX_SEMANTICS {
             self.err(SpecError::new(
@@ -282,7 +368,7 @@ impl Lower {
         let mut out = BTreeMap::new();
         for (key, body) in raw.0 {
             let name = key.value.clone();
-            let Some(body) = body else {
+            let Some(mut body) = body else {
                 self.err(
                     SpecError::new("needs `shard: true` or `shard: false`", loc(&key))
                         .semantic(&name),
@@ -290,70 +376,14 @@ impl Lower {
                 continue;
             };
             let shards = self.shard_rule(&name, &body);
-            let owner = match (body.owner, body.counts, body.map) {
-                (None, None, None) => None,
-                (Some(owner), Some(counts), None) => Some(Owner {
-                    owner: Named::new(owner.value.clone(), loc(&owner)),
-                    source_loc: loc(&counts),
-                    source: OwnerSource::Counts {
-                        feature: counts.value,
-                    },
-                }),
-                (Some(owner), None, Some(map)) => Some(Owner {
-                    owner: Named::new(owner.value.clone(), loc(&owner)),
-                    source_loc: loc(&map),
-                    source: OwnerSource::Map { feature: map.value },
-                }),
-                (Some(owner), None, None) => {
-                    self.err(
-                        SpecError::new(
-                            format!(
-                                "owner `{}` needs `counts: <feature>` or `map: <feature>`",
-                                owner.value
-                            ),
-                            loc(&owner),
-                        )
-                        .semantic(&name),
-                    );
-                    None
-                }
-                (Some(owner), Some(counts), Some(map)) => Some(Owner {
-                    owner: Named::new(owner.value.clone(), loc(&owner)),
-                    source_loc: loc(&counts),
-                    source: OwnerSource::CountsOrMap {
-                        counts: counts.value,
-                        map: map.value,
-                    },
-                }),
-                (None, counts, map) => {
-                    let at = counts.as_ref().map(loc).or(map.as_ref().map(loc));
-                    self.err(
-                        SpecError::new(
-                            "`counts` / `map` need `owner: <semantic>`",
-                            at.unwrap_or(loc(&key)),
-                        )
-                        .semantic(&name),
-                    );
-                    None
-                }
-            };
-            if let Some(b) = body.batch.as_ref().filter(|b| b.value.0) {
-                if body.shard.value.0 {
-                    self.err(
-                        SpecError::new(
-                            "a batch semantic is never sharded: scale the batch over the data-parallel axis",
-                            loc(b),
-                        )
-                        .semantic(&name)
-                        .help("set `shard: false`"),
-                    );
-                }
-            }
-            if let Some(w) = &body.window {
-                if w.value == 0 {
-                    self.err(SpecError::new("window must be at least 1", loc(w)).semantic(&name));
-                }
-            }
+            let owner = self.owner(
+                &name,
+                loc(&key),
+                body.owner.take(),
+                body.counts.take(),
+                body.map.take(),
+            );
+            self.semantic_flags(&name, &body);
             let incoming = body
                 .incoming_pads
                 .and_then(|i| self.incoming(&name, owner.as_ref(), i));
