@@ -616,7 +616,7 @@ impl Lower {
     }
 
     fn feature(&mut self, name: &str, at: Loc, raw: RawFeature) -> Option<Feature> {
-        let only = raw.only.map(|o| {
+        let only = raw.only.as_ref().map(|o| {
             o.value
                 .iter()
                 .map(|w| Named::new(w.value.clone(), loc(w)))
@@ -624,27 +624,7 @@ impl Lower {
         });
         let optional = raw.optional.as_ref().filter(|o| o.value.0).map(loc);
         if raw.metadata.as_ref().is_some_and(|m| m.value.0) {
-            let extra = [
-                raw.derive.as_ref().map(|a| ("derive", loc(a))),
-                raw.axes.as_ref().map(|a| ("axes", loc(a))),
-                raw.dtype.as_ref().map(|a| ("dtype", loc(a))),
-                raw.pad.as_ref().map(|a| ("pad", loc(a))),
-                raw.mask.as_ref().map(|a| ("mask", loc(a))),
-                raw.index.as_ref().map(|a| ("index", loc(a))),
-                raw.placement.as_ref().map(|a| ("placement", loc(a))),
-                raw.coshard.as_ref().map(|a| ("coshard", loc(a))),
-                raw.parameter.as_ref().map(|a| ("parameter", loc(a))),
-                raw.output.as_ref().map(|a| ("output", loc(a))),
-            ];
-            for (key, l) in extra.into_iter().flatten() {
-                self.err(
-                    SpecError::new(
-                        format!("metadata is passed through untouched; `{key}` does not apply"),
-                        l,
-                    )
-                    .feature(name),
-                );
-            }
+            self.metadata_extras(name, &raw);
             return Some(Feature {
                 name: name.to_owned(),
                 kind: FeatureKind::Metadata,
@@ -670,22 +650,98 @@ impl Lower {
             );
             return None;
         };
-        let dtype = match DType::parse(&dtype_raw.value) {
+        let dtype = self.dtype(name, &dtype_raw);
+        let axes = self.axes(name, &axes_raw);
+        let (role, role_loc) = self.role(name, at, raw.mask, raw.index);
+        let placement = raw.placement.map(|p| self.placement(name, &p));
+        let derived = raw.derive.and_then(|d| self.derive(name, d));
+        let (pad, pad_loc) = self.pad(name, at, raw.pad);
+        Some(Feature {
+            name: name.to_owned(),
+            kind: FeatureKind::Tensor(Box::new(TensorFeature {
+                axes,
+                axes_loc: loc(&axes_raw),
+                dtype,
+                dtype_loc: loc(&dtype_raw),
+                pad,
+                pad_loc,
+                role,
+                role_loc,
+                coshard: raw
+                    .coshard
+                    .map(|c| {
+                        c.value
+                            .iter()
+                            .map(|c| CoShard {
+                                axis: c.value.axis,
+                                follows: c.value.follows,
+                                loc: loc(c),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                replicate_axes: raw
+                    .replicate_axes
+                    .map(|r| r.value.iter().map(|a| (a.value, loc(a))).collect())
+                    .unwrap_or_default(),
+                replicated: raw.replicated.is_some_and(|r| r.value.0),
+                placement,
+                derived,
+                parameter: raw.parameter.as_ref().filter(|p| p.value.0).map(loc),
+                output: raw.output.as_ref().filter(|p| p.value.0).map(loc),
+            })),
+            only,
+            optional,
+            doc: raw.doc,
+            loc: at,
+        })
+    }
+
+    /// Metadata takes no tensor keys: each one given is an error.
+    fn metadata_extras(&mut self, name: &str, raw: &RawFeature) {
+        let extra = [
+            raw.derive.as_ref().map(|a| ("derive", loc(a))),
+            raw.axes.as_ref().map(|a| ("axes", loc(a))),
+            raw.dtype.as_ref().map(|a| ("dtype", loc(a))),
+            raw.pad.as_ref().map(|a| ("pad", loc(a))),
+            raw.mask.as_ref().map(|a| ("mask", loc(a))),
+            raw.index.as_ref().map(|a| ("index", loc(a))),
+            raw.placement.as_ref().map(|a| ("placement", loc(a))),
+            raw.coshard.as_ref().map(|a| ("coshard", loc(a))),
+            raw.parameter.as_ref().map(|a| ("parameter", loc(a))),
+            raw.output.as_ref().map(|a| ("output", loc(a))),
+        ];
+        for (key, l) in extra.into_iter().flatten() {
+            self.err(
+                SpecError::new(
+                    format!("metadata is passed through untouched; `{key}` does not apply"),
+                    l,
+                )
+                .feature(name),
+            );
+        }
+    }
+
+    fn dtype(&mut self, name: &str, dtype_raw: &Spanned<String>) -> DType {
+        match DType::parse(&dtype_raw.value) {
             Some(d) => d,
             None => {
                 self.err(
                     SpecError::new(
                         format!("unknown dtype `{}`", dtype_raw.value),
-                        loc(&dtype_raw),
+                        loc(dtype_raw),
                     )
                     .feature(name)
                     .help(dtype_help()),
                 );
                 DType::Float32
             }
-        };
+        }
+    }
+
+    fn axes(&mut self, name: &str, raw: &Spanned<Vec<Spanned<RawAxis>>>) -> Vec<Axis> {
         let mut axes: Vec<Axis> = Vec::new();
-        for (i, a) in axes_raw.value.iter().enumerate() {
+        for (i, a) in raw.value.iter().enumerate() {
             let kind = match &a.value {
                 RawAxis::Size(n) => AxisKind::Channel(*n),
                 RawAxis::Name(s) => AxisKind::Semantic(s.clone()),
@@ -703,7 +759,18 @@ impl Lower {
             };
             axes.push(Axis { kind, loc: loc(a) });
         }
-        let (role, role_loc) = match (raw.mask, raw.index) {
+        axes
+    }
+
+    /// `mask` or `index` (not both), or data.
+    fn role(
+        &mut self,
+        name: &str,
+        at: Loc,
+        mask: Option<Spanned<OneOrMany>>,
+        index: Option<Spanned<RawIndex>>,
+    ) -> (Role, Loc) {
+        match (mask, index) {
             (Some(m), Some(i)) => {
                 self.err(
                     SpecError::new("a feature is a mask or an index, not both", loc(&i))
@@ -763,23 +830,30 @@ impl Lower {
                 )
             }
             (None, None) => (Role::Data, at),
-        };
-        let placement = raw.placement.map(|p| {
-            let mut parsed = Vec::new();
-            for item in &p.value {
-                match Placement::parse(&item.value) {
-                    Some(pl) => parsed.push(pl),
-                    None => self.err(
-                        SpecError::new(format!("`{}` is not a placement", item.value), loc(item))
-                            .feature(name)
-                            .help("write `Shard(<dim>)` or `Replicate()`"),
-                    ),
-                }
+        }
+    }
+
+    fn placement(
+        &mut self,
+        name: &str,
+        p: &Spanned<Vec<Spanned<String>>>,
+    ) -> (Vec<Placement>, Loc) {
+        let mut parsed = Vec::new();
+        for item in &p.value {
+            match Placement::parse(&item.value) {
+                Some(pl) => parsed.push(pl),
+                None => self.err(
+                    SpecError::new(format!("`{}` is not a placement", item.value), loc(item))
+                        .feature(name)
+                        .help("write `Shard(<dim>)` or `Replicate()`"),
+                ),
             }
-            (parsed, loc(&p))
-        });
-        let derived = raw.derive.and_then(|d| self.derive(name, d));
-        let (pad, pad_loc) = match raw.pad {
+        }
+        (parsed, loc(p))
+    }
+
+    fn pad(&mut self, name: &str, at: Loc, pad: Option<Spanned<RawScalar>>) -> (PadValue, Loc) {
+        match pad {
             Some(p) => {
                 let value = match &p.value {
                     RawScalar::Bool(b) => PadValue::Bool(*b),
@@ -799,46 +873,7 @@ impl Lower {
                 (value, loc(&p))
             }
             None => (PadValue::default(), at),
-        };
-        Some(Feature {
-            name: name.to_owned(),
-            kind: FeatureKind::Tensor(Box::new(TensorFeature {
-                axes,
-                axes_loc: loc(&axes_raw),
-                dtype,
-                dtype_loc: loc(&dtype_raw),
-                pad,
-                pad_loc,
-                role,
-                role_loc,
-                coshard: raw
-                    .coshard
-                    .map(|c| {
-                        c.value
-                            .iter()
-                            .map(|c| CoShard {
-                                axis: c.value.axis,
-                                follows: c.value.follows,
-                                loc: loc(c),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                replicate_axes: raw
-                    .replicate_axes
-                    .map(|r| r.value.iter().map(|a| (a.value, loc(a))).collect())
-                    .unwrap_or_default(),
-                replicated: raw.replicated.is_some_and(|r| r.value.0),
-                placement,
-                derived,
-                parameter: raw.parameter.as_ref().filter(|p| p.value.0).map(loc),
-                output: raw.output.as_ref().filter(|p| p.value.0).map(loc),
-            })),
-            only,
-            optional,
-            doc: raw.doc,
-            loc: at,
-        })
+        }
     }
 
     fn derive(&mut self, name: &str, raw: Spanned<RawDerive>) -> Option<Derived> {
