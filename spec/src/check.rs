@@ -43,9 +43,10 @@ impl<'a> Checker<'a> {
         self.errors.push(e);
     }
 
-    fn names(&mut self) {
-        let spec = self.spec;
-        let m = &spec.module;
+    /// The module name names the generated files: short, an identifier, shadowing
+    /// nothing the generated code imports.
+    fn module_name(&mut self) {
+        let m = &self.spec.module;
         if m.name.len() > limits::MAX_MODULE_NAME {
             self.err(SpecError::new(
                 format!(
@@ -77,6 +78,11 @@ impl<'a> Checker<'a> {
                 ),
             );
         }
+    }
+
+    fn names(&mut self) {
+        self.module_name();
+        let spec = self.spec;
         let mut mesh_names: Vec<&Named> = spec.mesh.cp.iter().collect();
         mesh_names.extend(spec.mesh.dp.iter());
         let mut seen = BTreeSet::new();
