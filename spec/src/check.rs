@@ -300,9 +300,14 @@ impl<'a> Checker<'a> {
                 self.unowned_rows(s, at);
             }
         }
-        // Ownership must form trees: follow owners until a root, a repeat, or more
-        // than the depth limit (each walk is then bounded, so checking is linear). A
-        // chain too deep is reported once, at its leaf.
+        self.ownership_trees();
+    }
+
+    /// Ownership must form trees: follow owners until a root, a repeat, or more than
+    /// the depth limit (each walk is then bounded, so checking is linear). A chain too
+    /// deep is reported once, at its leaf.
+    fn ownership_trees(&mut self) {
+        let spec = self.spec;
         let owners: BTreeSet<&str> = spec
             .semantics
             .values()
