@@ -714,38 +714,7 @@ impl<'a> Checker<'a> {
         let spec = self.spec;
         match &t.role {
             Role::Data => {}
-            Role::Mask { of } => {
-                let mut seen = BTreeSet::new();
-                for s in of.iter().filter(|s| !seen.insert(s.as_str())) {
-                    self.err(
-                        SpecError::new(format!("`{s}` is listed twice in `mask`"), t.role_loc)
-                            .feature(name),
-                    );
-                }
-                for s in of {
-                    if !spec.semantics.contains_key(s) {
-                        let e = self.undeclared_semantic(s, t.role_loc);
-                        self.err(e.feature(name));
-                    } else if !t.axes.iter().any(|a| a.semantic() == Some(s)) {
-                        self.err(
-                            SpecError::new(
-                                format!("masks `{s}` but has no `{s}` axis"),
-                                t.role_loc,
-                            )
-                            .feature(name),
-                        );
-                    }
-                }
-                if !t.pad.is_zero() {
-                    self.err(
-                        SpecError::new(
-                            format!("a mask is 0 at pads (1 = valid), but pad is {}", t.pad),
-                            t.pad_loc,
-                        )
-                        .feature(name),
-                    );
-                }
-            }
+            Role::Mask { of } => self.mask(name, t, of),
             Role::Index(ix) => {
                 let Some(target) = spec.semantics.get(&ix.of) else {
                     let e = self.undeclared_semantic(&ix.of, t.role_loc);
@@ -753,83 +722,120 @@ impl<'a> Checker<'a> {
                     return;
                 };
                 match ix.one_hot {
-                    Some(axis) => {
-                        let Some(a) = t.axes.get(axis) else {
-                            self.err(
-                                SpecError::new(
-                                    format!(
-                                        "one-hot axis {axis} is out of range ({} axes)",
-                                        t.axes.len()
-                                    ),
-                                    t.role_loc,
-                                )
-                                .feature(name),
-                            );
-                            return;
-                        };
-                        if a.semantic() != Some(ix.of.as_str()) {
-                            self.err(
-                                SpecError::new(
-                                    format!(
-                                        "one-hot over `{}` needs a `{}` axis here",
-                                        ix.of, ix.of
-                                    ),
-                                    t.role_loc,
-                                )
-                                .feature(name)
-                                .axis(axis, Self::axis_label(t, axis)),
-                            );
-                        }
-                        let follower = t.coshard.iter().any(|c| c.axis == axis);
-                        match ix.scope {
-                            IndexScope::Serial => self.err(
-                                SpecError::new(
-                                    "a one-hot axis is padded with its semantic, so its ids cannot stay serial",
-                                    t.role_loc,
-                                )
-                                .feature(name)
-                                .axis(axis, &ix.of)
-                                .help("use `scope: padded_global`, or `shard_local` with a co-sharded axis"),
-                            ),
-                            IndexScope::ShardLocal if !follower => self.err(
-                                SpecError::new(
-                                    "shard-local one-hot ids need this axis co-sharded with a leader axis",
-                                    t.role_loc,
-                                )
-                                .feature(name)
-                                .axis(axis, &ix.of)
-                                .help(format!("add `coshard: [{{axis: {axis}, follows: <leader>}}]`")),
-                            ),
-                            _ => {}
-                        }
-                    }
-                    None => {
-                        if !t.dtype.is_integer() {
-                            self.err(
-                                SpecError::new(
-                                    format!("index values need an integer dtype, not {}", t.dtype),
-                                    t.dtype_loc,
-                                )
-                                .feature(name),
-                            );
-                        }
-                        if ix.scope != IndexScope::Serial && !target.sharded {
-                            self.err(
-                                SpecError::new(
-                                    format!(
-                                        "`{}` is never sharded, so a {} index of it is its serial index",
-                                        ix.of,
-                                        ix.scope.name()
-                                    ),
-                                    t.role_loc,
-                                )
-                                .feature(name)
-                                .help("use `scope: serial`"),
-                            );
-                        }
-                    }
+                    Some(axis) => self.one_hot(name, t, ix, axis),
+                    None => self.index_values(name, t, ix, target.sharded),
                 }
             }
+        }
+    }
+
+    /// A mask names each masked semantic once, has an axis of it, and pads with 0.
+    fn mask(&mut self, name: &str, t: &TensorFeature, of: &[String]) {
+        let spec = self.spec;
+        let mut seen = BTreeSet::new();
+        for s in of.iter().filter(|s| !seen.insert(s.as_str())) {
+            self.err(
+                SpecError::new(format!("`{s}` is listed twice in `mask`"), t.role_loc)
+                    .feature(name),
+            );
+        }
+        for s in of {
+            if !spec.semantics.contains_key(s) {
+                let e = self.undeclared_semantic(s, t.role_loc);
+                self.err(e.feature(name));
+            } else if !t.axes.iter().any(|a| a.semantic() == Some(s)) {
+                self.err(
+                    SpecError::new(format!("masks `{s}` but has no `{s}` axis"), t.role_loc)
+                        .feature(name),
+                );
+            }
+        }
+        if !t.pad.is_zero() {
+            self.err(
+                SpecError::new(
+                    format!("a mask is 0 at pads (1 = valid), but pad is {}", t.pad),
+                    t.pad_loc,
+                )
+                .feature(name),
+            );
+        }
+    }
+
+    /// A one-hot index: its axis is of the indexed semantic, and its ids can follow it.
+    fn one_hot(&mut self, name: &str, t: &TensorFeature, ix: &IndexRole, axis: usize) {
+        let Some(a) = t.axes.get(axis) else {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "one-hot axis {axis} is out of range ({} axes)",
+                        t.axes.len()
+                    ),
+                    t.role_loc,
+                )
+                .feature(name),
+            );
+            return;
+        };
+        if a.semantic() != Some(ix.of.as_str()) {
+            self.err(
+                SpecError::new(
+                    format!("one-hot over `{}` needs a `{}` axis here", ix.of, ix.of),
+                    t.role_loc,
+                )
+                .feature(name)
+                .axis(axis, Self::axis_label(t, axis)),
+            );
+        }
+        let follower = t.coshard.iter().any(|c| c.axis == axis);
+        match ix.scope {
+            IndexScope::Serial => self.err(
+                SpecError::new(
+                    "a one-hot axis is padded with its semantic, so its ids cannot stay serial",
+                    t.role_loc,
+                )
+                .feature(name)
+                .axis(axis, &ix.of)
+                .help("use `scope: padded_global`, or `shard_local` with a co-sharded axis"),
+            ),
+            IndexScope::ShardLocal if !follower => self.err(
+                SpecError::new(
+                    "shard-local one-hot ids need this axis co-sharded with a leader axis",
+                    t.role_loc,
+                )
+                .feature(name)
+                .axis(axis, &ix.of)
+                .help(format!(
+                    "add `coshard: [{{axis: {axis}, follows: <leader>}}]`"
+                )),
+            ),
+            _ => {}
+        }
+    }
+
+    /// Index values: an integer dtype, and a scope that means something for the target.
+    fn index_values(&mut self, name: &str, t: &TensorFeature, ix: &IndexRole, sharded: bool) {
+        if !t.dtype.is_integer() {
+            self.err(
+                SpecError::new(
+                    format!("index values need an integer dtype, not {}", t.dtype),
+                    t.dtype_loc,
+                )
+                .feature(name),
+            );
+        }
+        if ix.scope != IndexScope::Serial && !sharded {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "`{}` is never sharded, so a {} index of it is its serial index",
+                        ix.of,
+                        ix.scope.name()
+                    ),
+                    t.role_loc,
+                )
+                .feature(name)
+                .help("use `scope: serial`"),
+            );
         }
     }
 
