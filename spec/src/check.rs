@@ -840,9 +840,16 @@ impl<'a> Checker<'a> {
     }
 
     fn coshard(&mut self, name: &str, t: &TensorFeature) {
-        let spec = self.spec;
+        self.coshard_kept_whole(name, t);
+        let mut followers = BTreeSet::new();
+        for c in &t.coshard {
+            self.coshard_pair(name, t, c, &mut followers);
+        }
+    }
+
+    /// A co-sharded axis takes its leader's shard: keeping it whole contradicts it.
+    fn coshard_kept_whole(&mut self, name: &str, t: &TensorFeature) {
         if let Some(c) = t.coshard.first() {
-            // A co-sharded axis takes its leader's shard: keeping it whole contradicts it.
             let whole = t
                 .replicate_axes
                 .iter()
@@ -863,90 +870,99 @@ impl<'a> Checker<'a> {
                 );
             }
         }
-        let mut followers = BTreeSet::new();
-        for c in &t.coshard {
-            let n = t.axes.len();
-            if c.axis >= n || c.follows >= n {
-                let bad = if c.axis >= n { c.axis } else { c.follows };
-                self.err(
-                    SpecError::new(
-                        format!("co-shard axis {bad} is out of range ({n} axes)"),
-                        c.loc,
-                    )
-                    .feature(name),
-                );
-                continue;
-            }
-            let (fa, la) = (&t.axes[c.axis], &t.axes[c.follows]);
-            if c.axis == c.follows {
-                self.err(
-                    SpecError::new("an axis cannot follow itself", c.loc)
-                        .feature(name)
-                        .axis(c.axis, &fa.kind),
-                );
-                continue;
-            }
-            if !followers.insert(c.axis) {
-                self.err(
-                    SpecError::new("this axis follows two leaders", c.loc)
-                        .feature(name)
-                        .axis(c.axis, &fa.kind),
-                );
-            }
-            if t.coshard.iter().any(|o| o.axis == c.follows) {
-                self.err(
-                    SpecError::new("a leader axis cannot itself follow another axis", c.loc)
-                        .feature(name)
-                        .axis(c.follows, &la.kind),
-                );
-            }
-            let (Some(fs), Some(ls)) = (fa.semantic(), la.semantic()) else {
-                let (i, a) = if fa.semantic().is_none() {
-                    (c.axis, fa)
-                } else {
-                    (c.follows, la)
-                };
-                self.err(
-                    SpecError::new(
-                        "only semantic axes can be co-sharded, not channel axes",
-                        c.loc,
-                    )
+    }
+
+    /// One `coshard` entry: axes in range and distinct, one leader per follower, no
+    /// chains, sharded semantics related by ownership.
+    fn coshard_pair(
+        &mut self,
+        name: &str,
+        t: &TensorFeature,
+        c: &CoShard,
+        followers: &mut BTreeSet<usize>,
+    ) {
+        let spec = self.spec;
+        let n = t.axes.len();
+        if c.axis >= n || c.follows >= n {
+            let bad = if c.axis >= n { c.axis } else { c.follows };
+            self.err(
+                SpecError::new(
+                    format!("co-shard axis {bad} is out of range ({n} axes)"),
+                    c.loc,
+                )
+                .feature(name),
+            );
+            return;
+        }
+        let (fa, la) = (&t.axes[c.axis], &t.axes[c.follows]);
+        if c.axis == c.follows {
+            self.err(
+                SpecError::new("an axis cannot follow itself", c.loc)
                     .feature(name)
-                    .axis(i, &a.kind),
-                );
-                continue;
+                    .axis(c.axis, &fa.kind),
+            );
+            return;
+        }
+        if !followers.insert(c.axis) {
+            self.err(
+                SpecError::new("this axis follows two leaders", c.loc)
+                    .feature(name)
+                    .axis(c.axis, &fa.kind),
+            );
+        }
+        if t.coshard.iter().any(|o| o.axis == c.follows) {
+            self.err(
+                SpecError::new("a leader axis cannot itself follow another axis", c.loc)
+                    .feature(name)
+                    .axis(c.follows, &la.kind),
+            );
+        }
+        let (Some(fs), Some(ls)) = (fa.semantic(), la.semantic()) else {
+            let (i, a) = if fa.semantic().is_none() {
+                (c.axis, fa)
+            } else {
+                (c.follows, la)
             };
-            let (Some(fsem), Some(lsem)) = (spec.semantics.get(fs), spec.semantics.get(ls)) else {
-                continue; // undeclared semantics are reported on the axis itself
-            };
-            for (i, sem) in [(c.follows, lsem), (c.axis, fsem)] {
-                if !sem.sharded {
-                    self.err(
-                        SpecError::new(
-                            format!(
-                                "co-sharded with something that is not sharded: `{}` is never sharded",
-                                sem.name
-                            ),
-                            c.loc,
-                        )
-                        .feature(name)
-                        .axis(i, &sem.name),
-                    );
-                }
-            }
-            if fsem.sharded && lsem.sharded && !related_by_ownership(spec, fs, ls) {
+            self.err(
+                SpecError::new(
+                    "only semantic axes can be co-sharded, not channel axes",
+                    c.loc,
+                )
+                .feature(name)
+                .axis(i, &a.kind),
+            );
+            return;
+        };
+        let (Some(fsem), Some(lsem)) = (spec.semantics.get(fs), spec.semantics.get(ls)) else {
+            return; // undeclared semantics are reported on the axis itself
+        };
+        for (i, sem) in [(c.follows, lsem), (c.axis, fsem)] {
+            if !sem.sharded {
                 self.err(
                     SpecError::new(
                         format!(
-                            "`{fs}` cannot follow `{ls}`: a block diagonal needs one to own the other"
+                            "co-sharded with something that is not sharded: `{}` is never sharded",
+                            sem.name
                         ),
                         c.loc,
                     )
                     .feature(name)
-                    .axis(c.axis, fs)
-                    .help(format!("declare `owner: {ls}` on `{fs}` (or the reverse)")),
+                    .axis(i, &sem.name),
                 );
             }
+        }
+        if fsem.sharded && lsem.sharded && !related_by_ownership(spec, fs, ls) {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "`{fs}` cannot follow `{ls}`: a block diagonal needs one to own the other"
+                    ),
+                    c.loc,
+                )
+                .feature(name)
+                .axis(c.axis, fs)
+                .help(format!("declare `owner: {ls}` on `{fs}` (or the reverse)")),
+            );
         }
     }
 
