@@ -881,7 +881,6 @@ impl<'a> Checker<'a> {
         c: &CoShard,
         followers: &mut BTreeSet<usize>,
     ) {
-        let spec = self.spec;
         let n = t.axes.len();
         if c.axis >= n || c.follows >= n {
             let bad = if c.axis >= n { c.axis } else { c.follows };
@@ -933,6 +932,12 @@ impl<'a> Checker<'a> {
             );
             return;
         };
+        self.coshard_semantics(name, c, fs, ls);
+    }
+
+    /// Both semantics of a co-shard are sharded, and one owns the other.
+    fn coshard_semantics(&mut self, name: &str, c: &CoShard, fs: &str, ls: &str) {
+        let spec = self.spec;
         let (Some(fsem), Some(lsem)) = (spec.semantics.get(fs), spec.semantics.get(ls)) else {
             return; // undeclared semantics are reported on the axis itself
         };
