@@ -139,11 +139,22 @@ fn check(
     let expected = padded
         .rank_blocks(plan, mesh.cp_rank())
         .map_err(|e| e.to_string())?;
+    check_blocks(mesh, &expected, local)?;
+    check_masks(mesh, plan, &serial, local)?;
+    check_assembles(mesh, plan, data, &serial, local)
+}
+
+/// The received blocks are the runtime's, with its metadata, and sharded ones are parts.
+fn check_blocks(
+    mesh: &Mesh,
+    expected: &std::collections::BTreeMap<String, featshard_runtime::LocalBlock>,
+    local: &LocalSample,
+) -> Result<(), String> {
     if expected.keys().ne(local.blocks.keys()) {
         return Err("received features differ from the plan's".into());
     }
     let mut sharded = 0;
-    for (name, want) in &expected {
+    for (name, want) in expected {
         let got = &local.blocks[name];
         if !same(&got.tensor, &want.tensor) {
             return Err(format!(
@@ -176,7 +187,17 @@ fn check(
     if mesh.cp().size() > 1 && sharded == 0 {
         return Err("no feature is sharded".into());
     }
-    // Masks: every pad position of a mask feature is false on this rank.
+    Ok(())
+}
+
+/// Every pad position of a mask feature is false: the CP group's true entries are the
+/// serial mask's, once per replica.
+fn check_masks(
+    mesh: &Mesh,
+    plan: &Plan,
+    serial: &Features,
+    local: &LocalSample,
+) -> Result<(), String> {
     for (name, f) in &plan.features {
         let (FeaturePlan::Tensor(t), Some(b)) = (f, local.blocks.get(name)) else {
             continue;
@@ -198,7 +219,17 @@ fn check(
             }
         }
     }
-    // Gather every rank's blocks and assemble: the serial sample comes back.
+    Ok(())
+}
+
+/// Every rank's blocks gathered and assembled give the serial sample back.
+fn check_assembles(
+    mesh: &Mesh,
+    plan: &Plan,
+    data: &BoltzSamples,
+    serial: &Features,
+    local: &LocalSample,
+) -> Result<(), String> {
     let mut ranks: Vec<Features> = (0..mesh.cp().size()).map(|_| Features::new()).collect();
     for (name, b) in &local.blocks {
         let parts = mesh
@@ -212,7 +243,7 @@ fn check(
     let full =
         assemble(plan, &local.layout, Some(&data.workflow), &ranks).map_err(|e| e.to_string())?;
     let back = unpad(plan, &local.layout, &full).map_err(|e| e.to_string())?;
-    for (name, x) in &serial {
+    for (name, x) in serial {
         match back.get(name) {
             Some(y) if same(x, y) => {}
             _ => {
@@ -220,6 +251,24 @@ fn check(
                     "feature `{name}`: assembled blocks differ from the serial sample"
                 ))
             }
+        }
+    }
+    Ok(())
+}
+
+/// Collating one sample gives a batch axis of the DP size.
+fn check_collate(mesh: &Mesh, plan: &Plan, local: LocalSample) -> Result<(), DistError> {
+    let batch = collate(mesh, plan, vec![local])?;
+    let meta = &batch.blocks.values().next().map(|b| b.meta.clone());
+    if let Some(m) = meta {
+        if m.global_shape.first() != Some(&mesh.dp_size()) {
+            return Err(DistError::Protocol {
+                message: format!(
+                    "collate: batch axis {:?}, expected {}",
+                    m.global_shape.first(),
+                    mesh.dp_size()
+                ),
+            });
         }
     }
     Ok(())
@@ -304,19 +353,7 @@ pub fn run(args: &Args, step_start: &mut Instant) -> Result<String, DistError> {
             // Every rank learns of any rank's failure here.
             agree_on(&mesh, outcome)?;
             if !args.no_check {
-                let batch = collate(&mesh, &plan, vec![local])?;
-                let meta = &batch.blocks.values().next().map(|b| b.meta.clone());
-                if let Some(m) = meta {
-                    if m.global_shape.first() != Some(&mesh.dp_size()) {
-                        return Err(DistError::Protocol {
-                            message: format!(
-                                "collate: batch axis {:?}, expected {}",
-                                m.global_shape.first(),
-                                mesh.dp_size()
-                            ),
-                        });
-                    }
-                }
+                check_collate(&mesh, &plan, local)?;
             }
         }
     }
