@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import importlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,25 +26,22 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+from bench_common import (
+    ROOT,
+    SPEC,
+    boltz_sample_file,
+    load_resident,
+    reset_peak,
+    status,
+)
 from torch.multiprocessing import spawn
 
-ROOT = Path(__file__).resolve().parents[1]
-SPEC = ROOT / "examples" / "boltz2.yaml"
 MESH = (3, 3)
 RANKS = MESH[0] * MESH[1]
 
 
-def _status(field: str) -> int:
-    """A /proc/self/status figure, in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
 def _worker(rank: int, folder: str, how: str) -> None:
     import torch.distributed as dist
-    from safetensors.torch import load_file
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
@@ -55,9 +51,7 @@ def _worker(rank: int, folder: str, how: str) -> None:
     mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("cp0", "cp1"))
     sample = None
     if rank == 0:
-        loaded = load_file(f"{folder}/sample.safetensors")
-        sample = {n: x.clone() for n, x in loaded.items()}
-        del loaded
+        sample = load_resident(Path(folder) / "sample.safetensors")
     if how == "package":
         import featshard
         from featshard.distribute import cp_group, distribute_features
@@ -79,15 +73,14 @@ def _worker(rank: int, folder: str, how: str) -> None:
     run(small if rank == 0 else None)
     gc.collect()
     dist.barrier()
-    Path("/proc/self/clear_refs").write_text("5")  # resets the peak resident set
-    before = _status("VmRSS")
+    before = reset_peak()
     start = time.perf_counter()
     out = run(sample)
     dist.barrier()
     seconds = time.perf_counter() - start
     blocks = sum(x.to_local().numel() * x.to_local().element_size()
                  for x in out.values() if hasattr(x, "to_local"))
-    peak = _status("VmHWM") - before
+    peak = status("VmHWM") - before
     Path(folder, f"{how}-{rank}.json").write_text(json.dumps({"peak": peak, "block": blocks,
                                                               "s": seconds}))
     del out
@@ -101,19 +94,7 @@ def main() -> None:
 
 
 def bench(folder: Path) -> None:
-    from safetensors.torch import save_file
-
-    subprocess.run([str(ROOT / "target" / "release" / "featshard"), "generate", str(SPEC),
-                    "--out", str(folder)], check=True, capture_output=True)
-    sys.path[:0] = [str(folder), str(ROOT / "tests" / "python")]
-    placements = importlib.import_module("boltz2_placements")
-    from boltz_samples import random_sample
-
-    sample = random_sample(placements, 1024, seed=1, atoms_per_token=(0, 20), msa_rows=2048,
-                           templates=4, ensemble=1)
-    size = sum(t.numel() * t.element_size() for t in sample.values())
-    save_file(sample, str(folder / "sample.safetensors"))
-    del sample
+    _, size = boltz_sample_file(folder, 1024, 2048)
     print(f"sample: 1024 tokens, 2048 MSA rows, {size / 1e6:.0f} MB; mesh {MESH[0]}x{MESH[1]}, "
           f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)")
     print("| path | rank | its blocks | peak above start | / its blocks | / sample | wall |")

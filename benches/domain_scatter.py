@@ -28,20 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_common import status
 from torch.multiprocessing.spawn import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 DOMAIN = (2, 2)
 RANKS = 4
 XS = YS = 3000
-
-
-def _status(field: str) -> int:
-    """A /proc/self/status figure, in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def _worker(rank: int, folder: str, path: str, how: str) -> None:
@@ -54,7 +47,7 @@ def _worker(rank: int, folder: str, path: str, how: str) -> None:
     dmesh = P.domain_mesh(mesh)
     torch.distributed.barrier()
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
-    before = _status("VmRSS")
+    before = status("VmRSS")
     start = time.perf_counter()
     if how == "scatter":
         from safetensors.torch import load_file
@@ -69,7 +62,7 @@ def _worker(rank: int, folder: str, path: str, how: str) -> None:
     torch.distributed.barrier()
     seconds = time.perf_counter() - start
     block = sum(out[n].to_local().numel() * out[n].to_local().element_size() for n in P.FEATURES)
-    peak = _status("VmHWM") - before
+    peak = status("VmHWM") - before
     Path(folder, f"{how}-{rank}.json").write_text(json.dumps({"peak": peak, "block": block, "s": seconds}))
     del out
     torch.distributed.destroy_process_group()

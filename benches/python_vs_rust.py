@@ -26,31 +26,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from bench_common import (
+    ROOT,
+    SPEC,
+    boltz_sample_file,
+    load_resident,
+    reset_peak,
+    status,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-SPEC = ROOT / "examples" / "boltz2.yaml"
 MESH = (3, 3)
 RUNS = 3
-
-
-def _status(field: str) -> int:
-    """A /proc/self/status figure, in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def child(how: str, threads: int, out: Path) -> None:
     """One path, timed in this process: prints `seconds peak_bytes`."""
     torch.set_num_threads(threads)
     sys.path[:0] = [str(out)]
-    # Copied out of the file's memory map, so that the sample is resident before the
-    # peak is reset (a mapped sample's pages would count when the blocks first read them).
-    loaded = load_file(str(out / "sample.safetensors"))
-    sample = {name: x.clone() for name, x in loaded.items()}
-    del loaded
+    sample = load_resident(out / "sample.safetensors")
     if how == "package":
         import featshard
         from featshard import blocks
@@ -66,8 +59,7 @@ def child(how: str, threads: int, out: Path) -> None:
             return data.rank_blocks(sample, MESH)
 
     gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # resets the peak resident set
-    before = _status("VmRSS")
+    before = reset_peak()
     times = []
     for _ in range(RUNS):
         start = time.perf_counter()
@@ -75,7 +67,7 @@ def child(how: str, threads: int, out: Path) -> None:
         times.append(time.perf_counter() - start)
         del made
         gc.collect()
-    print(sorted(times)[RUNS // 2], _status("VmHWM") - before)
+    print(sorted(times)[RUNS // 2], status("VmHWM") - before)
 
 
 def measure(how: str, threads: int, out: Path) -> tuple[float, int]:
@@ -96,18 +88,7 @@ def main() -> None:
 
 
 def bench(out: Path) -> None:
-    subprocess.run([str(ROOT / "target" / "release" / "featshard"), "generate", str(SPEC),
-                    "--out", str(out)], check=True, capture_output=True)
-    sys.path[:0] = [str(out), str(ROOT / "tests" / "python")]
-    placements = importlib.import_module("boltz2_placements")
-    from boltz_samples import random_sample
-
-    sample = random_sample(placements, 2048, seed=1, atoms_per_token=(0, 20), msa_rows=4096,
-                           templates=4, ensemble=1)
-    n_atoms = int(sample["atom_counts_per_token"].sum())
-    serial = sum(t.numel() * t.element_size() for t in sample.values())
-    save_file(sample, str(out / "sample.safetensors"))
-    del sample
+    n_atoms, serial = boltz_sample_file(out, 2048, 4096)
     gc.collect()
     print(f"sample: 2048 tokens, {n_atoms} atoms, 4096 MSA rows, {serial / 1e9:.2f} GB serial; "
           f"mesh {MESH[0]}x{MESH[1]}; median of {RUNS}; memory: peak RSS above the loaded sample")

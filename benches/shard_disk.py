@@ -40,7 +40,7 @@ def timed(cmd: list[str] | str) -> tuple[float, int]:
     shell = isinstance(cmd, str)
     argv = ["/usr/bin/time", "-v", "sh", "-c", cmd] if shell else ["/usr/bin/time", "-v", *cmd]
     start = time.perf_counter()
-    run = subprocess.run(argv, capture_output=True, text=True)
+    run = subprocess.run(argv, check=False, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if run.returncode != 0:
         raise SystemExit(f"{cmd} failed:\n{run.stderr}")

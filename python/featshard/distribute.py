@@ -59,9 +59,16 @@ def placements(plan: Plan) -> dict[str, tuple[Placement, ...]]:
     return out
 
 
-def _cp_group(mesh: DeviceMesh) -> tuple[dist.ProcessGroup, list[int], DeviceMesh]:
-    """This rank's CP group, its ranks in mesh order and the (cp0, cp1) sub-mesh.
-    ``mesh`` is (cp0, cp1), or (dp, cp0, cp1) with names. Collective."""
+CpGroup = tuple[dist.ProcessGroup, list[int], DeviceMesh]
+
+# One process group per CP group layout, made once: creating groups is collective.
+_GROUPS: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup] = {}
+
+
+def cp_group(mesh: DeviceMesh) -> CpGroup:
+    """This rank's CP process group, its ranks in mesh order and the (cp0, cp1) sub-mesh.
+    ``mesh`` is (cp0, cp1), or (dp, cp0, cp1) with names. Collective the first time a
+    layout is seen: every rank calls it."""
     full = mesh.mesh
     if full.dim() == 2:
         planes, cp_mesh = [full], mesh
@@ -69,11 +76,14 @@ def _cp_group(mesh: DeviceMesh) -> tuple[dist.ProcessGroup, list[int], DeviceMes
         planes, cp_mesh = list(full), mesh[mesh.mesh_dim_names[1:]]
     else:
         raise ValueError("mesh: expected (cp0, cp1), or (dp, cp0, cp1) with mesh_dim_names")
-    groups = [[int(r) for r in p.flatten().tolist()] for p in planes]
-    mine = next(g for g in groups if dist.get_rank() in g)
-    # Every rank creates every CP group, in the same order; gloo: the blocks are on the CPU.
-    group, _ = dist.new_subgroups_by_enumeration(groups, backend="gloo")  # type: ignore[no-untyped-call]
-    return group, mine, cp_mesh
+    groups = tuple(tuple(int(r) for r in p.flatten().tolist()) for p in planes)
+    mine = next(list(g) for g in groups if dist.get_rank() in g)
+    if groups not in _GROUPS:
+        # Every rank creates every CP group, in the same order; gloo: blocks are on the CPU.
+        _GROUPS[groups], _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
+            [list(g) for g in groups], backend="gloo"
+        )
+    return _GROUPS[groups], mine, cp_mesh
 
 
 def _raise_if_failed(statuses: Sequence[Any]) -> None:
@@ -91,17 +101,17 @@ def distribute_features(
     workflow: str | None = None,
     threads: int = 1,
     check: Callable[[Mapping[str, torch.Tensor]], None] | None = None,
-    group: tuple[dist.ProcessGroup, list[int], DeviceMesh] | None = None,
+    group: CpGroup | None = None,
 ) -> dict[str, Any]:
     """Distributes one serial sample from the source rank of each CP group.
 
     ``features`` is the sample on the source rank (None elsewhere); ``src`` the source's
     global rank (default: the group's rank at CP coordinate (0, 0)). ``check``, if given,
     runs on every rank on its local blocks. An error on any rank is raised on every rank
-    of the group with the same type and message. ``group`` reuses what an earlier call's
-    ``cp_group(mesh)`` returned (creating groups is collective and not free).
+    of the group with the same type and message. ``group`` is what ``cp_group(mesh)``
+    returned (by default it is looked up again).
     """
-    pg, ranks, cp_mesh = group if group is not None else _cp_group(mesh)
+    pg, ranks, cp_mesh = group if group is not None else cp_group(mesh)
     sizes = (cp_mesh.size(0), cp_mesh.size(1))
     me = dist.get_rank()
     source = ranks[0] if src is None else src
@@ -146,10 +156,3 @@ def distribute_features(
         result[name] = DTensor.from_local(x, cp_mesh, on_mesh[name], run_check=False,
                                           shape=shape, stride=tuple(_native.contiguous_stride(list(shape))))
     return result
-
-
-def cp_group(mesh: DeviceMesh) -> tuple[dist.ProcessGroup, list[int], DeviceMesh]:
-    """This rank's CP process group, its ranks in mesh order and the (cp0, cp1) sub-mesh,
-    for ``distribute_features(group=...)``. Collective: every rank calls it."""
-    return _cp_group(mesh)
-
