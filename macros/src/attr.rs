@@ -58,7 +58,7 @@ pub struct SemanticAttr {
     pub owner: Option<At<String>>,
     pub counts: Option<At<String>>,
     pub map: Option<At<String>>,
-    pub window: Option<u32>,
+    pub window: Option<At<u32>>,
     pub incoming: Option<At<IncomingAttr>>,
     pub unowned_rows: Option<At<String>>,
 }
@@ -66,24 +66,26 @@ pub struct SemanticAttr {
 /// `incoming_pads(mask = FEATURE)` or `incoming_pads(counts)`.
 #[derive(Clone, Debug)]
 pub enum IncomingAttr {
-    Mask(String),
-    Counts,
+    Mask(At<String>),
+    /// Where `counts` was written.
+    Counts(Span),
 }
 
 #[derive(Default)]
 pub struct FieldAttrs {
-    pub axes: Option<At<Vec<AxisAttr>>>,
+    pub axes: Option<At<Vec<At<AxisAttr>>>>,
     pub dtype: Option<At<String>>,
     pub pad: Option<At<PadLit>>,
     pub mask: Option<At<Vec<String>>>,
     pub index: Option<At<IndexAttr>>,
     pub coshard: Vec<At<(usize, usize)>>,
     pub replicate_axes: Vec<At<usize>>,
-    pub replicated: bool,
-    pub placement: Option<At<Vec<String>>>,
+    /// Where `replicated` was written, if it was.
+    pub replicated: Option<Span>,
+    pub placement: Option<At<Vec<At<String>>>>,
     pub only: Option<Vec<At<String>>>,
-    /// `derive(outer(a, b))`: the features the outer product is taken of.
-    pub derive: Option<At<Vec<String>>>,
+    /// `derive(outer(a, b))`: the features the outer product is taken of, at `outer`.
+    pub derive: Option<At<At<Vec<At<String>>>>>,
     /// The feature's name, when it differs from the field's.
     pub name: Option<At<String>>,
     /// Whether any `#[featshard]` attribute was present.
@@ -142,8 +144,16 @@ fn int<T: std::str::FromStr>(meta: &ParseNestedMeta) -> syn::Result<T>
 where
     T::Err: std::fmt::Display,
 {
+    int_at(meta).map(|i| i.value)
+}
+
+/// `key = N`, with the span of `N`.
+fn int_at<T: std::str::FromStr>(meta: &ParseNestedMeta) -> syn::Result<At<T>>
+where
+    T::Err: std::fmt::Display,
+{
     let lit: LitInt = meta.value()?.parse()?;
-    lit.base10_parse()
+    Ok(At::new(lit.base10_parse()?, lit.span()))
 }
 
 /// A key given twice is an error (as serde's "duplicate serde attribute"), not a
@@ -255,15 +265,16 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
         } else if p.is_ident("map") {
             once(&mut s.map, ident_string(&m)?, &m)?;
         } else if p.is_ident("window") {
-            once(&mut s.window, int(&m)?, &m)?;
+            once(&mut s.window, int_at(&m)?, &m)?;
         } else if p.is_ident("incoming_pads") {
             let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
             let mut inc = None;
             m.parse_nested_meta(|i| {
                 if i.path.is_ident("mask") {
-                    inc = Some(IncomingAttr::Mask(ident_string(&i)?.value));
+                    inc = Some(IncomingAttr::Mask(ident_string(&i)?));
                 } else if i.path.is_ident("counts") {
-                    inc = Some(IncomingAttr::Counts);
+                    let at = i.path.get_ident().map_or_else(Span::call_site, Ident::span);
+                    inc = Some(IncomingAttr::Counts(at));
                 } else {
                     return Err(unknown(&i, "incoming_pads", "`mask = FEATURE`, `counts`"));
                 }
@@ -336,16 +347,13 @@ fn field_key(out: &mut FieldAttrs, meta: &ParseNestedMeta) -> syn::Result<()> {
                 .push(At::new(n.base10_parse()?, n.span()));
         }
     } else if p.is_ident("replicated") {
-        if out.replicated {
-            return Err(duplicate(meta));
-        }
-        out.replicated = true;
+        once(&mut out.replicated, span, meta)?;
     } else if p.is_ident("placement") {
         let content;
         syn::parenthesized!(content in meta.input);
         let list =
             content.parse_terminated(<LitStr as syn::parse::Parse>::parse, syn::Token![,])?;
-        let values = list.iter().map(LitStr::value).collect();
+        let values = list.iter().map(|l| At::new(l.value(), l.span())).collect();
         once(&mut out.placement, At::new(values, span), meta)?;
     } else if p.is_ident("only") {
         once(&mut out.only, name_list(meta)?, meta)?;
@@ -364,17 +372,17 @@ fn field_key(out: &mut FieldAttrs, meta: &ParseNestedMeta) -> syn::Result<()> {
 }
 
 /// `axes(tokens, atoms, 3)`: semantics by name, channels by size.
-fn axes_list(meta: &ParseNestedMeta) -> syn::Result<Vec<AxisAttr>> {
+fn axes_list(meta: &ParseNestedMeta) -> syn::Result<Vec<At<AxisAttr>>> {
     let mut axes = Vec::new();
     let content;
     syn::parenthesized!(content in meta.input);
     while !content.is_empty() {
         if content.peek(LitInt) {
             let n: LitInt = content.parse()?;
-            axes.push(AxisAttr::Channel(n.base10_parse()?));
+            axes.push(At::new(AxisAttr::Channel(n.base10_parse()?), n.span()));
         } else {
             let i: Ident = content.parse()?;
-            axes.push(AxisAttr::Semantic(i.to_string()));
+            axes.push(At::new(AxisAttr::Semantic(i.to_string()), i.span()));
         }
         if !content.is_empty() {
             content.parse::<syn::Token![,]>()?;
@@ -403,11 +411,12 @@ fn coshard(meta: &ParseNestedMeta) -> syn::Result<(usize, usize)> {
 }
 
 /// `derive(outer(A, B))`.
-fn derive_outer(meta: &ParseNestedMeta) -> syn::Result<Vec<String>> {
+fn derive_outer(meta: &ParseNestedMeta) -> syn::Result<At<Vec<At<String>>>> {
     let mut of = None;
     meta.parse_nested_meta(|m| {
         if m.path.is_ident("outer") {
-            of = Some(name_list(&m)?.into_iter().map(|n| n.value).collect());
+            let at = m.path.get_ident().map_or_else(Span::call_site, Ident::span);
+            of = Some(At::new(name_list(&m)?, at));
             Ok(())
         } else {
             Err(unknown(&m, "derive", "`outer(FEATURE, FEATURE)`"))

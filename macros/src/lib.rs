@@ -1,7 +1,8 @@
 //! `#[derive(Features)]`: a feature struct as a featshard spec.
 //!
-//! A thin shim: attributes become the Spec IR (see [`attr`] for the grammar), the spec
-//! crate checks it and infers the plan, and codegen's Rust emitter writes the tables.
+//! A thin shim: the attributes (see [`attr`] for the grammar) become the spec's syntax
+//! tree, the one a YAML file parses to ([`raw`]); the spec crate lowers and checks it and
+//! infers the plan, and codegen's Rust emitter writes the tables.
 //! Or `#[featshard(spec = "path.yaml", workflow = "inference")]` checks the struct
 //! against a YAML spec at compile time. Every error of a struct is reported at once,
 //! each on the field or attribute it is about.
@@ -10,8 +11,11 @@
 #![deny(missing_docs)]
 
 mod attr;
+#[cfg(test)]
+mod cross_front_end;
 mod expand;
 mod model;
+mod raw;
 
 use proc_macro::TokenStream;
 

@@ -5,13 +5,15 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use featshard_spec::diag::SpecError;
-use featshard_spec::ir::*;
+use featshard_spec::ir::{DType, FeatureKind, Source, Spec};
 use featshard_spec::loc::Loc;
+use featshard_spec::lower;
 use featshard_spec::plan::{self, Plan};
 use proc_macro2::Span;
 use syn::{Field, GenericArgument, Ident, PathArguments, Type};
 
-use crate::attr::{self, AxisAttr, FieldAttrs, PadLit, StructAttrs};
+use crate::attr::{self, AxisAttr, FieldAttrs, StructAttrs};
+use crate::raw::{self, Tokens};
 
 /// A field the derive moves to and from the runtime.
 pub struct TensorField {
@@ -123,22 +125,8 @@ fn tensor_type(ty: &Type) -> Option<bool> {
     None
 }
 
-fn snake(ident: &Ident) -> String {
-    let mut out = String::new();
-    for (i, c) in ident.to_string().chars().enumerate() {
-        if c.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Inline mode: the attributes are the spec.
+/// Inline mode: the attributes are the spec, lowered and checked by the spec crate as a
+/// YAML file would be.
 fn from_attributes(
     input: &syn::DeriveInput,
     sattrs: &StructAttrs,
@@ -146,422 +134,61 @@ fn from_attributes(
     fattrs: &[FieldAttrs],
     errors: &mut Vec<syn::Error>,
 ) -> Option<Model> {
-    let (cp, dp) = mesh_of(sattrs, errors)?;
-    let mut semantics = BTreeMap::new();
-    let mut semantic_spans: BTreeMap<String, Span> = BTreeMap::new();
-    for s in &sattrs.semantics {
-        let owner = owner_of(s, errors);
-        if semantic_spans
-            .insert(s.name.value.clone(), s.name.span)
-            .is_some()
-        {
-            errors.push(syn::Error::new(
-                s.name.span,
-                format!("semantic `{}` is declared twice", s.name.value),
-            ));
-        }
-        semantics.insert(s.name.value.clone(), semantic_of(s, owner, errors));
-    }
-    let mut features = BTreeMap::new();
-    for (f, a) in fields.iter().zip(fattrs) {
-        match feature_of(f, a) {
-            Ok(feat) => {
-                features.insert(f.feature.clone(), feat);
-            }
-            Err(e) => errors.push(e),
-        }
-    }
-    let other_keys = other_keys_of(sattrs, errors);
-    if !errors.is_empty() {
-        return None;
-    }
-    let spec = Spec {
-        source: Source {
-            name: input.ident.to_string(),
-            sha256: featshard_spec::lower::sha256_hex(&quote::quote!(#input).to_string()),
-        },
-        module: named(&sattrs.module.as_ref().map_or_else(
-            || format!("{}_placements", snake(&input.ident)),
-            |m| m.value.clone(),
-        )),
-        mesh: Mesh {
-            cp: cp.to_vec(),
-            dp,
-            domain: None,
-            loc: Loc::UNKNOWN,
-        },
-        semantics,
-        workflows: sattrs
-            .workflows
-            .iter()
-            .map(|w| (w.value.clone(), Loc::UNKNOWN))
-            .collect(),
-        features,
-        inputs: Inputs {
-            other_keys,
-            other_keys_loc: Loc::UNKNOWN,
-            drop: sattrs.drop.iter().map(|d| named(&d.value)).collect(),
-        },
+    let mut tokens = Tokens::default();
+    let raw = raw::spec(&input.ident, sattrs, &fields, fattrs, &mut tokens);
+    let source = Source {
+        name: input.ident.to_string(),
+        sha256: featshard_spec::lower::sha256_hex(&quote::quote!(#input).to_string()),
     };
-    match plan::plan(&spec) {
+    let at = Spans {
+        tokens: &tokens,
+        fields: &fields,
+        whole: input.ident.span(),
+    };
+    let planned = lower::lower(raw, source).and_then(|spec| plan::plan(&spec));
+    match planned {
         Ok(plan) => Some(Model {
             plan,
-            fields,
             workflow: sattrs.workflow.as_ref().map(|w| w.value.clone()),
+            fields,
             spec_file: None,
         }),
         Err(spec_errors) => {
-            let at = Spans {
-                fields: &fields,
-                semantics: &semantic_spans,
-                whole: input.ident.span(),
-            };
             errors.extend(spec_errors.iter().map(|e| at.error(e)));
             None
         }
     }
 }
 
-/// The CP mesh axes and the DP axis, from `mesh(...)` or the defaults.
-fn mesh_of(
-    sattrs: &StructAttrs,
-    errors: &mut Vec<syn::Error>,
-) -> Option<([Named; 2], Option<Named>)> {
-    match &sattrs.mesh {
-        Some(attr::MeshAttr { cp, dp, span }) => {
-            if cp.len() != 2 {
-                errors.push(syn::Error::new(
-                    *span,
-                    format!(
-                        "the CP mesh has exactly two axes `mesh(cp0, cp1)`, {} given",
-                        cp.len()
-                    ),
-                ));
-                return None;
-            }
-            Some((
-                [named(&cp[0].value), named(&cp[1].value)],
-                dp.as_ref().map(|d| named(&d.value)),
-            ))
-        }
-        None => Some(([named("cp0"), named("cp1")], None)),
-    }
-}
-
-/// One `semantic(...)` attribute as the IR's semantic, its owner read already.
-fn semantic_of(
-    s: &attr::SemanticAttr,
-    owner: Option<Owner>,
-    errors: &mut Vec<syn::Error>,
-) -> Semantic {
-    let incoming = incoming_of(s, owner.as_ref(), errors);
-    Semantic {
-        name: s.name.value.clone(),
-        sharded: s.shard,
-        window: s.window,
-        // The derive describes context-parallel structs; domain specs are YAML.
-        batch: false,
-        incoming: incoming.map(|source| Incoming {
-            source,
-            loc: Loc::UNKNOWN,
-        }),
-        unowned_rows: unowned_rows_of(s, errors),
-        owner,
-        shards: Default::default(),
-        loc: Loc::UNKNOWN,
-    }
-}
-
-/// `owner = SEM` with `counts = FEATURE`, `map = FEATURE` or both.
-fn owner_of(s: &attr::SemanticAttr, errors: &mut Vec<syn::Error>) -> Option<Owner> {
-    match (&s.owner, &s.counts, &s.map) {
-        (Some(o), Some(c), None) => Some(Owner {
-            owner: named(&o.value),
-            source: OwnerSource::Counts {
-                feature: c.value.clone(),
-            },
-            source_loc: Loc::UNKNOWN,
-        }),
-        (Some(o), None, Some(m)) => Some(Owner {
-            owner: named(&o.value),
-            source: OwnerSource::Map {
-                feature: m.value.clone(),
-            },
-            source_loc: Loc::UNKNOWN,
-        }),
-        (Some(o), Some(c), Some(m)) => Some(Owner {
-            owner: named(&o.value),
-            source: OwnerSource::CountsOrMap {
-                counts: c.value.clone(),
-                map: m.value.clone(),
-            },
-            source_loc: Loc::UNKNOWN,
-        }),
-        (None, None, None) => None,
-        _ => {
-            errors.push(syn::Error::new(
-                s.name.span,
-                format!(
-                    "semantic `{}`: `owner = SEM` goes with `counts = FEATURE`, `map = FEATURE` or both",
-                    s.name.value
-                ),
-            ));
-            None
-        }
-    }
-}
-
-/// `incoming_pads(mask = FEATURE)` or `incoming_pads(counts)`.
-fn incoming_of(
-    s: &attr::SemanticAttr,
-    owner: Option<&Owner>,
-    errors: &mut Vec<syn::Error>,
-) -> Option<IncomingSource> {
-    match s.incoming.as_ref().map(|i| &i.value) {
-        Some(attr::IncomingAttr::Mask(m)) => Some(IncomingSource::Mask { feature: m.clone() }),
-        Some(attr::IncomingAttr::Counts) => match owner.and_then(|o| o.source.counts()) {
-            Some(c) => Some(IncomingSource::Counts {
-                feature: c.to_owned(),
-            }),
-            None => {
-                errors.push(syn::Error::new(
-                    s.incoming.as_ref().map_or(s.name.span, |i| i.span),
-                    format!("semantic `{}`: `incoming_pads(counts)` needs `owner = SEM, counts = FEATURE`", s.name.value),
-                ));
-                None
-            }
-        },
-        None => None,
-    }
-}
-
-/// `unowned_rows = pad | refuse`: where unowned rows are pads.
-fn unowned_rows_of(s: &attr::SemanticAttr, errors: &mut Vec<syn::Error>) -> Option<Loc> {
-    match s.unowned_rows.as_ref().map(|u| (u.value.as_str(), u.span)) {
-        Some(("pad", _)) => Some(Loc::UNKNOWN),
-        Some(("refuse", _)) | None => None,
-        Some((other, span)) => {
-            errors.push(syn::Error::new(
-                span,
-                format!("semantic `{}`: unknown `unowned_rows` value `{other}`; expected `pad` or `refuse`", s.name.value),
-            ));
-            None
-        }
-    }
-}
-
-/// `other_keys = refuse | drop | pass`.
-fn other_keys_of(sattrs: &StructAttrs, errors: &mut Vec<syn::Error>) -> KeyPolicy {
-    match &sattrs.other_keys {
-        Some(p) => match KeyPolicy::parse(&p.value) {
-            Some(k) => k,
-            None => {
-                errors.push(syn::Error::new(
-                    p.span,
-                    format!(
-                        "unknown `other_keys` policy `{}`; expected `refuse`, `drop` or `pass`",
-                        p.value
-                    ),
-                ));
-                KeyPolicy::Refuse
-            }
-        },
-        None => KeyPolicy::Refuse,
-    }
-}
-
-/// Where a spec error lands: its feature's field, its semantic's attribute, else the
-/// struct.
+/// Where a spec error lands: the attribute value it is about, else its feature's field,
+/// else the struct.
 struct Spans<'a> {
+    tokens: &'a Tokens,
     fields: &'a [TensorField],
-    semantics: &'a BTreeMap<String, Span>,
     whole: Span,
 }
 
 impl Spans<'_> {
     fn error(&self, e: &SpecError) -> syn::Error {
-        let span = e
-            .feature
-            .as_ref()
-            .and_then(|n| self.fields.iter().find(|f| &f.feature == n).map(|f| f.span))
+        let span = self
+            .tokens
+            .span(e.loc)
             .or_else(|| {
-                e.semantic
-                    .as_ref()
-                    .and_then(|s| self.semantics.get(s).copied())
+                let feature = e.feature.as_ref()?;
+                self.fields
+                    .iter()
+                    .find(|f| &f.feature == feature)
+                    .map(|f| f.span)
             })
             .unwrap_or(self.whole);
         syn::Error::new(span, spec_message(e))
     }
 }
 
-fn named(s: &str) -> Named {
-    Named::new(s, Loc::UNKNOWN)
-}
-
 fn spec_message(e: &SpecError) -> String {
     match &e.help {
         Some(h) => format!("{e}\nhelp: {h}"),
         None => e.to_string(),
-    }
-}
-
-fn feature_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Feature> {
-    let Some(axes) = &a.axes else {
-        return Err(syn::Error::new(
-            f.span,
-            format!(
-                "feature `{}`: needs `#[featshard(axes(...), dtype = ...)]`",
-                f.feature
-            ),
-        ));
-    };
-    let Some(dtype) = &a.dtype else {
-        return Err(syn::Error::new(
-            f.span,
-            format!("feature `{}`: needs `dtype = ...`", f.feature),
-        ));
-    };
-    let dtype_value = DType::parse(&dtype.value).ok_or_else(|| {
-        syn::Error::new(
-            dtype.span,
-            format!("feature `{}`: unknown dtype `{}`", f.feature, dtype.value),
-        )
-    })?;
-    let role = role_of(f, a)?;
-    let placement = placement_of(f, a)?;
-    let derived = derived_of(f, a)?;
-    // An `Option` field is optional, unless it is one the pipeline derives.
-    let optional = (f.optional && derived.is_none()).then_some(Loc::UNKNOWN);
-    Ok(Feature {
-        name: f.feature.clone(),
-        kind: FeatureKind::Tensor(Box::new(TensorFeature {
-            axes: axes.value.iter().map(axis_of).collect(),
-            axes_loc: Loc::UNKNOWN,
-            dtype: dtype_value,
-            dtype_loc: Loc::UNKNOWN,
-            pad: a
-                .pad
-                .as_ref()
-                .map_or_else(PadValue::default, |p| pad_of(p.value)),
-            pad_loc: Loc::UNKNOWN,
-            role,
-            role_loc: Loc::UNKNOWN,
-            coshard: a
-                .coshard
-                .iter()
-                .map(|c| CoShard {
-                    axis: c.value.0,
-                    follows: c.value.1,
-                    loc: Loc::UNKNOWN,
-                })
-                .collect(),
-            replicate_axes: a
-                .replicate_axes
-                .iter()
-                .map(|r| (r.value, Loc::UNKNOWN))
-                .collect(),
-            replicated: a.replicated,
-            placement,
-            derived,
-            parameter: None,
-            output: None,
-        })),
-        optional,
-        only: a
-            .only
-            .as_ref()
-            .map(|o| o.iter().map(|w| named(&w.value)).collect()),
-        doc: None,
-        loc: Loc::UNKNOWN,
-    })
-}
-
-/// `mask(...)`, `index(...)` or neither.
-fn role_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Role> {
-    match (&a.mask, &a.index) {
-        (Some(_), Some(i)) => Err(syn::Error::new(
-            i.span,
-            format!("feature `{}`: a mask or an index, not both", f.feature),
-        )),
-        (Some(m), None) => Ok(Role::Mask {
-            of: m.value.clone(),
-        }),
-        (None, Some(i)) => Ok(Role::Index(IndexRole {
-            of: i.value.of.clone(),
-            scope: match i.value.scope.value.as_str() {
-                "serial" => IndexScope::Serial,
-                "shard_local" => IndexScope::ShardLocal,
-                "padded_global" => IndexScope::PaddedGlobal,
-                other => {
-                    return Err(syn::Error::new(
-                        i.value.scope.span,
-                        format!("feature `{}`: unknown index scope `{other}`", f.feature),
-                    ))
-                }
-            },
-            one_hot: i.value.one_hot,
-        })),
-        (None, None) => Ok(Role::Data),
-    }
-}
-
-/// `placement("Shard(0)", ...)`, if given.
-fn placement_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Option<(Vec<Placement>, Loc)>> {
-    match &a.placement {
-        Some(p) => {
-            let mut out = Vec::new();
-            for s in &p.value {
-                out.push(Placement::parse(s).ok_or_else(|| {
-                    syn::Error::new(
-                        p.span,
-                        format!("feature `{}`: `{s}` is not a placement", f.feature),
-                    )
-                })?);
-            }
-            Ok(Some((out, Loc::UNKNOWN)))
-        }
-        None => Ok(None),
-    }
-}
-
-/// `derive(outer(A, B))`, if given.
-fn derived_of(f: &TensorField, a: &FieldAttrs) -> syn::Result<Option<Derived>> {
-    match &a.derive {
-        Some(d) => {
-            let of = match d.value.as_slice() {
-                [x] => [x.clone(), x.clone()],
-                [x, y] => [x.clone(), y.clone()],
-                _ => {
-                    return Err(syn::Error::new(
-                        d.span,
-                        format!("feature `{}`: `outer` takes one or two features", f.feature),
-                    ))
-                }
-            };
-            Ok(Some(Derived {
-                rule: DeriveRule::Outer { of },
-                loc: Loc::UNKNOWN,
-            }))
-        }
-        None => Ok(None),
-    }
-}
-
-fn axis_of(a: &AxisAttr) -> Axis {
-    Axis {
-        kind: match a {
-            AxisAttr::Semantic(s) => AxisKind::Semantic(s.clone()),
-            AxisAttr::Channel(n) => AxisKind::Channel(*n),
-        },
-        loc: Loc::UNKNOWN,
-    }
-}
-
-fn pad_of(p: PadLit) -> PadValue {
-    match p {
-        PadLit::Bool(b) => PadValue::Bool(b),
-        PadLit::Int(i) => PadValue::Int(i),
-        PadLit::Float(x) => PadValue::Float(x),
     }
 }
 
@@ -737,7 +364,7 @@ fn check_field(
         let ours: Vec<String> = axes
             .value
             .iter()
-            .map(|x| match x {
+            .map(|x| match &x.value {
                 AxisAttr::Semantic(s) => s.clone(),
                 AxisAttr::Channel(n) => n.to_string(),
             })

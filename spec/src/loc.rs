@@ -3,13 +3,22 @@
 use serde::{Deserialize, Serialize};
 
 /// Where an item of the spec came from: 1-based line and column, and the byte range
-/// used to underline it in a rendered diagnostic.
+/// used to underline it in a rendered diagnostic; or, for an item a front end built from
+/// something other than text (a derive attribute), that front end's token for it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Loc {
     pub line: u32,
     pub column: u32,
     pub offset: usize,
     pub len: usize,
+    /// The front end's token plus one (0: none). The derive numbers its attributes'
+    /// spans and maps an error's token back to the span it was written at.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub token: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Loc {
@@ -19,8 +28,24 @@ impl Loc {
         column: 0,
         offset: 0,
         len: 0,
+        token: 0,
     };
 
+    /// The location of a front end's token `id`: no text position, but an error at it
+    /// can be taken back to where the front end read it ([`Loc::token_id`]).
+    pub const fn at_token(id: u32) -> Loc {
+        Loc {
+            token: id.saturating_add(1),
+            ..Loc::UNKNOWN
+        }
+    }
+
+    /// The front-end token this location stands for, if it is one.
+    pub fn token_id(&self) -> Option<u32> {
+        self.token.checked_sub(1)
+    }
+
+    /// Whether this is a position in spec text.
     pub fn is_known(&self) -> bool {
         self.line > 0
     }
@@ -39,6 +64,7 @@ impl Loc {
                 .and_then(|l| usize::try_from(l).ok())
                 .unwrap_or(0)
                 .max(1),
+            token: 0,
         }
     }
 }
@@ -106,6 +132,7 @@ mod tests {
             column: 4,
             offset: 0,
             len: 1,
+            token: 0,
         };
         let at = bare.anchored(text);
         assert_eq!(at.offset, 9);

@@ -1,11 +1,13 @@
-//! YAML front end: text -> [`RawSpec`](crate::syntax::RawSpec) -> Spec IR.
+//! Text -> [`RawSpec`](crate::syntax::RawSpec) -> Spec IR.
 //!
-//! Only syntax-level problems are found here (unparseable dtypes, scopes, placements,
-//! missing bodies); everything a derive could get wrong too lives in [`crate::check`].
+//! [`parse_str`] reads YAML; [`lower`] takes the syntax tree from either front end (the
+//! derive macro builds the same tree from its attributes) and checks each value on its
+//! own: unparseable dtypes, scopes, placements and pads, an owner without counts or map,
+//! incoming pads, key policies, mesh axes, windows, limits, names declared twice. Rules
+//! across items live in [`crate::check`].
 
 use std::collections::BTreeMap;
 
-use serde_saphyr::Spanned;
 use sha2::{Digest, Sha256};
 
 use crate::diag::{Diagnostics, SpecError};
@@ -35,6 +37,7 @@ pub fn parse_str(name: &str, text: &str) -> Result<Spec, Diagnostics> {
                 column: 1,
                 offset: 0,
                 len: 1,
+                token: 0,
             },
         )]));
     }
@@ -50,17 +53,29 @@ pub fn parse_str(name: &str, text: &str) -> Result<Spec, Diagnostics> {
                     column: 1,
                     offset: 0,
                     len: 1,
+                    token: 0,
                 },
             )]))
         }
         Err(e) => return Err(fail(vec![yaml_error(&e, text)])),
     };
+    let source = Source {
+        name: name.to_owned(),
+        sha256: sha256_hex(text),
+    };
+    lower(raw, source).map_err(fail)
+}
+
+/// Lowers a spec's syntax tree, read from YAML or built from a derive's attributes, into
+/// the Spec IR. What is not syntax is decided here and in [`crate::check`], once for
+/// both front ends; every error carries the [`Loc`] of the value it is about.
+pub fn lower(raw: RawSpec, source: Source) -> Result<Spec, Vec<SpecError>> {
     let mut lower = Lower::default();
-    let spec = lower.spec(raw, name, text);
+    let spec = lower.spec(raw, source);
     if lower.errors.is_empty() {
         Ok(spec)
     } else {
-        Err(fail(lower.errors))
+        Err(lower.errors)
     }
 }
 
@@ -82,6 +97,7 @@ fn yaml_error(e: &serde_saphyr::Error, text: &str) -> SpecError {
                 column: 1,
                 offset: text.len().saturating_sub(1),
                 len: 1,
+                token: 0,
             }
         });
     // The saphyr message starts with its own "line L column C: " prefix; ours adds it back.
@@ -115,7 +131,7 @@ fn strip_location_prefix(m: &str) -> &str {
 }
 
 fn loc<T>(s: &Spanned<T>) -> Loc {
-    Loc::from_saphyr(&s.referenced)
+    s.loc
 }
 
 #[derive(Default)]
@@ -128,7 +144,7 @@ impl Lower {
         self.errors.push(e);
     }
 
-    fn spec(&mut self, raw: RawSpec, name: &str, text: &str) -> Spec {
+    fn spec(&mut self, raw: RawSpec, source: Source) -> Spec {
         if raw.version.value != 1 {
             self.err(
                 SpecError::new(
@@ -141,7 +157,10 @@ impl Lower {
         let mesh = self.mesh(&raw.mesh);
         let semantics = self.semantics(raw.semantics);
         if mesh.domain.is_none() {
-            for s in semantics.values().filter(|s| s.shards.loc.is_known()) {
+            for s in semantics
+                .values()
+                .filter(|s| s.shards.stride.is_some() || s.shards.halo.is_some())
+            {
                 self.err(
                     SpecError::new(
                         "`stride` and `halo` apply to domain-parallel specs (`mesh: {domain: [...]}`)",
@@ -155,10 +174,7 @@ impl Lower {
         let features = self.features(raw.features);
         let inputs = self.inputs(raw.other_keys, raw.drop);
         Spec {
-            source: Source {
-                name: name.to_owned(),
-                sha256: sha256_hex(text),
-            },
+            source,
             module: Named::new(raw.module.value.clone(), loc(&raw.module)),
             mesh,
             semantics,
@@ -368,6 +384,13 @@ impl Lower {
         let mut out = BTreeMap::new();
         for (key, body) in raw.0 {
             let name = key.value.clone();
+            if out.contains_key(&name) {
+                self.err(
+                    SpecError::new(format!("semantic `{name}` is declared twice"), loc(&key))
+                        .semantic(&name),
+                );
+                continue;
+            }
             let Some(mut body) = body else {
                 self.err(
                     SpecError::new("needs `shard: true` or `shard: false`", loc(&key))
@@ -601,6 +624,13 @@ impl Lower {
         let mut out = BTreeMap::new();
         for (key, body) in raw.0 {
             let name = key.value.clone();
+            if out.contains_key(&name) {
+                self.err(
+                    SpecError::new(format!("feature `{name}` is declared twice"), loc(&key))
+                        .feature(&name),
+                );
+                continue;
+            }
             let Some(body) = body else {
                 self.err(
                     SpecError::new("needs `axes` and `dtype` (or `metadata: true`)", loc(&key))

@@ -2,7 +2,8 @@
 //!
 //! These types are the spec file as written; [`crate::lower`] turns them into the
 //! [`crate::ir`] Spec IR. Their JSON Schema ([`json_schema`]) is what editors use to
-//! complete and check spec files.
+//! complete and check spec files. The derive macro builds the same tree from its
+//! attributes, so both front ends go through one lowering and one set of checks.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -10,7 +11,32 @@ use std::marker::PhantomData;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_saphyr::Spanned;
+
+use crate::loc::Loc;
+
+/// A value with where it was written: a YAML position, or a derive attribute's token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spanned<T> {
+    pub value: T,
+    pub loc: Loc,
+}
+
+impl<T> Spanned<T> {
+    /// A value at a location.
+    pub fn new(value: T, loc: Loc) -> Self {
+        Spanned { value, loc }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Spanned<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = serde_saphyr::Spanned::<T>::deserialize(d)?;
+        Ok(Spanned {
+            loc: Loc::from_saphyr(&s.referenced),
+            value: s.value,
+        })
+    }
+}
 
 /// A featshard spec file.
 #[derive(Debug, Deserialize, JsonSchema)]
