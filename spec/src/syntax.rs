@@ -28,6 +28,13 @@ impl<T> Spanned<T> {
     }
 }
 
+// Serialized as its value, so the schema shows the defaults of optional keys.
+impl<T: serde::Serialize> serde::Serialize for Spanned<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(s)
+    }
+}
+
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Spanned<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = serde_saphyr::Spanned::<T>::deserialize(d)?;
