@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use featshard_codegen::GeneratedFile;
 use featshard_spec::infer::CP_AXES;
 use featshard_spec::plan::{
-    DomainPlan, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, ResolveError, Resolved,
+    chunk_sizes, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, ResolveError, Resolved,
     TensorPlan,
 };
 use featshard_spec::{Diagnostics, Spec};
@@ -312,11 +312,11 @@ fn explain_table(
     }));
     let mut out = format!(
         "mesh ({}) = ({}, {}): {} {} ranks{}\n\n",
-        plan.mesh.cp.join(", "),
+        plan.mesh.axes().join(", "),
         mesh[0],
         mesh[1],
         mesh[0] * mesh[1],
-        if plan.mesh.domain.is_some() {
+        if plan.mesh.is_domain() {
             "domain"
         } else {
             "CP"
@@ -443,25 +443,23 @@ fn tensor_of<'p>(plan: &'p Plan, name: &str) -> Option<&'p TensorPlan> {
 
 /// A local shape; an uneven domain axis lists every rank's extent (`3|3|1`).
 fn local_text(plan: &Plan, t: &TensorPlan, s: &FeatureShapes, mesh: [usize; 2]) -> String {
-    let Some(domain) = &plan.mesh.domain else {
+    if !plan.mesh.is_domain() {
         return shape(&s.local_shape);
-    };
+    }
     let dims: Vec<String> = t
         .axes
         .iter()
         .enumerate()
         .map(|(d, a)| match a.split.mesh_axis() {
-            Some(m) if domain.uneven.get(m).copied().unwrap_or(false) => {
-                DomainPlan::chunk_sizes(s.global_shape[d], mesh[m]).map_or_else(
-                    || s.local_shape[d].to_string(),
-                    |v| {
-                        v.iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join("|")
-                    },
-                )
-            }
+            Some(m) if plan.mesh.uneven(m) => chunk_sizes(s.global_shape[d], mesh[m]).map_or_else(
+                || s.local_shape[d].to_string(),
+                |v| {
+                    v.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("|")
+                },
+            ),
             _ => s.local_shape[d].to_string(),
         })
         .collect();

@@ -99,7 +99,13 @@ pub fn picture(
         |s| crate::commands::shape(&s.local_shape),
     );
     let cut = |m: usize| {
-        cuts[m].map(|d| format!("axis {d} ({}) over {}", axis_name(t, d), plan.mesh.cp[m]))
+        cuts[m].map(|d| {
+            format!(
+                "axis {d} ({}) over {}",
+                axis_name(t, d),
+                plan.mesh.axes()[m]
+            )
+        })
     };
     Ok(Picture {
         feature: name.to_owned(),
@@ -187,7 +193,7 @@ fn diagonal_axes(plan: &Plan, t: &TensorPlan) -> Vec<String> {
             Split::Follows { leader, mesh_axis } => Some(format!(
                 "axis {d} ({}) follows axis {leader} over {}",
                 axis_name(t, d),
-                plan.mesh.cp[mesh_axis]
+                plan.mesh.axes()[mesh_axis]
             )),
             _ => None,
         })

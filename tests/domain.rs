@@ -5,7 +5,7 @@ mod support;
 
 use featshard_spec::compile_str;
 use featshard_spec::ir::Placement;
-use featshard_spec::plan::{DomainPlan, FeaturePlan, Padding};
+use featshard_spec::plan::{chunk_sizes, FeaturePlan, Padding, SplitPlan};
 use support::assert_error;
 
 /// Lines 1-11; features start on line 12.
@@ -40,8 +40,13 @@ fn bchw_shards_h_over_the_domain_axis_and_labels_replicate() {
     assert_eq!(placements(&text, "x"), vec![Placement::Shard(2)]);
     assert_eq!(placements(&text, "y"), vec![Placement::Replicate]);
     let (_, plan) = compile_str("spec.yaml", &text).unwrap();
-    assert_eq!(plan.mesh.cp, vec!["domain".to_owned()]);
-    assert_eq!(plan.mesh.domain.as_ref().unwrap().uneven, vec![true]);
+    assert_eq!(
+        plan.mesh.split,
+        SplitPlan::Domain {
+            axes: vec!["domain".to_owned()],
+            uneven: vec![true]
+        }
+    );
     // Uneven axes are not padded; the batch semantic is marked.
     assert_eq!(plan.semantics["height"].padding, Padding::None);
     assert!(plan.semantics["batch"].batch);
@@ -253,13 +258,13 @@ features:
 
 #[test]
 fn chunk_sizes_are_torch_chunk_pieces_or_none_when_a_shard_is_empty() {
-    assert_eq!(DomainPlan::chunk_sizes(7, 3), Some(vec![3, 3, 1]));
-    assert_eq!(DomainPlan::chunk_sizes(8, 4), Some(vec![2, 2, 2, 2]));
-    assert_eq!(DomainPlan::chunk_sizes(5, 4), None); // chunks of 2: 2, 2, 1, -
-    assert_eq!(DomainPlan::chunk_sizes(2, 3), None);
+    assert_eq!(chunk_sizes(7, 3), Some(vec![3, 3, 1]));
+    assert_eq!(chunk_sizes(8, 4), Some(vec![2, 2, 2, 2]));
+    assert_eq!(chunk_sizes(5, 4), None); // chunks of 2: 2, 2, 1, -
+    assert_eq!(chunk_sizes(2, 3), None);
     for ranks in 1..8 {
         for len in 0..50 {
-            if let Some(v) = DomainPlan::chunk_sizes(len, ranks) {
+            if let Some(v) = chunk_sizes(len, ranks) {
                 assert_eq!(v.iter().sum::<usize>(), len);
                 assert_eq!(v.len(), ranks);
                 assert!(v.iter().all(|&n| n > 0));

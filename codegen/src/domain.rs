@@ -2,7 +2,7 @@
 //! tables plus `scatter_inputs` / `gather_outputs` over `scatter_tensor`.
 
 use featshard_spec::infer::Split;
-use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
+use featshard_spec::plan::{FeaturePlan, Padding, Plan, SplitPlan, TensorPlan};
 use serde::Serialize;
 
 use crate::python::{
@@ -55,19 +55,21 @@ struct FeatureRow {
 }
 
 fn context(plan: &Plan) -> Result<Ctx, CodegenError> {
-    let domain =
-        plan.mesh.domain.as_ref().ok_or_else(|| {
-            CodegenError(format!("`{}` is not a domain-parallel spec", plan.module))
-        })?;
+    let SplitPlan::Domain { axes, uneven } = &plan.mesh.split else {
+        return Err(CodegenError(format!(
+            "`{}` is not a domain-parallel spec",
+            plan.module
+        )));
+    };
     let rows = Rows::of(plan);
     let workflows = rows.workflows(plan);
     Ok(Ctx {
         header: header_comment(plan),
         module: plan.module.clone(),
         sha256: plan.source.sha256.clone(),
-        domain_axes: py_tuple(plan.mesh.cp.iter().map(|a| py_str(a))),
+        domain_axes: py_tuple(axes.iter().map(|a| py_str(a))),
         dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
-        uneven: py_tuple(domain.uneven.iter().map(|&u| py_bool(u).to_owned())),
+        uneven: py_tuple(uneven.iter().map(|&u| py_bool(u).to_owned())),
         semantics: semantic_rows(plan),
         features: rows.features,
         parameters: rows.parameters,
@@ -168,7 +170,7 @@ fn feature_row(name: &str, t: &TensorPlan) -> FeatureRow {
 /// 2D domain), and ddp 2 x domain 2 (2 x 2 on a 2D domain): every domain axis split.
 /// Without a data-parallel axis the second mesh is domain only too.
 fn test_meshes(plan: &Plan) -> String {
-    let n = plan.mesh.cp.len();
+    let n = plan.mesh.axes().len();
     let sizes = |lead: &[usize]| {
         let mut v = vec![1usize; n];
         v[..lead.len().min(n)].copy_from_slice(&lead[..lead.len().min(n)]);

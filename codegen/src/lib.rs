@@ -44,7 +44,7 @@ impl std::error::Error for CodegenError {}
 /// Every file `featshard generate` writes for a plan, in a fixed order.
 pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, CodegenError> {
     let m = &plan.module;
-    if plan.mesh.domain.is_some() {
+    if plan.mesh.is_domain() {
         // A domain-parallel spec: the ShardTensor module and the plan.
         return Ok(vec![
             GeneratedFile {
@@ -85,7 +85,7 @@ pub fn generate(plan: &Plan) -> Result<Vec<GeneratedFile>, CodegenError> {
 pub fn generate_tests(plan: &Plan) -> Result<GeneratedFile, CodegenError> {
     Ok(GeneratedFile {
         name: format!("test_{}_parity.py", plan.module),
-        contents: if plan.mesh.domain.is_some() {
+        contents: if plan.mesh.is_domain() {
             domain::shard_tensor_tests(plan)?
         } else {
             python_tests(plan)?

@@ -166,8 +166,8 @@ fn context(plan: &Plan) -> Ctx {
             .collect(),
         module: plan.module.clone(),
         sha256: plan.source.sha256.clone(),
-        cp0: py_str(plan.mesh.cp.first().map_or("cp0", String::as_str)),
-        cp1: py_str(plan.mesh.cp.get(1).map_or("cp1", String::as_str)),
+        cp0: py_str(plan.mesh.axes().first().map_or("cp0", String::as_str)),
+        cp1: py_str(plan.mesh.axes().get(1).map_or("cp1", String::as_str)),
         dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
         semantic_order: plan
             .semantic_order()

@@ -101,8 +101,8 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
 fn consts(plan: &Plan) -> TokenStream {
     let sha = &plan.source.sha256;
     // A domain spec may have one axis; its Rust tables are not emitted, but never panic.
-    let cp0 = plan.mesh.cp.first().map_or("cp0", String::as_str);
-    let cp1 = plan.mesh.cp.get(1).map_or("cp1", String::as_str);
+    let cp0 = plan.mesh.axes().first().map_or("cp0", String::as_str);
+    let cp1 = plan.mesh.axes().get(1).map_or("cp1", String::as_str);
     let dp = match &plan.mesh.dp {
         Some(d) => quote!(Some(#d)),
         None => quote!(None),

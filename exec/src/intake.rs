@@ -59,7 +59,7 @@ pub fn intake<'a>(
     features: &Sample<'a>,
     opts: &Options,
 ) -> Result<Intake<'a>, RuntimeError> {
-    if plan.mesh.domain.is_some() {
+    if plan.mesh.is_domain() {
         return Err(RuntimeError::Unsupported {
             message: format!(
                 "`{}` is a domain-parallel (ShardTensor) plan: its generated Python module scatters it; this runtime shards CP (DTensor) plans",

@@ -287,7 +287,7 @@ fn load_spec(
             return None;
         }
     };
-    if spec.mesh.domain.is_some() {
+    if spec.mesh.is_domain() {
         errors.push(syn::Error::new(
             path.span,
             format!(

@@ -83,7 +83,7 @@ impl<'a> Checker<'a> {
     fn names(&mut self) {
         self.module_name();
         let spec = self.spec;
-        let mut mesh_names: Vec<&Named> = spec.mesh.cp.iter().collect();
+        let mut mesh_names: Vec<&Named> = spec.mesh.axes().iter().collect();
         mesh_names.extend(spec.mesh.dp.iter());
         let mut seen = BTreeSet::new();
         for n in mesh_names {
@@ -169,7 +169,7 @@ impl<'a> Checker<'a> {
                 (None, Some(o)) => (o, "output"),
                 (None, None) => continue,
             };
-            let why = if spec.mesh.domain.is_none() {
+            let why = if !spec.mesh.is_domain() {
                 format!("model {what}s are placed for domain-parallel (ShardTensor) specs (`mesh: {{domain: [...]}}`)")
             } else if !matches!(t.role, Role::Data) {
                 format!("a model {what} holds values, not a mask or indices")
@@ -188,7 +188,7 @@ impl<'a> Checker<'a> {
     fn domain(&mut self) {
         let spec = self.spec;
         self.parameters();
-        if spec.mesh.domain.is_none() {
+        if !spec.mesh.is_domain() {
             for s in spec.semantics.values().filter(|s| s.batch) {
                 self.err(
                     SpecError::new(
@@ -1067,7 +1067,7 @@ fn variant_problem<'n>(
 /// it runs after inference (in `plan`).
 pub fn split_alignment(spec: &Spec, inferred: &BTreeMap<&str, Inferred>) -> Vec<SpecError> {
     let mut errors = Vec::new();
-    if spec.mesh.domain.is_none() {
+    if !spec.mesh.is_domain() {
         return errors;
     }
     // The first feature (and axis) that splits each semantic, and its mesh axis.
@@ -1085,7 +1085,7 @@ pub fn split_alignment(spec: &Spec, inferred: &BTreeMap<&str, Inferred>) -> Vec<
                     SpecError::new(
                         format!(
                             "`{s}` is split over mesh axis `{}` here but over `{}` in feature `{other}` (axis {j}): their shard boundaries would not line up",
-                            spec.mesh.cp[m].name, spec.mesh.cp[m0].name
+                            spec.mesh.axes()[m].name, spec.mesh.axes()[m0].name
                         ),
                         axis.loc,
                     )

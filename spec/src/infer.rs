@@ -47,7 +47,7 @@ pub struct Inferred {
 /// Infers one tensor feature's placement, checking an explicit placement against it.
 pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box<SpecError>> {
     let splits = splits(spec, name, t)?;
-    let mesh_axes = spec.mesh.axes();
+    let mesh_axes = spec.mesh.axes().len();
     let mut placements = vec![Placement::Replicate; mesh_axes];
     for (i, s) in splits.iter().enumerate() {
         if let Split::Mesh { mesh_axis } = s {
@@ -79,8 +79,8 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
 /// follow their leader, replicated ones stay whole.
 fn splits(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Vec<Split>, Box<SpecError>> {
     let mut splits = vec![Split::Whole; t.axes.len()];
-    let mesh_axes = spec.mesh.axes();
-    let kind = if spec.mesh.domain.is_some() {
+    let mesh_axes = spec.mesh.axes().len();
+    let kind = if spec.mesh.is_domain() {
         "domain"
     } else {
         "CP"
@@ -134,7 +134,7 @@ fn check_explicit(
     t: &TensorFeature,
     placements: &[Placement],
 ) -> Result<(), Box<SpecError>> {
-    let mesh_axes = spec.mesh.axes();
+    let mesh_axes = spec.mesh.axes().len();
     if let Some((explicit, loc)) = &t.placement {
         if explicit.as_slice() != placements {
             let show = |p: &[Placement]| {
@@ -153,7 +153,7 @@ fn check_explicit(
             )
             .feature(name);
             if explicit.len() != mesh_axes {
-                let names: Vec<&str> = spec.mesh.cp.iter().map(|n| n.name.as_str()).collect();
+                let names: Vec<&str> = spec.mesh.axes().iter().map(|n| n.name.as_str()).collect();
                 e = e.help(format!(
                     "a placement has {mesh_axes} entries, one per mesh axis ({})",
                     names.join(", ")

@@ -95,27 +95,46 @@ pub struct Source {
 /// The names of the mesh axes. Sizes are chosen at run time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mesh {
-    /// The axes one sample is split over: the two context-parallel axes `(cp0, cp1)`,
-    /// or the one or two axes of a domain-parallel mesh.
-    pub cp: Vec<Named>,
+    /// The axes one sample is split over, and how.
+    pub split: MeshSplit,
     /// The optional data-parallel axis, prepended to the sample mesh.
     pub dp: Option<Named>,
-    /// Set for a domain-parallel (PhysicsNeMo ShardTensor) spec.
-    pub domain: Option<Domain>,
     pub loc: Loc,
 }
 
-/// What makes a spec domain-parallel: ShardTensor inputs, possibly uneven shards.
+/// How one sample is split: over the two context-parallel axes `(cp0, cp1)` into
+/// DTensor blocks (padded, even), or over the one or two axes of a domain-parallel mesh
+/// into PhysicsNeMo ShardTensors (padded, or `torch.chunk` pieces on uneven axes).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Domain {
-    /// Per mesh axis: shards may be uneven (torch.chunk sizes) instead of padded.
-    pub uneven: Vec<bool>,
+pub enum MeshSplit {
+    Cp([Named; 2]),
+    Domain {
+        axes: Vec<Named>,
+        /// Per axis: shards may be uneven (torch.chunk sizes) instead of padded.
+        uneven: Vec<bool>,
+    },
 }
 
 impl Mesh {
-    /// How many mesh axes split a sample.
-    pub fn axes(&self) -> usize {
-        self.cp.len()
+    /// The mesh axes that split a sample, in order; plan indices refer to this order.
+    pub fn axes(&self) -> &[Named] {
+        match &self.split {
+            MeshSplit::Cp(axes) => axes,
+            MeshSplit::Domain { axes, .. } => axes,
+        }
+    }
+
+    /// Whether this is a domain-parallel (ShardTensor) mesh.
+    pub fn is_domain(&self) -> bool {
+        matches!(self.split, MeshSplit::Domain { .. })
+    }
+
+    /// Whether mesh axis `m` splits into uneven chunks (only a domain axis can).
+    pub fn uneven(&self, m: usize) -> bool {
+        match &self.split {
+            MeshSplit::Cp(_) => false,
+            MeshSplit::Domain { uneven, .. } => uneven.get(m).copied().unwrap_or(false),
+        }
     }
 }
 

@@ -156,7 +156,7 @@ impl Lower {
         }
         let mesh = self.mesh(&raw.mesh);
         let semantics = self.semantics(raw.semantics);
-        if mesh.domain.is_none() {
+        if !mesh.is_domain() {
             for s in semantics
                 .values()
                 .filter(|s| s.shards.stride.is_some() || s.shards.halo.is_some())
@@ -191,49 +191,26 @@ impl Lower {
                 .map(|n| Named::new(n.value.clone(), loc(n)))
                 .collect()
         };
-        let fallback = || {
-            vec![
-                Named::new("cp0", Loc::UNKNOWN),
-                Named::new("cp1", Loc::UNKNOWN),
-            ]
-        };
-        let (cp, domain) = match (&raw.value.cp, &raw.value.domain) {
-            (Some(cp), None) => {
-                let axes = names(cp);
-                if axes.len() != 2 {
-                    self.err(
-                        SpecError::new(
-                            format!(
-                                "the CP mesh has exactly two axes `[cp0, cp1]`, {} given",
-                                axes.len()
-                            ),
-                            loc(cp),
-                        )
-                        .help("a 1D CP mesh is the 2D mesh with cp1 = 1 at run time"),
-                    );
-                    (fallback(), None)
-                } else {
-                    (axes, None)
-                }
-            }
-            (None, Some(domain)) => {
-                self.domain_axes(names(domain), loc(domain), &raw.value.uneven, fallback())
-            }
+        let split = match (&raw.value.cp, &raw.value.domain) {
+            (Some(cp), None) => self.cp_axes(names(cp), loc(cp)),
+            (None, Some(domain)) => self.domain_axes(names(domain), loc(domain), &raw.value.uneven),
             (Some(_), Some(domain)) => {
                 self.err(
                     SpecError::new("a mesh names either `cp` axes (DTensor) or `domain` axes (ShardTensor), not both", loc(domain)),
                 );
-                (fallback(), None)
+                None
             }
             (None, None) => {
                 self.err(SpecError::new(
                     "the mesh needs `cp: [cp0, cp1]` or `domain: [axis, ...]`",
                     loc(raw),
                 ));
-                (fallback(), None)
+                None
             }
         };
-        if domain.is_none() {
+        let split = split
+            .unwrap_or_else(|| MeshSplit::Cp(["cp0", "cp1"].map(|a| Named::new(a, Loc::UNKNOWN))));
+        if !matches!(split, MeshSplit::Domain { .. }) {
             if let Some(u) = raw.value.uneven.first() {
                 self.err(SpecError::new(
                     "`uneven` applies to `domain` axes; CP shards are always padded",
@@ -242,14 +219,31 @@ impl Lower {
             }
         }
         Mesh {
-            cp,
-            domain,
+            split,
             dp: raw
                 .value
                 .dp
                 .as_ref()
                 .map(|d| Named::new(d.value.clone(), loc(d))),
             loc: loc(raw),
+        }
+    }
+
+    /// The CP mesh: exactly two axes.
+    fn cp_axes(&mut self, axes: Vec<Named>, at: Loc) -> Option<MeshSplit> {
+        let given = axes.len();
+        match <[Named; 2]>::try_from(axes) {
+            Ok(pair) => Some(MeshSplit::Cp(pair)),
+            Err(_) => {
+                self.err(
+                    SpecError::new(
+                        format!("the CP mesh has exactly two axes `[cp0, cp1]`, {given} given"),
+                        at,
+                    )
+                    .help("a 1D CP mesh is the 2D mesh with cp1 = 1 at run time"),
+                );
+                None
+            }
         }
     }
 
@@ -338,36 +332,34 @@ impl Lower {
         axes: Vec<Named>,
         at: Loc,
         uneven_names: &[Spanned<String>],
-        fallback: Vec<Named>,
-    ) -> (Vec<Named>, Option<Domain>) {
+    ) -> Option<MeshSplit> {
         if axes.is_empty() || axes.len() > 2 {
             self.err(SpecError::new(
                 format!("a domain mesh has one or two axes, {} given", axes.len()),
                 at,
             ));
-            (fallback, None)
-        } else {
-            let mut uneven = vec![false; axes.len()];
-            for u in uneven_names {
-                match axes.iter().position(|a| a.name == u.value) {
-                    Some(i) => uneven[i] = true,
-                    None => self.err(
-                        SpecError::new(
-                            format!("`uneven` names `{}`, which is not a domain axis", u.value),
-                            loc(u),
-                        )
-                        .help(format!(
-                            "domain axes: {}",
-                            axes.iter()
-                                .map(|a| a.name.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )),
-                    ),
-                }
-            }
-            (axes, Some(Domain { uneven }))
+            return None;
         }
+        let mut uneven = vec![false; axes.len()];
+        for u in uneven_names {
+            match axes.iter().position(|a| a.name == u.value) {
+                Some(i) => uneven[i] = true,
+                None => self.err(
+                    SpecError::new(
+                        format!("`uneven` names `{}`, which is not a domain axis", u.value),
+                        loc(u),
+                    )
+                    .help(format!(
+                        "domain axes: {}",
+                        axes.iter()
+                            .map(|a| a.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                ),
+            }
+        }
+        Some(MeshSplit::Domain { axes, uneven })
     }
 
     fn semantics(&mut self, raw: SpannedMap<RawSemantic>) -> BTreeMap<String, Semantic> {

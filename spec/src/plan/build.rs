@@ -43,13 +43,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
         version: PLAN_VERSION,
         module: spec.module.name.clone(),
         source: spec.source.clone(),
-        mesh: MeshPlan {
-            cp: spec.mesh.cp.iter().map(|n| n.name.clone()).collect(),
-            dp: spec.mesh.dp.as_ref().map(|d| d.name.clone()),
-            domain: spec.mesh.domain.as_ref().map(|d| DomainPlan {
-                uneven: d.uneven.clone(),
-            }),
-        },
+        mesh: mesh_plan(&spec.mesh),
         semantics: semantic_plans(spec, &inferred),
         features,
         workflows: workflows
@@ -217,13 +211,10 @@ fn padding(
         .into_iter()
         .collect();
     // Uneven domain axes split by chunks: nothing to pad for them.
-    let mesh_axes: Vec<usize> = match &spec.mesh.domain {
-        Some(d) => mesh_axes
-            .into_iter()
-            .filter(|&m| !d.uneven.get(m).copied().unwrap_or(false))
-            .collect(),
-        None => mesh_axes,
-    };
+    let mesh_axes: Vec<usize> = mesh_axes
+        .into_iter()
+        .filter(|&m| !spec.mesh.uneven(m))
+        .collect();
     if mesh_axes.is_empty() {
         return Padding::None;
     }
@@ -262,5 +253,20 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
             of: ix.of.clone(),
             mesh_axis: splits.iter().find_map(|s| s.mesh_axis()).unwrap_or(0),
         },
+    }
+}
+
+fn mesh_plan(mesh: &Mesh) -> MeshPlan {
+    let name = |n: &Named| n.name.clone();
+    let split = match &mesh.split {
+        MeshSplit::Cp(axes) => SplitPlan::Cp(axes.each_ref().map(name)),
+        MeshSplit::Domain { axes, uneven } => SplitPlan::Domain {
+            axes: axes.iter().map(name).collect(),
+            uneven: uneven.clone(),
+        },
+    };
+    MeshPlan {
+        split,
+        dp: mesh.dp.as_ref().map(name),
     }
 }

@@ -55,42 +55,126 @@ pub struct InputsPlan {
     pub drop: Vec<String>,
 }
 
+/// The mesh of a plan: the axes that split a sample, how, and the DP axis.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "MeshRepr", into = "MeshRepr")]
 pub struct MeshPlan {
-    /// Names of the CP mesh axes `(cp0, cp1)`; indices in the plan refer to this order.
-    /// For a domain-parallel spec, its one or two domain axes.
-    pub cp: Vec<String>,
+    /// The axes one sample is split over, and how.
+    pub split: SplitPlan,
     /// Name of the data-parallel axis, prepended by collate.
     pub dp: Option<String>,
+}
+
+/// How one sample is split: the two CP axes `(cp0, cp1)` (DTensor blocks, padded), or
+/// the one or two axes of a domain-parallel mesh (ShardTensors; uneven axes chunked).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SplitPlan {
+    Cp([String; CP_AXES]),
+    Domain {
+        axes: Vec<String>,
+        /// Per axis: shards are `torch.chunk` pieces (uneven) rather than padded.
+        uneven: Vec<bool>,
+    },
+}
+
+impl MeshPlan {
+    /// The names of the axes that split a sample; indices in the plan refer to this order.
+    pub fn axes(&self) -> &[String] {
+        match &self.split {
+            SplitPlan::Cp(axes) => axes,
+            SplitPlan::Domain { axes, .. } => axes,
+        }
+    }
+
+    /// Whether this is a domain-parallel (ShardTensor) mesh.
+    pub fn is_domain(&self) -> bool {
+        matches!(self.split, SplitPlan::Domain { .. })
+    }
+
+    /// Whether mesh axis `m` splits into uneven chunks (only a domain axis can).
+    pub fn uneven(&self, m: usize) -> bool {
+        match &self.split {
+            SplitPlan::Cp(_) => false,
+            SplitPlan::Domain { uneven, .. } => uneven.get(m).copied().unwrap_or(false),
+        }
+    }
+}
+
+/// The extent of each of `ranks` shards of an axis of `len` items on an uneven mesh
+/// axis: `torch.chunk` sizes (`ceil(len / ranks)`, the last one smaller), which is how
+/// ShardTensor splits a replicated tensor. `None` when a shard would be empty.
+pub fn chunk_sizes(len: usize, ranks: usize) -> Option<Vec<usize>> {
+    if ranks == 0 || len < ranks {
+        return None;
+    }
+    let chunk = len.div_ceil(ranks);
+    let last = len.checked_sub(chunk * (ranks - 1)).filter(|&n| n > 0)?;
+    Some(
+        std::iter::repeat_n(chunk, ranks - 1)
+            .chain(std::iter::once(last))
+            .collect(),
+    )
+}
+
+/// The mesh as plan files write it (`cp`, `dp`, and `domain` for a domain mesh).
+#[derive(Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct MeshRepr {
+    /// Names of the CP mesh axes `(cp0, cp1)`; indices in the plan refer to this order.
+    /// For a domain-parallel spec, its one or two domain axes.
+    cp: Vec<String>,
+    /// Name of the data-parallel axis, prepended by collate.
+    dp: Option<String>,
     /// Set for a domain-parallel (PhysicsNeMo ShardTensor) spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub domain: Option<DomainPlan>,
+    domain: Option<DomainRepr>,
 }
 
 /// A domain-parallel mesh: inputs become ShardTensors, shards may be uneven.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct DomainPlan {
+struct DomainRepr {
     /// Per mesh axis: shards are `torch.chunk` pieces (uneven) rather than padded.
-    pub uneven: Vec<bool>,
+    uneven: Vec<bool>,
 }
 
-impl DomainPlan {
-    /// The extent of each of `ranks` shards of an axis of `len` items on an uneven mesh
-    /// axis: `torch.chunk` sizes (`ceil(len / ranks)`, the last one smaller), which is
-    /// how ShardTensor splits a replicated tensor. `None` when a shard would be empty.
-    pub fn chunk_sizes(len: usize, ranks: usize) -> Option<Vec<usize>> {
-        if ranks == 0 || len < ranks {
-            return None;
+impl TryFrom<MeshRepr> for MeshPlan {
+    type Error = String;
+
+    fn try_from(r: MeshRepr) -> Result<Self, String> {
+        let split = match r.domain {
+            None => SplitPlan::Cp(<[String; CP_AXES]>::try_from(r.cp).map_err(|cp| {
+                format!("a CP mesh has {CP_AXES} axes, this plan names {}", cp.len())
+            })?),
+            Some(d) if d.uneven.len() == r.cp.len() && (1..=2).contains(&r.cp.len()) => {
+                SplitPlan::Domain {
+                    axes: r.cp,
+                    uneven: d.uneven,
+                }
+            }
+            Some(d) => {
+                return Err(format!(
+                    "a domain mesh has one or two axes, each even or uneven; this plan names {} axes and {} flags",
+                    r.cp.len(),
+                    d.uneven.len()
+                ))
+            }
+        };
+        Ok(MeshPlan { split, dp: r.dp })
+    }
+}
+
+impl From<MeshPlan> for MeshRepr {
+    fn from(m: MeshPlan) -> Self {
+        let (cp, domain) = match m.split {
+            SplitPlan::Cp(axes) => (axes.to_vec(), None),
+            SplitPlan::Domain { axes, uneven } => (axes, Some(DomainRepr { uneven })),
+        };
+        MeshRepr {
+            cp,
+            dp: m.dp,
+            domain,
         }
-        let chunk = len.div_ceil(ranks);
-        let last = len.checked_sub(chunk * (ranks - 1)).filter(|&n| n > 0)?;
-        Some(
-            std::iter::repeat_n(chunk, ranks - 1)
-                .chain(std::iter::once(last))
-                .collect(),
-        )
     }
 }
 

@@ -194,7 +194,7 @@ impl Plan {
             semantic: name.to_owned(),
             len: sizes.iter().sum(),
             ranks: sizes.len(),
-            mesh_axis: self.mesh.cp.get(mesh_axis).cloned().unwrap_or_default(),
+            mesh_axis: self.mesh.axes().get(mesh_axis).cloned().unwrap_or_default(),
             sizes: sizes.to_vec(),
             stride: s.stride,
             halo: s.halo,
@@ -454,26 +454,20 @@ impl Plan {
                     }
                     (None, None) => (0, 0),
                 };
-                let uneven = |m: usize| {
-                    self.mesh
-                        .domain
-                        .as_ref()
-                        .is_some_and(|d| d.uneven.get(m).copied().unwrap_or(false))
-                };
+                let uneven = |m: usize| self.mesh.uneven(m);
                 let (global, local) = match a.split {
                     Split::Whole => (full, full),
                     // Uneven shards differ per rank; the largest (the first) is shown.
                     Split::Mesh { mesh_axis } if uneven(mesh_axis) => {
                         let ranks = mesh[mesh_axis];
-                        let sizes = DomainPlan::chunk_sizes(full, ranks).ok_or_else(|| {
-                            ResolveError::EmptyShard {
+                        let sizes =
+                            chunk_sizes(full, ranks).ok_or_else(|| ResolveError::EmptyShard {
                                 feature: name.to_owned(),
                                 axis: i,
                                 semantic: a.semantic.clone().unwrap_or_default(),
                                 len: full,
                                 ranks,
-                            }
-                        })?;
+                            })?;
                         self.check_shard_rule(name, i, a.semantic.as_deref(), mesh_axis, &sizes)?;
                         (full, sizes[0])
                     }
