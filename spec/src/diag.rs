@@ -11,22 +11,31 @@ use crate::loc::Loc;
 /// One problem in a spec.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpecError {
+    /// What is wrong, in one sentence.
     pub message: String,
+    /// The feature it is about, if any.
     pub feature: Option<String>,
+    /// The axis of that feature it is about, if any.
     pub axis: Option<AxisRef>,
+    /// The semantic it is about, if any.
     pub semantic: Option<String>,
+    /// Where it was written.
     pub loc: Loc,
+    /// How to fix it, when there is one obvious way.
     pub help: Option<String>,
 }
 
 /// An axis of a feature: its position and what it counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AxisRef {
+    /// The axis position in the feature.
     pub index: usize,
+    /// What the axis counts (a semantic or a channel size).
     pub name: String,
 }
 
 impl SpecError {
+    /// An error at a location, about nothing named yet.
     pub fn new(message: impl Into<String>, loc: Loc) -> Self {
         SpecError {
             message: message.into(),
@@ -38,11 +47,13 @@ impl SpecError {
         }
     }
 
+    /// Names the feature the error is about.
     pub fn feature(mut self, name: &str) -> Self {
         self.feature = Some(name.to_owned());
         self
     }
 
+    /// Names the axis (position and what it counts) the error is about.
     pub fn axis(mut self, index: usize, name: impl fmt::Display) -> Self {
         self.axis = Some(AxisRef {
             index,
@@ -51,11 +62,13 @@ impl SpecError {
         self
     }
 
+    /// Names the semantic the error is about.
     pub fn semantic(mut self, name: &str) -> Self {
         self.semantic = Some(name.to_owned());
         self
     }
 
+    /// Adds a hint on how to fix it.
     pub fn help(mut self, help: impl Into<String>) -> Self {
         self.help = Some(help.into());
         self
@@ -109,12 +122,15 @@ impl Diagnostic for SpecError {
 /// Every error found in one spec, with the source they point into.
 #[derive(Clone, Debug)]
 pub struct Diagnostics {
+    /// What errors call the source (a file name).
     pub source_name: String,
     source: Arc<String>,
+    /// Every error, each with its location.
     pub errors: Vec<SpecError>,
 }
 
 impl Diagnostics {
+    /// Errors of `source`, their locations anchored to its text.
     pub fn new(source_name: &str, source: &str, mut errors: Vec<SpecError>) -> Self {
         for e in &mut errors {
             e.loc = e.loc.anchored(source);

@@ -20,10 +20,18 @@ pub enum Split {
     /// Not split: every rank holds the whole (padded) axis.
     Whole,
     /// Split evenly over a CP mesh axis (0 = cp0, 1 = cp1).
-    Mesh { mesh_axis: usize },
+    Mesh {
+        /// The mesh axis that splits it.
+        mesh_axis: usize,
+    },
     /// Co-sharded: takes the shard of tensor axis `leader` on `mesh_axis`; the holding
     /// rank keeps only its diagonal block (its own items).
-    Follows { leader: usize, mesh_axis: usize },
+    Follows {
+        /// The tensor axis whose shard it takes.
+        leader: usize,
+        /// The mesh axis that splits the leader.
+        mesh_axis: usize,
+    },
 }
 
 impl Split {
@@ -39,6 +47,7 @@ impl Split {
 /// The inferred layout of one tensor feature.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inferred {
+    /// How each tensor axis is split (or not) over the mesh.
     pub splits: Vec<Split>,
     /// Placements on the sample mesh (`(cp0, cp1)`, or the domain axes).
     pub placements: Vec<Placement>,

@@ -20,10 +20,13 @@ pub struct Spec {
     pub source: Source,
     /// Name of the generated modules (`<module>.py`, `<module>.rs`, ...).
     pub module: Named,
+    /// The mesh axes one sample is split over.
     pub mesh: Mesh,
+    /// Every declared semantic, by name.
     pub semantics: BTreeMap<String, Semantic>,
     /// Declared workflows, each a subset of the features (see [`Feature::only`]).
     pub workflows: BTreeMap<String, Loc>,
+    /// Every feature, by name.
     pub features: BTreeMap<String, Feature>,
     /// What happens to sample keys the spec does not place.
     pub inputs: Inputs,
@@ -34,6 +37,7 @@ pub struct Spec {
 pub struct Inputs {
     /// Keys that are neither features nor listed in [`Inputs::drop`].
     pub other_keys: KeyPolicy,
+    /// Where `other_keys` was written.
     pub other_keys_loc: Loc,
     /// Keys the featurizer emits that the model never reads: removed from every sample.
     pub drop: Vec<Named>,
@@ -53,6 +57,7 @@ pub enum KeyPolicy {
 }
 
 impl KeyPolicy {
+    /// The policy as the spec writes it.
     pub fn name(self) -> &'static str {
         match self {
             KeyPolicy::Refuse => "refuse",
@@ -61,6 +66,7 @@ impl KeyPolicy {
         }
     }
 
+    /// The policy a spec word names, if any.
     pub fn parse(s: &str) -> Option<KeyPolicy> {
         [KeyPolicy::Refuse, KeyPolicy::Drop, KeyPolicy::Pass]
             .into_iter()
@@ -71,11 +77,14 @@ impl KeyPolicy {
 /// A name with the location it was written at.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Named {
+    /// The name as written.
     pub name: String,
+    /// Where it was written.
     pub loc: Loc,
 }
 
 impl Named {
+    /// A name at a location.
     pub fn new(name: impl Into<String>, loc: Loc) -> Self {
         Named {
             name: name.into(),
@@ -84,6 +93,7 @@ impl Named {
     }
 }
 
+/// Where a spec came from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Source {
     /// File name (or type name, for the derive front end).
@@ -99,6 +109,7 @@ pub struct Mesh {
     pub split: MeshSplit,
     /// The optional data-parallel axis, prepended to the sample mesh.
     pub dp: Option<Named>,
+    /// Where it was written.
     pub loc: Loc,
 }
 
@@ -107,8 +118,11 @@ pub struct Mesh {
 /// into PhysicsNeMo ShardTensors (padded, or `torch.chunk` pieces on uneven axes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MeshSplit {
+    /// The two context-parallel axes `(cp0, cp1)`: DTensor blocks, padded, even.
     Cp([Named; 2]),
+    /// The one or two axes of a domain-parallel mesh: ShardTensors.
     Domain {
+        /// The axes, in order.
         axes: Vec<Named>,
         /// Per axis: shards may be uneven (torch.chunk sizes) instead of padded.
         uneven: Vec<bool>,
@@ -141,6 +155,7 @@ impl Mesh {
 /// What an axis counts, declared once for the whole spec.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Semantic {
+    /// The semantic's name.
     pub name: String,
     /// Whether axes of this semantic may be split over a CP mesh axis.
     pub sharded: bool,
@@ -157,6 +172,7 @@ pub struct Semantic {
     pub unowned_rows: Option<Loc>,
     /// Shard constraints of a domain-parallel spec (stencils, downsampling).
     pub shards: ShardRule,
+    /// Where it was written.
     pub loc: Loc,
 }
 
@@ -165,7 +181,9 @@ pub struct Semantic {
 /// padded until they do; uneven axes are refused when they do not.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShardRule {
+    /// Every shard is a multiple of this long (a downsampling stride).
     pub stride: Option<u32>,
+    /// Every shard is at least this long (a stencil's halo).
     pub halo: Option<u32>,
     /// Where the first of them was declared.
     pub loc: Loc,
@@ -174,20 +192,30 @@ pub struct ShardRule {
 /// How a sample tells the real items of a semantic whose axes arrive padded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Incoming {
+    /// How the real items are told apart from the pads.
     pub source: IncomingSource,
+    /// Where it was written.
     pub loc: Loc,
 }
 
+/// How a sample tells the real items of a semantic that arrives padded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum IncomingSource {
     /// A 1-D mask over the semantic: 1 at the real items (a prefix), 0 at the pads.
-    Mask { feature: String },
+    Mask {
+        /// The mask feature.
+        feature: String,
+    },
     /// The semantic's owner counts: they sum to the number of real items.
-    Counts { feature: String },
+    Counts {
+        /// The counts feature.
+        feature: String,
+    },
 }
 
 impl IncomingSource {
+    /// The feature that tells the real items.
     pub fn feature(&self) -> &str {
         match self {
             IncomingSource::Mask { feature } | IncomingSource::Counts { feature } => feature,
@@ -206,15 +234,27 @@ pub struct Owner {
     pub source_loc: Loc,
 }
 
+/// How a sample gives each item's owner.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OwnerSource {
     /// A `[owner]` integer feature: how many items each owner holds, in order.
-    Counts { feature: String },
+    Counts {
+        /// The counts feature.
+        feature: String,
+    },
     /// A one-hot `[items, owner]` feature: the owner of each item.
-    Map { feature: String },
+    Map {
+        /// The one-hot map feature.
+        feature: String,
+    },
     /// The counts when the sample has them (checked against the map), else the map.
-    CountsOrMap { counts: String, map: String },
+    CountsOrMap {
+        /// The counts feature.
+        counts: String,
+        /// The one-hot map feature.
+        map: String,
+    },
 }
 
 impl OwnerSource {
@@ -248,32 +288,47 @@ impl OwnerSource {
 /// One model input.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Feature {
+    /// The feature's name (its key in the sample).
     pub name: String,
+    /// A tensor with axes, or metadata passed through.
     pub kind: FeatureKind,
     /// Workflows this feature belongs to; `None` means every workflow (the base set).
     pub only: Option<Vec<Named>>,
     /// A sample may lack it; when present it is placed and checked.
     pub optional: Option<Loc>,
+    /// The spec's `doc` text.
     pub doc: Option<String>,
+    /// Where it was written.
     pub loc: Loc,
 }
 
+/// What kind of value a feature is.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FeatureKind {
+    /// A tensor with declared axes and dtype.
     Tensor(Box<TensorFeature>),
     /// Non-tensor metadata passed through untouched (record ids, paths, ...).
     Metadata,
 }
 
+/// A tensor feature as declared.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorFeature {
+    /// Its axes, in order.
     pub axes: Vec<Axis>,
+    /// Where `axes` was written.
     pub axes_loc: Loc,
+    /// Its element type.
     pub dtype: DType,
+    /// Where `dtype` was written.
     pub dtype_loc: Loc,
+    /// The value at pad positions.
     pub pad: PadValue,
+    /// Where `pad` was written.
     pub pad_loc: Loc,
+    /// Plain data, a mask or an index.
     pub role: Role,
+    /// Where `role` was written.
     pub role_loc: Loc,
     /// Co-sharded axis pairs: the follower takes the leader's shard (block diagonal).
     pub coshard: Vec<CoShard>,
@@ -295,16 +350,22 @@ pub struct TensorFeature {
 /// A feature the pipeline makes from others.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Derived {
+    /// How it is made.
     pub rule: DeriveRule,
+    /// Where it was written.
     pub loc: Loc,
 }
 
+/// How the pipeline makes a derived feature.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum DeriveRule {
     /// The outer product `a[..., None, ...] * b[None, ..., ...]`: its axes are `a`'s
     /// followed by `b`'s (`token_pair_pad_mask` from `token_pad_mask` twice).
-    Outer { of: [String; 2] },
+    Outer {
+        /// The two features (one twice for a feature with itself).
+        of: [String; 2],
+    },
 }
 
 impl DeriveRule {
@@ -316,12 +377,16 @@ impl DeriveRule {
     }
 }
 
+/// One axis of a tensor feature.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Axis {
+    /// What the axis counts.
     pub kind: AxisKind,
+    /// Where it was written.
     pub loc: Loc,
 }
 
+/// What an axis counts: items of a semantic, or a fixed number of channels.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AxisKind {
@@ -331,10 +396,14 @@ pub enum AxisKind {
     Channel(u64),
 }
 
+/// A co-sharded axis: it takes the shard of another axis of the same feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoShard {
+    /// The follower axis.
     pub axis: usize,
+    /// The leader axis whose shard the follower takes.
     pub follows: usize,
+    /// Where it was written.
     pub loc: Loc,
 }
 
@@ -344,19 +413,30 @@ pub struct CoShard {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
+    /// `torch.bool`.
     Bool,
+    /// `torch.uint8`.
     Uint8,
+    /// `torch.int8`.
     Int8,
+    /// `torch.int16`.
     Int16,
+    /// `torch.int32`.
     Int32,
+    /// `torch.int64`.
     Int64,
+    /// `torch.float16`.
     Float16,
+    /// `torch.bfloat16`.
     Bfloat16,
+    /// `torch.float32`.
     Float32,
+    /// `torch.float64`.
     Float64,
 }
 
 impl DType {
+    /// Every dtype, in the order errors list them.
     pub const ALL: [DType; 10] = [
         DType::Bool,
         DType::Uint8,
@@ -370,6 +450,7 @@ impl DType {
         DType::Float64,
     ];
 
+    /// The dtype as torch names it.
     pub fn name(self) -> &'static str {
         match self {
             DType::Bool => "bool",
@@ -385,10 +466,12 @@ impl DType {
         }
     }
 
+    /// The dtype a torch name names, if any.
     pub fn parse(s: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.name() == s)
     }
 
+    /// Whether values are integers (bool excluded).
     pub fn is_integer(self) -> bool {
         matches!(
             self,
@@ -396,6 +479,7 @@ impl DType {
         )
     }
 
+    /// Whether values are floating point.
     pub fn is_float(self) -> bool {
         matches!(
             self,
@@ -437,8 +521,11 @@ impl fmt::Display for DType {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum PadValue {
+    /// For bool features.
     Bool(bool),
+    /// For integer features.
     Int(i64),
+    /// For floating-point features.
     Float(f64),
 }
 
@@ -502,15 +589,20 @@ pub enum Role {
     /// Plain values.
     Data,
     /// A validity mask (1 = valid) over the listed semantics: zero at their pads.
-    Mask { of: Vec<String> },
+    Mask {
+        /// The semantics it masks.
+        of: Vec<String>,
+    },
     /// Index-valued: values (or a one-hot axis) point at items of `of`.
     Index(IndexRole),
 }
 
+/// What an index-valued feature points at, and in which numbering.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct IndexRole {
     /// The semantic whose items are indexed.
     pub of: String,
+    /// Which numbering the values use once sharded.
     pub scope: IndexScope,
     /// `None`: the values are indices. `Some(axis)`: a one-hot encoding along that axis.
     pub one_hot: Option<usize>,
@@ -529,6 +621,7 @@ pub enum IndexScope {
 }
 
 impl IndexScope {
+    /// The scope as the spec writes it.
     pub fn name(self) -> &'static str {
         match self {
             IndexScope::Serial => "serial",
@@ -546,6 +639,7 @@ impl IndexScope {
 pub enum Placement {
     /// The tensor dimension split over this mesh axis.
     Shard(usize),
+    /// The whole tensor on every rank of this mesh axis.
     Replicate,
 }
 
@@ -617,6 +711,7 @@ impl Spec {
 }
 
 impl Axis {
+    /// The semantic this axis counts; `None` for a channel axis.
     pub fn semantic(&self) -> Option<&str> {
         match &self.kind {
             AxisKind::Semantic(s) => Some(s),

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 /// The equal-block layout of one owned semantic for one sample.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct BlockLayout {
+    /// How many equal blocks the root axis is cut into (the lcm of the mesh axes' sizes).
     pub blocks: usize,
     /// Padded items per block (the largest block's item count).
     pub per_block: usize,

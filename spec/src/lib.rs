@@ -9,6 +9,7 @@
 //! [`ir::Spec`] and calls [`plan::plan`]; no other crate decides a placement.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod check;
 pub mod diag;

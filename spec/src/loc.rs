@@ -7,9 +7,13 @@ use serde::{Deserialize, Serialize};
 /// something other than text (a derive attribute), that front end's token for it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Loc {
+    /// 1-based line; 0 when not from text.
     pub line: u32,
+    /// 1-based column, in characters.
     pub column: u32,
+    /// Byte offset in the text.
     pub offset: usize,
+    /// Bytes to underline.
     pub len: usize,
     /// The front end's token plus one (0: none). The derive numbers its attributes'
     /// spans and maps an error's token back to the span it was written at.

@@ -30,6 +30,7 @@ pub fn is_snake_case(name: &str) -> bool {
     chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
+/// Whether `name` is a Python or Rust keyword (not a usable module or field name).
 pub fn is_keyword(name: &str) -> bool {
     PYTHON_KEYWORDS.contains(&name) || RUST_KEYWORDS.contains(&name)
 }
@@ -52,6 +53,7 @@ const IMPORTED_MODULES: &[&str] = &[
     "typing",
 ];
 
+/// Whether `name` would shadow a module the generated Python imports.
 pub fn shadows_an_import(name: &str) -> bool {
     IMPORTED_MODULES.contains(&name)
 }

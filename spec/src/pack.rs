@@ -24,12 +24,16 @@ pub const PAD_ID: i64 = -1;
 pub struct PackPlan {
     /// The packed (windowed) semantic, e.g. `atoms`.
     pub semantic: String,
+    /// Its attention window `W`.
     pub window: u32,
+    /// Every feature with an axis of the packed semantic, by name.
     pub features: BTreeMap<String, PackedFeature>,
 }
 
+/// One feature once packed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PackedFeature {
+    /// How its values change when packed.
     pub form: PackedForm,
     /// Semantic of every axis of the packed tensor (`None`: channel).
     pub axes: Vec<Option<String>>,
@@ -37,9 +41,11 @@ pub struct PackedFeature {
     pub splits: Vec<Split>,
     /// Placements of the packed tensor on `(cp0, cp1)`.
     pub placements: Vec<Placement>,
+    /// The value at pad positions.
     pub pad_value: PadValue,
 }
 
+/// How a feature's values change when its semantic is packed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum PackedForm {
@@ -50,7 +56,12 @@ pub enum PackedForm {
     SerialIds,
     /// A one-hot map with `axis` removed: each row holds the global id of its one
     /// (`-1` for a row without one, and at pads). Ids index `of`'s global layout.
-    Ids { axis: usize, of: String },
+    Ids {
+        /// The one-hot axis removed.
+        axis: usize,
+        /// The semantic the ids point at.
+        of: String,
+    },
 }
 
 impl Plan {

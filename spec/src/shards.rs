@@ -16,13 +16,17 @@ pub const MANIFEST_VERSION: u32 = 2;
 /// `DIR/manifest.json`: what the rank files hold and how to put them back together.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Manifest {
+    /// Format version ([`MANIFEST_VERSION`]).
     pub version: u32,
     /// The spec file name and the SHA-256 of its text.
     pub spec: Source,
+    /// Mesh sizes `(cp0, cp1)`.
     pub mesh: [usize; 2],
+    /// The workflow sharded, if one was chosen.
     pub workflow: Option<String>,
     /// Run-time lengths, padded lengths and owner-block positions of the sample.
     pub layout: SampleLayout,
+    /// Every tensor feature in the rank files, by name.
     pub features: BTreeMap<String, FeatureEntry>,
     /// Features carried along untouched, in every rank file.
     pub passthrough: Vec<String>,
@@ -51,16 +55,22 @@ pub const RANK_KEY: &str = "featshard.rank";
 /// What a rank file says of itself.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankIdentity {
+    /// The run this file belongs to.
     pub run: String,
+    /// Its rank on the mesh.
     pub rank: usize,
+    /// Mesh sizes `(cp0, cp1)`.
     pub mesh: [usize; 2],
+    /// SHA-256 of the manifest's layout.
     pub layout_sha256: String,
 }
 
 /// A file's size and CRC-32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileSum {
+    /// Size in bytes.
     pub bytes: u64,
+    /// CRC-32 of the bytes.
     pub crc32: u32,
 }
 
@@ -70,22 +80,33 @@ pub fn layout_digest(layout: &SampleLayout) -> Result<String, String> {
     Ok(crate::lower::sha256_hex(&text))
 }
 
+/// What intake removed from a sample before placing it.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Incoming {
+    /// Keys dropped (`drop`, `other_keys: drop`).
     pub dropped: Vec<String>,
+    /// Semantics that arrived padded: their real lengths.
     pub arrived: BTreeMap<String, usize>,
+    /// Semantics whose unowned rows were dropped: how many.
     pub unowned_rows: BTreeMap<String, usize>,
 }
 
+/// One tensor feature of the rank files.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct FeatureEntry {
+    /// Its dtype, as torch names it.
     pub dtype: String,
+    /// Its placements on `(cp0, cp1)`.
     pub placements: Vec<Placement>,
     /// The DTensor's global shape (co-sharded axes count one block).
     pub global_shape: Vec<usize>,
+    /// The DTensor's contiguous strides.
     pub global_stride: Vec<usize>,
+    /// Every semantic axis at its padded length.
     pub padded_shape: Vec<usize>,
+    /// The serial shape (unpadded).
     pub serial_shape: Vec<usize>,
+    /// Each rank's block.
     pub local_shape: Vec<usize>,
 }
 
@@ -144,25 +165,35 @@ pub const DATASET_VERSION: u32 = 1;
 /// `OUT/dataset.json`: every sample of the run and how it went.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct DatasetManifest {
+    /// Format version ([`DATASET_VERSION`]).
     pub version: u32,
+    /// The spec file name and the SHA-256 of its text.
     pub spec: Source,
+    /// Mesh sizes `(cp0, cp1)`.
     pub mesh: [usize; 2],
+    /// The workflow sharded, if one was chosen.
     pub workflow: Option<String>,
+    /// Every sample of the run.
     pub samples: Vec<SampleEntry>,
 }
 
+/// One sample of a dataset run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SampleEntry {
     /// The sample's folder under OUT (its file name without `.safetensors`).
     pub name: String,
+    /// The sample file read.
     pub source: std::path::PathBuf,
+    /// How it went.
     pub status: Status,
     /// Bytes of its rank files.
     pub bytes: u64,
+    /// Why it failed, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
+/// How one sample of a dataset run went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
@@ -170,6 +201,7 @@ pub enum Status {
     Sharded,
     /// Already finished and verified: skipped.
     Verified,
+    /// Refused or not written; the error says why.
     Failed,
 }
 

@@ -17,7 +17,9 @@ use crate::loc::Loc;
 /// A value with where it was written: a YAML position, or a derive attribute's token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Spanned<T> {
+    /// The value as written.
     pub value: T,
+    /// Where it was written.
     pub loc: Loc,
 }
 
@@ -56,6 +58,7 @@ pub struct RawSpec {
     /// Name of the generated modules (a Python/Rust identifier).
     #[schemars(with = "String")]
     pub module: Spanned<String>,
+    /// Mesh axis names: `cp: [cp0, cp1]`, or `domain: [...]`.
     #[schemars(with = "RawMesh")]
     pub mesh: Spanned<RawMesh>,
     /// Axis semantics, declared once: what an axis counts and whether it shards.
@@ -150,6 +153,7 @@ pub struct RawSemantic {
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub unowned_rows: Option<Spanned<String>>,
+    /// Free text for the spec's readers.
     #[serde(default)]
     pub doc: Option<String>,
 }
@@ -248,6 +252,7 @@ pub struct RawFeature {
     #[serde(default)]
     #[schemars(with = "Option<RawDerive>")]
     pub derive: Option<Spanned<RawDerive>>,
+    /// Free text for the spec's readers.
     #[serde(default)]
     pub doc: Option<String>,
 }
@@ -260,8 +265,11 @@ pub struct RawFeature {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawAxis {
+    /// A channel axis of this size.
     Size(u64),
+    /// An axis of this semantic.
     Name(String),
+    /// Anything else: lowering names it in its error.
     #[schemars(skip)]
     Invalid(serde_json::Value),
 }
@@ -270,18 +278,26 @@ pub enum RawAxis {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum RawScalar {
+    /// A bool pad.
     Bool(bool),
+    /// An integer pad.
     Int(i64),
+    /// A float pad.
     Float(f64),
+    /// Anything else: lowering names it in its error.
     #[schemars(skip)]
     Invalid(serde_json::Value),
 }
 
+/// One name or a list of names.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum OneOrMany {
+    /// One name.
     One(String),
+    /// A list of names.
     Many(Vec<String>),
+    /// Anything else: lowering names it in its error.
     #[schemars(skip)]
     Invalid(serde_json::Value),
 }
@@ -297,6 +313,7 @@ impl OneOrMany {
     }
 }
 
+/// An index-valued feature: what it points at and how.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawIndex {
@@ -309,6 +326,7 @@ pub struct RawIndex {
     pub one_hot: Option<usize>,
 }
 
+/// A co-sharded axis pair.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawCoShard {

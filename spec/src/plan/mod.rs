@@ -34,9 +34,13 @@ pub struct Plan {
     pub version: u32,
     /// Name of the generated modules.
     pub module: String,
+    /// Where the spec came from.
     pub source: Source,
+    /// The mesh axes and how they split a sample.
     pub mesh: MeshPlan,
+    /// Every semantic's plan, by name.
     pub semantics: BTreeMap<String, SemanticPlan>,
+    /// Every feature's plan, by name.
     pub features: BTreeMap<String, FeaturePlan>,
     /// Workflow -> sorted feature names (base set plus the workflow's own).
     pub workflows: BTreeMap<String, Vec<String>>,
@@ -69,8 +73,11 @@ pub struct MeshPlan {
 /// the one or two axes of a domain-parallel mesh (ShardTensors; uneven axes chunked).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SplitPlan {
+    /// The two context-parallel axes `(cp0, cp1)`.
     Cp([String; CP_AXES]),
+    /// The one or two axes of a domain-parallel mesh.
     Domain {
+        /// The axes, in order.
         axes: Vec<String>,
         /// Per axis: shards are `torch.chunk` pieces (uneven) rather than padded.
         uneven: Vec<bool>,
@@ -178,15 +185,18 @@ impl From<MeshPlan> for MeshRepr {
     }
 }
 
+/// How one semantic is split and padded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SemanticPlan {
+    /// Whether its axes may be split over a mesh axis.
     pub sharded: bool,
     /// The per-domain-group batch axis of a domain-parallel spec (length 1).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub batch: bool,
     /// CP mesh axes (0 = cp0, 1 = cp1) that split an axis of this semantic somewhere.
     pub sharded_on: Vec<usize>,
+    /// How its run-time length becomes its padded length.
     pub padding: Padding,
     /// Mask features that are 0 at this semantic's pads.
     pub masked_by: Vec<String>,
@@ -236,7 +246,10 @@ pub enum Padding {
     /// Never padded.
     None,
     /// Padded at the end to a multiple of the lcm of these mesh axes' sizes.
-    Multiple { mesh_axes: Vec<usize> },
+    Multiple {
+        /// The mesh axes that split it.
+        mesh_axes: Vec<usize>,
+    },
     /// Owner-partitioned: the root owner's padded axis is split into lcm(mesh_axes)
     /// equal blocks; each block holds its owners' items, padded to the largest block.
     OwnerBlocks {
@@ -246,6 +259,7 @@ pub enum Padding {
         root: String,
         /// How the sample gives each item's owner.
         source: OwnerSource,
+        /// The mesh axes whose sizes set the block count.
         mesh_axes: Vec<usize>,
     },
 }
@@ -254,9 +268,11 @@ pub enum Padding {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum FeaturePlan {
+    /// A tensor, placed and padded.
     Tensor(Box<TensorPlan>),
     /// Passed through untouched.
     Metadata {
+        /// The workflows it belongs to.
         workflows: Vec<String>,
         /// A sample may lack it.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -264,18 +280,25 @@ pub enum FeaturePlan {
     },
 }
 
+/// How one tensor feature is placed, padded and remapped.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TensorPlan {
+    /// Its element type.
     pub dtype: DType,
+    /// Each axis: what it counts and how it is split.
     pub axes: Vec<AxisPlan>,
     /// Placements on the CP sub-mesh `(cp0, cp1)`.
     pub placements: Vec<Placement>,
     /// Placements on `(dp, cp0, cp1)` after collate adds the batch dimension.
     pub placements_dp: Vec<Placement>,
+    /// The value at pad positions.
     pub pad_value: PadValue,
+    /// Plain data, a mask or an index.
     pub role: Role,
+    /// How index values change when padded and sharded.
     pub remap: Remap,
+    /// The workflows it belongs to.
     pub workflows: Vec<String>,
     /// A sample may lack it; when present it is placed and checked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -327,6 +350,7 @@ impl TensorPlan {
     }
 }
 
+/// One axis of a tensor feature in the plan.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AxisPlan {
@@ -334,6 +358,7 @@ pub struct AxisPlan {
     pub semantic: Option<String>,
     /// Fixed size of a channel axis.
     pub size: Option<u64>,
+    /// How it is split over the mesh.
     pub split: Split,
 }
 
@@ -341,24 +366,32 @@ pub struct AxisPlan {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Remap {
+    /// Values kept as they are.
     None,
     /// Values become positions in the padded layout of `of`. When `repad` is true the
     /// layout is owner-partitioned and a larger per-block stride at collate remaps
     /// `new = (idx // old) * new_stride + idx % old`.
     ToPaddedLayout {
+        /// The semantic whose items the values point at.
         of: String,
+        /// Whether collate re-pads them (an owner-partitioned layout).
         repad: bool,
     },
     /// Values become ids local to the shard along `mesh_axis` that holds the row.
     ShardLocal {
+        /// The semantic whose items the values point at.
         of: String,
+        /// The mesh axis whose shards number the ids.
         mesh_axis: usize,
     },
     /// One-hot along co-sharded `axis`: each rank keeps its diagonal block, so column
     /// ids are local to the shard along `mesh_axis`.
     DiagonalBlock {
+        /// The semantic whose items the columns point at.
         of: String,
+        /// The one-hot (co-sharded) axis.
         axis: usize,
+        /// The mesh axis whose shards number the columns.
         mesh_axis: usize,
     },
 }

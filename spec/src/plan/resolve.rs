@@ -18,14 +18,17 @@ pub struct Lengths {
 /// A plan evaluated for one mesh and one sample's lengths.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 pub struct Resolved {
+    /// Mesh sizes `(cp0, cp1)`.
     pub mesh: [usize; CP_AXES],
     /// Padded length of every semantic that was given a length.
     pub padded: BTreeMap<String, usize>,
     /// Block layout of every owner-partitioned semantic.
     pub blocks: BTreeMap<String, BlockLayout>,
+    /// Every feature's shapes, by name.
     pub features: BTreeMap<String, FeatureShapes>,
 }
 
+/// One feature's shapes on one mesh for one sample.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 pub struct FeatureShapes {
     /// The serial shape (run-time lengths, unpadded).
@@ -36,49 +39,79 @@ pub struct FeatureShapes {
     pub global_shape: Vec<usize>,
     /// Each rank's local block.
     pub local_shape: Vec<usize>,
+    /// The value at pad positions.
     pub pad_value: PadValue,
 }
 
 /// Why a plan could not be resolved for a sample.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResolveError {
+    /// A mesh axis of size 0, or more ranks than the limit.
     BadMesh {
+        /// The sizes given.
         mesh: Vec<usize>,
     },
+    /// No length for a semantic a feature's axis needs.
     MissingLength {
+        /// The semantic without a length.
         semantic: String,
+        /// The feature that needs it.
         feature: String,
+        /// Its axis that counts the semantic.
         axis: usize,
     },
+    /// No owner counts for an owner-partitioned semantic.
     MissingCounts {
+        /// The owned semantic.
         semantic: String,
     },
+    /// Owner counts of the wrong length (one per owner).
     CountsLength {
+        /// The owned semantic.
         semantic: String,
+        /// Its owner.
         owner: String,
+        /// The owner's length.
         expected: usize,
+        /// How many counts were given.
         got: usize,
     },
+    /// Owner counts that do not sum to the semantic's length.
     CountsSum {
+        /// The owned semantic.
         semantic: String,
+        /// Its length.
         expected: usize,
+        /// The counts' sum.
         got: usize,
     },
+    /// A workflow the spec does not declare.
     UnknownWorkflow {
+        /// The workflow named.
         workflow: String,
     },
+    /// An item whose owner index is past the owner's length.
     OwnerOutOfRange {
+        /// The owned semantic.
         semantic: String,
+        /// Its owner.
         owner: String,
+        /// The owner index given.
         index: usize,
+        /// The owner's length.
         len: usize,
     },
     /// An uneven domain axis too short for its ranks: a shard would be empty.
     EmptyShard {
+        /// The feature.
         feature: String,
+        /// Its uneven axis.
         axis: usize,
+        /// What the axis counts.
         semantic: String,
+        /// The axis length.
         len: usize,
+        /// The ranks of its mesh axis.
         ranks: usize,
     },
     /// An uneven domain axis whose shards break the semantic's stride or halo.
@@ -143,14 +176,23 @@ fn shard_needs(stride: u32, halo: u32) -> String {
 /// The `torch.chunk` pieces of an uneven axis that break its semantic's stride or halo.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardBreach {
+    /// The feature.
     pub feature: String,
+    /// Its uneven axis.
     pub axis: usize,
+    /// What the axis counts.
     pub semantic: String,
+    /// The axis length.
     pub len: usize,
+    /// The ranks of its mesh axis.
     pub ranks: usize,
+    /// The mesh axis's name.
     pub mesh_axis: String,
+    /// The `torch.chunk` piece sizes.
     pub sizes: Vec<usize>,
+    /// The semantic's stride (1 when not declared).
     pub stride: u32,
+    /// The semantic's halo (0 when not declared).
     pub halo: u32,
 }
 
@@ -528,6 +570,7 @@ pub enum Ownership {
 /// One sample laid out on one mesh.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SampleLayout {
+    /// Mesh sizes `(cp0, cp1)`.
     pub mesh: [usize; CP_AXES],
     /// Serial length of every semantic present.
     pub sizes: BTreeMap<String, usize>,
@@ -535,6 +578,7 @@ pub struct SampleLayout {
     pub padded: BTreeMap<String, usize>,
     /// Owner-partitioned semantics: the padded position of every item, in serial order.
     pub positions: BTreeMap<String, Vec<usize>>,
+    /// Block layout of every owner-partitioned semantic.
     pub blocks: BTreeMap<String, BlockLayout>,
 }
 
