@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use featshard_runtime::dist::{
     distribute_with, prepare_deferred, prepare_with, BufferPool, GroupOptions, LoaderOptions, Mesh,
-    Rendezvous, SerialDataset, ShardedLoader,
+    Prepared, Rendezvous, SerialDataset, ShardedLoader,
 };
 use featshard_runtime::{Features, Options};
 use tch::{Device, Kind, Tensor};
@@ -105,138 +105,10 @@ fn main() {
             thread::spawn(move || -> Option<Times> {
                 tch::set_num_threads(1);
                 let mesh = Mesh::new(&rdv, 1, CP).expect("mesh");
-                let source = mesh.is_source();
-                let mut times = Times::default();
-                let sync = || mesh.world().barrier().expect("barrier");
-                // The source reuses its send buffers and every rank its receive buffer,
-                // as the loader does.
-                let pool = BufferPool::new(world);
-                let recv = BufferPool::new(1);
-                let prepare = |s: &featshard_runtime::Features, threads: usize| {
-                    let opts = Options {
-                        threads,
-                        ..opts.clone()
-                    };
-                    prepare_with(&plan, CP, &opts, 0, s, Some(&pool)).expect("prepare")
-                };
-                let deferred = |threads: usize| {
-                    source.then(|| {
-                        let opts = Options {
-                            threads,
-                            ..opts.clone()
-                        };
-                        let s = dataset.get(0).expect("sample");
-                        prepare_deferred(&plan, CP, &opts, 0, &s, Some(&pool)).expect("prepare")
-                    })
-                };
-                let step = |ready: Option<featshard_runtime::dist::Prepared>, pooled: bool| {
-                    let recv = pooled.then_some(&recv);
-                    distribute_with(&mesh, ready.map(Ok), recv, Ok).expect("distribute")
-                };
-                // The raw scatter's bytes: as many as each rank's featshard buffer.
-                let probe = source.then(|| prepare(&dataset.get(0).expect("sample"), 1));
-                let local = step(probe, true);
-                let per_rank: usize = local
-                    .blocks
-                    .values()
-                    .map(|b| {
-                        let n = b.tensor.numel() * b.tensor.kind().elt_size_in_bytes();
-                        n.div_ceil(16) * 16
-                    })
-                    .sum();
-                times.bytes_per_rank = per_rank;
-                drop(local);
-                // The raw scatter sends from the source's send buffers and, reusing a
-                // receive buffer, receives into the one `distribute` reuses: the same
-                // memory as featshard's steps, free between steps.
-                let raw_inputs = || -> Option<Vec<Tensor>> {
-                    source.then(|| {
-                        (0..world)
-                            .map(|_| pool.take(per_rank, Device::Cpu).expect("send buffer"))
-                            .collect()
-                    })
-                };
-                // Each scatter receives into a new tensor, as code that hands the
-                // received tensors on does.
-                let raw = |n: usize| {
-                    let inputs = raw_inputs();
-                    sync();
-                    let start = Instant::now();
-                    for _ in 0..n {
-                        let mut out = Tensor::empty([per_rank as i64], (Kind::Uint8, Device::Cpu));
-                        mesh.cp()
-                            .scatter(&mut out, inputs.as_deref(), 0)
-                            .expect("scatter");
-                    }
-                    sync();
-                    start.elapsed()
-                };
-                let raw_reused = || {
-                    let inputs = raw_inputs();
-                    let mut out = recv.take(per_rank, Device::Cpu).expect("receive buffer");
-                    sync();
-                    let start = Instant::now();
-                    mesh.cp()
-                        .scatter(&mut out, inputs.as_deref(), 0)
-                        .expect("scatter");
-                    sync();
-                    start.elapsed()
-                };
-                let timed = |ready: Option<featshard_runtime::dist::Prepared>, pooled| {
-                    sync();
-                    let start = Instant::now();
-                    let local = step(ready, pooled);
-                    sync();
-                    let t = start.elapsed();
-                    drop(local);
-                    t
-                };
-                // The first transfer of a run is several times slower (connections,
-                // allocator): one untimed.
-                raw(1);
-                for _ in 0..RUNS {
-                    times.raw.push(raw(1));
-                    times.raw_reused.push(raw_reused());
-                    // Prepared beforehand, as a prefetching loader has it.
-                    let ready = source.then(|| prepare(&dataset.get(0).expect("sample"), 1));
-                    times.prepared.push(timed(ready, true));
-                    for (k, threads) in [1, 2].into_iter().enumerate() {
-                        if source {
-                            let start = Instant::now();
-                            drop(prepare(&dataset.get(0).expect("sample"), threads));
-                            times.prepare[k].push(start.elapsed());
-                        }
-                    }
-                    times.serial.push(timed(deferred(2), true));
-                    times.serial_new.push(timed(deferred(2), false));
-                }
-                // The loader keeps its own buffers (the raw scatters still send from
-                // `pool`).
-                drop(recv);
-                let loader = ShardedLoader::new(
-                    Arc::clone(&dataset),
-                    Arc::clone(&plan),
-                    LoaderOptions {
-                        sample: Options {
-                            threads: 2,
-                            ..opts.clone()
-                        },
-                        prefetch: 1,
-                        ..LoaderOptions::default()
-                    },
-                )
-                .expect("loader");
-                for epoch in 0..2 {
-                    times.raw_loader.push(raw(LOADER_SAMPLES));
-                    sync();
-                    let start = Instant::now();
-                    for s in loader.samples(&mesh, epoch) {
-                        drop(s.expect("sample"));
-                    }
-                    sync();
-                    times.loader.push(start.elapsed());
-                }
-                source.then_some(times)
+                let rank = Rank::new(mesh, plan, opts, dataset);
+                let mut times = rank.steps();
+                rank.loader(&mut times);
+                rank.mesh.is_source().then_some(times)
             })
         })
         .collect();
@@ -245,6 +117,207 @@ fn main() {
         .filter_map(|h| h.join().expect("rank"))
         .next()
         .expect("the source's times");
+    report(&times, serial_bytes);
+}
+
+/// One gloo rank's side of the benchmark.
+struct Rank {
+    mesh: Mesh,
+    plan: Arc<featshard_spec::Plan>,
+    opts: Options,
+    dataset: Arc<Repeat>,
+    /// The source's send buffers, reused from sample to sample as the loader does.
+    pool: BufferPool,
+    /// This rank's receive buffer, reused likewise.
+    recv: BufferPool,
+    /// The raw scatter's bytes per rank: as many as each rank's featshard buffer.
+    per_rank: usize,
+}
+
+impl Rank {
+    fn new(
+        mesh: Mesh,
+        plan: Arc<featshard_spec::Plan>,
+        opts: Options,
+        dataset: Arc<Repeat>,
+    ) -> Self {
+        let world = CP[0] * CP[1];
+        let mut rank = Rank {
+            mesh,
+            plan,
+            opts,
+            dataset,
+            pool: BufferPool::new(world),
+            recv: BufferPool::new(1),
+            per_rank: 0,
+        };
+        let probe = rank.mesh.is_source().then(|| rank.prepare(1));
+        let local = rank.step(probe, true);
+        rank.per_rank = local
+            .blocks
+            .values()
+            .map(|b| {
+                let n = b.tensor.numel() * b.tensor.kind().elt_size_in_bytes();
+                n.div_ceil(16) * 16
+            })
+            .sum();
+        rank
+    }
+
+    fn sync(&self) {
+        self.mesh.world().barrier().expect("barrier");
+    }
+
+    fn with_threads(&self, threads: usize) -> Options {
+        Options {
+            threads,
+            ..self.opts.clone()
+        }
+    }
+
+    /// The source alone: the sample validated, placed and written into send buffers.
+    fn prepare(&self, threads: usize) -> Prepared {
+        let s = self.dataset.get(0).expect("sample");
+        prepare_with(
+            &self.plan,
+            CP,
+            &self.with_threads(threads),
+            0,
+            &s,
+            Some(&self.pool),
+        )
+        .expect("prepare")
+    }
+
+    /// The source's blocks written once the header is out.
+    fn deferred(&self, threads: usize) -> Option<Prepared> {
+        self.mesh.is_source().then(|| {
+            let s = self.dataset.get(0).expect("sample");
+            let opts = self.with_threads(threads);
+            prepare_deferred(&self.plan, CP, &opts, 0, &s, Some(&self.pool)).expect("prepare")
+        })
+    }
+
+    fn step(&self, ready: Option<Prepared>, pooled: bool) -> featshard_runtime::dist::LocalSample {
+        let recv = pooled.then_some(&self.recv);
+        distribute_with(&self.mesh, ready.map(Ok), recv, Ok).expect("distribute")
+    }
+
+    fn timed(&self, ready: Option<Prepared>, pooled: bool) -> Duration {
+        self.sync();
+        let start = Instant::now();
+        let local = self.step(ready, pooled);
+        self.sync();
+        let t = start.elapsed();
+        drop(local);
+        t
+    }
+
+    /// The raw scatter sends from the source's send buffers: the same memory as
+    /// featshard's steps, free between steps.
+    fn raw_inputs(&self) -> Option<Vec<Tensor>> {
+        self.mesh.is_source().then(|| {
+            (0..CP[0] * CP[1])
+                .map(|_| {
+                    self.pool
+                        .take(self.per_rank, Device::Cpu)
+                        .expect("send buffer")
+                })
+                .collect()
+        })
+    }
+
+    /// `n` raw scatters, each into a new tensor, as code that hands the received
+    /// tensors on does.
+    fn raw(&self, n: usize) -> Duration {
+        let inputs = self.raw_inputs();
+        self.sync();
+        let start = Instant::now();
+        for _ in 0..n {
+            let mut out = Tensor::empty([self.per_rank as i64], (Kind::Uint8, Device::Cpu));
+            self.mesh
+                .cp()
+                .scatter(&mut out, inputs.as_deref(), 0)
+                .expect("scatter");
+        }
+        self.sync();
+        start.elapsed()
+    }
+
+    /// One raw scatter into the receive buffer `distribute` reuses.
+    fn raw_reused(&self) -> Duration {
+        let inputs = self.raw_inputs();
+        let mut out = self
+            .recv
+            .take(self.per_rank, Device::Cpu)
+            .expect("receive buffer");
+        self.sync();
+        let start = Instant::now();
+        self.mesh
+            .cp()
+            .scatter(&mut out, inputs.as_deref(), 0)
+            .expect("scatter");
+        self.sync();
+        start.elapsed()
+    }
+
+    /// RUNS of every step, interleaved with the raw scatters.
+    fn steps(&self) -> Times {
+        let source = self.mesh.is_source();
+        let mut times = Times {
+            bytes_per_rank: self.per_rank,
+            ..Times::default()
+        };
+        // The first transfer of a run is several times slower (connections,
+        // allocator): one untimed.
+        self.raw(1);
+        for _ in 0..RUNS {
+            times.raw.push(self.raw(1));
+            times.raw_reused.push(self.raw_reused());
+            // Prepared beforehand, as a prefetching loader has it.
+            let ready = source.then(|| self.prepare(1));
+            times.prepared.push(self.timed(ready, true));
+            for (k, threads) in [1, 2].into_iter().enumerate() {
+                if source {
+                    let start = Instant::now();
+                    drop(self.prepare(threads));
+                    times.prepare[k].push(start.elapsed());
+                }
+            }
+            times.serial.push(self.timed(self.deferred(2), true));
+            times.serial_new.push(self.timed(self.deferred(2), false));
+        }
+        times
+    }
+
+    /// Two epochs of the sharded loader against raw scatters of as many samples. The
+    /// loader keeps its own buffers (the raw scatters still send from `pool`).
+    fn loader(&self, times: &mut Times) {
+        let loader = ShardedLoader::new(
+            Arc::clone(&self.dataset),
+            Arc::clone(&self.plan),
+            LoaderOptions {
+                sample: self.with_threads(2),
+                prefetch: 1,
+                ..LoaderOptions::default()
+            },
+        )
+        .expect("loader");
+        for epoch in 0..2 {
+            times.raw_loader.push(self.raw(LOADER_SAMPLES));
+            self.sync();
+            let start = Instant::now();
+            for s in loader.samples(&self.mesh, epoch) {
+                drop(s.expect("sample"));
+            }
+            self.sync();
+            times.loader.push(start.elapsed());
+        }
+    }
+}
+
+fn report(times: &Times, serial_bytes: usize) {
+    let world = CP[0] * CP[1];
     let gb = |b: usize| b as f64 / 1e9;
     let scattered = times.bytes_per_rank * world;
     println!(

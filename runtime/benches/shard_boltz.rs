@@ -7,9 +7,10 @@
 //! the peak memory above the serial sample, against the padded bytes.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use featshard_runtime::{pad, Options};
+use featshard_spec::Plan;
 use tch::{Kind, Tensor};
 
 mod common;
@@ -19,7 +20,7 @@ use common::{MSA, TOKENS};
 const MESH: [usize; 2] = [3, 3];
 const RUNS: usize = 3;
 
-fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
+fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
@@ -67,22 +68,43 @@ fn main() {
         workflow: Some("inference".into()),
         ..Options::default()
     };
+    reset_peak_rss();
+    let base_rss = peak_rss();
+    let ours = featshard_run(&plan, &sample, &opts, base_rss);
+    let base = Baselines::measure(&sample, ours.padded_bytes, ours.copied_bytes);
+    report(&ours, &base, serial_bytes);
+}
 
-    // featshard: validate, pad once, then every rank's block (views of the padded
-    // tensors). Then, separately, the blocks that are not contiguous views are
-    // materialised, as a scatter must send them.
+/// What featshard's run measured: times, bytes and peak memory.
+struct Ours {
+    t_views: Duration,
+    t_materialise: Duration,
+    padded_bytes: usize,
+    block_bytes: usize,
+    copied_bytes: usize,
+    peak_views: usize,
+    peak_all: usize,
+}
+
+/// featshard: validate, pad once, then every rank's block (views of the padded
+/// tensors). Then, separately, the blocks that are not contiguous views are
+/// materialised, as a scatter must send them.
+fn featshard_run(
+    plan: &Plan,
+    sample: &BTreeMap<String, Tensor>,
+    opts: &Options,
+    base_rss: usize,
+) -> Ours {
     // A pipeline shards sample after sample, so each step is timed over RUNS runs and
     // the median is reported (the first run also pays for the process's first page
     // faults); peak memory is read on the first run.
-    reset_peak_rss();
-    let base_rss = peak_rss();
     let mut peak_views = 0;
     let mut times = Vec::new();
     for run in 0..RUNS {
         let start = Instant::now();
-        let padded = pad(&plan, MESH, &sample, &opts).expect("pad");
+        let padded = pad(plan, MESH, sample, opts).expect("pad");
         let ranks: Vec<_> = (0..MESH[0] * MESH[1])
-            .map(|r| padded.rank_blocks(&plan, r).expect("blocks"))
+            .map(|r| padded.rank_blocks(plan, r).expect("blocks"))
             .collect();
         times.push(start.elapsed());
         if run == 0 {
@@ -90,18 +112,15 @@ fn main() {
         }
         drop(ranks);
     }
-    let t_views = median(times);
-    let padded = pad(&plan, MESH, &sample, &opts).expect("pad");
+    let padded = pad(plan, MESH, sample, opts).expect("pad");
     let ranks: Vec<_> = (0..MESH[0] * MESH[1])
-        .map(|r| padded.rank_blocks(&plan, r).expect("blocks"))
+        .map(|r| padded.rank_blocks(plan, r).expect("blocks"))
         .collect();
-    let padded_bytes: usize = padded.tensors.values().map(bytes).sum();
     let block_bytes: usize = ranks
         .iter()
         .flat_map(|r| r.values())
         .map(|b| bytes(&b.tensor))
         .sum();
-
     let start = Instant::now();
     let mut copied_bytes = 0;
     let materialised: Vec<BTreeMap<String, Tensor>> = ranks
@@ -120,100 +139,119 @@ fn main() {
     let t_materialise = start.elapsed();
     let peak_all = peak_rss().saturating_sub(base_rss);
     drop(materialised);
-    drop(ranks);
-    drop(padded);
+    Ours {
+        t_views: median(times),
+        t_materialise,
+        padded_bytes: padded.tensors.values().map(bytes).sum(),
+        block_bytes,
+        copied_bytes,
+        peak_views,
+        peak_all,
+    }
+}
 
-    // Baselines, in the same run: the same bytes through one plain tensor copy into new
-    // memory (allocated as producing blocks must), and into memory that is already
-    // faulted in (the pure bandwidth bound).
-    let copy_new = |n: usize| {
-        let src = Tensor::ones([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
-        let start = Instant::now();
-        let mut dst = Tensor::empty([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
-        dst.copy_(&src);
-        let t = start.elapsed();
-        drop(dst);
-        t
-    };
-    let copy_warm = |n: usize| {
-        let src = Tensor::ones([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
-        let mut dst = Tensor::zeros([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
-        let start = Instant::now();
-        dst.copy_(&src);
-        start.elapsed()
-    };
-    let runs = |f: &dyn Fn() -> std::time::Duration| median((0..RUNS).map(|_| f()).collect());
-    let (c_new, c_warm) = (
-        runs(&|| copy_new(padded_bytes)),
-        runs(&|| copy_warm(padded_bytes)),
-    );
-    // And feature by feature: one new tensor per feature, as padding allocates them.
-    let c_features = runs(&|| {
-        let start = Instant::now();
-        let copies: Vec<Tensor> = sample
-            .values()
-            .map(|x| {
-                let mut y = x.empty_like();
-                y.copy_(x);
-                y
-            })
-            .collect();
-        let t = start.elapsed();
-        drop(copies);
-        t
-    });
-    let (m_new, m_warm) = (
-        runs(&|| copy_new(copied_bytes)),
-        runs(&|| copy_warm(copied_bytes)),
-    );
+/// Baselines, in the same run: the same bytes through one plain tensor copy into new
+/// memory (allocated as producing blocks must), into memory that is already faulted in
+/// (the pure bandwidth bound), and feature by feature (as padding allocates them).
+struct Baselines {
+    new: Duration,
+    warm: Duration,
+    features: Duration,
+    materialise_new: Duration,
+    materialise_warm: Duration,
+}
 
-    let rate = |b: usize, t: std::time::Duration| gb(b) / t.as_secs_f64();
-    let ratio = |base: std::time::Duration, ours: std::time::Duration| {
-        base.as_secs_f64() / ours.as_secs_f64()
-    };
+impl Baselines {
+    fn measure(sample: &BTreeMap<String, Tensor>, padded: usize, copied: usize) -> Self {
+        let runs = |f: &dyn Fn() -> Duration| median((0..RUNS).map(|_| f()).collect());
+        let features = runs(&|| {
+            let start = Instant::now();
+            let copies: Vec<Tensor> = sample
+                .values()
+                .map(|x| {
+                    let mut y = x.empty_like();
+                    y.copy_(x);
+                    y
+                })
+                .collect();
+            let t = start.elapsed();
+            drop(copies);
+            t
+        });
+        Baselines {
+            new: runs(&|| copy_new(padded)),
+            warm: runs(&|| copy_warm(padded)),
+            features,
+            materialise_new: runs(&|| copy_new(copied)),
+            materialise_warm: runs(&|| copy_warm(copied)),
+        }
+    }
+}
+
+fn copy_new(n: usize) -> Duration {
+    let src = Tensor::ones([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
+    let start = Instant::now();
+    let mut dst = Tensor::empty([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
+    dst.copy_(&src);
+    let t = start.elapsed();
+    drop(dst);
+    t
+}
+
+fn copy_warm(n: usize) -> Duration {
+    let src = Tensor::ones([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
+    let mut dst = Tensor::zeros([(n / 4) as i64], (Kind::Float, tch::Device::Cpu));
+    let start = Instant::now();
+    dst.copy_(&src);
+    start.elapsed()
+}
+
+fn report(o: &Ours, b: &Baselines, serial_bytes: usize) {
+    let rate = |bytes: usize, t: Duration| gb(bytes) / t.as_secs_f64();
+    let ratio = |base: Duration, ours: Duration| base.as_secs_f64() / ours.as_secs_f64();
     println!(
         "padded bytes                       {:>7.3} GB",
-        gb(padded_bytes)
+        gb(o.padded_bytes)
     );
     println!(
         "bytes of all 9 ranks' blocks       {:>7.3} GB (views of the padded tensors)",
-        gb(block_bytes)
+        gb(o.block_bytes)
     );
     println!(
         "pad + 9 ranks' blocks              {:>7.3} s  {:>6.2} GB/s  ratio to copy into new memory {:.2}, to warm copy {:.2}",
-        t_views.as_secs_f64(),
-        rate(padded_bytes, t_views),
-        ratio(c_new, t_views),
-        ratio(c_warm, t_views)
+        o.t_views.as_secs_f64(),
+        rate(o.padded_bytes, o.t_views),
+        ratio(b.new, o.t_views),
+        ratio(b.warm, o.t_views)
     );
     println!(
         "  plain copy, new memory           {:>7.3} s  {:>6.2} GB/s",
-        c_new.as_secs_f64(),
-        rate(padded_bytes, c_new)
+        b.new.as_secs_f64(),
+        rate(o.padded_bytes, b.new)
     );
     println!(
         "  plain copy, warm memory          {:>7.3} s  {:>6.2} GB/s",
-        c_warm.as_secs_f64(),
-        rate(padded_bytes, c_warm)
+        b.warm.as_secs_f64(),
+        rate(o.padded_bytes, b.warm)
     );
     println!(
         "  plain copy, feature by feature   {:>7.3} s  {:>6.2} GB/s  (serial bytes; featshard ratio {:.2})",
-        c_features.as_secs_f64(),
-        rate(serial_bytes, c_features),
-        ratio(c_features, t_views)
+        b.features.as_secs_f64(),
+        rate(serial_bytes, b.features),
+        ratio(b.features, o.t_views)
     );
     println!(
         "materialise non-contiguous blocks  {:>7.3} s  {:>6.2} GB/s  ({:.3} GB) ratio to copy into new memory {:.2}, to warm copy {:.2}",
-        t_materialise.as_secs_f64(),
-        rate(copied_bytes, t_materialise),
-        gb(copied_bytes),
-        ratio(m_new, t_materialise),
-        ratio(m_warm, t_materialise)
+        o.t_materialise.as_secs_f64(),
+        rate(o.copied_bytes, o.t_materialise),
+        gb(o.copied_bytes),
+        ratio(b.materialise_new, o.t_materialise),
+        ratio(b.materialise_warm, o.t_materialise)
     );
     println!(
         "peak memory above the serial sample: {:.3} GB = {:.2} x padded bytes with views (goal <= 1.2); {:.2} x once materialised",
-        gb(peak_views),
-        peak_views as f64 / padded_bytes as f64,
-        peak_all as f64 / padded_bytes as f64
+        gb(o.peak_views),
+        o.peak_views as f64 / o.padded_bytes as f64,
+        o.peak_all as f64 / o.padded_bytes as f64
     );
 }
