@@ -253,7 +253,9 @@ fn resolve_for_explain(
     let l = explain_lengths(plan, given, notes)?;
     plan.resolve(mesh, &l, workflow).map_err(|e| {
         let hint = match e {
-            ResolveError::MissingLength { .. } => " (pass it with --lengths)",
+            ResolveError::MissingLength { .. } | ResolveError::MissingOwnerLength { .. } => {
+                " (pass it with --lengths)"
+            }
             _ => "",
         };
         Failure::Other(format!("{e}{hint}"))

@@ -511,4 +511,43 @@ features:
             );
         }
     }
+
+    /// An owned semantic whose owner has no length is refused naming both, whether
+    /// the lengths come with counts (`resolve`) or with each item's owner (`layout`).
+    #[test]
+    fn a_missing_owner_length_names_the_owned_semantic_and_its_owner() {
+        let spec = "\
+version: 1
+module: t
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true}
+  atoms: {shard: true, owner: tokens, counts: atoms_per_token}
+features:
+  atoms_per_token: {axes: [tokens], dtype: int64}
+  coords: {axes: [atoms, 3], dtype: float32}
+";
+        let (_, plan) = crate::compile_str("t.yaml", spec).expect("spec");
+        let expected = super::ResolveError::MissingOwnerLength {
+            semantic: "atoms".into(),
+            owner: "tokens".into(),
+        };
+        let lengths = super::Lengths {
+            sizes: [("atoms".to_owned(), 4)].into(),
+            counts: [("atoms".to_owned(), vec![2, 2])].into(),
+        };
+        assert_eq!(plan.resolve([2, 1], &lengths, None), Err(expected.clone()));
+        let owners = [(
+            "atoms".to_owned(),
+            super::Ownership::Owners(vec![0, 0, 1, 1]),
+        )]
+        .into();
+        assert_eq!(
+            plan.layout([2, 1], &lengths.sizes, &owners),
+            Err(expected.clone())
+        );
+        assert!(expected
+            .to_string()
+            .contains("no run-time length was given for `tokens`"));
+    }
 }

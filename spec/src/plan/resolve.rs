@@ -60,6 +60,13 @@ pub enum ResolveError {
         /// Its axis that counts the semantic.
         axis: usize,
     },
+    /// No length for the owner (or the root owner) of a semantic that has one.
+    MissingOwnerLength {
+        /// The owned semantic.
+        semantic: String,
+        /// Its owner whose length is missing.
+        owner: String,
+    },
     /// No owner counts for an owner-partitioned semantic.
     MissingCounts {
         /// The owned semantic.
@@ -125,6 +132,10 @@ impl fmt::Display for ResolveError {
             ResolveError::MissingLength { semantic, feature, axis } => write!(
                 f,
                 "feature `{feature}`, axis {axis} ({semantic}): no run-time length given for semantic `{semantic}`"
+            ),
+            ResolveError::MissingOwnerLength { semantic, owner } => write!(
+                f,
+                "semantic `{semantic}`: owned by `{owner}`, but no run-time length was given for `{owner}`"
             ),
             ResolveError::MissingCounts { semantic } => write!(
                 f,
@@ -282,16 +293,12 @@ impl Plan {
                 .ok_or_else(|| ResolveError::MissingCounts {
                     semantic: name.clone(),
                 })?;
-            let root_len =
-                lengths
-                    .sizes
-                    .get(root)
-                    .copied()
-                    .ok_or_else(|| ResolveError::MissingLength {
-                        semantic: root.clone(),
-                        feature: format!("(owner of {name})"),
-                        axis: 0,
-                    })?;
+            let root_len = lengths.sizes.get(root).copied().ok_or_else(|| {
+                ResolveError::MissingOwnerLength {
+                    semantic: name.to_string(),
+                    owner: root.clone(),
+                }
+            })?;
             check_counts(name, root, counts, root_len, len)?;
             let of_items: Vec<usize> = counts
                 .iter()
@@ -333,10 +340,9 @@ impl Plan {
             };
             let owner_len = *sizes
                 .get(owner)
-                .ok_or_else(|| ResolveError::MissingLength {
-                    semantic: owner.clone(),
-                    feature: format!("(owner of {name})"),
-                    axis: 0,
+                .ok_or_else(|| ResolveError::MissingOwnerLength {
+                    semantic: name.to_string(),
+                    owner: owner.clone(),
                 })?;
             let direct: Vec<usize> = match owners.get(name) {
                 None => {
@@ -418,10 +424,9 @@ impl Plan {
                 *layout
                     .padded
                     .get(root)
-                    .ok_or_else(|| ResolveError::MissingLength {
-                        semantic: root.clone(),
-                        feature: format!("(owner of {name})"),
-                        axis: 0,
+                    .ok_or_else(|| ResolveError::MissingOwnerLength {
+                        semantic: name.to_string(),
+                        owner: root.clone(),
                     })?;
             let blocks = self.pad_multiple(&name, mesh);
             let item_blocks: Vec<usize> = of_items
