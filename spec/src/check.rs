@@ -13,11 +13,13 @@ use crate::loc::Loc;
 use crate::names::{
     camel_is_keyword, did_you_mean, is_keyword, is_snake_case, shadows_an_import, upper_camel,
 };
+use crate::ownership::OwnerChains;
 
 /// Every problem found in `spec`, in a stable order (empty when the spec is valid).
 pub fn check(spec: &Spec) -> Vec<SpecError> {
     let mut c = Checker {
         spec,
+        ownership: OwnerChains::of(spec),
         errors: Vec::new(),
     };
     c.names();
@@ -35,6 +37,8 @@ pub fn check(spec: &Spec) -> Vec<SpecError> {
 
 struct Checker<'a> {
     spec: &'a Spec,
+    /// Owner chains, bounded: checks after `ownership_trees` read them.
+    ownership: OwnerChains<'a>,
     errors: Vec<SpecError>,
 }
 
@@ -956,7 +960,7 @@ impl<'a> Checker<'a> {
                 );
             }
         }
-        if fsem.sharded && lsem.sharded && !related_by_ownership(spec, fs, ls) {
+        if fsem.sharded && lsem.sharded && !self.ownership.related(fs, ls) {
             self.err(
                 SpecError::new(
                     format!(
@@ -1101,21 +1105,4 @@ pub fn split_alignment(spec: &Spec, inferred: &BTreeMap<&str, Inferred>) -> Vec<
         }
     }
     errors
-}
-
-pub(crate) fn related_by_ownership(spec: &Spec, a: &str, b: &str) -> bool {
-    a == b || owns(spec, a, b) || owns(spec, b, a)
-}
-
-/// Whether `owner` is an ancestor of `item` in the ownership tree.
-fn owns(spec: &Spec, owner: &str, item: &str) -> bool {
-    let mut cur = item;
-    for _ in 0..spec.semantics.len() {
-        match spec.semantics.get(cur).and_then(|s| s.owner.as_ref()) {
-            Some(o) if o.owner.name == owner => return true,
-            Some(o) => cur = &o.owner.name,
-            None => return false,
-        }
-    }
-    false
 }

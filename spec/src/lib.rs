@@ -20,6 +20,7 @@ pub mod limits;
 pub mod loc;
 pub mod lower;
 pub mod names;
+mod ownership;
 pub mod pack;
 pub mod plan;
 pub mod shards;

@@ -6,6 +6,7 @@ use super::*;
 use crate::check;
 use crate::diag::SpecError;
 use crate::infer;
+use crate::ownership::OwnerChains;
 
 /// Validates a spec and builds its plan; every error is returned, none is dropped.
 pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
@@ -164,28 +165,22 @@ fn semantic_plans(
         .collect()
 }
 
-/// The root of `s`'s ownership tree, following sharded owners.
-fn root_of<'a>(spec: &'a Spec, s: &'a Semantic) -> &'a Semantic {
-    let mut root = s;
-    // Bounded: check() has rejected cycles, and a tree is never deeper than its size.
-    for _ in 0..spec.semantics.len() {
-        match root
-            .owner
-            .as_ref()
-            .and_then(|o| spec.semantics.get(&o.owner.name))
-        {
-            Some(o) if o.sharded => root = o,
-            _ => break,
-        }
-    }
-    root
-}
-
-/// The root of every semantic's ownership tree, each walked once.
+/// The root of every semantic's ownership tree: its farthest owner reached through
+/// sharded owners only.
 fn roots_of(spec: &Spec) -> BTreeMap<&str, &str> {
+    let ownership = OwnerChains::of(spec);
     spec.semantics
-        .values()
-        .map(|s| (s.name.as_str(), root_of(spec, s).name.as_str()))
+        .keys()
+        .map(|name| {
+            let root = ownership
+                .owners(name)
+                .iter()
+                .take_while(|o| spec.semantics.get(**o).is_some_and(|s| s.sharded))
+                .last()
+                .copied()
+                .unwrap_or(name.as_str());
+            (name.as_str(), root)
+        })
         .collect()
 }
 
@@ -198,11 +193,14 @@ fn padding(
     if !s.sharded {
         return Padding::None;
     }
-    let root = root_of(spec, s);
+    let root = roots
+        .get(s.name.as_str())
+        .copied()
+        .unwrap_or(s.name.as_str());
     let members = spec
         .semantics
         .values()
-        .filter(|m| m.sharded && roots.get(m.name.as_str()) == Some(&root.name.as_str()));
+        .filter(|m| m.sharded && roots.get(m.name.as_str()) == Some(&root));
     let mesh_axes: Vec<usize> = members
         .filter_map(|m| sharded_on.get(m.name.as_str()))
         .flatten()
@@ -219,9 +217,9 @@ fn padding(
         return Padding::None;
     }
     match &s.owner {
-        Some(o) if !std::ptr::eq(root, s) => Padding::OwnerBlocks {
+        Some(o) if root != s.name => Padding::OwnerBlocks {
             owner: o.owner.name.clone(),
-            root: root.name.clone(),
+            root: root.to_owned(),
             source: o.source.clone(),
             mesh_axes,
         },

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::infer::{Split, CP_AXES};
 use crate::ir::*;
 use crate::layout::BlockLayout;
+use crate::ownership::chain;
 
 mod build;
 mod resolve;
@@ -428,22 +429,17 @@ impl Plan {
 
     /// Semantics with every owner before what it owns, ties in name order.
     pub fn semantic_order(&self) -> Vec<&str> {
-        let depth = |name: &str| -> usize {
-            let mut d = 0;
-            let mut cur = name;
-            while let Some(SemanticPlan {
-                padding: Padding::OwnerBlocks { owner, .. },
-                ..
-            }) = self.semantics.get(cur)
-            {
-                d += 1;
-                cur = owner;
-                if d > self.semantics.len() {
-                    break;
-                }
-            }
-            d
+        let owner_of = |name: &str| match self.semantics.get_key_value(name) {
+            Some((
+                _,
+                SemanticPlan {
+                    padding: Padding::OwnerBlocks { owner, .. },
+                    ..
+                },
+            )) => Some(owner.as_str()),
+            _ => None,
         };
+        let depth = |name: &str| chain(name, owner_of, self.semantics.len()).len();
         let mut order: Vec<&str> = self.semantics.keys().map(String::as_str).collect();
         order.sort_by_key(|s| (depth(s), *s));
         order
