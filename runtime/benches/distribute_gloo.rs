@@ -105,7 +105,7 @@ fn main() {
             thread::spawn(move || -> Option<Times> {
                 tch::set_num_threads(1);
                 let mesh = Mesh::new(&rdv, 1, CP).expect("mesh");
-                let rank = Rank::new(mesh, plan, opts, dataset);
+                let mut rank = Rank::new(mesh, plan, opts, dataset);
                 let mut times = rank.steps();
                 rank.loader(&mut times);
                 rank.mesh.is_source().then_some(times)
@@ -128,8 +128,9 @@ struct Rank {
     dataset: Arc<Repeat>,
     /// The source's send buffers, reused from sample to sample as the loader does.
     pool: BufferPool,
-    /// This rank's receive buffer, reused likewise.
-    recv: BufferPool,
+    /// This rank's receive buffer, reused likewise; let go before the loader runs,
+    /// which keeps its own.
+    recv: Option<BufferPool>,
     /// The raw scatter's bytes per rank: as many as each rank's featshard buffer.
     per_rank: usize,
 }
@@ -148,7 +149,7 @@ impl Rank {
             opts,
             dataset,
             pool: BufferPool::new(world),
-            recv: BufferPool::new(1),
+            recv: Some(BufferPool::new(1)),
             per_rank: 0,
         };
         let probe = rank.mesh.is_source().then(|| rank.prepare(1));
@@ -199,7 +200,7 @@ impl Rank {
     }
 
     fn step(&self, ready: Option<Prepared>, pooled: bool) -> featshard_runtime::dist::LocalSample {
-        let recv = pooled.then_some(&self.recv);
+        let recv = self.recv.as_ref().filter(|_| pooled);
         distribute_with(&self.mesh, ready.map(Ok), recv, Ok).expect("distribute")
     }
 
@@ -247,8 +248,11 @@ impl Rank {
     /// One raw scatter into the receive buffer `distribute` reuses.
     fn raw_reused(&self) -> Duration {
         let inputs = self.raw_inputs();
-        let mut out = self
+        let recv = self
             .recv
+            .as_ref()
+            .expect("the receive pool, before the loader");
+        let mut out = recv
             .take(self.per_rank, Device::Cpu)
             .expect("receive buffer");
         self.sync();
@@ -292,7 +296,8 @@ impl Rank {
 
     /// Two epochs of the sharded loader against raw scatters of as many samples. The
     /// loader keeps its own buffers (the raw scatters still send from `pool`).
-    fn loader(&self, times: &mut Times) {
+    fn loader(&mut self, times: &mut Times) {
+        self.recv = None;
         let loader = ShardedLoader::new(
             Arc::clone(&self.dataset),
             Arc::clone(&self.plan),
