@@ -231,36 +231,34 @@ impl Rank {
     /// `n` raw scatters, each into a new tensor, as code that hands the received
     /// tensors on does.
     fn raw(&self, n: usize) -> Duration {
-        let inputs = self.raw_inputs();
-        self.sync();
-        let start = Instant::now();
-        for _ in 0..n {
-            let mut out = Tensor::empty([self.per_rank as i64], (Kind::Uint8, Device::Cpu));
-            self.mesh
-                .cp()
-                .scatter(&mut out, inputs.as_deref(), 0)
-                .expect("scatter");
-        }
-        self.sync();
-        start.elapsed()
+        self.scatters(n, || {
+            Tensor::empty([self.per_rank as i64], (Kind::Uint8, Device::Cpu))
+        })
     }
 
     /// One raw scatter into the receive buffer `distribute` reuses.
     fn raw_reused(&self) -> Duration {
-        let inputs = self.raw_inputs();
         let recv = self
             .recv
             .as_ref()
             .expect("the receive pool, before the loader");
-        let mut out = recv
-            .take(self.per_rank, Device::Cpu)
-            .expect("receive buffer");
+        self.scatters(1, || {
+            recv.take(self.per_rank, Device::Cpu)
+                .expect("receive buffer")
+        })
+    }
+
+    /// `n` raw scatters from the send buffers, barrier to barrier, each into `out()`.
+    fn scatters(&self, n: usize, out: impl Fn() -> Tensor) -> Duration {
+        let inputs = self.raw_inputs();
         self.sync();
         let start = Instant::now();
-        self.mesh
-            .cp()
-            .scatter(&mut out, inputs.as_deref(), 0)
-            .expect("scatter");
+        for _ in 0..n {
+            self.mesh
+                .cp()
+                .scatter(&mut out(), inputs.as_deref(), 0)
+                .expect("scatter");
+        }
         self.sync();
         start.elapsed()
     }
