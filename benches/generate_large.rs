@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use featshard::codegen;
-use featshard::spec::{lower, plan};
+use featshard::spec::{parse_str, plan};
 
 const FEATURES: usize = 10_000;
 const RUNS: usize = 5;
@@ -62,8 +62,7 @@ fn main() {
     let (baseline, _) = time(|| {
         serde_saphyr::from_str::<serde_json::Value>(&text).expect("large spec parses as YAML")
     });
-    let (t_parse, spec) =
-        time(|| lower::parse_str("large.yaml", &text).expect("large spec is valid"));
+    let (t_parse, spec) = time(|| parse_str("large.yaml", &text).expect("large spec is valid"));
     let (t_plan, plan) = time(|| plan::plan(&spec).expect("large spec plans"));
     let (t_py, py) = time(|| codegen::python_module(&plan).expect("python"));
     let (t_pyi, pyi) = time(|| codegen::python_stub(&plan).expect("stub"));

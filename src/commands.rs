@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use featshard_codegen::GeneratedFile;
-use featshard_spec::infer::CP_AXES;
+use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{
     chunk_sizes, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, ResolveError, Resolved,
     TensorPlan,

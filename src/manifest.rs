@@ -31,5 +31,5 @@ pub fn new_run_id(plan: &Plan) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let seed = format!("{nanos} {} {}", std::process::id(), plan.source.sha256);
-    featshard_spec::lower::sha256_hex(&seed)[..32].to_owned()
+    featshard_spec::sha256_hex(&seed)[..32].to_owned()
 }

@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use featshard_spec::infer::{Split, CP_AXES};
 use featshard_spec::plan::{FeaturePlan, Plan, Resolved, TensorPlan};
+use featshard_spec::plan::{Split, CP_AXES};
 
 use crate::commands::Failure;
 

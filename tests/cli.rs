@@ -271,7 +271,7 @@ fn feature_order_in_the_yaml_does_not_change_the_output() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let golden = root().join("tests/golden/boltz2");
     let strip = |s: String, sha: &str| s.replace(sha, "<sha>");
-    let sha_of = |t: &str| featshard::spec::lower::sha256_hex(t);
+    let sha_of = |t: &str| featshard::spec::sha256_hex(t);
     for name in [
         "boltz2_placements.py",
         "boltz2_placements.pyi",

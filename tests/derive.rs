@@ -290,7 +290,7 @@ fn yaml_plan() -> featshard::spec::Plan {
 fn yaml_plan_with(metadata: bool) -> featshard::spec::Plan {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/boltz2.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
-    let mut spec = featshard::spec::lower::parse_str("boltz2.yaml", &text).unwrap();
+    let mut spec = featshard::spec::parse_str("boltz2.yaml", &text).unwrap();
     if !metadata {
         spec.features
             .retain(|_, f| matches!(f.kind, featshard::spec::ir::FeatureKind::Tensor(_)));
@@ -411,12 +411,20 @@ fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
                 // Without a pool, then twice through one: the second step reuses the
                 // first one's buffers, dropped by then.
                 let pool = BufferPool::new(if mesh.is_source() { 5 } else { 1 });
+                let pooled = Boltz2Inference::distributor(&mesh)
+                    .send_pool(pool.clone())
+                    .recv_pool(pool);
                 let mut received = None;
-                for (step, pool) in [None, Some(&pool), Some(&pool)].into_iter().enumerate() {
+                for step in 0..3 {
                     // The previous sample is dropped before this step.
                     let prev = received.take().map(|(at, _)| at);
                     let source = mesh.is_source().then_some((7 + step, &serial));
-                    let got = Boltz2Inference::distribute_with(&mesh, source, pool).unwrap();
+                    let got = if step == 0 {
+                        Boltz2Inference::distribute(&mesh, source)
+                    } else {
+                        Boltz2Inference::distribute_with(&pooled, source)
+                    }
+                    .unwrap();
                     assert_eq!(got.sample, 7 + step);
                     assert_eq!(got.meta.len(), 79);
                     assert_eq!(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use featshard::runtime::dist::{
-    collate, distribute, prepare, GroupOptions, LocalSample, Mesh, PreshardedDataset, Rendezvous,
+    collate, Distributor, GroupOptions, LocalSample, Mesh, PreshardedDataset, Rendezvous,
 };
 use featshard::runtime::{Features, Options};
 use featshard::spec::Plan;
@@ -103,12 +103,11 @@ fn on_ranks(world: usize, dp: usize, cp: [usize; 2], out: &Path, samples: &[Feat
                 // Replica d reads samples d, d + dp, ... as a distributed sampler splits them.
                 let mut offline = Vec::new();
                 let mut online = Vec::new();
+                let d = Distributor::new(&mesh, Arc::clone(&plan)).options(inference());
                 for i in (mesh.dp_index()..ds.len()).step_by(dp) {
                     offline.push(ds.read(&plan, i, mesh.cp_rank()).unwrap());
-                    let source = mesh
-                        .is_source()
-                        .then(|| Ok(prepare(&plan, cp, &inference(), i, &samples[i]).unwrap()));
-                    online.push(distribute(&mesh, source).unwrap());
+                    let source = mesh.is_source().then(|| (i, &samples[i]));
+                    online.push(d.send(source).unwrap());
                 }
                 for (a, b) in offline.iter().zip(&online) {
                     same(a, b);

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use featshard::spec::compile_str;
-use featshard::spec::infer::Split;
+use featshard::spec::plan::Split;
 use featshard::spec::plan::{FeaturePlan, Lengths, Padding};
 use proptest::prelude::*;
 

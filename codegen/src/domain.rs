@@ -1,7 +1,7 @@
 //! The Python module of a domain-parallel (PhysicsNeMo ShardTensor) spec: placement
 //! tables plus `scatter_inputs` / `gather_outputs` over `scatter_tensor`.
 
-use featshard_spec::infer::Split;
+use featshard_spec::plan::Split;
 use featshard_spec::plan::{FeaturePlan, Padding, Plan, SplitPlan, TensorPlan};
 use serde::Serialize;
 

@@ -3,8 +3,8 @@
 //! The context is plain strings already written as Python literals, so the templates
 //! hold layout only.
 
-use featshard_spec::infer::Split;
 use featshard_spec::ir::{DeriveRule, IncomingSource, IndexScope, PadValue, Placement, Role};
+use featshard_spec::plan::Split;
 use featshard_spec::plan::{FeaturePlan, Padding, Plan, Remap, SemanticPlan, TensorPlan};
 use serde::Serialize;
 use tera::{Context, Tera};
@@ -337,7 +337,7 @@ impl FeatureRows {
             .iter()
             .enumerate()
             .filter_map(|(i, a)| match a.split {
-                featshard_spec::infer::Split::Follows { leader, .. } => {
+                featshard_spec::plan::Split::Follows { leader, .. } => {
                     Some(format!("({i}, {leader})"))
                 }
                 _ => None,

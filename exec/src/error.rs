@@ -102,6 +102,31 @@ pub enum RuntimeError {
         feature: String,
         message: String,
     },
+    /// As many ranks' items (blocks, headers, paths) as the mesh has ranks were
+    /// expected.
+    RankCount {
+        what: &'static str,
+        given: usize,
+        mesh: [usize; 2],
+    },
+    /// A rank outside the mesh.
+    NoSuchRank {
+        rank: usize,
+        mesh: [usize; 2],
+    },
+    /// A semantic without a `window` cannot be packed.
+    NoWindow {
+        semantic: String,
+    },
+    /// A safetensors header or file could not be written.
+    Safetensors {
+        message: String,
+    },
+    /// A buffer could not be allocated.
+    Alloc {
+        bytes: usize,
+        message: String,
+    },
     Io {
         path: String,
         message: String,
@@ -166,6 +191,26 @@ impl fmt::Display for RuntimeError {
             Plan(e) => write!(f, "{e}"),
             Blocks { feature, message } => write!(f, "feature `{feature}`: {message}"),
             Torch { feature, message } => write!(f, "feature `{feature}`: torch: {message}"),
+            RankCount { what, given, mesh } => write!(
+                f,
+                "{given} {what} given for a {}x{} mesh of {} ranks",
+                mesh[0],
+                mesh[1],
+                mesh[0] * mesh[1]
+            ),
+            NoSuchRank { rank, mesh } => write!(
+                f,
+                "rank {rank} is outside the {}x{} mesh of {} ranks",
+                mesh[0],
+                mesh[1],
+                mesh[0] * mesh[1]
+            ),
+            NoWindow { semantic } => write!(
+                f,
+                "semantic `{semantic}` has no `window`, so it cannot be packed"
+            ),
+            Safetensors { message } => write!(f, "safetensors: {message}"),
+            Alloc { bytes, message } => write!(f, "cannot allocate {bytes} bytes: {message}"),
             Io { path, message } => write!(f, "{path}: {message}"),
             Unsupported { message } => write!(f, "{message}"),
         }

@@ -241,10 +241,7 @@ pub fn header(
     metadata: &Metadata,
 ) -> Result<Vec<u8>, RuntimeError> {
     use safetensors::tensor::{Metadata as Layout, TensorInfo};
-    let bad = |e: String| RuntimeError::Blocks {
-        feature: "*".into(),
-        message: e,
-    };
+    let bad = |message: String| RuntimeError::Safetensors { message };
     let mut offset = 0;
     let mut infos = Vec::with_capacity(entries.len());
     for (name, d, shape) in entries {

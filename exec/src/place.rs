@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::infer::{Split, CP_AXES};
 use featshard_spec::ir::{PadValue, Role};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
+use featshard_spec::plan::{Split, CP_AXES};
 
 use crate::array::Array;
 use crate::dtype;

@@ -30,15 +30,11 @@ pub fn write_rank_files(
     threads: usize,
 ) -> Result<Vec<FileSum>, RuntimeError> {
     let world = placed.layout.mesh.iter().product::<usize>();
-    if headers.len() != world || paths.len() != world {
-        return Err(RuntimeError::Blocks {
-            feature: "*".into(),
-            message: format!(
-                "{} headers and {} paths for {world} ranks",
-                headers.len(),
-                paths.len()
-            ),
-        });
+    for (what, given) in [("headers", headers.len()), ("paths", paths.len())] {
+        if given != world {
+            let mesh = placed.layout.mesh;
+            return Err(RuntimeError::RankCount { what, given, mesh });
+        }
     }
     let entries = entries(plan, placed)?;
     let threads = threads.clamp(1, world.max(1));

@@ -112,11 +112,18 @@ fn plan_items(names: &Names, model: &Model) -> syn::Result<TokenStream> {
 
         /// The plan (the same Plan IR the YAML path produces).
         pub fn plan() -> &'static ::featshard::spec::Plan {
-            static PLAN: ::std::sync::OnceLock<::featshard::spec::Plan> = ::std::sync::OnceLock::new();
+            Self::shared_plan()
+        }
+
+        fn shared_plan() -> &'static ::std::sync::Arc<::featshard::spec::Plan> {
+            static PLAN: ::std::sync::OnceLock<::std::sync::Arc<::featshard::spec::Plan>> =
+                ::std::sync::OnceLock::new();
             // The JSON was written by serde_json from this very type at compile time.
             PLAN.get_or_init(|| {
-                ::featshard::__private::serde_json::from_str(#plan_json)
-                    .expect("plan embedded by #[derive(Features)] is valid")
+                ::std::sync::Arc::new(
+                    ::featshard::__private::serde_json::from_str(#plan_json)
+                        .expect("plan embedded by #[derive(Features)] is valid"),
+                )
             })
         }
 
@@ -168,6 +175,17 @@ fn runtime_methods(names: &Names) -> TokenStream {
             #local::from_features(features)
         }
 
+        /// A distributor of this struct's samples over `mesh`: the blocks written
+        /// once the header is out, while the other ranks ready their buffers. Give it
+        /// buffer pools to reuse memory from step to step.
+        pub fn distributor(
+            mesh: &::featshard::runtime::dist::Mesh,
+        ) -> ::featshard::runtime::dist::Distributor<'_> {
+            ::featshard::runtime::dist::Distributor::new(mesh, ::std::sync::Arc::clone(Self::shared_plan()))
+                .options(Self::options())
+                .write(::featshard::runtime::dist::Write::InStep)
+        }
+
         /// Distributes one sample over the CP group of `mesh` through c10d. Every
         /// rank calls it; the source rank (CP coordinate `(0, 0)`) passes the sample
         /// and its dataset index, the others `None`. Each rank receives exactly its
@@ -180,39 +198,27 @@ fn runtime_methods(names: &Names) -> TokenStream {
             ::featshard::runtime::dist::Distributed<#local>,
             ::featshard::runtime::dist::DistError,
         > {
-            Self::distribute_with(mesh, source, ::core::option::Option::None)
+            Self::distribute_with(&Self::distributor(mesh), source)
         }
 
-        /// [`Self::distribute`] through this rank's buffer pool: the source's send
-        /// buffers and every rank's receive buffer come from `pool` (room for the
-        /// CP group's buffers and one more on the source), reused from call to call
-        /// once the previous sample is dropped.
+        /// [`Self::distribute`] through `distributor` (from [`Self::distributor`],
+        /// with its buffer pools).
         pub fn distribute_with(
-            mesh: &::featshard::runtime::dist::Mesh,
+            distributor: &::featshard::runtime::dist::Distributor<'_>,
             source: ::core::option::Option<(usize, &Self)>,
-            pool: ::core::option::Option<&::featshard::runtime::dist::BufferPool>,
         ) -> ::core::result::Result<
             ::featshard::runtime::dist::Distributed<#local>,
             ::featshard::runtime::dist::DistError,
         > {
-            // Written once the header is out, while the other ranks ready their buffers.
             let source = source.map(|(index, sample)| {
-                ::featshard::runtime::dist::prepare_deferred(
-                    Self::plan(),
-                    mesh.cp_shape(),
-                    &Self::options(),
-                    index,
-                    &sample.to_features(),
-                    pool,
-                )
-                .map_err(|e| ::featshard::runtime::dist::SourceFailure {
-                    sample: ::core::option::Option::Some(index),
-                    message: e.to_string(),
-                })
+                distributor
+                    .prepare(index, &sample.to_features())
+                    .map_err(|e| ::featshard::runtime::dist::SourceFailure {
+                        sample: ::core::option::Option::Some(index),
+                        message: e.to_string(),
+                    })
             });
-            ::featshard::runtime::dist::distribute_with(mesh, source, pool, |local| {
-                local.typed(#local::from_features).map_err(|e| e.to_string())
-            })
+            distributor.step_then(source, |local| local.typed(#local::from_features))
         }
 
         /// Every rank's typed blocks back into the serial struct.

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use featshard_spec::diag::SpecError;
 use featshard_spec::ir::{DType, FeatureKind, Source, Spec};
 use featshard_spec::loc::Loc;
-use featshard_spec::lower;
 use featshard_spec::plan::{self, Plan};
 use proc_macro2::Span;
 use syn::{Field, GenericArgument, Ident, PathArguments, Type};
@@ -138,14 +137,14 @@ fn from_attributes(
     let raw = raw::spec(&input.ident, sattrs, &fields, fattrs, &mut tokens);
     let source = Source {
         name: input.ident.to_string(),
-        sha256: featshard_spec::lower::sha256_hex(&quote::quote!(#input).to_string()),
+        sha256: featshard_spec::sha256_hex(&quote::quote!(#input).to_string()),
     };
     let at = Spans {
         tokens: &tokens,
         fields: &fields,
         whole: input.ident.span(),
     };
-    let planned = lower::lower(raw, source).and_then(|spec| plan::plan(&spec));
+    let planned = featshard_spec::lower(raw, source).and_then(|spec| plan::plan(&spec));
     match planned {
         Ok(plan) => Some(Model {
             plan,
@@ -277,7 +276,7 @@ fn load_spec(
             return None;
         }
     };
-    let mut spec = match featshard_spec::lower::parse_str(&path.value, &text) {
+    let mut spec = match featshard_spec::parse_str(&path.value, &text) {
         Ok(s) => s,
         Err(d) => {
             errors.push(syn::Error::new(

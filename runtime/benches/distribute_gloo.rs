@@ -19,7 +19,7 @@
 //!   loader does), with 1 and with 2 threads.
 //! - distribute from the serial sample: validate and place it, then the step above with
 //!   the source writing the blocks on 2 threads once the header is out
-//!   (`prepare_deferred`); into pooled receive buffers, and into new ones (which the
+//!   (`Write::InStep`); into pooled receive buffers, and into new ones (which the
 //!   other ranks fault in while the source writes).
 //! - loader, 4 samples: the sharded loader (prefetch 1, 2 threads) against 4 raw
 //!   scatters into new buffers, for two epochs: the first touches its buffers for the
@@ -32,8 +32,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use featshard_runtime::dist::{
-    distribute_with, prepare_deferred, prepare_with, BufferPool, GroupOptions, LoaderOptions, Mesh,
-    Prepared, Rendezvous, SerialDataset, ShardedLoader,
+    BufferPool, Distributor, GroupOptions, LoaderOptions, Mesh, Prepared, Preparer, Rendezvous,
+    SerialDataset, ShardedLoader, Write,
 };
 use featshard_runtime::{Features, Options};
 use tch::{Device, Kind, Tensor};
@@ -176,32 +176,36 @@ impl Rank {
         }
     }
 
+    fn preparer(&self, threads: usize, write: Write) -> Preparer {
+        Preparer::new(Arc::clone(&self.plan), CP)
+            .options(self.with_threads(threads))
+            .pool(self.pool.clone())
+            .write(write)
+    }
+
     /// The source alone: the sample validated, placed and written into send buffers.
     fn prepare(&self, threads: usize) -> Prepared {
         let s = self.dataset.get(0).expect("sample");
-        prepare_with(
-            &self.plan,
-            CP,
-            &self.with_threads(threads),
-            0,
-            &s,
-            Some(&self.pool),
-        )
-        .expect("prepare")
+        self.preparer(threads, Write::Now)
+            .prepare(0, &s)
+            .expect("prepare")
     }
 
     /// The source's blocks written once the header is out.
     fn deferred(&self, threads: usize) -> Option<Prepared> {
         self.mesh.is_source().then(|| {
             let s = self.dataset.get(0).expect("sample");
-            let opts = self.with_threads(threads);
-            prepare_deferred(&self.plan, CP, &opts, 0, &s, Some(&self.pool)).expect("prepare")
+            let p = self.preparer(threads, Write::InStep);
+            p.prepare(0, &s).expect("prepare")
         })
     }
 
     fn step(&self, ready: Option<Prepared>, pooled: bool) -> featshard_runtime::dist::LocalSample {
-        let recv = self.recv.as_ref().filter(|_| pooled);
-        distribute_with(&self.mesh, ready.map(Ok), recv, Ok).expect("distribute")
+        let mut d = Distributor::new(&self.mesh, Arc::clone(&self.plan));
+        if let Some(recv) = self.recv.as_ref().filter(|_| pooled) {
+            d = d.recv_pool(recv.clone());
+        }
+        d.step(ready.map(Ok)).expect("distribute")
     }
 
     fn timed(&self, ready: Option<Prepared>, pooled: bool) -> Duration {

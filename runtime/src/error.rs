@@ -10,9 +10,14 @@ pub(crate) trait TorchContext<T> {
 
 impl<T> TorchContext<T> for Result<T, tch::TchError> {
     fn feature(self, name: &str) -> Result<T, RuntimeError> {
-        self.map_err(|e| RuntimeError::Torch {
-            feature: name.to_owned(),
-            message: e.to_string(),
-        })
+        self.map_err(|e| torch(name, &e))
+    }
+}
+
+/// A libtorch error on feature `name`.
+pub(crate) fn torch(name: &str, e: &tch::TchError) -> RuntimeError {
+    RuntimeError::Torch {
+        feature: name.to_owned(),
+        message: e.to_string(),
     }
 }

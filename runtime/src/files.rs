@@ -149,8 +149,7 @@ pub fn serialize(tensors: &Tensors, metadata: &Metadata) -> Result<Vec<u8>, Runt
         .collect::<Result<_, RuntimeError>>()?;
     let info = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
     safetensors::serialize(bytes.iter().map(|(n, b)| (n.as_str(), b)), info).map_err(|e| {
-        RuntimeError::Blocks {
-            feature: "*".into(),
+        RuntimeError::Safetensors {
             message: e.to_string(),
         }
     })

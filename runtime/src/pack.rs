@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::infer::CP_AXES;
 use featshard_spec::pack::{PackPlan, PackedForm, PAD_ID};
 use featshard_spec::plan::Plan;
+use featshard_spec::plan::CP_AXES;
 use tch::{Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
@@ -38,9 +38,8 @@ pub fn pack(
 ) -> Result<Packed, RuntimeError> {
     let pack = plan
         .pack_plan(semantic)
-        .ok_or_else(|| RuntimeError::Blocks {
-            feature: "*".into(),
-            message: format!("semantic `{semantic}` has no `window`, so it cannot be packed"),
+        .ok_or_else(|| RuntimeError::NoWindow {
+            semantic: semantic.to_owned(),
         })?;
     let (taken, checked) = intake_checked(plan, features, opts)?;
     let features = &taken.features;

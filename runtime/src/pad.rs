@@ -9,8 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::infer::CP_AXES;
 use featshard_spec::ir::PadValue;
+use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 use tch::{Device, Kind, Tensor};
 

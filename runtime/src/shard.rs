@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::infer::CP_AXES;
 use featshard_spec::ir::Placement;
+use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -255,14 +255,10 @@ fn assembled_shapes(
     let mesh = layout.mesh;
     let world: usize = mesh.iter().product();
     if ranks.len() != world {
-        return Err(RuntimeError::Blocks {
-            feature: "*".into(),
-            message: format!(
-                "{} ranks given for a {}x{} mesh",
-                ranks.len(),
-                mesh[0],
-                mesh[1]
-            ),
+        return Err(RuntimeError::RankCount {
+            what: "ranks' blocks",
+            given: ranks.len(),
+            mesh,
         });
     }
     let wanted = plan.feature_names(workflow)?;

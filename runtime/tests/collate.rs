@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use featshard_runtime::dist::{collate, distribute, prepare, GroupOptions, Mesh, Rendezvous};
+use featshard_runtime::dist::{collate, Distributor, GroupOptions, Mesh, Rendezvous};
 use featshard_runtime::kind::scalar;
 use featshard_runtime::Options;
 use featshard_spec::plan::{FeaturePlan, Remap};
@@ -49,11 +49,11 @@ fn replicas_of_different_lengths_collate_to_one_shape() {
                     ..Options::default()
                 };
                 let replica = mesh.dp_index();
-                let source = mesh.is_source().then(|| {
-                    let s = common::boltz_sample(&plan, &counts[replica], replica as i64);
-                    Ok(prepare(&plan, cp, &sopts, replica, &s).unwrap())
-                });
-                let local = distribute(&mesh, source).unwrap();
+                let s = mesh
+                    .is_source()
+                    .then(|| common::boltz_sample(&plan, &counts[replica], replica as i64));
+                let d = Distributor::new(&mesh, Arc::clone(&plan)).options(sopts);
+                let local = d.send(s.as_ref().map(|s| (replica, s))).unwrap();
                 let before = local.tensors();
                 let batch = collate(&mesh, &plan, vec![local]).unwrap();
                 (mesh.rank(), replica, before, batch)
@@ -164,14 +164,15 @@ fn replicas_whose_samples_hold_different_features_fail_collate_by_name() {
                     ..Options::default()
                 };
                 let replica = mesh.dp_index();
-                let source = mesh.is_source().then(|| {
+                let s = mesh.is_source().then(|| {
                     let mut s = common::boltz_sample(&plan, &[2, 1, 3, 1], replica as i64);
                     if replica == 1 {
                         s.remove("pair_mask");
                     }
-                    Ok(prepare(&plan, [2, 1], &sopts, replica, &s).unwrap())
+                    s
                 });
-                let local = distribute(&mesh, source).unwrap();
+                let d = Distributor::new(&mesh, Arc::clone(&plan)).options(sopts);
+                let local = d.send(s.as_ref().map(|s| (replica, s))).unwrap();
                 collate(&mesh, &plan, vec![local])
                     .map(|_| ())
                     .unwrap_err()

@@ -4,7 +4,9 @@
 
 mod common;
 
-use featshard_runtime::dist::{prepare_deferred, prepare_with, BufferPool};
+use std::sync::Arc;
+
+use featshard_runtime::dist::{BufferPool, Preparer, Write};
 use featshard_runtime::{pad, Options};
 
 #[test]
@@ -17,19 +19,24 @@ fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads_written_now_or_
         ..Options::default()
     };
     let padded = pad(&plan, cp, &features, &opts).expect("pad");
-    for (threads, deferred) in [(1, false), (3, false), (1, true), (2, true)] {
+    let plan = Arc::new(plan);
+    for (threads, write) in [
+        (1, Write::Now),
+        (3, Write::Now),
+        (1, Write::InStep),
+        (2, Write::InStep),
+    ] {
         opts.threads = threads;
         let pool = BufferPool::new(cp[0] * cp[1]);
+        let preparer = Preparer::new(Arc::clone(&plan), cp)
+            .options(opts.clone())
+            .pool(pool.clone())
+            .write(write);
         // Twice from one pool: the second sample is written over the first one's bytes,
         // which dropping (or distributing) the first frees.
         for round in 0..2 {
             assert_eq!(pool.free(), round * cp[0] * cp[1]);
-            let prepare = if deferred {
-                prepare_deferred
-            } else {
-                prepare_with
-            };
-            let mut p = prepare(&plan, cp, &opts, 4, &features, Some(&pool)).expect("prepare");
+            let mut p = preparer.prepare(4, &features).expect("prepare");
             assert_eq!((pool.free(), pool.kept()), (0, cp[0] * cp[1]));
             for rank in 0..cp[0] * cp[1] {
                 let local = p.local(rank).expect("rank buffer");
@@ -43,13 +50,17 @@ fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads_written_now_or_
                 for (name, b) in &local.blocks {
                     assert!(
                         b.tensor.equal(&want[name].tensor),
-                        "{threads} threads, deferred {deferred}, rank {rank}, {name}"
+                        "{threads} threads, written {write:?}, rank {rank}, {name}"
                     );
                     assert_eq!(b.meta, want[name].meta, "{name}");
                 }
                 assert!(local.passthrough.is_empty());
             }
-            assert!(p.local(cp[0] * cp[1]).is_err(), "a rank outside the group");
+            let outside = p.local(cp[0] * cp[1]).map(|_| ()).unwrap_err();
+            assert_eq!(
+                outside.to_string(),
+                "rank 6 is outside the 2x3 mesh of 6 ranks"
+            );
         }
     }
 }

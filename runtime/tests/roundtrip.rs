@@ -5,8 +5,8 @@ mod common;
 
 use featshard_runtime::shard::coords;
 use featshard_runtime::{assemble, intake, pad, place, unpad, Features, Options, Padded};
-use featshard_spec::infer::Split;
 use featshard_spec::ir::Role;
+use featshard_spec::plan::Split;
 use featshard_spec::plan::{FeaturePlan, Plan};
 use proptest::prelude::*;
 use tch::Tensor;
@@ -292,6 +292,11 @@ fn a_shard_without_atoms_and_a_giant_token_round_trip_on_3x3() {
             .sum(tch::Kind::Float)
             .double_value(&[]),
         0.0
+    );
+    let short = assemble(&plan, &padded.layout, Some("inference"), &ranks[1..]).unwrap_err();
+    assert_eq!(
+        short.to_string(),
+        "8 ranks' blocks given for a 3x3 mesh of 9 ranks"
     );
     let assembled = assemble(&plan, &padded.layout, Some("inference"), &ranks).expect("assemble");
     let serial = unpad(&plan, &padded.layout, &assembled).expect("unpad");

@@ -5,20 +5,27 @@
 //! YAML --lower--> Spec IR --check/infer--> Plan IR --resolve(mesh, lengths)--> shapes
 //! ```
 //!
-//! Every front end (YAML here, the derive macro elsewhere) produces the same
-//! [`ir::Spec`] and calls [`plan::plan`]; no other crate decides a placement.
+//! Every front end (YAML here, the derive macro elsewhere) builds the same
+//! [`syntax::RawSpec`], lowers it with [`lower`] into the same [`ir::Spec`] and calls
+//! [`plan::plan`]; no other crate decides a placement.
+//!
+//! The public surface is the two IRs ([`ir`], [`plan`]), the syntax tree both front ends
+//! build ([`syntax`]), the geometry a runtime executes ([`layout`], [`pack`], [`shards`]),
+//! errors ([`diag`], [`loc`]), [`limits`] and [`names`]. Validation (`check`), the
+//! placement inference (`infer`) and lowering (`lower`) are internal: what they decide
+//! reaches other crates only through the plan.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod check;
+mod check;
 pub mod diag;
-pub mod infer;
+mod infer;
 pub mod ir;
 pub mod layout;
 pub mod limits;
 pub mod loc;
-pub mod lower;
+mod lower;
 pub mod names;
 mod ownership;
 pub mod pack;
@@ -28,7 +35,8 @@ pub mod syntax;
 
 pub use diag::{Diagnostics, SpecError};
 pub use ir::{DType, PadValue, Placement, Spec};
-pub use plan::{Lengths, Plan, Resolved};
+pub use lower::{lower, parse_str, sha256_hex};
+pub use plan::{Lengths, Plan, Resolved, Split, CP_AXES};
 
 /// Parses, validates and plans spec text in one step.
 pub fn compile_str(name: &str, text: &str) -> Result<(Spec, Plan), Diagnostics> {

@@ -9,7 +9,7 @@ pub fn errors_of(text: &str) -> String {
     // `FEATSHARD_FUZZ_SEEDS=DIR` saves every case as a fuzzing seed (fuzz/seeds/).
     if let Some(dir) = std::env::var_os("FEATSHARD_FUZZ_SEEDS") {
         if text.len() < 64 * 1024 {
-            let name = featshard_spec::lower::sha256_hex(text);
+            let name = featshard_spec::sha256_hex(text);
             let _ = std::fs::write(
                 std::path::Path::new(&dir).join(format!("malformed-{}.yaml", &name[..16])),
                 text,

@@ -4,14 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::infer::Split;
 use featshard_spec::layout::repad_indices;
+use featshard_spec::plan::Split;
 use featshard_spec::plan::{Plan, Remap, TensorPlan};
 use tch::{Device, Tensor};
 
-use super::distribute::LocalSample;
 use super::error::DistError;
 use super::group::ReduceOp;
+use super::local::LocalSample;
 use super::mesh::Mesh;
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::{kind_of, scalar};

@@ -9,11 +9,12 @@ use std::thread::JoinHandle;
 use featshard_spec::plan::Plan;
 
 use super::collate::{collate, Batch};
-use super::distribute::{
-    distribute_with, prepare_with, BufferPool, LocalSample, Source, SourceFailure,
-};
+use super::distribute::{Distributor, Source, SourceFailure};
 use super::error::DistError;
+use super::local::LocalSample;
 use super::mesh::Mesh;
+use super::pool::BufferPool;
+use super::prepare::Preparer;
 use crate::sample::{Features, Options};
 
 /// A dataset of serial (unpadded, unsharded) samples, read on source ranks only.
@@ -163,23 +164,26 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
     pub fn samples<'m>(&self, mesh: &'m Mesh, epoch: u64) -> Samples<'m> {
         let indices = self.indices(epoch, mesh.dp_size(), mesh.dp_index());
         let remaining = indices.len();
+        // The worker holds one prepared sample while it waits to hand it over, so
+        // `prefetch` samples ahead take a channel of `prefetch - 1`.
+        let ahead = self.opts.prefetch.max(1);
+        let cp = mesh.cp_shape();
+        // Every rank's buffer of the samples in flight: prefetched + one scattering.
+        let send = self
+            .pool
+            .get_or_init(|| BufferPool::new(cp[0] * cp[1] * (ahead + 1)));
+        let distributor = Distributor::new(mesh, Arc::clone(&self.plan))
+            .options(self.opts.sample.clone())
+            .send_pool(send.clone())
+            .recv_pool(self.recv.clone());
         let (rx, worker) = if mesh.is_source() {
-            // The worker holds one prepared sample while it waits to hand it over, so
-            // `prefetch` samples ahead take a channel of `prefetch - 1`.
-            let ahead = self.opts.prefetch.max(1);
             let (tx, rx) = sync_channel(ahead - 1);
             let dataset = Arc::clone(&self.dataset);
-            let plan = Arc::clone(&self.plan);
-            let opts = self.opts.clone();
-            let cp = mesh.cp_shape();
-            // Every rank's buffer of the samples in flight: prefetched + one scattering.
-            let pool = self
-                .pool
-                .get_or_init(|| BufferPool::new(cp[0] * cp[1] * (ahead + 1)))
-                .clone();
+            let preparer = distributor.preparer().clone();
+            let retries = self.opts.retries;
             let worker = std::thread::spawn(move || {
                 for index in indices {
-                    let source = fetch(dataset.as_ref(), &plan, cp, &opts, index, &pool);
+                    let source = fetch(dataset.as_ref(), &preparer, retries, index);
                     if tx.send(source).is_err() {
                         return; // the iterator was dropped
                     }
@@ -190,9 +194,7 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
             (None, None)
         };
         Samples {
-            mesh,
-            plan: Arc::clone(&self.plan),
-            recv: self.recv.clone(),
+            distributor,
             remaining,
             rx,
             worker,
@@ -205,23 +207,20 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
 /// times at most.
 fn fetch<D: SerialDataset>(
     dataset: &D,
-    plan: &Plan,
-    cp: [usize; 2],
-    opts: &LoaderOptions,
+    preparer: &Preparer,
+    retries: usize,
     index: usize,
-    pool: &BufferPool,
 ) -> Source {
     let n = dataset.len();
     let mut last = SourceFailure {
         sample: Some(index),
         message: "empty dataset".into(),
     };
-    for k in 0..=opts.retries {
+    for k in 0..=retries {
         let i = (index + k) % n.max(1);
-        let attempt = dataset.get(i).and_then(|features| {
-            prepare_with(plan, cp, &opts.sample, i, &features, Some(pool))
-                .map_err(|e| e.to_string())
-        });
+        let attempt = dataset
+            .get(i)
+            .and_then(|features| preparer.prepare(i, &features).map_err(|e| e.to_string()));
         match attempt {
             Ok(prepared) => return Ok(prepared),
             Err(message) => {
@@ -241,9 +240,7 @@ fn fetch<D: SerialDataset>(
 
 /// The distributed samples of one epoch on this rank.
 pub struct Samples<'m> {
-    mesh: &'m Mesh,
-    plan: Arc<Plan>,
-    recv: BufferPool,
+    distributor: Distributor<'m>,
     remaining: usize,
     rx: Option<Receiver<Source>>,
     worker: Option<JoinHandle<()>>,
@@ -266,7 +263,7 @@ impl Iterator for Samples<'_> {
                 })
             })
         });
-        let out = distribute_with(self.mesh, source, Some(&self.recv), Ok);
+        let out = self.distributor.step(source);
         self.done = out.is_err();
         Some(out)
     }
@@ -294,7 +291,8 @@ impl Iterator for Epoch<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         let size = self.sizes.next()?;
         let batch: Result<Vec<LocalSample>, DistError> = (&mut self.samples).take(size).collect();
-        let out = batch.and_then(|b| collate(self.samples.mesh, &self.samples.plan, b));
+        let d = &self.samples.distributor;
+        let out = batch.and_then(|b| collate(d.mesh(), d.preparer().plan(), b));
         if out.is_err() {
             self.samples.done = true;
             self.sizes = Vec::new().into_iter();

@@ -1,6 +1,6 @@
 //! The device mesh `(dp, cp0, cp1)`: row-major global ranks and this rank's groups.
 
-use featshard_spec::infer::CP_AXES;
+use featshard_spec::plan::CP_AXES;
 
 use super::error::DistError;
 use super::group::{ProcessGroup, Rendezvous};

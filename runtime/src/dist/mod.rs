@@ -10,16 +10,19 @@ pub mod distribute;
 pub mod error;
 pub mod group;
 pub mod loader;
+pub mod local;
 pub mod mesh;
+pub mod pool;
+pub mod prepare;
 pub mod presharded;
 
 pub use collate::{collate, Batch};
-pub use distribute::{
-    agree_on, distribute, distribute_then, distribute_with, prepare, prepare_deferred,
-    prepare_with, BufferPool, Distributed, LocalSample, Prepared, Source, SourceFailure,
-};
+pub use distribute::{agree_on, Distributor, Source, SourceFailure};
 pub use error::DistError;
 pub use group::{nccl_compiled, Backend, GroupOptions, ProcessGroup, ReduceOp, Rendezvous};
 pub use loader::{Epoch, LoaderOptions, Order, Samples, SerialDataset, ShardedLoader};
+pub use local::{Distributed, LocalSample};
 pub use mesh::Mesh;
+pub use pool::BufferPool;
+pub use prepare::{Prepared, Preparer, Write};
 pub use presharded::PreshardedDataset;

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use featshard_spec::plan::{FeaturePlan, Plan};
 use featshard_spec::shards::{self, layout_digest, Manifest, RankIdentity, RANK_KEY};
 
-use super::distribute::LocalSample;
 use super::error::DistError;
+use super::local::LocalSample;
 use crate::files;
 use crate::shard::{coords, DTensorMeta, LocalBlock};
 use crate::Features;

@@ -40,23 +40,27 @@ impl Slot {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Header {
-    Ok {
-        /// Index of the sample in the serial dataset.
-        sample: usize,
-        layout: SampleLayout,
-        /// Sorted by name: blocks first, then passed-through features.
-        slots: Vec<Slot>,
-        /// Bytes of every rank's buffer.
-        bytes: usize,
-        /// The source writes the blocks after sending this header: receivers ready
-        /// their buffers meanwhile.
-        #[serde(default)]
-        deferred: bool,
-    },
+    Ok(Announced),
     Error {
         sample: Option<usize>,
         message: String,
     },
+}
+
+/// A sample the source announces: what every rank's buffer will hold.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Announced {
+    /// Index of the sample in the serial dataset.
+    pub sample: usize,
+    pub layout: SampleLayout,
+    /// Sorted by name: blocks first, then passed-through features.
+    pub slots: Vec<Slot>,
+    /// Bytes of every rank's buffer.
+    pub bytes: usize,
+    /// The source writes the blocks after sending this header: receivers ready
+    /// their buffers meanwhile.
+    #[serde(default)]
+    pub deferred: bool,
 }
 
 /// Lays slots out back to back, each at an aligned offset (their `offset` is set

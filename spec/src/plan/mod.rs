@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::infer::{Split, CP_AXES};
+pub use crate::infer::{Split, CP_AXES};
 use crate::ir::*;
 use crate::layout::BlockLayout;
 use crate::ownership::chain;

@@ -1,0 +1,272 @@
+//! The source rank's half of a step: a sample validated, placed on the CP mesh, and
+//! laid out in one byte buffer per CP rank (blocks in name order, then passed-through
+//! features), ready to be announced and scattered.
+
+use std::sync::Arc;
+
+use featshard_spec::ir::DType;
+use featshard_spec::plan::{Plan, CP_AXES};
+use tch::{Device, Kind, Tensor};
+
+use super::pool::{buffer, BufferPool};
+use super::wire::{self, Announced, Slot};
+use super::LocalSample;
+use crate::error::{torch, RuntimeError, TorchContext};
+use crate::kind::kind_of;
+use crate::pad::{place, Placed};
+use crate::par::try_map;
+use crate::sample::{tensor_plan, Features, Options};
+use crate::shard::coords;
+
+/// When a prepared sample's blocks are written into its send buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Write {
+    /// In [`Preparer::prepare`]: for a loader that prepares ahead of the step, so
+    /// that the writing overlaps the step before.
+    #[default]
+    Now,
+    /// In the step, once the header is out, while the other ranks ready their receive
+    /// buffers: for a sample distributed as soon as it is read.
+    InStep,
+}
+
+/// How the source makes samples ready for a CP mesh: the plan (shared, never copied
+/// per sample), the sample options, where the send buffers come from and when the
+/// blocks are written. It holds no process group, so a loader's thread can own one.
+#[derive(Clone, Debug)]
+pub struct Preparer {
+    plan: Arc<Plan>,
+    cp: [usize; CP_AXES],
+    opts: Options,
+    pool: Option<BufferPool>,
+    write: Write,
+}
+
+impl Preparer {
+    /// Samples of `plan` for the CP mesh `cp`, with default options, new buffers for
+    /// every sample and the blocks written at once.
+    pub fn new(plan: Arc<Plan>, cp: [usize; CP_AXES]) -> Self {
+        Preparer {
+            plan,
+            cp,
+            opts: Options::default(),
+            pool: None,
+            write: Write::Now,
+        }
+    }
+
+    /// With these sample options (workflow, key policy, threads).
+    pub fn options(mut self, opts: Options) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// Send buffers from `pool`: a sample's are free again once it is dropped (after
+    /// the step that distributes it).
+    pub fn pool(mut self, pool: BufferPool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// Blocks written when `write` says.
+    pub fn write(mut self, write: Write) -> Self {
+        self.write = write;
+        self
+    }
+
+    /// The plan samples are prepared for.
+    pub fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
+
+    /// The sample options.
+    pub fn sample_options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// Validates sample `sample`, places it and lays out every CP rank's buffer; the
+    /// blocks are written now or in the step, as [`Preparer::write`] said.
+    pub fn prepare(&self, sample: usize, features: &Features) -> Result<Prepared, RuntimeError> {
+        let placed = place(&self.plan, self.cp, features, &self.opts)?;
+        let mut slots = block_slots(&self.plan, &placed)?;
+        slots.extend(passthrough_slots(&placed)?);
+        let bytes = wire::lay_out(&mut slots);
+        let world: usize = self.cp.iter().product();
+        let buffers = (0..world)
+            .map(|_| buffer(self.pool.as_ref(), bytes, Device::Cpu).map(|(t, _)| t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| RuntimeError::Alloc {
+                bytes,
+                message: e.to_string(),
+            })?;
+        let mut prepared = Prepared {
+            announced: Announced {
+                sample,
+                layout: placed.layout.clone(),
+                slots,
+                bytes,
+                deferred: true,
+            },
+            buffers,
+            pending: Some(Pending {
+                plan: Arc::clone(&self.plan),
+                placed,
+                threads: self.opts.threads,
+            }),
+        };
+        if self.write == Write::Now {
+            prepared.write()?;
+        }
+        Ok(prepared)
+    }
+}
+
+/// The slots of the placed tensors, in name order, with their DTensor metadata.
+fn block_slots(plan: &Plan, placed: &Placed) -> Result<Vec<Slot>, RuntimeError> {
+    placed
+        .tensors
+        .keys()
+        .map(|name| {
+            let t = tensor_plan(plan, name)?;
+            let s = &placed.shapes[name];
+            Ok(Slot {
+                name: name.clone(),
+                dtype: t.dtype,
+                local_shape: s.local_shape.clone(),
+                offset: 0,
+                dtensor: Some((s.global_shape.clone(), t.placements.clone())),
+            })
+        })
+        .collect()
+}
+
+/// The slots of the features carried along untouched (replicated).
+fn passthrough_slots(placed: &Placed) -> Result<Vec<Slot>, RuntimeError> {
+    placed
+        .passthrough
+        .iter()
+        .map(|(name, x)| {
+            Ok(Slot {
+                name: name.clone(),
+                dtype: dtype_of(name, x.kind())?,
+                local_shape: x.size().iter().map(|&n| n as usize).collect(),
+                offset: 0,
+                dtensor: None,
+            })
+        })
+        .collect()
+}
+
+fn dtype_of(name: &str, k: Kind) -> Result<DType, RuntimeError> {
+    DType::ALL
+        .into_iter()
+        .find(|d| kind_of(*d) == k)
+        .ok_or_else(|| RuntimeError::Torch {
+            feature: name.to_owned(),
+            message: format!("dtype {k:?} cannot be passed through"),
+        })
+}
+
+/// A sample prepared by the source rank: what it announces and every CP rank's buffer.
+#[derive(Debug)]
+pub struct Prepared {
+    pub(super) announced: Announced,
+    /// Views of their pool's buffers, when there is a pool: dropping the prepared
+    /// sample frees them for the next one.
+    pub(super) buffers: Vec<Tensor>,
+    /// Blocks not written yet ([`Write::InStep`]).
+    pending: Option<Pending>,
+}
+
+/// What writing the blocks of a sample takes.
+#[derive(Debug)]
+struct Pending {
+    plan: Arc<Plan>,
+    placed: Placed,
+    threads: usize,
+}
+
+impl Prepared {
+    /// Writes the blocks into the send buffers, if not yet written (once).
+    pub fn write(&mut self) -> Result<(), RuntimeError> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        write_ranks(&p, &self.announced.slots, &self.buffers)?;
+        self.announced.deferred = false;
+        Ok(())
+    }
+
+    /// What the rank at CP rank `rank` will receive, read back from its send buffer
+    /// (written first if need be): its blocks with their DTensor metadata and the
+    /// passed-through features (copies: a pool lends the buffer out again once the
+    /// sample is distributed and dropped).
+    pub fn local(&mut self, rank: usize) -> Result<LocalSample, RuntimeError> {
+        self.write()?;
+        let a = &self.announced;
+        let buf = self.buffers.get(rank).ok_or(RuntimeError::NoSuchRank {
+            rank,
+            mesh: a.layout.mesh,
+        })?;
+        let (mut blocks, mut passthrough) =
+            wire::unpack(buf, &a.slots).map_err(|(feature, e)| torch(&feature, &e))?;
+        let copy = |name: &str, x: &Tensor| {
+            x.f_empty_like()
+                .and_then(|mut y| y.f_copy_(x).map(|()| y))
+                .feature(name)
+        };
+        for (name, b) in blocks.iter_mut() {
+            b.tensor = copy(name, &b.tensor)?;
+        }
+        for (name, x) in passthrough.iter_mut() {
+            *x = copy(name, x)?;
+        }
+        Ok(LocalSample {
+            sample: a.sample,
+            layout: a.layout.clone(),
+            coord: coords(a.layout.mesh, rank),
+            blocks,
+            passthrough,
+        })
+    }
+}
+
+/// Writes every rank's buffer straight from the placed sample, block by block (the
+/// largest first, when there are several threads).
+fn write_ranks(p: &Pending, slots: &[Slot], buffers: &[Tensor]) -> Result<(), RuntimeError> {
+    // Tensors are not `Sync`: the workers share the plan, each has its own handles.
+    let (plan, placed) = (&*p.plan, &p.placed);
+    let cp = placed.layout.mesh;
+    let mut work: Vec<(usize, &Slot)> = (0..buffers.len())
+        .flat_map(|rank| slots.iter().map(move |slot| (rank, slot)))
+        .collect();
+    work.sort_by_key(|(_, slot)| std::cmp::Reverse(slot.nbytes()));
+    try_map(
+        &work,
+        p.threads,
+        || {
+            let buffers: Vec<Tensor> = buffers.iter().map(Tensor::shallow_clone).collect();
+            (placed.shallow_clone(), buffers)
+        },
+        |(placed, buffers), &(rank, slot)| {
+            let mut dst = wire::view(&buffers[rank], slot).feature(&slot.name)?;
+            match placed.passthrough.get(&slot.name) {
+                Some(x) => dst.f_copy_(x).feature(&slot.name),
+                None => placed
+                    .write_block(plan, &slot.name, coords(cp, rank), &mut dst)
+                    .map(|_| ()),
+            }
+        },
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+impl Prepared {
+    /// Drops the placed tensors a pending write needs, so that it fails.
+    pub(super) fn break_pending(&mut self) {
+        if let Some(p) = self.pending.as_mut() {
+            p.placed.tensors.clear();
+        }
+    }
+}
