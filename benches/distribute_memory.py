@@ -1,8 +1,7 @@
 """Benchmark: peak memory of every rank while one Boltz-2-shaped sample (1024 tokens,
 2048 MSA rows) is distributed over a 3x3 CP mesh of 9 gloo ranks, in fresh processes,
-by the package (`featshard.distribute`: the source sends each rank its blocks in one
-buffer, one rank at a time) and by the generated module (`distribute_features`: the
-source pads the whole sample, then scatters feature by feature).
+by the package (`featshard.distribute`, which the generated `<module>_data.py` calls:
+the source sends each rank its blocks in one buffer, one rank at a time).
 
     . scripts/env.sh && cargo build --release
     maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
@@ -52,19 +51,13 @@ def _worker(rank: int, folder: str, how: str) -> None:
     sample = None
     if rank == 0:
         sample = load_resident(Path(folder) / "sample.safetensors")
-    if how == "package":
-        import featshard
-        from featshard.distribute import cp_group, distribute_features
+    import featshard
+    from featshard.distribute import cp_group, distribute_features
 
-        plan, group = featshard.Plan(SPEC), cp_group(mesh)
+    plan, group = featshard.Plan(SPEC), cp_group(mesh)
 
-        def run(x: object) -> dict[str, object]:
-            return distribute_features(plan, x, mesh, workflow="inference", group=group)
-    else:
-        data = importlib.import_module("boltz2_placements_data")
-
-        def run(x: object) -> dict[str, object]:
-            return dict(data.distribute_features(x, mesh))
+    def run(x: object) -> dict[str, object]:
+        return distribute_features(plan, x, mesh, workflow="inference", group=group)
     # One small sample first: what the first call costs once (lazy imports, DTensor's
     # first use, gloo's buffers) is not what a sample costs.
     from boltz_samples import random_sample
@@ -99,7 +92,7 @@ def bench(folder: Path) -> None:
           f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)")
     print("| path | rank | its blocks | peak above start | / its blocks | / sample | wall |")
     print("|---|---|---|---|---|---|---|")
-    for how in ("package", "generated"):
+    for how in ("package",):
         spawn(_worker, args=(str(folder), how), nprocs=RANKS, join=True)  # type: ignore[no-untyped-call]
         rows = [json.loads((folder / f"{how}-{r}.json").read_text()) for r in range(RANKS)]
         wall = max(r["s"] for r in rows)

@@ -53,10 +53,15 @@ def child(how: str, threads: int, out: Path) -> None:
         def run() -> Any:
             return blocks.rank_blocks(plan, sample, MESH, workflow="inference", threads=threads)
     else:
-        data = importlib.import_module("boltz2_placements_data")
+        # The pure-Python path: the generated module's padding, each rank's window cut
+        # with torch (the tests' reference, `tests/python/oracle.py`).
+        sys.path[:0] = [str(ROOT / "tests" / "python")]
+        import oracle
+
+        placements = importlib.import_module("boltz2_placements")
 
         def run() -> Any:
-            return data.rank_blocks(sample, MESH)
+            return oracle.rank_blocks(placements, sample, MESH)
 
     gc.collect()
     before = reset_peak()
@@ -100,7 +105,7 @@ def bench(out: Path) -> None:
             rows[how, threads] = measure(how, threads, out)
     names = {"rust": "rust tch runtime (pad + rank_blocks)",
              "package": "featshard.blocks.rank_blocks",
-             "generated": "generated module's rank_blocks"}
+             "generated": "pure Python (pad_features + torch cut)"}
     for (how, threads), (s, peak) in rows.items():
         rust_s, rust_peak = rows["rust", threads]
         print(f"{names[how]:38} threads {threads}: {s:7.3f} s  x{s / rust_s:5.2f}   "

@@ -15,7 +15,13 @@ import os
 from typing import Any, TypedDict
 
 from featshard import _native
-from featshard._native import __version__, coords, plan_json, repad_indices
+from featshard._native import (
+    __version__,
+    coords,
+    plan_json,
+    repad_indices,
+    replica_indices,
+)
 
 __all__ = [
     "BlockLayout",
@@ -27,6 +33,7 @@ __all__ = [
     "plan",
     "plan_json",
     "repad_indices",
+    "replica_indices",
 ]
 
 
@@ -71,6 +78,38 @@ class Plan:
 
     def __init__(self, spec: str | os.PathLike[str]) -> None:
         self._native = _native.Plan.from_file(os.fspath(spec))
+
+    @classmethod
+    def from_plan_file(
+        cls, path: str | os.PathLike[str], *, sha256: str | None = None
+    ) -> Plan:
+        """The plan ``featshard generate`` wrote to ``<module>.plan.json``. With
+        ``sha256``, refuses a plan made from another spec (a generated module passes its
+        ``SPEC_SHA256``, so a stale plan file next to it is an error, not a silent
+        mismatch)."""
+        try:
+            text = open(path, encoding="utf-8").read()  # noqa: SIM115 - read whole, closed by GC
+        except OSError as e:
+            raise FileNotFoundError(
+                f"{os.fspath(path)}: the plan file `featshard generate` writes next to the"
+                f" generated modules cannot be read ({e.strerror})"
+            ) from e
+        plan = cls.__new__(cls)
+        try:
+            plan._native = _native.Plan.from_json(text)
+        except ValueError as e:
+            raise ValueError(f"{os.fspath(path)}: not a featshard plan: {e}") from e
+        if sha256 is not None and plan.sha256 != sha256:
+            raise ValueError(
+                f"{os.fspath(path)}: made from another spec (sha256 {plan.sha256}, the module"
+                f" expects {sha256}): run `featshard generate` again"
+            )
+        return plan
+
+    @property
+    def sha256(self) -> str:
+        """The sha256 of the spec the plan was made from."""
+        return self._native.sha256
 
     @functools.cached_property
     def ir(self) -> dict[str, Any]:

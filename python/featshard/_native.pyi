@@ -24,8 +24,18 @@ class Plan:
 
     @staticmethod
     def from_file(path: str) -> Plan: ...
+    @staticmethod
+    def from_json(text: str) -> Plan: ...
     @property
     def module(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    def repad_strides(
+        self, name: str, local: dict[str, list[int]], target: dict[str, list[int]]
+    ) -> tuple[int, int] | None: ...
+    def collated_shape(
+        self, name: str, local: list[int], batch: int, dp: int, cp: tuple[int, int]
+    ) -> list[int]: ...
     def json(self) -> str: ...
     def place(
         self,
@@ -61,3 +71,14 @@ def contiguous_stride(shape: list[int]) -> list[int]:
 
 def repad_indices(values: list[int], old: int, new: int) -> list[int]:
     """Owner-block positions moved to a larger per-block stride; negatives stay."""
+
+def replica_indices(
+    n: int,
+    dp: int,
+    replica: int,
+    *,
+    epoch: int = 0,
+    seed: int | None = None,
+    drop_last: bool = False,
+) -> list[int]:
+    """The samples DP replica ``replica`` of ``dp`` reads in ``epoch``, in order."""

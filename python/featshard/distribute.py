@@ -47,14 +47,15 @@ def _same_error(kind: str, message: str, rank: int) -> Exception:
     return FeatureDistributionError(kind, message, rank)
 
 
-def placements(plan: Plan) -> dict[str, tuple[Placement, ...]]:
-    """Every tensor feature's DTensor placements on the (cp0, cp1) mesh, from the plan."""
+def placements(plan: Plan, *, dp: bool = False) -> dict[str, tuple[Placement, ...]]:
+    """Every tensor feature's DTensor placements on the (cp0, cp1) mesh, or with ``dp``
+    on (dp, cp0, cp1) after collate, from the plan."""
+    key = "placements_dp" if dp else "placements"
     out: dict[str, tuple[Placement, ...]] = {}
     for name, f in plan.ir["features"].items():
         if f.get("kind") == "tensor":
             out[name] = tuple(
-                Replicate() if p == "replicate" else Shard(int(p["shard"]))
-                for p in f["placements"]
+                Replicate() if p == "replicate" else Shard(int(p["shard"])) for p in f[key]
             )
     return out
 

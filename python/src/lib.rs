@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use featshard_spec::plan::{FeaturePlan, Ownership, SampleLayout};
+use featshard_spec::replicas::Order;
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 
@@ -45,6 +46,63 @@ impl Plan {
                 plan: Arc::new(plan),
             })
             .map_err(|d| value_error(format!("{:?}", miette::Report::new(d))))
+    }
+
+    /// Reads a plan from the JSON `featshard generate` writes to `<module>.plan.json`
+    /// (its `$comment` header ignored); a `ValueError` names what does not fit.
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Plan> {
+        let mut doc: serde_json::Value = serde_json::from_str(text).map_err(value_error)?;
+        if let Some(object) = doc.as_object_mut() {
+            object.remove("$comment");
+        }
+        let plan: featshard_spec::Plan = serde_json::from_value(doc).map_err(value_error)?;
+        if plan.version != featshard_spec::plan::PLAN_VERSION {
+            return Err(value_error(format!(
+                "plan format version {} (this featshard reads version {})",
+                plan.version,
+                featshard_spec::plan::PLAN_VERSION
+            )));
+        }
+        Ok(Plan {
+            plan: Arc::new(plan),
+        })
+    }
+
+    /// The spec's sha256, as the generated modules record it.
+    #[getter]
+    fn sha256(&self) -> String {
+        self.plan.source.sha256.clone()
+    }
+
+    /// DP collate's re-pad of index feature `name`: the per-block stride `(old, new)`
+    /// of the layout it points into, from a sample's local shapes and the batch's agreed
+    /// ones; `None` when the feature is not re-padded.
+    fn repad_strides(
+        &self,
+        name: &str,
+        local: BTreeMap<String, Vec<usize>>,
+        target: BTreeMap<String, Vec<usize>>,
+    ) -> Option<(usize, usize)> {
+        self.plan.repad_strides(
+            name,
+            local.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
+            target.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
+        )
+    }
+
+    /// The DTensor global shape of feature `name` collated from `batch` samples per
+    /// replica on `dp` replicas of CP mesh `cp`, its local blocks padded to `local`.
+    fn collated_shape(
+        &self,
+        name: &str,
+        local: Vec<usize>,
+        batch: usize,
+        dp: usize,
+        cp: (usize, usize),
+    ) -> PyResult<Vec<usize>> {
+        let t = tensor(&self.plan, name, local.len())?;
+        Ok(t.collated_global_shape(&local, batch, dp, [cp.0, cp.1]))
     }
 
     /// Validates `features` (name -> a tensor's DLPack capsule, or the description of
@@ -132,19 +190,26 @@ impl Plan {
         local: Vec<usize>,
         coord: (usize, usize),
     ) -> PyResult<Vec<(usize, usize)>> {
-        match self.plan.features.get(feature) {
-            Some(FeaturePlan::Tensor(t)) if t.axes.len() == local.len() => {
-                Ok(t.block_window(&local, [coord.0, coord.1]))
-            }
-            Some(FeaturePlan::Tensor(t)) => Err(value_error(format!(
-                "feature `{feature}`: {} axes, but a local shape of {} was given",
-                t.axes.len(),
-                local.len()
-            ))),
-            _ => Err(PyKeyError::new_err(format!(
-                "feature `{feature}`: not a tensor feature of the spec"
-            ))),
-        }
+        let t = tensor(&self.plan, feature, local.len())?;
+        Ok(t.block_window(&local, [coord.0, coord.1]))
+    }
+}
+
+/// Tensor feature `name` of the plan, whose blocks have `rank` axes.
+fn tensor<'p>(
+    plan: &'p featshard_spec::Plan,
+    name: &str,
+    rank: usize,
+) -> PyResult<&'p featshard_spec::plan::TensorPlan> {
+    match plan.features.get(name) {
+        Some(FeaturePlan::Tensor(t)) if t.axes.len() == rank => Ok(t),
+        Some(FeaturePlan::Tensor(t)) => Err(value_error(format!(
+            "feature `{name}`: {} axes, but a local shape of {rank} was given",
+            t.axes.len()
+        ))),
+        _ => Err(PyKeyError::new_err(format!(
+            "feature `{name}`: not a tensor feature of the spec"
+        ))),
     }
 }
 
@@ -161,6 +226,30 @@ fn coords(mesh: (usize, usize), rank: usize) -> (usize, usize) {
 fn repad_indices(mut values: Vec<i64>, old: usize, new: usize) -> Vec<i64> {
     featshard_spec::layout::repad_indices(&mut values, old, new);
     values
+}
+
+/// The samples DP replica `replica` of `dp` reads in `epoch`, in order: dataset order,
+/// or shuffled by `seed` and the epoch; the tail wraps around (or is dropped with
+/// `drop_last`) so that every replica reads as many.
+#[pyfunction]
+#[pyo3(signature = (n, dp, replica, *, epoch = 0, seed = None, drop_last = false))]
+fn replica_indices(
+    n: usize,
+    dp: usize,
+    replica: usize,
+    epoch: u64,
+    seed: Option<u64>,
+    drop_last: bool,
+) -> PyResult<Vec<usize>> {
+    if replica >= dp.max(1) {
+        return Err(value_error(format!(
+            "replica {replica} of {dp}: expected a replica below the DP size"
+        )));
+    }
+    let order = seed.map_or(Order::Sequential, |seed| Order::Shuffled { seed });
+    Ok(featshard_spec::replicas::replica_indices(
+        n, order, epoch, dp, replica, drop_last,
+    ))
 }
 
 /// Row-major strides (in elements) of a tensor of `shape`.
@@ -185,5 +274,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(coords, m)?)?;
     m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;
     m.add_function(wrap_pyfunction!(repad_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(replica_indices, m)?)?;
     Ok(())
 }

@@ -10,7 +10,8 @@
 //! [`plan::plan`]; no other crate decides a placement.
 //!
 //! The public surface is the two IRs ([`ir`], [`plan`]), the syntax tree both front ends
-//! build ([`syntax`]), the geometry a runtime executes ([`layout`], [`pack`], [`shards`]),
+//! build ([`syntax`]), the geometry a runtime executes ([`layout`], [`pack`], [`shards`],
+//! [`replicas`]),
 //! errors ([`diag`], [`loc`]), [`limits`] and [`names`]. Validation (`check`), the
 //! placement inference (`infer`) and lowering (`lower`) are internal: what they decide
 //! reaches other crates only through the plan.
@@ -30,6 +31,7 @@ pub mod names;
 mod ownership;
 pub mod pack;
 pub mod plan;
+pub mod replicas;
 pub mod shards;
 pub mod syntax;
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import featshard
+import oracle
 import pytest
 import torch
 from boltz_samples import random_sample, real_samples
@@ -40,11 +41,11 @@ def assert_same_blocks(want: dict[str, torch.Tensor], got: dict[str, torch.Tenso
 
 @pytest.mark.parametrize("mesh", MESHES, ids=[f"{a}x{b}" for a, b in MESHES])
 def test_native_blocks_equal_the_generated_python_path(
-    placements: ModuleType, data: ModuleType, plan: featshard.Plan, mesh: tuple[int, int]
+    placements: ModuleType, plan: featshard.Plan, mesh: tuple[int, int]
 ) -> None:
     for seed in range(2):
         sample = random_sample(placements, 13 + 6 * seed, seed=seed + 10 * mesh[0] + mesh[1])
-        want = data.rank_blocks(sample, mesh)
+        want = oracle.rank_blocks(placements, sample, mesh)
         for threads in (1, 2):
             got = blocks.rank_blocks(plan, sample, mesh, workflow="inference", threads=threads)
             assert len(got) == len(want) == mesh[0] * mesh[1]
@@ -53,11 +54,11 @@ def test_native_blocks_equal_the_generated_python_path(
 
 
 def test_native_blocks_of_real_samples_equal_the_generated_python_path(
-    data: ModuleType, plan: featshard.Plan
+    placements: ModuleType, plan: featshard.Plan
 ) -> None:
     for i, sample in enumerate(real_samples()):
         for mesh in [(2, 2), (3, 3)]:
-            want = data.rank_blocks(sample, mesh)
+            want = oracle.rank_blocks(placements, sample, mesh)
             got = blocks.rank_blocks(plan, sample, mesh, workflow="inference", threads=2)
             for rank, (w, g) in enumerate(zip(want, got)):
                 assert_same_blocks(w, g, f"real sample {i} mesh {mesh} rank {rank}")
@@ -120,10 +121,10 @@ def _rss() -> int:
 
 
 def test_rank_buffers_outlive_their_placement_and_are_freed_with_their_blocks(
-    placements: ModuleType, data: ModuleType, plan: featshard.Plan
+    placements: ModuleType, plan: featshard.Plan
 ) -> None:
     sample = random_sample(placements, 64, seed=7, msa_rows=64)
-    want = data.rank_blocks(sample, (2, 2))[3]
+    want = oracle.rank_blocks(placements, sample, (2, 2))[3]
     placed = blocks.place(plan, sample, (2, 2), workflow="inference")
     got = placed.rank_blocks((1, 1))
     unconsumed, _ = placed._native.rank_buffer((0, 0))  # freed by its capsule alone

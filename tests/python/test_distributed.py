@@ -41,13 +41,13 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     out: dict[str, Any] = {"rank": rank}
     try:
         if scenario == "parity":
-            got = D.distribute_features(sample if source else None, mesh)
+            got = D.distribute_features(sample if source else None, mesh, workflow="inference")
             _check_parity(P, D, got, sample, cp, (i, j))
         elif scenario == "collate":
             _check_collate(P, D, mesh, dp, cp, source, rank)
         elif scenario == "real":
             for real in real_samples():
-                got = D.distribute_features(real if source else None, mesh)
+                got = D.distribute_features(real if source else None, mesh, workflow="inference")
                 _check_parity(P, D, got, real, cp, (i, j))
                 _check_remapped_ids(P, got, real)
         elif scenario == "real_collate":
@@ -55,7 +55,7 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
         elif scenario == "collate_mismatch":
             # Replica 1's sample lacks an optional feature replica 0's has.
             real = real_samples()[[3, 1][dp]]
-            D.collate([D.distribute_features(real if source else None, mesh)], mesh)
+            D.collate([D.distribute_features(real if source else None, mesh, workflow="inference")], mesh)
         elif scenario == "predict":
             _check_predict(P, D, mesh)
         elif scenario == "presharded":
@@ -66,12 +66,12 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
             _check_dataset(D, mesh, source, rank)
         elif scenario == "source_error":
             bad = dict(sample, ref_pos=sample["ref_pos"].double())
-            D.distribute_features(bad if source else None, mesh)
+            D.distribute_features(bad if source else None, mesh, workflow="inference")
         elif scenario == "rank_error":
             def check(local: Any) -> None:
                 if rank == 3:
                     raise ValueError("rank 3 rejects its blocks")
-            D.distribute_features(sample if source else None, mesh, check=check)
+            D.distribute_features(sample if source else None, mesh, workflow="inference", check=check)
         out["status"] = "ok"
     except Exception as e:  # noqa: BLE001 - reported to the test process
         out["status"] = "error"
@@ -85,10 +85,11 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
 
 def _check_parity(P: Any, D: Any, got: dict[str, Any], sample: dict[str, Any],
                   cp: tuple[int, int], coord: tuple[int, int]) -> None:
+    import oracle
     import torch
     from torch.distributed.tensor import DTensor
 
-    expected = D.rank_blocks(sample, cp)[coord[0] * cp[1] + coord[1]]
+    expected = oracle.rank_blocks(P, sample, cp)[coord[0] * cp[1] + coord[1]]
     taken = P.intake(sample)
     padded = P.pad_features(sample, cp)
     lay = P.layouts(sample, cp)
@@ -150,7 +151,7 @@ def _check_real_collate(P: Any, D: Any, mesh: Any, dp: int, source: bool) -> Non
     from boltz_samples import real_samples
 
     sample = real_samples()[[1, 0][dp]]  # prot60_smiles (78 bounds), prot60_nomsa (0)
-    batch = [D.distribute_features(sample if source else None, mesh)]
+    batch = [D.distribute_features(sample if source else None, mesh, workflow="inference")]
     out = D.collate(batch, mesh)
     taken = P.intake(sample)
     ref = out["ref_pos"].full_tensor()[dp]
@@ -194,7 +195,7 @@ def _check_predict(P: Any, D: Any, mesh: Any) -> None:
             assert pair.shape[0] == 1 and pair.to_local().shape[1] < pair.shape[1]
             return int(m.full_tensor().sum())
 
-    dm = D.lightning_datamodule(mesh, predict=Serial())
+    dm = D.lightning_datamodule(mesh, predict=Serial(), workflow="inference")
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False)
     out = trainer.predict(Model(), datamodule=dm)
@@ -220,7 +221,7 @@ def _check_presharded(P: Any, D: Any, mesh: Any, root: Path, dp: bool) -> None:
     source = coord[-2] == 0 and coord[-1] == 0
     indices = list(D.dp_sampler(ds, mesh, shuffle=False))
     offline = [ds[i] for i in indices]
-    online = [D.distribute_features(samples[i] if source else None, mesh) for i in indices]
+    online = [D.distribute_features(samples[i] if source else None, mesh, workflow="inference") for i in indices]
     if dp:
         # One sample a step: step k stacks both replicas' k-th samples (the pypi ones,
         # then the Boltz-CP ones: the same features within a step).
@@ -261,7 +262,7 @@ def _check_collate(P: Any, D: Any, mesh: Any, dp: int, cp: tuple[int, int], sour
 
     sizes = [(9, 12), (14, 10)][dp]
     samples = [random_sample(P, n, seed=10 * dp + b) for b, n in enumerate(sizes)]
-    batch = [D.distribute_features(s if source else None, mesh) for s in samples]
+    batch = [D.distribute_features(s if source else None, mesh, workflow="inference") for s in samples]
     out = D.collate(batch, mesh)
     for name, x in out.items():
         if name in P.PLACEMENTS_DP:
@@ -296,7 +297,8 @@ def _check_lightning(P: Any, D: Any, mesh: Any) -> None:
         def __getitem__(self, i: int) -> dict[str, Any]:
             return random_sample(P, 7 + i, seed=i)
 
-    dm = D.lightning_datamodule(mesh, train=Serial(), val=Serial(), batch_size=1)
+    dm = D.lightning_datamodule(mesh, train=Serial(), val=Serial(), batch_size=1,
+                               workflow="inference")
     train = dm.train_dataloader()
     assert len(train) == 2, "4 samples over 2 DP replicas"
     batch = next(iter(dm.val_dataloader()))
@@ -319,10 +321,10 @@ def _check_dataset(D: Any, mesh: Any, source: bool, rank: int) -> None:
                 raise OSError(f"sample {i} is corrupt")
             return random_sample(P, 8 + i, seed=i)
 
-    with_retry = D.DistributedFeatureDataset(Serial(), mesh, retries=1)
+    with_retry = D.DistributedFeatureDataset(Serial(), mesh, retries=1, workflow="inference")
     item = with_retry[1]  # falls over to sample 2
     assert item["token_index"].shape[0] == P.padded_lengths((mesh.size(0), mesh.size(1)), {"tokens": 10})["tokens"]
-    no_retry = D.DistributedFeatureDataset(Serial(), mesh, retries=0)
+    no_retry = D.DistributedFeatureDataset(Serial(), mesh, retries=0, workflow="inference")
     try:
         no_retry[1]
     except OSError as e:
@@ -364,7 +366,7 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(
     assert len(errors) == 1 and all(r["status"] == "error" for r in results), results
     message = errors.pop()
     if scenario == "source_error":
-        assert message.startswith("ValueError: feature `ref_pos`: expected dtype torch.float32"), message
+        assert message == "ValueError: feature `ref_pos`: expected dtype float32, got float64", message
     else:
         assert message == "ValueError: rank 3 rejects its blocks", message
 

@@ -126,9 +126,46 @@ def test_generate_from_the_installed_package_with_no_cargo(fresh_venv: Path, tmp
     bad = run(fresh_venv, "python", "-c", "import lightning", cwd=tmp_path)
     assert bad.returncode != 0, "the fresh environment should hold torch only"
     for cmd in ([tool("ruff"), "check", "--no-cache", str(out)],
-                [tool("mypy"), "--strict", "--no-incremental", str(out / "boltz2_placements.py")]):
-        checked = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                [tool("mypy"), "--strict", "--no-incremental", str(out / "boltz2_placements.py")],
+                [tool("mypy"), "--strict", "--no-incremental", str(out / "boltz2_placements_data.py")]):
+        checked = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=out)
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+BOUND = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import boltz2_placements_data as d
+try:
+    print(d.plan().module)
+except (ValueError, FileNotFoundError) as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_the_generated_data_module_binds_the_package_to_its_plan_file(
+    fresh_venv: Path, tmp_path: Path
+) -> None:
+    """`<module>_data.py` holds no pipeline of its own: it reads the plan next to it, and
+    refuses a plan file made from another spec, or none, by path and with the fix."""
+    out = tmp_path / "gen"
+    assert run(fresh_venv, "featshard", "generate", str(SPEC), "--out", str(out), cwd=tmp_path).returncode == 0
+    data = (out / "boltz2_placements_data.py").read_text()
+    for geometry in ("def _repad", "torch.full", "dist.scatter", "narrow("):
+        assert geometry not in data, geometry
+    bound = run(fresh_venv, "python", "-c", BOUND, str(out), cwd=tmp_path)
+    assert bound.returncode == 0 and bound.stdout.split() == ["boltz2_placements"], bound.stderr
+    plan_file = out / "boltz2_placements.plan.json"
+    text = plan_file.read_text()
+    sha = re.search(r'"sha256": "([0-9a-f]{64})"', text)
+    assert sha is not None
+    plan_file.write_text(text.replace(sha.group(1), "0" * 64))
+    stale = run(fresh_venv, "python", "-c", BOUND, str(out), cwd=tmp_path).stdout
+    assert stale.startswith("ValueError") and "made from another spec" in stale, stale
+    assert "featshard generate" in stale, stale
+    plan_file.unlink()
+    missing = run(fresh_venv, "python", "-c", BOUND, str(out), cwd=tmp_path).stdout
+    assert missing.startswith("FileNotFoundError") and "boltz2_placements.plan.json" in missing, missing
 
 
 def featshard_plan(venv: Path, cwd: Path) -> dict[str, object]:

@@ -1,11 +1,12 @@
 """`featshard.distribute`: the package's distribute on gloo ranks in separate processes
-gives every rank the DTensors the generated module's `distribute_features` gives, its
-blocks made by the byte executor and sent one rank at a time; a bad sample raises the
-same error on every rank."""
+gives every rank its block of the reference padding (`oracle`) as a DTensor with the
+module's placements and the global shape its splits give, the blocks made by the byte
+executor and sent one rank at a time; a bad sample raises the same error on every rank."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,8 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     names = ("dp", "cp0", "cp1") if len(shape) == 3 else ("cp0", "cp1")
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     import boltz2_placements as P
-    import boltz2_placements_data as D
     import featshard
+    import oracle
     from boltz_samples import random_sample, real_samples
     from featshard.distribute import cp_group, distribute_features
 
@@ -42,25 +43,30 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     coord = mesh.get_coordinate()
     assert coord is not None
     dp = coord[0] if len(shape) == 3 else 0
+    cp = (shape[-2], shape[-1])
     out: dict[str, Any] = {"rank": rank}
     try:
         samples = [random_sample(P, 11 + dp, seed=200 + dp), *real_samples()[:1]]
         for sample in samples:
-            want = D.distribute_features(sample if source else None, mesh)
+            want = oracle.rank_blocks(P, sample, cp)[coord[-2] * cp[1] + coord[-1]]
             got = distribute_features(plan, sample if source else None, mesh,
                                       workflow="inference", threads=2, group=group)
-            assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+            tensors = sorted(n for n, x in got.items() if isinstance(x, torch.Tensor))
+            assert tensors == sorted(want), sorted(set(tensors) ^ set(want))
+            for name in sorted(set(got) - set(want)):
+                assert name in P.METADATA_FEATURES and got[name] == sample[name], name
             for name, w in want.items():
                 g = got[name]
-                if not isinstance(w, torch.Tensor):
-                    assert g == w, name
-                    continue
-                assert tuple(g.placements) == tuple(w.placements), name
-                assert (g.shape, g.stride()) == (w.shape, w.stride()), name
-                a, b = g.to_local(), w.to_local().contiguous()
-                assert a.dtype == b.dtype and a.shape == b.shape, name
-                assert torch.equal(a.view(torch.uint8) if a.dtype != torch.bool else a,
-                                   b.view(torch.uint8) if b.dtype != torch.bool else b), name
+                assert tuple(g.placements) == P.PLACEMENTS[name], name
+                local = g.to_local()
+                split = [n * cp[s[1]] if s is not None and s[0] == "mesh" else n
+                         for n, s in zip(local.shape, P.SPLITS[name])]
+                assert list(g.shape) == split, (name, list(g.shape), split)
+                row_major = [math.prod(split[d + 1:]) for d in range(len(split))]
+                assert list(g.stride()) == row_major, (name, g.stride(), split)
+                assert local.dtype == w.dtype and local.shape == w.shape, name
+                assert torch.equal(local.view(torch.uint8) if local.dtype != torch.bool else local,
+                                   w.view(torch.uint8) if w.dtype != torch.bool else w), name
         bad = dict(samples[0], ref_pos=samples[0]["ref_pos"].double())
         try:
             distribute_features(plan, bad if source else None, mesh, workflow="inference",
@@ -78,7 +84,7 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
 
 
 @pytest.mark.parametrize("shape", [(2, 2), (2, 1, 2)], ids=["2x2", "dp2x1x2"])
-def test_the_package_distributes_as_the_generated_module_does(
+def test_the_package_gives_every_rank_its_reference_block_as_a_dtensor(
     generated_dir: Path, tmp_path: Path, shape: tuple[int, ...]
 ) -> None:
     world = 1

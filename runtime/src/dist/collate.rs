@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::layout::repad_indices;
-use featshard_spec::plan::Split;
-use featshard_spec::plan::{Plan, Remap, TensorPlan};
+use featshard_spec::plan::Plan;
 use tch::{Device, Tensor};
 
 use super::error::DistError;
@@ -29,32 +28,6 @@ pub struct Batch {
     pub passthrough: Vec<Features>,
 }
 
-/// The local length of `semantic` along its first mesh-split axis in any feature.
-fn axis_local_length(plan: &Plan, sample: &LocalSample, semantic: &str) -> Option<usize> {
-    sample.blocks.iter().find_map(|(name, b)| {
-        let t = tensor_plan(plan, name).ok()?;
-        t.axes.iter().enumerate().find_map(|(d, a)| {
-            (a.semantic.as_deref() == Some(semantic) && matches!(a.split, Split::Mesh { .. }))
-                .then(|| b.tensor.size()[d] as usize)
-        })
-    })
-}
-
-/// The target length of `semantic` along its first mesh-split axis.
-fn target_length(
-    plan: &Plan,
-    targets: &BTreeMap<String, Vec<i64>>,
-    semantic: &str,
-) -> Option<usize> {
-    targets.iter().find_map(|(name, shape)| {
-        let t = tensor_plan(plan, name).ok()?;
-        t.axes.iter().enumerate().find_map(|(d, a)| {
-            (a.semantic.as_deref() == Some(semantic) && matches!(a.split, Split::Mesh { .. }))
-                .then(|| shape[d] as usize)
-        })
-    })
-}
-
 /// Positions in a layout whose per-block stride grows from `old` to `new`, moved by the
 /// spec's [`repad_indices`] (pads of index lists, negative, stay).
 fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, RuntimeError> {
@@ -70,9 +43,18 @@ fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, Runti
         .feature(name)
 }
 
-fn global_shape(t: &TensorPlan, target: &[i64], batch: usize, mesh: &Mesh) -> Vec<usize> {
-    let local: Vec<usize> = target.iter().map(|&n| n as usize).collect();
-    t.collated_global_shape(&local, batch, mesh.dp_size(), mesh.cp_shape())
+/// Every block's local shape in a sample, by feature name.
+fn local_shapes(sample: &LocalSample) -> BTreeMap<String, Vec<usize>> {
+    sample
+        .blocks
+        .iter()
+        .map(|(n, b)| {
+            (
+                n.clone(),
+                b.tensor.size().iter().map(|&d| d as usize).collect(),
+            )
+        })
+        .collect()
 }
 
 /// DP replicas must stack the same features (a sample may lack optional ones). A
@@ -157,7 +139,7 @@ fn agreed_shapes(
     mesh: &Mesh,
     batch: &[LocalSample],
     names: &[String],
-) -> Result<BTreeMap<String, Vec<i64>>, DistError> {
+) -> Result<BTreeMap<String, Vec<usize>>, DistError> {
     let first = &batch[0];
     let mut longest = Vec::new();
     for name in names {
@@ -181,7 +163,8 @@ fn agreed_shapes(
     let mut k = 0;
     for name in names {
         let n = first.blocks[name].tensor.dim();
-        targets.insert(name.clone(), agreed[k..k + n].to_vec());
+        let shape = agreed[k..k + n].iter().map(|&d| d as usize).collect();
+        targets.insert(name.clone(), shape);
         k += n;
     }
     Ok(targets)
@@ -194,23 +177,25 @@ fn stack(
     plan: &Plan,
     batch: &[LocalSample],
     name: &String,
-    targets: &BTreeMap<String, Vec<i64>>,
+    targets: &BTreeMap<String, Vec<usize>>,
 ) -> Result<LocalBlock, DistError> {
     let t = tensor_plan(plan, name)?;
     let target = &targets[name];
+    let full: Vec<i64> = target.iter().map(|&d| d as i64).collect();
     let mut padded = Vec::with_capacity(batch.len());
     for s in batch {
         let mut x = s.blocks[name].tensor.shallow_clone();
-        if let Remap::ToPaddedLayout { of, repad: true } = &t.remap {
-            if let (Some(old), Some(new)) = (
-                axis_local_length(plan, s, of),
-                target_length(plan, targets, of),
-            ) {
-                x = repad(name, &x, old, new)?;
-            }
+        let local = local_shapes(s);
+        let strides = plan.repad_strides(
+            name,
+            local.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
+            targets.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
+        );
+        if let Some((old, new)) = strides {
+            x = repad(name, &x, old, new)?;
         }
         let y = Tensor::f_full(
-            target.as_slice(),
+            full.as_slice(),
             scalar(t.pad_value),
             (kind_of(t.dtype), x.device()),
         )
@@ -223,7 +208,7 @@ fn stack(
         padded.push(y);
     }
     let stacked = Tensor::f_stack(&padded, 0).feature(name)?;
-    let shape = global_shape(t, target, batch.len(), mesh);
+    let shape = t.collated_global_shape(target, batch.len(), mesh.dp_size(), mesh.cp_shape());
     Ok(LocalBlock {
         tensor: stacked,
         meta: DTensorMeta {

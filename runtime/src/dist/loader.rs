@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 use std::thread::JoinHandle;
 
 use featshard_spec::plan::Plan;
+use featshard_spec::replicas::replica_indices;
+pub use featshard_spec::replicas::Order;
 
 use super::collate::{collate, Batch};
 use super::distribute::{Distributor, Source, SourceFailure};
@@ -29,18 +31,6 @@ pub trait SerialDataset: Send + Sync {
 
     /// Sample `index`, or why it cannot be read.
     fn get(&self, index: usize) -> Result<Features, String>;
-}
-
-/// The order samples are visited in, each epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Order {
-    /// Dataset order (inference).
-    Sequential,
-    /// A permutation drawn from `seed` and the epoch (training); the same on every rank.
-    Shuffled {
-        /// The shuffle's seed.
-        seed: u64,
-    },
 }
 
 /// How a loader batches, orders and retries.
@@ -87,15 +77,6 @@ pub struct ShardedLoader<D> {
     recv: BufferPool,
 }
 
-/// SplitMix64: a small, fixed generator, so permutations never change between builds.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl<D: SerialDataset + 'static> ShardedLoader<D> {
     /// A loader over `dataset` for `plan`; refuses a batch size of 0.
     pub fn new(dataset: Arc<D>, plan: Arc<Plan>, opts: LoaderOptions) -> Result<Self, DistError> {
@@ -115,29 +96,14 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
 
     /// The samples replica `replica` of `dp` reads in `epoch`, in order.
     pub fn indices(&self, epoch: u64, dp: usize, replica: usize) -> Vec<usize> {
-        let n = self.dataset.len();
-        if n == 0 {
-            return Vec::new();
-        }
-        let mut order: Vec<usize> = (0..n).collect();
-        if let Order::Shuffled { seed } = self.opts.order {
-            let mut state = seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03);
-            for i in (1..n).rev() {
-                let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
-                order.swap(i, j);
-            }
-        }
-        let dp = dp.max(1);
-        let total = if self.opts.drop_last {
-            n / dp * dp
-        } else {
-            n.div_ceil(dp) * dp
-        };
-        (0..total)
-            .skip(replica)
-            .step_by(dp)
-            .map(|k| order[k % n])
-            .collect()
+        replica_indices(
+            self.dataset.len(),
+            self.opts.order,
+            epoch,
+            dp,
+            replica,
+            self.opts.drop_last,
+        )
     }
 
     /// Batches per epoch on every replica.

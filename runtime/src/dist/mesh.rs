@@ -1,6 +1,8 @@
 //! The device mesh `(dp, cp0, cp1)`: row-major global ranks and this rank's groups.
 
+use featshard_spec::layout::coords;
 use featshard_spec::plan::CP_AXES;
+use featshard_spec::replicas::{mesh_position, mesh_rank};
 
 use super::error::DistError;
 use super::group::{ProcessGroup, Rendezvous};
@@ -38,8 +40,8 @@ impl Mesh {
         }
         let rank = rdv.rank();
         let cp_size = cp[0] * cp[1];
-        let (d, i, j) = (rank / cp_size, rank % cp_size / cp[1], rank % cp[1]);
-        let at = |d: usize, i: usize, j: usize| d * cp_size + i * cp[1] + j;
+        let (d, [i, j]) = mesh_position(rank, cp);
+        let at = |d: usize, i: usize, j: usize| mesh_rank(d, [i, j], cp);
         let world = rdv.world()?;
         // Every rank creates its groups in the same order (cp, dp, cp0, cp1).
         let member = |g: Result<Option<ProcessGroup>, DistError>, what: &str| {
@@ -47,7 +49,9 @@ impl Mesh {
                 message: format!("rank {rank} is not in its own {what} group"),
             })
         };
-        let cp_ranks: Vec<usize> = (0..cp_size).map(|k| d * cp_size + k).collect();
+        let cp_ranks: Vec<usize> = (0..cp_size)
+            .map(|k| mesh_rank(d, coords(cp, k), cp))
+            .collect();
         let cp_group = member(rdv.group(&format!("cp.{d}"), &cp_ranks), "cp")?;
         let dp_ranks: Vec<usize> = (0..dp).map(|e| at(e, i, j)).collect();
         let dp_group = member(rdv.group(&format!("dp.{i}.{j}"), &dp_ranks), "dp")?;
@@ -96,13 +100,12 @@ impl Mesh {
 
     /// This rank's data-parallel replica.
     pub fn dp_index(&self) -> usize {
-        self.rank / (self.cp[0] * self.cp[1])
+        mesh_position(self.rank, self.cp).0
     }
 
     /// This rank's coordinate on the CP mesh.
     pub fn cp_coord(&self) -> [usize; CP_AXES] {
-        let k = self.rank % (self.cp[0] * self.cp[1]);
-        [k / self.cp[1], k % self.cp[1]]
+        mesh_position(self.rank, self.cp).1
     }
 
     /// Rank within the CP group (`i * cp1 + j`).

@@ -427,6 +427,46 @@ impl Plan {
         }
     }
 
+    /// The local length of `semantic` along its first mesh-split axis, in the first of
+    /// `shapes` (feature name -> local shape, in name order) that has such an axis.
+    pub fn mesh_split_length<'a>(
+        &self,
+        semantic: &str,
+        shapes: impl IntoIterator<Item = (&'a str, &'a [usize])>,
+    ) -> Option<usize> {
+        shapes.into_iter().find_map(|(name, shape)| {
+            let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else {
+                return None;
+            };
+            t.axes.iter().zip(shape).find_map(|(a, &n)| {
+                (a.semantic.as_deref() == Some(semantic) && matches!(a.split, Split::Mesh { .. }))
+                    .then_some(n)
+            })
+        })
+    }
+
+    /// DP collate's re-pad of feature `name`, an index into an owner-partitioned layout:
+    /// the per-block stride `(old, new)` of the semantic it points into, read off the
+    /// sample's local shapes and the batch's agreed ones (`None` when the feature is not
+    /// re-padded or no feature splits that semantic).
+    pub fn repad_strides<'a, 'b>(
+        &self,
+        name: &str,
+        local: impl IntoIterator<Item = (&'a str, &'a [usize])>,
+        target: impl IntoIterator<Item = (&'b str, &'b [usize])>,
+    ) -> Option<(usize, usize)> {
+        let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else {
+            return None;
+        };
+        let Remap::ToPaddedLayout { of, repad: true } = &t.remap else {
+            return None;
+        };
+        Some((
+            self.mesh_split_length(of, local)?,
+            self.mesh_split_length(of, target)?,
+        ))
+    }
+
     /// Semantics with every owner before what it owns, ties in name order.
     pub fn semantic_order(&self) -> Vec<&str> {
         let owner_of = |name: &str| match self.semantics.get_key_value(name) {
@@ -545,5 +585,42 @@ features:
         assert!(expected
             .to_string()
             .contains("no run-time length was given for `tokens`"));
+    }
+
+    /// Collate re-pads an index into an owner-partitioned layout by the per-block stride
+    /// of the semantic it points into, read off the first feature that splits it; other
+    /// features are not re-padded.
+    #[test]
+    fn repad_strides_read_the_indexed_semantic_off_local_and_target_shapes() {
+        let spec = "\
+version: 1
+module: t
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true}
+  atoms: {shard: true, owner: tokens, counts: atoms_per_token}
+features:
+  atoms_per_token: {axes: [tokens], dtype: int64}
+  coords: {axes: [atoms, 3], dtype: float32}
+  frames: {axes: [tokens, 3], dtype: int64, index: {of: atoms, scope: padded_global}}
+";
+        let (_, plan) = crate::compile_str("t.yaml", spec).expect("spec");
+        let local: [(&str, &[usize]); 3] = [
+            ("atoms_per_token", &[4]),
+            ("coords", &[12, 3]),
+            ("frames", &[4, 3]),
+        ];
+        let target: [(&str, &[usize]); 3] = [
+            ("atoms_per_token", &[5]),
+            ("coords", &[16, 3]),
+            ("frames", &[5, 3]),
+        ];
+        assert_eq!(plan.repad_strides("frames", local, target), Some((12, 16)));
+        assert_eq!(plan.repad_strides("coords", local, target), None);
+        assert_eq!(plan.mesh_split_length("tokens", local), Some(4));
+        assert_eq!(
+            plan.repad_strides("frames", local, [("frames", &[5usize, 3][..])]),
+            None
+        );
     }
 }

@@ -1,0 +1,383 @@
+"""The data pipeline around :func:`featshard.distribute.distribute_features`: DP collate,
+the datasets (online and pre-sharded), the DP sampler and a Lightning data module.
+
+Every number comes from the plan through the native module: collate's DTensor shapes
+(``Plan.collated_shape``), the re-pad strides of indices into owner-partitioned layouts
+(``Plan.repad_strides``) and the samples each DP replica reads
+(``featshard.replica_indices``, the Rust loader's split).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.utils.data import Dataset, Sampler
+
+from featshard import Plan, _native
+from featshard.distribute import cp_group, distribute_features, placements
+
+__all__ = [
+    "DistributedFeatureDataset",
+    "DpSampler",
+    "PreshardedDataset",
+    "collate",
+    "cpu_mesh_like",
+    "dp_sampler",
+    "fetch_with_retries",
+    "lightning_datamodule",
+    "to_device_mesh",
+]
+
+
+def cpu_mesh_like(mesh: DeviceMesh) -> DeviceMesh:
+    """The same mesh on CPU with gloo groups on every axis (collectives on CPU tensors
+    next to a CUDA mesh whose default backend is NCCL). Collective: every rank calls it."""
+    return DeviceMesh(
+        "cpu", mesh.mesh, mesh_dim_names=mesh.mesh_dim_names,
+        backend_override=(("gloo", None),) * mesh.mesh.dim(),
+    )
+
+
+def _stride(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(_native.contiguous_stride(list(shape)))
+
+
+def _agree_on_names(names: list[str], dp_group: dist.ProcessGroup, dp_size: int) -> None:
+    """Replicas must stack the same features (optional ones may be absent from a
+    sample): agree before the one all-reduce that depends on them."""
+    everyone: list[Any] = [None] * dp_size
+    dist.all_gather_object(everyone, names, group=dp_group)
+    if any(other != names for other in everyone):
+        union = sorted(set().union(*everyone))
+        missing = {n: [r for r, o in enumerate(everyone) if n not in o] for n in union}
+        lacking = ", ".join(f"`{n}` (replicas {r})" for n, r in missing.items() if r)
+        raise ValueError(f"collate: DP replicas hold different features: {lacking} lack them")
+
+
+def _agreed_shapes(
+    locals_: Mapping[str, list[torch.Tensor]], dp_group: dist.ProcessGroup
+) -> dict[str, list[int]]:
+    """Every feature's largest local length per axis over the batch and every DP
+    replica: one all-reduce of max for all of them."""
+    dims = [(n, d) for n, xs in locals_.items() for d in range(xs[0].dim())]
+    longest = torch.tensor(
+        [max(int(x.shape[d]) for x in locals_[n]) for n, d in dims] or [0], dtype=torch.int64
+    )
+    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=dp_group)
+    target = {n: [0] * xs[0].dim() for n, xs in locals_.items()}
+    for (name, d), m in zip(dims, longest.tolist()):
+        target[name][d] = int(m)
+    return target
+
+
+def _pad_to(plan: Plan, name: str, x: torch.Tensor, target: list[int]) -> torch.Tensor:
+    y = torch.full(target, plan.ir["features"][name]["pad_value"], dtype=x.dtype)
+    y[tuple(slice(0, length) for length in x.shape)] = x
+    return y
+
+
+def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) -> dict[str, Any]:
+    """Stacks this data-parallel replica's samples into DTensors on (dp, cp0, cp1).
+
+    Every rank pads its local blocks to the largest local shape across the batch and
+    across DP replicas (one all-reduce of max), so each shard's items keep their place
+    and gain pads at the end; indices into owner-partitioned layouts are re-padded.
+    Placements are the plan's DP placements (``Shard(0)`` over dp). Metadata become lists.
+    """
+    if mesh.mesh.dim() != 3 or mesh.mesh_dim_names is None:
+        raise ValueError("collate: expected a (dp, cp0, cp1) mesh with mesh_dim_names")
+    if not batch:
+        raise ValueError("collate: empty batch")
+    dp_group = mesh.get_group(mesh.mesh_dim_names[0])
+    dp_size = int(mesh.mesh.shape[0])
+    cp = (int(mesh.mesh.shape[1]), int(mesh.mesh.shape[2]))
+    names = sorted(n for n in batch[0] if isinstance(batch[0][n], DTensor))
+    for s in batch:
+        if sorted(n for n in s if isinstance(s[n], DTensor)) != names:
+            raise ValueError("collate: the samples of a batch hold different features")
+    _agree_on_names(names, dp_group, dp_size)
+    locals_ = {n: [s[n].to_local() for s in batch] for n in names}
+    target = _agreed_shapes(locals_, dp_group)
+    on_mesh = placements(plan, dp=True)
+    out: dict[str, Any] = {}
+    for name in names:
+        padded = []
+        for i, x in enumerate(locals_[name]):
+            local = {f: list(locals_[f][i].shape) for f in names}
+            strides = plan._native.repad_strides(name, local, target)
+            if strides is not None:
+                x = torch.tensor(_native.repad_indices(x.flatten().tolist(), *strides),
+                                 dtype=x.dtype).view(x.shape)
+            padded.append(_pad_to(plan, name, x, target[name]))
+        shape = plan._native.collated_shape(name, target[name], len(batch), dp_size, cp)
+        out[name] = DTensor.from_local(
+            torch.stack(padded), mesh, on_mesh[name], run_check=False,
+            shape=torch.Size(shape), stride=_stride(shape),
+        )
+    for name in sorted(n for n in batch[0] if n not in out):
+        out[name] = [s[name] for s in batch]
+    return out
+
+
+def fetch_with_retries(dataset: Dataset[Any], index: int, retries: int) -> Any:
+    """``dataset[index]``, or on failure the next samples, at most ``retries`` more times."""
+    last: Exception | None = None
+    n = len(dataset)  # type: ignore[arg-type]
+    for k in range(retries + 1):
+        try:
+            return dataset[(index + k) % n]
+        except Exception as e:  # noqa: BLE001 - retried, then re-raised
+            last = e
+    assert last is not None
+    raise last
+
+
+class _Failed(Mapping[str, Any]):
+    """A sample whose fetch failed: reading it re-raises the fetch error on the source,
+    which ``distribute_features`` then raises on every rank."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __getitem__(self, key: str) -> Any:
+        raise self.error
+
+    def __iter__(self) -> Iterator[str]:
+        raise self.error
+
+    def __len__(self) -> int:
+        raise self.error
+
+
+class DistributedFeatureDataset(Dataset[dict[str, Any]]):
+    """Wraps a serial dataset (never rewritten): the source rank of each CP group reads
+    the sample, every rank of the group gets its DTensors. Use with ``num_workers=0``
+    and the same index on every rank of a CP group (see :func:`dp_sampler`)."""
+
+    def __init__(self, plan: Plan, serial: Dataset[Any], mesh: DeviceMesh, *,
+                 retries: int = 0, workflow: str | None = None, threads: int = 1) -> None:
+        self.plan = plan
+        self.serial = serial
+        self.mesh = mesh
+        self.retries = retries
+        self.workflow = workflow
+        self.threads = threads
+
+    def __len__(self) -> int:
+        return len(self.serial)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        group = cp_group(self.mesh)
+        features: Mapping[str, Any] | None = None
+        if dist.get_rank() == group[1][0]:
+            try:
+                features = fetch_with_retries(self.serial, index, self.retries)
+            except Exception as e:  # noqa: BLE001 - reported to every rank by distribute
+                features = _Failed(e)
+        return distribute_features(self.plan, features, self.mesh, workflow=self.workflow,
+                                   threads=self.threads, group=group)
+
+
+class PreshardedDataset(Dataset[dict[str, Any]]):
+    """Samples pre-sharded by ``featshard shard`` over a dataset (``ROOT/<sample>/``):
+    each rank opens only its own rank file of each sample, memory-mapped (safetensors
+    must be importable), and builds its DTensors with explicit shape, stride and
+    placements from the sample's manifest. No source rank, no collective; the same
+    indices on every rank of a CP group (see :func:`dp_sampler`) give the online
+    ``distribute_features`` result.
+
+    Refuses a folder sharded with another spec or mesh, and a rank file that is not this
+    rank's of this run and layout.
+    """
+
+    def __init__(self, plan: Plan, root: str | Path, mesh: DeviceMesh) -> None:
+        self.plan = plan
+        self.root = Path(root)
+        self.mesh = mesh
+        _, ranks, self.cp_mesh = cp_group(mesh)
+        self.cp = (self.cp_mesh.size(0), self.cp_mesh.size(1))
+        self.rank = ranks.index(dist.get_rank())
+        self._placements = placements(plan)
+        dataset = json.loads((self.root / "dataset.json").read_text())
+        self._check(dataset, self.root / "dataset.json")
+        self.names = [s["name"] for s in dataset["samples"] if s["status"] != "failed"]
+
+    def _check(self, doc: Mapping[str, Any], where: Path) -> None:
+        if doc["spec"]["sha256"] != self.plan.sha256:
+            raise ValueError(f"{where}: sharded with another spec (sha256 {doc['spec']['sha256']})")
+        if tuple(doc["mesh"]) != self.cp:
+            raise ValueError(f"{where}: sharded for mesh {tuple(doc['mesh'])}, this CP mesh is {self.cp}")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        try:
+            from safetensors import safe_open
+        except ImportError as e:
+            raise ImportError("PreshardedDataset needs the `safetensors` package") from e
+        folder = self.root / self.names[index]
+        manifest = json.loads((folder / "manifest.json").read_text())
+        self._check(manifest, folder / "manifest.json")
+        path = folder / f"rank-{self.rank}.safetensors"
+        layout = json.dumps(manifest["layout"], separators=(",", ":"))
+        want = {"run": manifest["run"], "rank": self.rank, "mesh": list(self.cp),
+                "layout_sha256": hashlib.sha256(layout.encode()).hexdigest()}
+        out: dict[str, Any] = {}
+        with safe_open(str(path), framework="pt") as f:
+            got = json.loads((f.metadata() or {}).get("featshard.rank", "null"))
+            if got != want:
+                raise ValueError(f"{path}: not rank {self.rank} of this sample's run ({got})")
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                x = f.get_tensor(name)
+                entry = manifest["features"].get(name)
+                if entry is None:
+                    out[name] = x
+                    continue
+                shape = tuple(entry["global_shape"])
+                out[name] = DTensor.from_local(
+                    x, self.cp_mesh, self._placements[name], run_check=False,
+                    shape=torch.Size(shape), stride=tuple(entry["global_stride"]),
+                )
+        out.update(manifest.get("metadata", {}))
+        return out
+
+
+class DpSampler(Sampler[int]):
+    """The samples of this rank's DP replica, the split featshard's Rust loader makes:
+    every rank of a CP group gets the same indices, in dataset order or shuffled by seed
+    and epoch (:meth:`set_epoch`); the tail wraps around so every replica reads as many
+    (``drop_last`` drops it instead)."""
+
+    def __init__(self, dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool,
+                 seed: int = 0, drop_last: bool = False) -> None:
+        self.n = len(dataset)  # type: ignore[arg-type]
+        if mesh.mesh.dim() == 3:
+            coord = mesh.get_coordinate()
+            if coord is None:
+                raise ValueError("dp_sampler: this rank is not on the mesh")
+            self.replicas, self.replica = int(mesh.mesh.shape[0]), coord[0]
+        else:
+            self.replicas, self.replica = 1, 0
+        self.seed = seed if shuffle else None
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose permutation the next iteration draws (training)."""
+        self.epoch = epoch
+
+    def _indices(self) -> list[int]:
+        return _native.replica_indices(self.n, self.replicas, self.replica, epoch=self.epoch,
+                                       seed=self.seed, drop_last=self.drop_last)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices())
+
+    def __len__(self) -> int:
+        return len(self._indices())
+
+
+def dp_sampler(
+    dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool, seed: int = 0
+) -> DpSampler:
+    """A sampler over data-parallel replicas: every rank of a CP group gets the same
+    indices (inference: in order; training: shuffled by seed and ``set_epoch``)."""
+    return DpSampler(dataset, mesh, shuffle=shuffle, seed=seed)
+
+
+def to_device_mesh(
+    plan: Plan, batch: Mapping[str, Any], mesh: DeviceMesh, device: torch.device
+) -> dict[str, Any]:
+    """A distributed batch (or single sample) from the CPU mesh onto ``mesh`` on
+    ``device``: the same placements, global shape and stride; a single sample from a
+    (cp0, cp1) mesh gains a leading batch axis of 1, and its metadata becomes one-item
+    lists."""
+    unbatched = mesh.mesh.dim() == 2
+    on_dp = placements(plan, dp=True)
+    out: dict[str, Any] = {}
+    for name, x in batch.items():
+        if not isinstance(x, DTensor):
+            out[name] = [x] if unbatched else x
+            continue
+        local = x.to_local().to(device)
+        shape, where = tuple(x.shape), tuple(x.placements)
+        if unbatched:
+            local, shape, where = local.unsqueeze(0), (1, *shape), on_dp[name][1:]
+        out[name] = DTensor.from_local(
+            local, mesh, where, run_check=False, shape=torch.Size(shape), stride=_stride(shape),
+        )
+    return out
+
+
+def lightning_datamodule(
+    plan: Plan,
+    mesh: DeviceMesh,
+    train: Dataset[Any] | None = None,
+    val: Dataset[Any] | None = None,
+    predict: Dataset[Any] | None = None,
+    *,
+    batch_size: int = 1,
+    retries: int = 0,
+    seed: int = 0,
+    workflow: str | None = None,
+) -> Any:
+    """A ``LightningDataModule`` over serial datasets (lightning must be importable).
+
+    ``mesh`` is the model's mesh, (cp0, cp1) or (dp, cp0, cp1), on any device. The data
+    moves on a CPU copy of it over gloo groups the pipeline creates itself, whatever the
+    default backend is (NCCL cannot move CPU tensors). Training data is shuffled by seed
+    and epoch, validation and prediction data kept in order; all are split over DP
+    replicas and distributed per CP group, as ``workflow`` (one of the spec's, or every
+    feature for None). ``transfer_batch_to_device`` re-wraps every DTensor onto ``mesh``
+    on the target device with the same placements, shape and stride; a batch from a
+    (cp0, cp1) mesh gains the leading batch axis of 1 the model expects (the plan's DP
+    placements without the dp axis) and its metadata becomes lists, as a collated
+    batch's.
+    """
+    # The ignores keep mypy --strict clean with and without lightning installed.
+    try:
+        import lightning.pytorch as pl  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        try:
+            import pytorch_lightning as pl  # type: ignore[no-redef,import-not-found,unused-ignore]
+        except ImportError as e:
+            raise ImportError("lightning_datamodule needs `lightning` or `pytorch_lightning`") from e
+    from torch.utils.data import DataLoader
+
+    cpu = cpu_mesh_like(mesh)
+
+    def loader(serial: Dataset[Any] | None, shuffle: bool) -> DataLoader[Any]:
+        if serial is None:
+            raise ValueError("no dataset was given for this stage")
+        dataset = DistributedFeatureDataset(plan, serial, cpu, retries=retries, workflow=workflow)
+        sampler = dp_sampler(dataset, cpu, shuffle=shuffle, seed=seed)
+        if cpu.mesh.dim() == 3:
+            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=0,
+                              collate_fn=lambda batch: collate(plan, batch, cpu))
+        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=0)
+
+    class FeatureDataModule(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
+        def train_dataloader(self) -> DataLoader[Any]:
+            return loader(train, shuffle=True)
+
+        def val_dataloader(self) -> DataLoader[Any]:
+            return loader(val, shuffle=False)
+
+        def predict_dataloader(self) -> DataLoader[Any]:
+            return loader(predict, shuffle=False)
+
+        def transfer_batch_to_device(
+            self, batch: Any, device: torch.device, dataloader_idx: int
+        ) -> Any:
+            return to_device_mesh(plan, batch, mesh, device)
+
+    return FeatureDataModule()

@@ -1,0 +1,141 @@
+//! Data parallelism in numbers: where a global rank sits on the `(dp, cp0, cp1)` mesh,
+//! and which samples each DP replica reads in an epoch. The Rust loader and the Python
+//! package's sampler both call these, so the two visit the same samples in the same
+//! order.
+
+use crate::plan::CP_AXES;
+
+/// The order samples are visited in, each epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Dataset order (inference).
+    Sequential,
+    /// A permutation drawn from `seed` and the epoch (training); the same on every rank.
+    Shuffled {
+        /// The shuffle's seed.
+        seed: u64,
+    },
+}
+
+/// The replica `d` and CP coordinate `(i, j)` of global rank
+/// `rank = d * cp0 * cp1 + i * cp1 + j` (row-major over `(dp, cp0, cp1)`).
+pub fn mesh_position(rank: usize, cp: [usize; CP_AXES]) -> (usize, [usize; CP_AXES]) {
+    let size = (cp[0] * cp[1]).max(1);
+    (rank / size, crate::layout::coords(cp, rank % size))
+}
+
+/// The global rank at replica `d` and CP coordinate `coord`: the inverse of
+/// [`mesh_position`].
+pub fn mesh_rank(d: usize, coord: [usize; CP_AXES], cp: [usize; CP_AXES]) -> usize {
+    d * cp[0] * cp[1] + coord[0] * cp[1] + coord[1]
+}
+
+/// SplitMix64: a small, fixed generator, so permutations never change between builds
+/// or languages.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The dataset's `n` samples in `order` for `epoch` (a Fisher-Yates shuffle drawn from
+/// the seed and the epoch).
+fn epoch_order(n: usize, order: Order, epoch: u64) -> Vec<usize> {
+    let mut out: Vec<usize> = (0..n).collect();
+    if let Order::Shuffled { seed } = order {
+        let mut state = seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03);
+        for i in (1..n).rev() {
+            let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+            out.swap(i, j);
+        }
+    }
+    out
+}
+
+/// The samples replica `replica` of `dp` reads in `epoch`, in order: the epoch's order
+/// dealt round-robin over the replicas. With `drop_last` the tail that does not fill
+/// every replica is dropped; otherwise the order wraps around to its start, so every
+/// replica reads the same number of samples.
+pub fn replica_indices(
+    n: usize,
+    order: Order,
+    epoch: u64,
+    dp: usize,
+    replica: usize,
+    drop_last: bool,
+) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let order = epoch_order(n, order, epoch);
+    let dp = dp.max(1);
+    let total = if drop_last {
+        n / dp * dp
+    } else {
+        n.div_ceil(dp) * dp
+    };
+    (0..total)
+        .skip(replica)
+        .step_by(dp)
+        .map(|k| order[k % n])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mesh_position_and_rank_are_inverse_row_major() {
+        let cp = [2, 3];
+        for rank in 0..12 {
+            let (d, c) = mesh_position(rank, cp);
+            assert_eq!(mesh_rank(d, c, cp), rank);
+        }
+        assert_eq!(mesh_position(10, cp), (1, [1, 1]));
+    }
+
+    #[test]
+    fn replicas_read_every_sample_once_per_epoch_wrapping_to_equal_counts() {
+        for order in [Order::Sequential, Order::Shuffled { seed: 7 }] {
+            for (n, dp) in [(10, 3), (9, 3), (1, 4), (5, 1)] {
+                let parts: Vec<Vec<usize>> = (0..dp)
+                    .map(|r| replica_indices(n, order, 2, dp, r, false))
+                    .collect();
+                let lens: Vec<usize> = parts.iter().map(Vec::len).collect();
+                assert!(lens.iter().all(|&l| l == n.div_ceil(dp)), "{lens:?}");
+                let mut seen: Vec<usize> = parts.concat();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n={n} dp={dp}");
+                let dropped: usize = (0..dp)
+                    .map(|r| replica_indices(n, order, 2, dp, r, true).len())
+                    .sum();
+                assert_eq!(dropped, n / dp * dp);
+            }
+        }
+    }
+
+    #[test]
+    fn a_shuffle_depends_on_seed_and_epoch_only() {
+        let a = replica_indices(50, Order::Shuffled { seed: 1 }, 0, 1, 0, false);
+        assert_eq!(
+            a,
+            replica_indices(50, Order::Shuffled { seed: 1 }, 0, 1, 0, false)
+        );
+        assert_ne!(
+            a,
+            replica_indices(50, Order::Shuffled { seed: 1 }, 1, 1, 0, false)
+        );
+        assert_ne!(
+            a,
+            replica_indices(50, Order::Shuffled { seed: 2 }, 0, 1, 0, false)
+        );
+        assert_eq!(
+            replica_indices(4, Order::Sequential, 3, 2, 1, false),
+            vec![1, 3]
+        );
+    }
+}
