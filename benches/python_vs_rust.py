@@ -1,7 +1,10 @@
 """Benchmark: every rank's block of one Boltz-2-sized sample (N=2048 tokens, ~20k atoms,
 S=4096, cp=(3,3)) made by the Rust tch runtime, by the featshard package on the byte
-executor (`featshard.blocks`) and by the generated module's own Python copy, in one run
-on one machine, with 1 and 2 threads. Median of 3 runs each.
+executor (`featshard.blocks`) and by pure Python (the tests' reference), in one run on
+one machine, with 1 and 2 threads. Each path runs 3 times in a process (the median
+kept), in 3 rounds whose order of paths alternates, so that a machine growing slower
+during the run does not favour one path; each round's ratio to the Rust runtime is
+printed with the median.
 
     . scripts/env.sh && cargo build --release && \
         cargo build --release -p featshard-runtime --example time_blocks
@@ -53,8 +56,9 @@ def child(how: str, threads: int, out: Path) -> None:
         def run() -> Any:
             return blocks.rank_blocks(plan, sample, MESH, workflow="inference", threads=threads)
     else:
-        # The pure-Python path: the generated module's padding, each rank's window cut
-        # with torch (the tests' reference, `tests/python/oracle.py`).
+        # Pure Python: the tests' reference (`tests/python/oracle.py`), intake and
+        # padding written in torch from the generated module's tables, each rank's
+        # window cut with torch.
         sys.path[:0] = [str(ROOT / "tests" / "python")]
         import oracle
 
@@ -92,25 +96,36 @@ def main() -> None:
         bench(Path(folder))
 
 
+ROUNDS = 3
+PATHS = [("rust", 1), ("package", 1), ("reference", 1), ("rust", 2), ("package", 2)]
+NAMES = {"rust": "rust tch runtime (pad + rank_blocks)",
+         "package": "featshard.blocks.rank_blocks",
+         "reference": "pure Python (oracle.py: pad + torch cut)"}
+
+
 def bench(out: Path) -> None:
     n_atoms, serial = boltz_sample_file(out, 2048, 4096)
     gc.collect()
     print(f"sample: 2048 tokens, {n_atoms} atoms, 4096 MSA rows, {serial / 1e9:.2f} GB serial; "
-          f"mesh {MESH[0]}x{MESH[1]}; median of {RUNS}; memory: peak RSS above the loaded sample")
-    rows: dict[tuple[str, int], tuple[float, int]] = {}
-    for threads in (1, 2):
-        for how in ("rust", "package", "generated"):
-            if how == "generated" and threads == 2:
-                continue
-            rows[how, threads] = measure(how, threads, out)
-    names = {"rust": "rust tch runtime (pad + rank_blocks)",
-             "package": "featshard.blocks.rank_blocks",
-             "generated": "pure Python (pad_features + torch cut)"}
-    for (how, threads), (s, peak) in rows.items():
-        rust_s, rust_peak = rows["rust", threads]
-        print(f"{names[how]:38} threads {threads}: {s:7.3f} s  x{s / rust_s:5.2f}   "
-              f"peak {peak / 1e9:5.2f} GB  x{peak / rust_peak:5.2f}")
-    print(json.dumps({f"{h}-{t}": v for (h, t), v in rows.items()}))
+          f"mesh {MESH[0]}x{MESH[1]}; median of {RUNS} in a process, {ROUNDS} rounds; "
+          "memory: peak RSS above the loaded sample")
+    rounds: list[dict[tuple[str, int], tuple[float, int]]] = []
+    for r in range(ROUNDS):
+        order = PATHS if r % 2 == 0 else PATHS[::-1]
+        rounds.append({path: measure(path[0], path[1], out) for path in order})
+    for how, threads in PATHS:
+        times = sorted(rnd[how, threads][0] for rnd in rounds)
+        peaks = sorted(rnd[how, threads][1] for rnd in rounds)
+        rust_times = sorted(rnd["rust", threads][0] for rnd in rounds)
+        rust_peaks = sorted(rnd["rust", threads][1] for rnd in rounds)
+        s, peak = times[ROUNDS // 2], peaks[ROUNDS // 2]
+        per_round = " ".join(
+            f"{rnd[how, threads][0] / rnd['rust', threads][0]:.2f}" for rnd in rounds
+        )
+        print(f"{NAMES[how]:40} threads {threads}: {s:7.3f} s  x{s / rust_times[ROUNDS // 2]:5.2f}"
+              f"  (rounds x{per_round})   peak {peak / 1e9:5.2f} GB"
+              f"  x{peak / rust_peaks[ROUNDS // 2]:5.2f}")
+    print(json.dumps([{f"{h}-{t}": v for (h, t), v in rnd.items()} for rnd in rounds]))
 
 
 if __name__ == "__main__":

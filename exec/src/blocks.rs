@@ -76,6 +76,35 @@ impl FeatureBlocks<'_, '_> {
         self.shape.iter().product::<usize>() * dtype::size(self.dtype)
     }
 
+    /// The shape of `part` of the feature: a rank's block, the whole padded layout, or
+    /// the serial sample after intake.
+    pub fn shape_of(&self, placed: &Placed, part: Part) -> Vec<usize> {
+        match (part, &self.placed) {
+            (Part::Block(_), _) | (_, None) => self.shape.clone(),
+            (Part::Padded, Some((_, axes))) => axes.iter().map(|a| a.padded).collect(),
+            (Part::Serial, Some(_)) => placed.taken[&self.name].shape(),
+        }
+    }
+
+    /// Bytes of `part` of the feature.
+    pub fn nbytes_of(&self, placed: &Placed, part: Part) -> usize {
+        self.shape_of(placed, part).iter().product::<usize>() * dtype::size(self.dtype)
+    }
+
+    /// Writes `part` of the feature into `sink`, row-major. A feature carried along
+    /// whole is written whole whatever the part.
+    pub fn write_part(&self, placed: &Placed, part: Part, sink: &mut impl Sink) -> io::Result<()> {
+        match (part, &self.placed) {
+            (_, None) => write_whole(self.x, sink),
+            (Part::Block(coord), Some(_)) => self.write(placed, coord, sink),
+            (Part::Padded, Some((_, axes))) => {
+                let window: Vec<(usize, usize)> = axes.iter().map(|a| (0, a.padded)).collect();
+                write_window(self.x, &self.pad, axes, &window, sink)
+            }
+            (Part::Serial, Some(_)) => write_whole(&placed.taken[&self.name], sink),
+        }
+    }
+
     /// Writes the block of the rank at CP coordinate `coord` into `sink`, row-major.
     pub fn write(
         &self,
@@ -84,16 +113,7 @@ impl FeatureBlocks<'_, '_> {
         sink: &mut impl Sink,
     ) -> io::Result<()> {
         let Some((t, axes)) = &self.placed else {
-            let whole: Vec<AxisMap> = self
-                .shape
-                .iter()
-                .map(|&padded| AxisMap {
-                    padded,
-                    positions: None,
-                })
-                .collect();
-            let window: Vec<(usize, usize)> = self.shape.iter().map(|&n| (0, n)).collect();
-            return write_window(self.x, &self.pad, &whole, &window, sink);
+            return write_whole(self.x, sink);
         };
         let window = t.block_window(&self.shape, coord);
         match &t.remap {
@@ -113,6 +133,32 @@ impl FeatureBlocks<'_, '_> {
             _ => write_window(self.x, &self.pad, axes, &window, sink),
         }
     }
+}
+
+/// Which part of a placed feature to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The block of the rank at this CP coordinate (shard-local ids shifted).
+    Block([usize; 2]),
+    /// The whole padded layout: every rank's block together, index values in the
+    /// padded layout, shard-local ids not yet shifted.
+    Padded,
+    /// The sample as intake made it: real items only, index values serial.
+    Serial,
+}
+
+/// All of `x`, as it is.
+fn write_whole(x: &Array, sink: &mut impl Sink) -> io::Result<()> {
+    let shape = x.shape();
+    let whole: Vec<AxisMap> = shape
+        .iter()
+        .map(|&padded| AxisMap {
+            padded,
+            positions: None,
+        })
+        .collect();
+    let window: Vec<(usize, usize)> = shape.iter().map(|&n| (0, n)).collect();
+    write_window(x, &[], &whole, &window, sink)
 }
 
 /// Shard-local ids: every real entry (each copied one; pads are filled) moved by the

@@ -36,6 +36,8 @@ pub struct Placed<'a> {
     /// Every tensor feature at its serial shape, index values already in the padded
     /// layout (one-hot maps are moved by their axes instead).
     pub arrays: BTreeMap<String, Array<'a>>,
+    /// Every tensor feature as intake made it: real items only, index values serial.
+    pub taken: BTreeMap<String, Array<'a>>,
     /// Features carried along untouched.
     pub passthrough: BTreeMap<String, Array<'a>>,
     /// What intake did to the sample as emitted.
@@ -55,12 +57,14 @@ pub fn place<'a>(
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
     let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
     let mut arrays = BTreeMap::new();
+    let mut kept = BTreeMap::new();
     for name in &checked.names {
         let s = shapes.get(name).ok_or_else(|| RuntimeError::Missing {
             feature: name.clone(),
         })?;
         let x = place_feature(plan, name, &taken.features[name], &layout, s)?;
         arrays.insert(name.clone(), x);
+        kept.insert(name.clone(), taken.features[name].clone());
     }
     let passthrough = checked
         .passthrough
@@ -71,6 +75,7 @@ pub fn place<'a>(
         layout,
         shapes,
         arrays,
+        taken: kept,
         passthrough,
         intake: IntakeReport {
             dropped: taken.dropped,

@@ -83,6 +83,23 @@ class Placement:
         capsules = [(n, t.__dlpack__()) for n, t in outs.items()]
         self._native.write_blocks(coord, capsules, threads)
 
+    def padded(self, threads: int = 1) -> dict[str, torch.Tensor]:
+        """Every placed feature's whole padded layout: what all ranks' blocks make
+        together, index values in the padded layout, shard-local ids not yet shifted."""
+        out = self._empty({n: padded for n, padded, _ in self._native.whole_shapes()})
+        self._native.write_padded([(n, t.__dlpack__()) for n, t in out.items()], threads)
+        return out
+
+    def serial(self, threads: int = 1) -> dict[str, torch.Tensor]:
+        """Every placed feature as intake made it: real items only, derived features
+        made, index values as the sample gave them."""
+        out = self._empty({n: serial for n, _, serial in self._native.whole_shapes()})
+        self._native.write_serial([(n, t.__dlpack__()) for n, t in out.items()], threads)
+        return out
+
+    def _empty(self, shapes: Mapping[str, list[int]]) -> dict[str, torch.Tensor]:
+        return {n: torch.empty(tuple(s), dtype=self._features[n][0]) for n, s in shapes.items()}
+
     def rank_blocks(self, coord: tuple[int, int], threads: int = 1) -> dict[str, torch.Tensor]:
         """The blocks of the rank at CP coordinate ``coord``, every placed feature: views
         of one buffer the executor allocated (huge pages advised) and wrote, freed when

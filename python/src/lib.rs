@@ -105,6 +105,18 @@ impl Plan {
         Ok(t.collated_global_shape(&local, batch, dp, [cp.0, cp.1]))
     }
 
+    /// The multiple `semantic`'s axes pad to on `mesh` (1 when never padded).
+    fn pad_multiple(&self, semantic: &str, mesh: (usize, usize)) -> PyResult<usize> {
+        let mesh = [mesh.0, mesh.1];
+        featshard_spec::limits::check_mesh(&mesh).map_err(value_error)?;
+        if !self.plan.semantics.contains_key(semantic) {
+            return Err(PyKeyError::new_err(format!(
+                "semantic `{semantic}`: not a semantic of the spec"
+            )));
+        }
+        Ok(self.plan.pad_multiple(semantic, mesh))
+    }
+
     /// Validates `features` (name -> a tensor's DLPack capsule, or the description of
     /// a value that is not a readable tensor) and places them on `mesh`; see
     /// `_native.pyi`.

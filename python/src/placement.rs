@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use featshard_exec::array::Array;
-use featshard_exec::blocks::{feature_blocks, FeatureBlocks, SliceSink};
+use featshard_exec::blocks::{feature_blocks, FeatureBlocks, Part, SliceSink};
 use featshard_exec::files::Sample;
 use featshard_exec::{Options, Placed, RuntimeError};
 use featshard_spec::plan::FeaturePlan;
@@ -155,29 +155,49 @@ impl Placement {
         outs: Vec<(String, Bound<'_, PyCapsule>)>,
         threads: usize,
     ) -> PyResult<()> {
+        self.write_part(py, Part::Block([coord.0, coord.1]), outs, threads)
+    }
+
+    /// Writes each named feature's whole padded layout (index values in the padded
+    /// layout, shard-local ids not shifted) into `outs`, as `write_blocks` does blocks.
+    #[pyo3(signature = (outs, threads = 1))]
+    fn write_padded(
+        &self,
+        py: Python<'_>,
+        outs: Vec<(String, Bound<'_, PyCapsule>)>,
+        threads: usize,
+    ) -> PyResult<()> {
+        self.write_part(py, Part::Padded, outs, threads)
+    }
+
+    /// Writes each named feature as intake made it (real items only, derived features
+    /// made, index values serial) into `outs`, as `write_blocks` does blocks.
+    #[pyo3(signature = (outs, threads = 1))]
+    fn write_serial(
+        &self,
+        py: Python<'_>,
+        outs: Vec<(String, Bound<'_, PyCapsule>)>,
+        threads: usize,
+    ) -> PyResult<()> {
+        self.write_part(py, Part::Serial, outs, threads)
+    }
+
+    /// Every placed feature's shape in its padded layout and as intake made it:
+    /// `(name, padded shape, serial shape)`, sorted by name.
+    #[allow(clippy::type_complexity)]
+    fn whole_shapes(&self) -> PyResult<Vec<(String, Vec<usize>, Vec<usize>)>> {
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
-        let mut jobs: Vec<(&FeatureBlocks, Memory)> = Vec::new();
-        for (name, capsule) in &outs {
-            let out = Memory::new(name, capsule)?;
-            let f = all.iter().find(|f| &f.name == name && f.is_placed());
-            let f = f.ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "feature `{name}`: not a placed feature of this sample"
-                ))
-            })?;
-            check_out(
-                f,
-                &out,
-                self.inputs.iter().chain(jobs.iter().map(|(_, m)| m)),
-            )?;
-            jobs.push((f, out));
-        }
-        let coord = [coord.0, coord.1];
-        let placed = &self.placed;
-        let slices: Vec<(&FeatureBlocks, &mut [u8])> =
-            jobs.iter_mut().map(|(f, m)| (*f, m.bytes_mut())).collect();
-        py.detach(|| write_all(placed, coord, slices, threads))
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        Ok(all
+            .iter()
+            .filter(|f| f.is_placed())
+            .map(|f| {
+                (
+                    f.name.clone(),
+                    f.shape_of(&self.placed, Part::Padded),
+                    f.shape_of(&self.placed, Part::Serial),
+                )
+            })
+            .collect())
     }
 
     /// Every placed feature's block of the rank at CP coordinate `coord`, in one buffer
@@ -209,10 +229,48 @@ impl Placement {
                 rest = tail;
                 at = offset + f.nbytes();
             }
-            write_all(this, coord, slices, threads)
+            write_all(this, Part::Block(coord), slices, threads)
         })
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok((buffer.into_capsule(py)?, offsets))
+    }
+}
+
+impl Placement {
+    /// Writes `part` of each named placed feature into its output, on `threads` threads,
+    /// the interpreter's lock released.
+    fn write_part(
+        &self,
+        py: Python<'_>,
+        part: Part,
+        outs: Vec<(String, Bound<'_, PyCapsule>)>,
+        threads: usize,
+    ) -> PyResult<()> {
+        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
+        let mut jobs: Vec<(&FeatureBlocks, Memory)> = Vec::new();
+        for (name, capsule) in &outs {
+            let out = Memory::new(name, capsule)?;
+            let f = all.iter().find(|f| &f.name == name && f.is_placed());
+            let f = f.ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "feature `{name}`: not a placed feature of this sample"
+                ))
+            })?;
+            let shape = f.shape_of(&self.placed, part);
+            check_out(
+                f,
+                part,
+                &shape,
+                &out,
+                self.inputs.iter().chain(jobs.iter().map(|(_, m)| m)),
+            )?;
+            jobs.push((f, out));
+        }
+        let placed = &self.placed;
+        let slices: Vec<(&FeatureBlocks, &mut [u8])> =
+            jobs.iter_mut().map(|(f, m)| (*f, m.bytes_mut())).collect();
+        py.detach(|| write_all(placed, part, slices, threads))
+            .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 }
 
@@ -237,18 +295,25 @@ fn offsets(placed: &[&FeatureBlocks]) -> (Offsets, usize) {
 /// Alignment of each block in a rank's buffer (any dtype's, and a cache line).
 const ALIGN: usize = 64;
 
-/// An output must be the block's dtype and shape and share no byte with any other view.
+/// An output must be `part`'s dtype and `shape` and share no byte with any other view.
 fn check_out<'m>(
     f: &FeatureBlocks,
+    part: Part,
+    shape: &[usize],
     out: &Memory,
     others: impl IntoIterator<Item = &'m Memory>,
 ) -> PyResult<()> {
-    if out.dtype != f.dtype || out.shape != f.shape {
+    if out.dtype != f.dtype || out.shape != shape {
         return Err(PyValueError::new_err(format!(
-            "feature `{}`: its block is {} {:?}, the output given is {} {:?}",
+            "feature `{}`: {} is {} {:?}, the output given is {} {:?}",
             f.name,
+            match part {
+                Part::Block(_) => "its block",
+                Part::Padded => "its padded layout",
+                Part::Serial => "its taken form",
+            },
             f.dtype.name(),
-            f.shape,
+            shape,
             out.dtype.name(),
             out.shape
         )));
@@ -262,33 +327,33 @@ fn check_out<'m>(
     Ok(())
 }
 
-/// Every job's block written on `threads` threads, the largest blocks dealt first,
+/// `part` of every job's feature written on `threads` threads, the largest dealt first,
 /// each to the thread with the fewest bytes so far.
 fn write_all(
     placed: &Placed,
-    coord: [usize; 2],
+    part: Part,
     mut jobs: Vec<(&FeatureBlocks, &mut [u8])>,
     threads: usize,
 ) -> std::io::Result<()> {
     let threads = threads.clamp(1, jobs.len().max(1));
-    jobs.sort_by_key(|(f, _)| std::cmp::Reverse(f.nbytes()));
+    jobs.sort_by_key(|(_, out)| std::cmp::Reverse(out.len()));
     let mut shares: Vec<(usize, Vec<Job>)> = (0..threads).map(|_| (0, Vec::new())).collect();
     for job in jobs {
         if let Some(least) = shares.iter_mut().min_by_key(|(bytes, _)| *bytes) {
-            least.0 += job.0.nbytes();
+            least.0 += job.1.len();
             least.1.push(job);
         }
     }
     let write = |share: Vec<(&FeatureBlocks, &mut [u8])>| -> std::io::Result<()> {
         for (f, out) in share {
+            let want = out.len();
             let mut sink = SliceSink::new(out);
-            f.write(placed, coord, &mut sink)?;
-            if sink.written() != f.nbytes() {
+            f.write_part(placed, part, &mut sink)?;
+            if sink.written() != want {
                 return Err(std::io::Error::other(format!(
-                    "feature `{}`: {} of its block's {} bytes written",
+                    "feature `{}`: {} of its {want} bytes written",
                     f.name,
                     sink.written(),
-                    f.nbytes()
                 )));
             }
         }

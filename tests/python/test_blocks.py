@@ -1,6 +1,7 @@
 """`featshard.blocks`: the package's byte executor on torch tensors (DLPack, no padded
-copy) gives every rank's blocks byte for byte as the generated module's Python path and
-`featshard shard` do, and refuses bad input and bad outputs by name."""
+copy) gives every rank's blocks, and the whole padded sample, byte for byte as the Python
+reference (`oracle.py`) and `featshard shard` do, and refuses bad input and bad outputs
+by name."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def assert_same_blocks(want: dict[str, torch.Tensor], got: dict[str, torch.Tenso
         assert torch.equal(as_bytes(g), as_bytes(w)), f"{what} {name}: bytes differ"
 
 
+def assert_same_sample(want: dict[str, object], got: dict[str, object], what: str) -> None:
+    """Tensors equal byte for byte; other values (metadata) passed through as they are."""
+    assert sorted(want) == sorted(got), what
+    tensors = [n for n, w in want.items() if isinstance(w, torch.Tensor)]
+    assert all(got[n] is want[n] for n in want if n not in tensors), what
+    assert_same_blocks({n: want[n] for n in tensors}, {n: got[n] for n in tensors}, what)
+
+
 @pytest.mark.parametrize("mesh", MESHES, ids=[f"{a}x{b}" for a, b in MESHES])
 def test_native_blocks_equal_the_generated_python_path(
     placements: ModuleType, plan: featshard.Plan, mesh: tuple[int, int]
@@ -62,6 +71,32 @@ def test_native_blocks_of_real_samples_equal_the_generated_python_path(
             got = blocks.rank_blocks(plan, sample, mesh, workflow="inference", threads=2)
             for rank, (w, g) in enumerate(zip(want, got)):
                 assert_same_blocks(w, g, f"real sample {i} mesh {mesh} rank {rank}")
+
+
+def test_the_taken_and_padded_samples_equal_the_reference(
+    placements: ModuleType, plan: featshard.Plan
+) -> None:
+    """`featshard.padding` (and so the generated module's `intake` and `pad_features`)
+    gives the reference's taken sample, padded sample and layouts, random and real."""
+    from featshard import padding
+
+    cases = [(random_sample(placements, 9 + 5 * s, seed=40 + s), m) for s, m in enumerate(MESHES)]
+    cases += [(sample, (3, 3)) for sample in real_samples()]
+    for i, (sample, mesh) in enumerate(cases):
+        what = f"case {i} mesh {mesh}"
+        taken = padding.intake(plan, sample, workflow="inference")
+        assert_same_sample(oracle.intake(placements, sample), taken, f"{what} intake")
+        assert_same_sample(taken, padding.intake(plan, taken, workflow="inference"), f"{what} intake twice")
+        padded = padding.pad_features(plan, sample, mesh, workflow="inference", threads=2)
+        assert_same_sample(oracle.pad_features(placements, sample, mesh), padded, f"{what} padded")
+        want = oracle.layouts(placements, sample, mesh)
+        got = padding.layouts(plan, sample, mesh, workflow="inference")
+        assert sorted(want) == sorted(got), what
+        for sem, w in want.items():
+            g = got[sem]
+            assert (g.padded, g.per_block, g.length) == (w.padded, w.per_block, w.length), sem
+            assert (g.positions is None) == (w.positions is None), sem
+            assert g.positions is None or torch.equal(g.positions, w.positions), sem
 
 
 def test_a_placement_reports_its_layout_and_carries_metadata(

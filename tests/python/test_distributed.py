@@ -90,9 +90,9 @@ def _check_parity(P: Any, D: Any, got: dict[str, Any], sample: dict[str, Any],
     from torch.distributed.tensor import DTensor
 
     expected = oracle.rank_blocks(P, sample, cp)[coord[0] * cp[1] + coord[1]]
-    taken = P.intake(sample)
-    padded = P.pad_features(sample, cp)
-    lay = P.layouts(sample, cp)
+    taken = oracle.intake(P, sample)
+    padded = oracle.pad_features(P, sample, cp)
+    lay = oracle.layouts(P, sample, cp)
     assert sorted(n for n in got if isinstance(got[n], DTensor)) == sorted(expected)
     for name in sorted(expected):
         dt = got[name]
@@ -129,9 +129,10 @@ def _check_parity(P: Any, D: Any, got: dict[str, Any], sample: dict[str, Any],
 def _check_remapped_ids(P: Any, got: dict[str, Any], sample: dict[str, Any]) -> None:
     """Every padded-global atom id (frames, constraint lists) points at the same atom as in
     the serial sample: the atom at the new position has the same reference position."""
+    import oracle
     import torch
 
-    taken = P.intake(sample)
+    taken = oracle.intake(P, sample)
     ref = got["ref_pos"].full_tensor()
     checked = 0
     for name, role in P.INDEX_FEATURES.items():
@@ -147,13 +148,14 @@ def _check_remapped_ids(P: Any, got: dict[str, Any], sample: dict[str, Any]) -> 
 def _check_real_collate(P: Any, D: Any, mesh: Any, dp: int, source: bool) -> None:
     """Two DP replicas with different real samples: collate pads every list with -1
     (never an id), and every id still points at the same atom after the re-pad."""
+    import oracle
     import torch
     from boltz_samples import real_samples
 
     sample = real_samples()[[1, 0][dp]]  # prot60_smiles (78 bounds), prot60_nomsa (0)
     batch = [D.distribute_features(sample if source else None, mesh, workflow="inference")]
     out = D.collate(batch, mesh)
-    taken = P.intake(sample)
+    taken = oracle.intake(P, sample)
     ref = out["ref_pos"].full_tensor()[dp]
     for name, role in P.INDEX_FEATURES.items():
         if role.scope != "padded_global" or role.one_hot is not None or name not in taken:

@@ -82,7 +82,7 @@ def test_pad_features_gives_the_planned_shapes_and_pad_values(
     placements: ModuleType, mesh: tuple[int, int], n_tokens: int
 ) -> None:
     sample = random_sample(placements, n_tokens, seed=n_tokens * 31 + mesh[0] * 7 + mesh[1])
-    out = placements.pad_features(sample, mesh)
+    out = placements.pad_features(sample, mesh, workflow="inference")
     assert set(out) == set(sample) | set(placements.DERIVED)
 
     blocks = math.lcm(*mesh)  # tokens and atoms are sharded on both mesh axes
@@ -137,7 +137,7 @@ def test_pad_features_gives_the_planned_shapes_and_pad_values(
 def test_padded_lengths_match_pad_features(placements: ModuleType) -> None:
     sample = random_sample(placements, 10, seed=5)
     for mesh in MESHES:
-        out = placements.pad_features(sample, mesh)
+        out = placements.pad_features(sample, mesh, workflow="inference")
         got = placements.padded_lengths(
             mesh, {"tokens": 10, "atoms": int(sample["atom_counts_per_token"].sum())},
             {"atoms": sample["atom_counts_per_token"]},
@@ -150,19 +150,19 @@ def test_bad_samples_raise_errors_naming_the_feature(placements: ModuleType) -> 
     sample = random_sample(placements, 6, seed=1)
     bad = dict(sample, ref_pos=sample["ref_pos"][:, :2])
     with pytest.raises(ValueError, match=r"feature `ref_pos`, axis 1 \(channel\)"):
-        placements.pad_features(bad, (2, 2))
+        placements.pad_features(bad, (2, 2), workflow="inference")
     bad = dict(sample, res_type=sample["res_type"][:-1])
     with pytest.raises(ValueError, match=r"feature `\w+`, axis 0 \(tokens"):
-        placements.pad_features(bad, (2, 2))
+        placements.pad_features(bad, (2, 2), workflow="inference")
     with pytest.raises(ValueError, match="not in the spec: `nope`"):
-        placements.pad_features(dict(sample, nope=torch.zeros(1)), (2, 2))
+        placements.pad_features(dict(sample, nope=torch.zeros(1)), (2, 2), workflow="inference")
     with pytest.raises(ValueError, match="mesh"):
-        placements.pad_features(sample, (0, 2))
+        placements.pad_features(sample, (0, 2), workflow="inference")
     for value in (7.0, float("nan")):
         mask = sample["token_resolved_mask"].clone()
         mask[2] = value
         with pytest.raises(ValueError, match=r"feature `token_resolved_mask`: a mask holds 0 or 1 .* at flat index 2"):
-            placements.pad_features(dict(sample, token_resolved_mask=mask), (2, 2))
+            placements.pad_features(dict(sample, token_resolved_mask=mask), (2, 2), workflow="inference")
 
 
 def tool(name: str) -> str:

@@ -4,6 +4,8 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 import torch
+from featshard import Plan
+from featshard.padding import SemanticLayout
 from torch.distributed.tensor import Placement
 
 SPEC_SHA256: Final[str]
@@ -137,12 +139,6 @@ class IndexRole(NamedTuple):
     scope: Literal["serial", "shard_local", "padded_global"]
     one_hot: int | None
 
-class Layout(NamedTuple):
-    padded: int
-    positions: torch.Tensor | None
-    per_block: int | None
-    length: int
-
 SEMANTICS: Final[dict[str, SemanticInfo]]
 SEMANTIC_ORDER: Final[tuple[str, ...]]
 PLACEMENTS: Final[dict[str, tuple[Placement, ...]]]
@@ -164,12 +160,21 @@ DERIVED: Final[dict[str, tuple[str, str]]]
 DROP: Final[frozenset[str]]
 OTHER_KEYS: Final[Literal["refuse", "drop", "pass"]]
 
+def plan() -> Plan: ...
 def pad_multiple(semantic: str, mesh: tuple[int, int]) -> int: ...
 def padded_lengths(
     mesh: tuple[int, int],
     lengths: Mapping[str, int],
-    owner_counts: Mapping[str, torch.Tensor] | None = None,
+    owner_counts: Mapping[str, Any] | None = None,
 ) -> dict[str, int]: ...
-def intake(features: Mapping[str, Any]) -> dict[str, Any]: ...
-def layouts(features: Mapping[str, Any], mesh: tuple[int, int]) -> dict[str, Layout]: ...
-def pad_features(features: Mapping[str, Any], mesh: tuple[int, int]) -> dict[str, Any]: ...
+def intake(features: Mapping[str, Any], *, workflow: str | None = None) -> dict[str, Any]: ...
+def layouts(
+    features: Mapping[str, Any], mesh: tuple[int, int], *, workflow: str | None = None
+) -> dict[str, SemanticLayout]: ...
+def pad_features(
+    features: Mapping[str, Any],
+    mesh: tuple[int, int],
+    *,
+    workflow: str | None = None,
+    threads: int = 1,
+) -> dict[str, Any]: ...

@@ -14,13 +14,12 @@ path.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from featshard import Plan, blocks
+from featshard import blocks
 from featshard import data as _data
 from featshard import distribute as _distribute
 from featshard.data import (
@@ -36,7 +35,7 @@ from torch.utils.data import Dataset
 # isort: off
 # The placements module sits next to this file; linters class it first- or
 # third-party depending on where they run, so its place is fixed here.
-from boltz2_placements import SPEC_SHA256
+from boltz2_placements import plan
 
 # isort: on
 
@@ -55,13 +54,6 @@ __all__ = [
     "rank_blocks",
     "to_device_mesh",
 ]
-
-
-@functools.cache
-def plan() -> Plan:
-    """This module's plan, read once from `boltz2_placements.plan.json` next to it; refused
-    when it was made from another spec than this module."""
-    return Plan.from_plan_file(Path(__file__).with_name("boltz2_placements.plan.json"), sha256=SPEC_SHA256)
 
 
 def rank_blocks(
