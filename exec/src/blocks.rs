@@ -86,11 +86,6 @@ impl FeatureBlocks<'_, '_> {
         }
     }
 
-    /// Bytes of `part` of the feature.
-    pub fn nbytes_of(&self, placed: &Placed, part: Part) -> usize {
-        self.shape_of(placed, part).iter().product::<usize>() * dtype::size(self.dtype)
-    }
-
     /// Writes `part` of the feature into `sink`, row-major. A feature carried along
     /// whole is written whole whatever the part.
     pub fn write_part(&self, placed: &Placed, part: Part, sink: &mut impl Sink) -> io::Result<()> {
