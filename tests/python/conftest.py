@@ -4,14 +4,51 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+# What the gloo ranks' fork server imports once (featshard.ranks), besides torch and
+# featshard: a rank imports none of it anew.
+RANK_PRELOAD = ["featshard.data", "featshard.padding", "safetensors.torch", "lightning.pytorch",
+                "boltz_samples", "oracle"]
+
+
+def start_ranks(worker: Callable[..., None], args: tuple[Any, ...], world: int) -> None:
+    """``worker(rank, *args)`` on ``world`` gloo ranks, this folder on their path."""
+    from featshard.ranks import start_ranks as start
+
+    start(worker, args, world, preload=RANK_PRELOAD, path=[str(HERE)])
+
+
+def tool(name: str) -> str:
+    """A command of the test environment: on PATH, else next to this Python."""
+    return shutil.which(name) or str(Path(sys.executable).parent / name)
+
+
+MypyStrict = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="session")
+def mypy_strict(tmp_path_factory: pytest.TempPathFactory) -> MypyStrict:
+    """``mypy --strict`` on files given together (distinct module names), from ``cwd``.
+    One cache for the session, new in each: torch's stubs are analysed once, not once
+    per checked file."""
+    cache = tmp_path_factory.mktemp("mypy-cache")
+
+    def run(*files: str | Path, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [tool("mypy"), "--strict", "--cache-dir", str(cache), *map(str, files)]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, check=False)
+
+    return run
 
 
 def featshard_bin() -> Path:

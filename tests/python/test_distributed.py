@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
+from conftest import start_ranks
 
 HERE = Path(__file__).resolve().parent
 
@@ -345,8 +345,7 @@ def _run(gen_dir: Path, shape: tuple[int, ...], scenario: str, tmp: Path) -> lis
     results = tmp / scenario
     results.mkdir()
     # The rendezvous is a file: no port to race for.
-    mp.spawn(_worker, args=(world, str(results / "store"), str(gen_dir), shape, scenario, str(results)),
-             nprocs=world, join=True)
+    start_ranks(_worker, (world, str(results / "store"), str(gen_dir), shape, scenario, str(results)), world)
     return [json.loads((results / f"rank-{r}.json").read_text()) for r in range(world)]
 
 

@@ -12,8 +12,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from conftest import ROOT, featshard_bin
-from test_generated import tool
+from conftest import ROOT, MypyStrict, featshard_bin, tool
 
 EXAMPLES = ["weather", "pointcloud", "volume"]
 
@@ -102,15 +101,13 @@ def test_inputs_that_cannot_be_scattered_are_named(weather: ModuleType, change, 
     assert message in str(e.value)
 
 
-def test_generated_domain_python_passes_ruff_and_mypy(domain_dir: Path) -> None:
+def test_generated_domain_python_passes_ruff_and_mypy(domain_dir: Path, mypy_strict: MypyStrict) -> None:
     files = [str(p) for p in sorted(domain_dir.glob("*.py"))]
     r = subprocess.run([tool("ruff"), "check", "--no-cache", *files],
                        capture_output=True, text=True, cwd=domain_dir, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
-    for f in files:
-        r = subprocess.run([tool("mypy"), "--strict", "--no-incremental", f],
-                           capture_output=True, text=True, cwd=domain_dir, check=False)
-        assert r.returncode == 0, r.stdout + r.stderr
+    r = mypy_strict(*files, cwd=domain_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 # The gradient test's model for the weather example: two 3x3 convolutions over the

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from types import ModuleType
 import pytest
 import torch
 from boltz_samples import random_sample
-from conftest import ROOT, featshard_bin
+from conftest import ROOT, MypyStrict, featshard_bin, tool
 from torch.distributed.tensor import Replicate, Shard
 
 MESHES = [(1, 1), (2, 2), (3, 3), (2, 3), (4, 1)]
@@ -165,11 +164,6 @@ def test_bad_samples_raise_errors_naming_the_feature(placements: ModuleType) -> 
             placements.pad_features(dict(sample, token_resolved_mask=mask), (2, 2), workflow="inference")
 
 
-def tool(name: str) -> str:
-    found = shutil.which(name) or str(Path(sys.executable).parent / name)
-    return found
-
-
 def test_generated_python_passes_ruff(generated_dir: Path) -> None:
     files = [str(p) for p in sorted(generated_dir.glob("*.py*"))]
     assert len(files) == 3, files
@@ -182,11 +176,8 @@ def test_generated_python_passes_ruff(generated_dir: Path) -> None:
 @pytest.mark.parametrize(
     "name", ["boltz2_placements.py", "boltz2_placements.pyi", "boltz2_placements_data.py"]
 )
-def test_generated_python_passes_mypy_strict(generated_dir: Path, name: str) -> None:
-    result = subprocess.run(
-        [tool("mypy"), "--strict", "--no-incremental", str(generated_dir / name)],
-        capture_output=True, text=True, cwd=generated_dir, check=False,
-    )
+def test_generated_python_passes_mypy_strict(generated_dir: Path, name: str, mypy_strict: MypyStrict) -> None:
+    result = mypy_strict(generated_dir / name, cwd=generated_dir)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -215,7 +206,7 @@ def test_every_example_validates_against_the_schema_it_points_at(example: str) -
     jsonschema.validate(yaml.safe_load(path.read_text()), schema)
 
 
-def test_generate_tests_writes_a_parity_test_that_passes(tmp_path: Path) -> None:
+def test_generate_tests_writes_a_parity_test_that_passes(tmp_path: Path, mypy_strict: MypyStrict) -> None:
     """`featshard generate --tests`: the user's own parity test, linted, typed and run."""
     out = tmp_path / "gen"
     subprocess.run(
@@ -225,9 +216,9 @@ def test_generate_tests_writes_a_parity_test_that_passes(tmp_path: Path) -> None
     )
     test = out / "test_boltz2_placements_parity.py"
     assert test.exists()
-    for cmd in ([tool("ruff"), "check", "--no-cache", str(test)],
-                [tool("mypy"), "--strict", "--no-incremental", str(test)]):
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=out, check=False)
+    for r in (subprocess.run([tool("ruff"), "check", "--no-cache", str(test)],
+                             capture_output=True, text=True, cwd=out, check=False),
+              mypy_strict(test, cwd=out)):
         assert r.returncode == 0, r.stdout + r.stderr
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],

@@ -19,8 +19,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, MypyStrict, tool
 
-ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "examples" / "boltz2.yaml"
 
 
@@ -29,10 +29,6 @@ def wheel() -> Path:
     if len(found) != 1:
         pytest.fail(f"expected one wheel in target/wheels (scripts/test builds it), found {found}")
     return found[0]
-
-
-def tool(name: str) -> str:
-    return shutil.which(name) or str(Path(sys.executable).parent / name)
 
 
 def distribution_closure(name: str) -> set[str]:
@@ -104,7 +100,9 @@ def test_the_wheel_ships_its_types_and_one_abi3_module() -> None:
     assert "-abi3-" in wheel().name and "cp310" in wheel().name
 
 
-def test_generate_from_the_installed_package_with_no_cargo(fresh_venv: Path, tmp_path: Path) -> None:
+def test_generate_from_the_installed_package_with_no_cargo(
+    fresh_venv: Path, tmp_path: Path, mypy_strict: MypyStrict
+) -> None:
     out = tmp_path / "gen"
     done = run(fresh_venv, "featshard", "generate", str(SPEC), "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -125,10 +123,10 @@ def test_generate_from_the_installed_package_with_no_cargo(fresh_venv: Path, tmp
     assert imported.stdout.split() == tensors
     bad = run(fresh_venv, "python", "-c", "import lightning", cwd=tmp_path)
     assert bad.returncode != 0, "the fresh environment should hold torch only"
-    for cmd in ([tool("ruff"), "check", "--no-cache", str(out)],
-                [tool("mypy"), "--strict", "--no-incremental", str(out / "boltz2_placements.py")],
-                [tool("mypy"), "--strict", "--no-incremental", str(out / "boltz2_placements_data.py")]):
-        checked = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=out)
+    for checked in (subprocess.run([tool("ruff"), "check", "--no-cache", str(out)],
+                                   capture_output=True, text=True, check=False, cwd=out),
+                    mypy_strict(out / "boltz2_placements.py", cwd=out),
+                    mypy_strict(out / "boltz2_placements_data.py", cwd=out)):
         assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
@@ -195,12 +193,12 @@ def test_the_plan_api_and_its_errors(fresh_venv: Path, tmp_path: Path) -> None:
     assert run(fresh_venv, "featshard", "--version", cwd=tmp_path).stdout.startswith("featshard ")
 
 
-def test_the_package_passes_mypy_strict_and_ruff() -> None:
+def test_the_package_passes_mypy_strict_and_ruff(mypy_strict: MypyStrict) -> None:
     pkg = ROOT / "python" / "featshard"
-    for cmd in ([tool("mypy"), "--strict", "--no-incremental", str(pkg)],
-                [tool("ruff"), "check", "--no-cache", str(pkg)]):
-        checked = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                                 env={**os.environ, "MYPYPATH": str(ROOT / "python")})
+    env = {**os.environ, "MYPYPATH": str(ROOT / "python")}
+    for checked in (mypy_strict(pkg, cwd=ROOT, env=env),
+                    subprocess.run([tool("ruff"), "check", "--no-cache", str(pkg)],
+                                   capture_output=True, text=True, check=False, env=env)):
         assert checked.returncode == 0, checked.stdout + checked.stderr
 
 

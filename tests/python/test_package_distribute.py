@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
+from conftest import start_ranks
 
 HERE = Path(__file__).resolve().parent
 SPEC = HERE.parents[1] / "examples" / "boltz2.yaml"
@@ -90,8 +90,7 @@ def test_the_package_gives_every_rank_its_reference_block_as_a_dtensor(
     world = 1
     for n in shape:
         world *= n
-    mp.spawn(_worker, args=(world, str(tmp_path / "store"), str(generated_dir), shape,
-                            str(tmp_path)), nprocs=world, join=True)
+    start_ranks(_worker, (world, str(tmp_path / "store"), str(generated_dir), shape, str(tmp_path)), world)
     outs = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
     assert [o["status"] for o in outs] == ["ok"] * world, outs
     errors = {o["error"] for o in outs}
