@@ -297,7 +297,7 @@ fn resolving_lengths_that_leave_a_shard_empty_names_the_feature_and_axis() {
     let e = plan.resolve([3, 1], &lengths(2), None).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "feature `x`, axis 1 (height): 2 items over 3 ranks would leave a shard empty"
+        "feature `x`, axis 1 (height): 2 items over 3 ranks would leave a shard empty on mesh axis `domain`"
     );
     let r = plan.resolve([3, 1], &lengths(7), None).unwrap();
     assert_eq!(
@@ -512,5 +512,53 @@ features:
     assert_error(
         &metadata,
         &["spec.yaml:12:", "feature `p`", "`parameter` does not apply"],
+    );
+}
+
+/// On volume (`dx` uneven, `dy` even): every rank's window is its `torch.chunk` piece
+/// on `xs` and its equal block on `ys`, and the windows of all ranks tile the global
+/// shape exactly once; a coordinate off the mesh or an empty shard has no window.
+#[test]
+fn domain_windows_are_chunk_pieces_and_even_blocks_that_tile_the_global_shape() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/volume.yaml");
+    let (_, plan) = featshard_spec::compile_file(&path).unwrap();
+    let FeaturePlan::Tensor(velocity) = &plan.features["velocity"] else {
+        panic!("velocity is a tensor")
+    };
+    for mesh in [[1, 1], [2, 1], [3, 2], [2, 3], [4, 4]] {
+        for xs in mesh[0]..mesh[0] + 9 {
+            let Some(pieces) = chunk_sizes(xs, mesh[0]) else {
+                continue;
+            };
+            let ys = plan.padded_length("ys", xs + 1, mesh);
+            let global = [1, xs, ys, 3];
+            let mut cover = vec![vec![0u8; ys]; xs];
+            for i in 0..mesh[0] {
+                for j in 0..mesh[1] {
+                    let w = plan.domain_window(velocity, &global, mesh, [i, j]).unwrap();
+                    assert_eq!(
+                        w[1],
+                        (pieces[..i].iter().sum(), pieces[i]),
+                        "{mesh:?} xs {xs}"
+                    );
+                    assert_eq!(w[2], (j * ys / mesh[1], ys / mesh[1]));
+                    assert_eq!((w[0], w[3]), ((0, 1), (0, 3)));
+                    for row in &mut cover[w[1].0..w[1].0 + w[1].1] {
+                        row[w[2].0..w[2].0 + w[2].1]
+                            .iter_mut()
+                            .for_each(|c| *c += 1);
+                    }
+                }
+            }
+            assert!(cover.iter().flatten().all(|&c| c == 1), "{mesh:?} xs {xs}");
+            assert_eq!(
+                plan.domain_window(velocity, &global, mesh, [mesh[0], 0]),
+                None
+            );
+        }
+    }
+    assert_eq!(
+        plan.domain_window(velocity, &[1, 2, 4, 3], [3, 1], [0, 0]),
+        None
     );
 }

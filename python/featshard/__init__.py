@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from featshard import _native
 from featshard._native import (
     __version__,
+    chunk_sizes,
     coords,
     plan_json,
     repad_indices,
@@ -29,6 +31,7 @@ __all__ = [
     "Plan",
     "Shapes",
     "__version__",
+    "chunk_sizes",
     "coords",
     "plan",
     "plan_json",
@@ -124,7 +127,7 @@ class Plan:
 
     def layout(
         self,
-        mesh: tuple[int, int],
+        mesh: Sequence[int],
         sizes: dict[str, int],
         counts: dict[str, list[int]] | None = None,
         owners: dict[str, list[int]] | None = None,
@@ -132,7 +135,7 @@ class Plan:
         """One sample's layout on ``mesh``: every semantic's length in ``sizes``; for each
         owner-partitioned one, its items per direct owner (``counts``) or the direct owner
         of every item (``owners``). ``ValueError`` when they do not fit the plan."""
-        text = self._native.layout(mesh, sizes, counts or {}, owners or {})
+        text = self._native.layout(list(mesh), sizes, counts or {}, owners or {})
         result: Layout = json.loads(text)
         return result
 
@@ -152,3 +155,16 @@ class Plan:
         """The ``(start, len)`` per axis of the feature's padded layout that the rank at CP
         coordinate ``coord`` holds."""
         return self._native.block_window(feature, local, coord)
+
+    def padded_length(self, semantic: str, length: int, mesh: Sequence[int]) -> int:
+        """The length ``semantic``'s axes pad to for ``length`` items on ``mesh`` (a CP
+        mesh, or a domain mesh of one or two axes); ``length`` where never padded."""
+        return self._native.padded_length(semantic, length, list(mesh))
+
+    def domain_window(
+        self, feature: str, global_shape: Sequence[int], mesh: Sequence[int], coord: Sequence[int]
+    ) -> list[tuple[int, int]]:
+        """The ``(start, len)`` per axis of ``feature``'s global shape that the rank at
+        ``coord`` of domain mesh ``mesh`` holds: its ``torch.chunk`` piece on an uneven
+        axis, its equal block on an even one."""
+        return self._native.domain_window(feature, list(global_shape), list(mesh), list(coord))

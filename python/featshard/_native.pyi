@@ -41,6 +41,10 @@ class Plan:
     ) -> list[int]: ...
     def json(self) -> str: ...
     def pad_multiple(self, semantic: str, mesh: tuple[int, int]) -> int: ...
+    def padded_length(self, semantic: str, len: int, mesh: list[int]) -> int: ...
+    def domain_window(
+        self, feature: str, global_: list[int], mesh: list[int], coord: list[int]
+    ) -> list[tuple[int, int]]: ...
     def place(
         self,
         features: dict[str, Any],
@@ -51,7 +55,7 @@ class Plan:
     ) -> Placement: ...
     def layout(
         self,
-        mesh: tuple[int, int],
+        mesh: list[int],
         sizes: dict[str, int],
         counts: dict[str, list[int]] = ...,
         owners: dict[str, list[int]] = ...,
@@ -66,6 +70,10 @@ def main(argv: list[str]) -> int:
 
 def plan_json(path: str) -> str:
     """The Plan IR of the spec file at ``path``, as JSON; ``ValueError`` on a spec error."""
+
+def chunk_sizes(len: int, ranks: int) -> list[int]:
+    """The ``torch.chunk`` pieces of ``len`` items over ``ranks``; ``ValueError`` when a
+    shard would be empty."""
 
 def coords(mesh: tuple[int, int], rank: int) -> tuple[int, int]:
     """The CP mesh coordinate of ``rank``."""

@@ -109,12 +109,41 @@ impl Plan {
     fn pad_multiple(&self, semantic: &str, mesh: (usize, usize)) -> PyResult<usize> {
         let mesh = [mesh.0, mesh.1];
         featshard_spec::limits::check_mesh(&mesh).map_err(value_error)?;
-        if !self.plan.semantics.contains_key(semantic) {
-            return Err(PyKeyError::new_err(format!(
-                "semantic `{semantic}`: not a semantic of the spec"
-            )));
-        }
+        self.semantic(semantic)?;
         Ok(self.plan.pad_multiple(semantic, mesh))
+    }
+
+    /// The length `semantic`'s axes pad to for `len` items on `mesh` (a CP mesh, or a
+    /// domain mesh of one or two axes): a multiple of `pad_multiple`, long enough that
+    /// every shard holds its halo; `len` itself where the semantic is never padded.
+    fn padded_length(&self, semantic: &str, len: usize, mesh: Vec<usize>) -> PyResult<usize> {
+        let mesh = mesh_of(&mesh, 1)?;
+        featshard_spec::limits::check_mesh(&mesh).map_err(value_error)?;
+        self.semantic(semantic)?;
+        Ok(self.plan.padded_length(semantic, len, mesh))
+    }
+
+    /// The `(start, len)` per axis of `feature`'s global shape `global` that the rank at
+    /// coordinate `coord` of domain mesh `mesh` holds: its `torch.chunk` piece on an
+    /// uneven axis, its equal block on an even one.
+    fn domain_window(
+        &self,
+        feature: &str,
+        global: Vec<usize>,
+        mesh: Vec<usize>,
+        coord: Vec<usize>,
+    ) -> PyResult<Vec<(usize, usize)>> {
+        let t = tensor(&self.plan, feature, global.len())?;
+        let (sizes, at) = (mesh_of(&mesh, 1)?, mesh_of(&coord, 0)?);
+        featshard_spec::limits::check_mesh(&sizes).map_err(value_error)?;
+        self.plan
+            .domain_window(t, &global, sizes, at)
+            .ok_or_else(|| {
+                value_error(format!(
+                    "feature `{feature}`: global shape {global:?} has no window at coordinate \
+                 {coord:?} of mesh {mesh:?} (off the mesh, or an empty uneven shard)"
+                ))
+            })
     }
 
     /// Validates `features` (name -> a tensor's DLPack capsule, or the description of
@@ -149,14 +178,14 @@ impl Plan {
         featshard_codegen::plan_json(&self.plan).map_err(value_error)
     }
 
-    /// One sample's layout on `mesh` as JSON (`SampleLayout`: padded lengths, owner-block
-    /// positions and blocks), from the length of every semantic present and, for each
-    /// owner-partitioned one, its items per direct owner (`counts`) or the direct owner
-    /// of every item (`owners`).
+    /// One sample's layout on `mesh` (a CP mesh, or a domain mesh of one or two axes) as
+    /// JSON (`SampleLayout`: padded lengths, owner-block positions and blocks), from the
+    /// length of every semantic present and, for each owner-partitioned one, its items
+    /// per direct owner (`counts`) or the direct owner of every item (`owners`).
     #[pyo3(signature = (mesh, sizes, counts = BTreeMap::new(), owners = BTreeMap::new()))]
     fn layout(
         &self,
-        mesh: (usize, usize),
+        mesh: Vec<usize>,
         sizes: BTreeMap<String, usize>,
         counts: BTreeMap<String, Vec<usize>>,
         owners: BTreeMap<String, Vec<usize>>,
@@ -168,7 +197,7 @@ impl Plan {
         ownership.extend(owners.into_iter().map(|(s, o)| (s, Ownership::Owners(o))));
         let layout = self
             .plan
-            .layout([mesh.0, mesh.1], &sizes, &ownership)
+            .layout(mesh_of(&mesh, 1)?, &sizes, &ownership)
             .map_err(value_error)?;
         serde_json::to_string(&layout).map_err(value_error)
     }
@@ -207,6 +236,27 @@ impl Plan {
     }
 }
 
+impl Plan {
+    fn semantic(&self, name: &str) -> PyResult<()> {
+        if self.plan.semantics.contains_key(name) {
+            return Ok(());
+        }
+        Err(PyKeyError::new_err(format!(
+            "semantic `{name}`: not a semantic of the spec"
+        )))
+    }
+}
+
+/// A mesh (or coordinate) of one or two axes as the spec crate takes it: a missing
+/// second axis is `fill` (size 1, coordinate 0).
+fn mesh_of(v: &[usize], fill: usize) -> PyResult<[usize; 2]> {
+    match *v {
+        [a] => Ok([a, fill]),
+        [a, b] => Ok([a, b]),
+        _ => Err(value_error(format!("a mesh of one or two axes, got {v:?}"))),
+    }
+}
+
 /// Tensor feature `name` of the plan, whose blocks have `rank` axes.
 fn tensor<'p>(
     plan: &'p featshard_spec::Plan,
@@ -230,6 +280,17 @@ fn tensor<'p>(
 fn coords(mesh: (usize, usize), rank: usize) -> (usize, usize) {
     let [i, j] = featshard_spec::layout::coords([mesh.0, mesh.1], rank);
     (i, j)
+}
+
+/// The `torch.chunk` pieces of `len` items over `ranks` (how ShardTensor splits an
+/// uneven axis); `ValueError` when a shard would be empty.
+#[pyfunction]
+fn chunk_sizes(len: usize, ranks: usize) -> PyResult<Vec<usize>> {
+    featshard_spec::plan::chunk_sizes(len, ranks).ok_or_else(|| {
+        value_error(format!(
+            "{len} items over {ranks} ranks would leave a shard empty"
+        ))
+    })
 }
 
 /// Positions in an owner-block layout whose per-block stride grows from `old` to `new`
@@ -284,6 +345,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(plan_json, m)?)?;
     m.add_function(wrap_pyfunction!(coords, m)?)?;
+    m.add_function(wrap_pyfunction!(chunk_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;
     m.add_function(wrap_pyfunction!(repad_indices, m)?)?;
     m.add_function(wrap_pyfunction!(replica_indices, m)?)?;

@@ -120,6 +120,8 @@ pub enum ResolveError {
         len: usize,
         /// The ranks of its mesh axis.
         ranks: usize,
+        /// The mesh axis's name.
+        mesh_axis: String,
     },
     /// An uneven domain axis whose shards break the semantic's stride or halo.
     ShardRule(Box<ShardBreach>),
@@ -154,9 +156,9 @@ impl fmt::Display for ResolveError {
                 f,
                 "semantic `{semantic}`: an item is owned by `{owner}` {index}, but `{owner}` has length {len}"
             ),
-            ResolveError::EmptyShard { feature, axis, semantic, len, ranks } => write!(
+            ResolveError::EmptyShard { feature, axis, semantic, len, ranks, mesh_axis } => write!(
                 f,
-                "feature `{feature}`, axis {axis} ({semantic}): {len} items over {ranks} ranks would leave a shard empty"
+                "feature `{feature}`, axis {axis} ({semantic}): {len} items over {ranks} ranks would leave a shard empty on mesh axis `{mesh_axis}`"
             ),
             ResolveError::ShardRule(b) => {
                 let ShardBreach { feature, axis, semantic, len, ranks, mesh_axis, sizes, stride, halo } = &**b;
@@ -514,6 +516,12 @@ impl Plan {
                                 semantic: a.semantic.clone().unwrap_or_default(),
                                 len: full,
                                 ranks,
+                                mesh_axis: self
+                                    .mesh
+                                    .axes()
+                                    .get(mesh_axis)
+                                    .cloned()
+                                    .unwrap_or_default(),
                             })?;
                         self.check_shard_rule(name, i, a.semantic.as_deref(), mesh_axis, &sizes)?;
                         (full, sizes[0])
@@ -532,6 +540,41 @@ impl Plan {
             features.insert(name.to_owned(), shapes);
         }
         Ok(features)
+    }
+}
+
+impl Plan {
+    /// The part of tensor feature `t`'s global shape `global` that the rank at mesh
+    /// coordinate `coord` of `mesh` holds, `(start, len)` per axis: on an uneven
+    /// (domain) axis its `torch.chunk` piece, on another split axis its equal block, on
+    /// a whole axis all of it. `None` when `coord` is off the mesh or an uneven axis
+    /// would leave a shard empty.
+    pub fn domain_window(
+        &self,
+        t: &TensorPlan,
+        global: &[usize],
+        mesh: [usize; CP_AXES],
+        coord: [usize; CP_AXES],
+    ) -> Option<Vec<(usize, usize)>> {
+        if coord.iter().zip(mesh).any(|(&c, n)| c >= n) {
+            return None;
+        }
+        let window = |m: usize, n: usize| {
+            let (ranks, at) = (*mesh.get(m)?, *coord.get(m)?);
+            if self.mesh.uneven(m) {
+                let pieces = chunk_sizes(n, ranks)?;
+                return Some((pieces[..at].iter().sum(), pieces[at]));
+            }
+            Some((at * (n / ranks), n / ranks))
+        };
+        t.axes
+            .iter()
+            .zip(global)
+            .map(|(a, &n)| match a.split.mesh_axis() {
+                Some(m) => window(m, n),
+                None => Some((0, n)),
+            })
+            .collect()
     }
 }
 

@@ -19,6 +19,7 @@ outputs, weight gradients and input gradients.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -26,12 +27,16 @@ import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Final, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate, Shard
+
+if TYPE_CHECKING:
+    from featshard import Plan
 
 SPEC_SHA256: Final = "6cb9e649e81fa125e1963a528e4b36b24b17fd5ab63e0ed2408dd404c3ac7805"
 DOMAIN_MESH_AXES: Final = ("domain",)
@@ -112,16 +117,23 @@ class FeatureDistributionError(ValueError):
     """An input that cannot be scattered as the spec says; raised on every rank."""
 
 
+@functools.cache
+def plan() -> Plan:
+    """This module's plan, read once from `weather_placements.plan.json` next to it; refused
+    when it was made from another spec than this module. Every number of the layout
+    below (chunk pieces, padded lengths, windows) is the plan's, computed by featshard."""
+    from featshard import Plan
+
+    return Plan.from_plan_file(Path(__file__).with_name("weather_placements.plan.json"), sha256=SPEC_SHA256)
+
+
 def chunk_sizes(length: int, ranks: int) -> list[int]:
     """Extents of `ranks` shards of `length` items as ShardTensor splits them
-    (`torch.chunk`: ceil(length / ranks) each, the last one smaller)."""
-    if ranks <= 0:
-        raise ValueError(f"{ranks} ranks")
-    chunk = -(-length // ranks)
-    last = length - chunk * (ranks - 1)
-    if length < ranks or last <= 0:
-        raise ValueError(f"{length} items over {ranks} ranks would leave a shard empty")
-    return [chunk] * (ranks - 1) + [last]
+    (`torch.chunk`: ceil(length / ranks) each, the last one smaller); ValueError when a
+    shard would be empty."""
+    import featshard
+
+    return featshard.chunk_sizes(length, ranks)
 
 
 def _axis_label(name: str, d: int) -> str:
@@ -178,52 +190,35 @@ def check_shapes(shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_s
                     f"{_axis_label(name, d)}: length {n}, but feature `{first[1]}` has {sem} length {first[0]}"
                 )
             m = info.splits[d]
-            if m is not None and UNEVEN[m]:
-                try:
-                    pieces = chunk_sizes(n, mesh_sizes[m])
-                except ValueError as e:
-                    raise FeatureDistributionError(
-                        f"{_axis_label(name, d)}: {e} on mesh axis `{DOMAIN_MESH_AXES[m]}`"
-                    ) from None
-                _check_shard_rule(name, d, sem, pieces, DOMAIN_MESH_AXES[m])
-            elif m is not None and n == 0:
+            if m is not None and not UNEVEN[m] and n == 0:
                 raise FeatureDistributionError(f"{_axis_label(name, d)}: empty, nothing to shard")
-    return {s: n for s, (n, _) in lengths.items()}
-
-
-def _check_shard_rule(name: str, d: int, sem: str, pieces: Sequence[int], mesh_axis: str) -> None:
-    """The torch.chunk pieces of an uneven axis must meet the semantic's stride and halo."""
-    info = SEMANTICS[sem]
-    if all(p % info.stride == 0 and p >= info.halo for p in pieces):
-        return
-    needs = [f"a multiple of {info.stride}"] if info.stride > 1 else []
-    needs += [f"at least {info.halo} long"] if info.halo > 0 else []
-    raise FeatureDistributionError(
-        f"{_axis_label(name, d)}: {sum(pieces)} items over {len(pieces)} ranks of mesh axis `{mesh_axis}` "
-        f"give shards {list(pieces)}, but `{sem}` needs every shard {' and '.join(needs)}; no uneven layout "
-        f"exists: pad the axis (drop `{mesh_axis}` from `uneven`) or change the length or the mesh"
-    )
+    out = {s: n for s, (n, _) in lengths.items()}
+    global_shapes(out, mesh_sizes)
+    return out
 
 
 def padded_length(semantic: str, length: int, mesh_sizes: Sequence[int]) -> int:
     """The length a semantic's axes are padded to (itself on uneven axes): a multiple of
     the lcm of the mesh sizes that split it times its stride, at least its halo per shard."""
-    info = SEMANTICS[semantic]
-    sizes = [mesh_sizes[m] for m in info.pad_mesh_axes]
-    if not sizes:
-        return length
-    multiple = math.lcm(1, *sizes) * info.stride
-    length = max(length, info.halo * max(sizes))
-    return -(-length // multiple) * multiple
+    return plan().padded_length(semantic, length, mesh_sizes)
+
+
+def global_shapes(lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """Every input's ShardTensor global shape (padded on even-shard axes) for a sample
+    of semantic lengths `lengths`. Raises FeatureDistributionError naming the feature
+    and axis when an uneven axis's `torch.chunk` pieces would leave a shard empty or
+    break its semantic's stride or halo."""
+    p = plan()
+    try:
+        shapes = p.shapes(p.layout(tuple(mesh_sizes), dict(lengths)), list(FEATURES))
+    except ValueError as e:
+        raise FeatureDistributionError(str(e)) from None
+    return {name: tuple(shapes[name]["global_"]) for name in FEATURES}
 
 
 def global_shape(name: str, lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> tuple[int, ...]:
     """The ShardTensor's global shape of one input (padded on even-shard axes)."""
-    info = FEATURES[name]
-    return tuple(
-        int(c or 0) if s is None else padded_length(s, lengths[s], mesh_sizes)
-        for s, c in zip(info.semantics, info.channels)
-    )
+    return global_shapes(lengths, mesh_sizes)[name]
 
 
 def local_window(
@@ -231,18 +226,7 @@ def local_window(
 ) -> tuple[tuple[int, int], ...]:
     """The part of the global (padded) `shape` the rank at domain-mesh `coord` holds:
     `(start, length)` per axis, from the plan alone."""
-    out = []
-    for d, m in enumerate(FEATURES[name].splits):
-        n = int(shape[d])
-        if m is None:
-            out.append((0, n))
-        elif UNEVEN[m]:
-            pieces = chunk_sizes(n, mesh_sizes[m])
-            out.append((sum(pieces[: coord[m]]), pieces[coord[m]]))
-        else:
-            step = n // mesh_sizes[m]
-            out.append((coord[m] * step, step))
-    return tuple(out)
+    return tuple(plan().domain_window(name, shape, mesh_sizes, coord))
 
 
 def local_shape(name: str, shape: Sequence[int], mesh_sizes: Sequence[int], coord: Sequence[int]) -> tuple[int, ...]:
@@ -273,11 +257,11 @@ def pad_inputs(
 ) -> dict[str, torch.Tensor]:
     """Every input at its global shape: even-shard axes padded at the end with the pad
     value; on `device` (the input's own when None)."""
-    lengths = check_inputs(inputs, mesh_sizes)
+    shapes = global_shapes(check_inputs(inputs, mesh_sizes), mesh_sizes)
     out: dict[str, torch.Tensor] = {}
     for name, info in FEATURES.items():
         x = inputs[name] if device is None else inputs[name].to(device)
-        shape = global_shape(name, lengths, mesh_sizes)
+        shape = shapes[name]
         if tuple(x.shape) == shape:
             out[name] = x
             continue
@@ -436,8 +420,8 @@ def scatter_local(
     try:
         _check_manager_device(device)
         _check_lengths(lengths, sizes)
+        shapes = global_shapes(lengths, sizes)
         for name in sorted(FEATURES):
-            shapes[name] = global_shape(name, lengths, sizes)
             blocks[name] = _read_block(read, name, lengths, shapes[name], sizes, coord, device)
     except FeatureDistributionError as e:
         error = str(e)
