@@ -57,6 +57,18 @@ def test_generate_writes_the_module_the_plan_and_the_test(domain_dir: Path) -> N
     assert plan["mesh"] == {"cp": ["domain"], "dp": "ddp", "domain": {"uneven": [True]}}
 
 
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_the_package_reads_the_modules_tables_from_its_plan(domain_dir: Path, name: str) -> None:
+    """The generated tables (rendered by the Rust generator) and the package's runtime
+    (read from the plan file by `featshard.domain.Domain`) describe the same spec."""
+    sys.path.insert(0, str(domain_dir))
+    m = importlib.import_module(f"{name}_placements")
+    d = m.runtime()
+    assert (d.features, d.parameters, d.outputs) == (m.FEATURES, m.PARAMETERS, m.OUTPUTS)
+    assert (d.semantics, d.metadata, d.placements) == (m.SEMANTICS, m.METADATA, m.PLACEMENTS)
+    assert (d.domain_axes, d.dp_axis, d.uneven) == (m.DOMAIN_MESH_AXES, m.DP_MESH_AXIS, m.UNEVEN)
+
+
 def test_placements_follow_the_axis_semantics(weather: ModuleType) -> None:
     from torch.distributed.tensor import Replicate, Shard
 
@@ -304,12 +316,14 @@ def test_setup_on_gpus_makes_the_local_gpu_current(weather: ModuleType, monkeypa
     monkeypatch.setattr(dist, "init_process_group", init_process_group)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    weather._start_group(None, None, None, None)
+    from featshard import domain
+
+    domain._start_group(None, None, None, None)
     assert calls == [("initialize", None)]
 
     calls.clear()
     monkeypatch.setattr(DistributedManager, "_shared_state", {})
-    weather._start_group("file:///tmp/x", 1, 4, None)
+    domain._start_group("file:///tmp/x", 1, 4, None)
     gpu = torch.device("cuda", 1)
     assert calls == [("set_device", gpu), ("init_process_group", ("nccl", gpu)), ("set_device", gpu)]
     assert DistributedManager._shared_state["_device"] == gpu

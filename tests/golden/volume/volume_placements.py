@@ -15,59 +15,50 @@ batch over the data-parallel axis. In the training script (under torchrun):
 
 `check_gradients` runs a model serially and on the scattered inputs and compares
 outputs, weight gradients and input gradients.
+
+The tables below are this spec's; the functions are the `featshard` package's
+(`featshard.domain.Domain`), bound to this module's plan, `volume_placements.plan.json`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import json
-import math
 import os
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final
 
 import torch
-import torch.distributed as dist
+from featshard import Plan
+from featshard.domain import (
+    Domain,
+    FeatureDistributionError,
+    FeatureInfo,
+    Reader,
+    Scattered,
+    SemanticInfo,
+    adopt_process_group,
+    chunk_sizes,
+    mesh_device,
+)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate, Shard
 
-if TYPE_CHECKING:
-    from featshard import Plan
+__all__ = [
+    "DOMAIN_MESH_AXES", "DP_MESH_AXIS", "FEATURES", "METADATA", "OUTPUTS", "PARAMETERS", "PLACEMENTS",
+    "SEMANTICS", "SPEC_SHA256", "UNEVEN", "WORKFLOWS", "FeatureDistributionError", "FeatureInfo", "Reader",
+    "Scattered", "SemanticInfo", "adopt_process_group", "check_gradients", "check_inputs", "check_shapes",
+    "chunk_sizes", "domain_mesh", "gather_outputs", "global_shape", "global_shapes", "local_shape",
+    "local_window", "mesh_device", "pad_inputs", "padded_length", "plan", "runtime", "safetensors_source", "scatter", "scatter_inputs",
+    "scatter_local", "setup", "shard_parameters", "sharding_shapes", "wrap_model",
+]
 
 SPEC_SHA256: Final = "1c1043b023e052a61b52e5329ecb989752af4d7d3728439abfefb60cb94b0486"
 DOMAIN_MESH_AXES: Final = ("dx", "dy")
 DP_MESH_AXIS: Final[str | None] = "ddp"
 # Per domain axis: shards may be uneven (torch.chunk sizes) rather than padded.
 UNEVEN: Final = (True, False)
-
-
-class SemanticInfo(NamedTuple):
-    """What an axis semantic counts: sharded, the batch axis, or neither."""
-
-    sharded: bool
-    batch: bool
-    # Domain axes whose sizes this semantic is padded to a multiple of (even shards).
-    pad_mesh_axes: tuple[int, ...]
-    # Every shard is a multiple of `stride` long and at least `halo` long.
-    stride: int
-    halo: int
-
-
-class FeatureInfo(NamedTuple):
-    """One input: its placements on the domain mesh and its axes."""
-
-    placements: tuple[Placement, ...]
-    # Per tensor axis: the domain mesh axis that splits it, or None.
-    splits: tuple[int | None, ...]
-    semantics: tuple[str | None, ...]
-    # Per tensor axis: the fixed size of a channel axis, or None.
-    channels: tuple[int | None, ...]
-    dtype: torch.dtype
-    pad: float | int | bool
 
 
 SEMANTICS: Final[dict[str, SemanticInfo]] = {
@@ -110,200 +101,84 @@ METADATA: Final[tuple[str, ...]] = ()
 WORKFLOWS: Final[dict[str, tuple[str, ...]]] = {
 }
 
-class FeatureDistributionError(ValueError):
-    """An input that cannot be scattered as the spec says; raised on every rank."""
-
 
 @functools.cache
 def plan() -> Plan:
     """This module's plan, read once from `volume_placements.plan.json` next to it; refused
-    when it was made from another spec than this module. Every number of the layout
-    below (chunk pieces, padded lengths, windows) is the plan's, computed by featshard."""
-    from featshard import Plan
-
+    when it was made from another spec than this module."""
     return Plan.from_plan_file(Path(__file__).with_name("volume_placements.plan.json"), sha256=SPEC_SHA256)
 
 
-def chunk_sizes(length: int, ranks: int) -> list[int]:
-    """Extents of `ranks` shards of `length` items as ShardTensor splits them
-    (`torch.chunk`: ceil(length / ranks) each, the last one smaller); ValueError when a
-    shard would be empty."""
-    import featshard
-
-    return featshard.chunk_sizes(length, ranks)
-
-
-def _axis_label(name: str, d: int) -> str:
-    sem = FEATURES[name].semantics[d]
-    return f"feature `{name}`, axis {d} ({sem if sem is not None else 'channel'})"
-
-
-def check_inputs(inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int]) -> dict[str, int]:
-    """Validates one sample for a domain mesh of `mesh_sizes`; returns every semantic's length.
-
-    Raises FeatureDistributionError naming the feature and axis: a missing or unknown
-    input, a wrong rank, dtype or channel size, a batch axis that is not 1, two axes of
-    one semantic with different lengths (their shard boundaries would not line up), or
-    a split axis shorter than its ranks (empty shards).
-    """
-    unknown = sorted(set(inputs) - set(FEATURES) - set(METADATA))
-    if unknown:
-        raise FeatureDistributionError(f"inputs not in the spec: {unknown}")
-    shapes = {n: (tuple(int(d) for d in x.shape), x.dtype) for n, x in inputs.items() if n in FEATURES}
-    return check_shapes(shapes, mesh_sizes)
-
-
-def check_shapes(shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_sizes: Sequence[int]) -> dict[str, int]:
-    """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say)."""
-    if len(mesh_sizes) != len(DOMAIN_MESH_AXES):
-        raise FeatureDistributionError(
-            f"a domain mesh of {len(DOMAIN_MESH_AXES)} axes {DOMAIN_MESH_AXES}, got sizes {tuple(mesh_sizes)}"
-        )
-    lengths: dict[str, tuple[int, str]] = {}
-    for name, info in FEATURES.items():
-        if name not in shapes:
-            raise FeatureDistributionError(f"feature `{name}`: missing from the inputs")
-        shape, dtype = shapes[name]
-        if len(shape) != len(info.semantics):
-            raise FeatureDistributionError(
-                f"feature `{name}`: expected {len(info.semantics)} axes, got shape {tuple(shape)}"
-            )
-        if dtype != info.dtype:
-            raise FeatureDistributionError(f"feature `{name}`: expected dtype {info.dtype}, got {dtype}")
-        for d, (sem, size) in enumerate(zip(info.semantics, info.channels)):
-            n = int(shape[d])
-            if sem is None:
-                if size is not None and n != size:
-                    raise FeatureDistributionError(f"{_axis_label(name, d)}: expected size {size}, got {n}")
-                continue
-            if SEMANTICS[sem].batch and n != 1:
-                raise FeatureDistributionError(
-                    f"{_axis_label(name, d)}: the per-domain-group batch size must be 1, got {n}; "
-                    "scale the batch over the data-parallel axis"
-                )
-            first = lengths.setdefault(sem, (n, name))
-            if first[0] != n:
-                raise FeatureDistributionError(
-                    f"{_axis_label(name, d)}: length {n}, but feature `{first[1]}` has {sem} length {first[0]}"
-                )
-            m = info.splits[d]
-            if m is not None and not UNEVEN[m] and n == 0:
-                raise FeatureDistributionError(f"{_axis_label(name, d)}: empty, nothing to shard")
-    out = {s: n for s, (n, _) in lengths.items()}
-    global_shapes(out, mesh_sizes)
-    return out
+@functools.cache
+def runtime() -> Domain:
+    """The package's ShardTensor runtime bound to this module's plan: every function below
+    is its method of the same name."""
+    return Domain(plan())
 
 
 def padded_length(semantic: str, length: int, mesh_sizes: Sequence[int]) -> int:
-    """The length a semantic's axes are padded to (itself on uneven axes): a multiple of
-    the lcm of the mesh sizes that split it times its stride, at least its halo per shard."""
-    return plan().padded_length(semantic, length, mesh_sizes)
+    """The length a semantic's axes are padded to (itself on uneven axes)."""
+    return runtime().padded_length(semantic, length, mesh_sizes)
 
 
 def global_shapes(lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> dict[str, tuple[int, ...]]:
-    """Every input's ShardTensor global shape (padded on even-shard axes) for a sample
-    of semantic lengths `lengths`. Raises FeatureDistributionError naming the feature
-    and axis when an uneven axis's `torch.chunk` pieces would leave a shard empty or
-    break its semantic's stride or halo."""
-    p = plan()
-    try:
-        shapes = p.shapes(p.layout(tuple(mesh_sizes), dict(lengths)), list(FEATURES))
-    except ValueError as e:
-        raise FeatureDistributionError(str(e)) from None
-    return {name: tuple(shapes[name]["global_"]) for name in FEATURES}
+    """Every input's ShardTensor global shape (padded on even-shard axes)."""
+    return runtime().global_shapes(lengths, mesh_sizes)
 
 
 def global_shape(name: str, lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> tuple[int, ...]:
     """The ShardTensor's global shape of one input (padded on even-shard axes)."""
-    return global_shapes(lengths, mesh_sizes)[name]
+    return runtime().global_shape(name, lengths, mesh_sizes)
 
 
 def local_window(
     name: str, shape: Sequence[int], mesh_sizes: Sequence[int], coord: Sequence[int]
 ) -> tuple[tuple[int, int], ...]:
-    """The part of the global (padded) `shape` the rank at domain-mesh `coord` holds:
-    `(start, length)` per axis, from the plan alone."""
-    return tuple(plan().domain_window(name, shape, mesh_sizes, coord))
+    """The `(start, length)` per axis of the global `shape` the rank at `coord` holds."""
+    return runtime().local_window(name, shape, mesh_sizes, coord)
 
 
 def local_shape(name: str, shape: Sequence[int], mesh_sizes: Sequence[int], coord: Sequence[int]) -> tuple[int, ...]:
-    """The local shape of the rank at domain-mesh `coord`, from the plan alone."""
-    return tuple(n for _, n in local_window(name, shape, mesh_sizes, coord))
+    """The local shape of the rank at domain-mesh `coord`."""
+    return runtime().local_shape(name, shape, mesh_sizes, coord)
 
 
 def sharding_shapes(
     name: str, shape: Sequence[int], mesh_sizes: Sequence[int], coord: Sequence[int]
 ) -> dict[int, tuple[tuple[int, ...], ...]]:
-    """ShardTensor's layout as the rank at `coord` sees it: per sharded mesh axis, the
-    local shapes of the ranks along that axis (sharing this rank's other coordinates)."""
-    out: dict[int, tuple[tuple[int, ...], ...]] = {}
-    for m, p in enumerate(FEATURES[name].placements):
-        if isinstance(p, Replicate):
-            continue
-        along = []
-        for k in range(mesh_sizes[m]):
-            c = list(coord)
-            c[m] = k
-            along.append(local_shape(name, shape, mesh_sizes, c))
-        out[m] = tuple(along)
-    return out
+    """ShardTensor's layout as the rank at `coord` sees it, per sharded mesh axis."""
+    return runtime().sharding_shapes(name, shape, mesh_sizes, coord)
+
+
+def check_inputs(inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int]) -> dict[str, int]:
+    """Validates one sample for a domain mesh of `mesh_sizes`; every semantic's length."""
+    return runtime().check_inputs(inputs, mesh_sizes)
+
+
+def check_shapes(shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_sizes: Sequence[int]) -> dict[str, int]:
+    """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say)."""
+    return runtime().check_shapes(shapes, mesh_sizes)
 
 
 def pad_inputs(
     inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int], device: torch.device | None = None
 ) -> dict[str, torch.Tensor]:
-    """Every input at its global shape: even-shard axes padded at the end with the pad
-    value; on `device` (the input's own when None)."""
-    shapes = global_shapes(check_inputs(inputs, mesh_sizes), mesh_sizes)
-    out: dict[str, torch.Tensor] = {}
-    for name, info in FEATURES.items():
-        x = inputs[name] if device is None else inputs[name].to(device)
-        shape = shapes[name]
-        if tuple(x.shape) == shape:
-            out[name] = x
-            continue
-        y = torch.full(shape, info.pad, dtype=x.dtype, device=x.device)
-        y[tuple(slice(0, n) for n in x.shape)] = x
-        out[name] = y
-    return out
-
-
-def mesh_device(mesh: DeviceMesh) -> torch.device:
-    """The device a mesh's tensors live on: this process's current GPU for a CUDA mesh."""
-    if mesh.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(mesh.device_type)
-
-
-def _check_manager_device(device: torch.device) -> None:
-    """ShardTensor allocates on DistributedManager's device: it must be the mesh's."""
-    # PhysicsNeMo ships no type information.
-    from physicsnemo.distributed import DistributedManager  # type: ignore[import-untyped]
-
-    manager = DistributedManager().device
-    if torch.device(manager) != device:
-        raise FeatureDistributionError(
-            f"PhysicsNeMo's DistributedManager allocates on {manager}, but the mesh is on {device}: "
-            "start with setup(), or call adopt_process_group(device) after torch.cuda.set_device"
-        )
+    """Every input at its global shape, even-shard axes padded at the end, on `device`."""
+    return runtime().pad_inputs(inputs, mesh_sizes, device)
 
 
 def domain_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The domain sub-mesh of a (dp, domain...) or domain-only mesh."""
-    names = mesh.mesh_dim_names or ()
-    if tuple(names) == DOMAIN_MESH_AXES:
-        return mesh
-    if not set(DOMAIN_MESH_AXES) <= set(names):
-        raise FeatureDistributionError(f"mesh axes {names} lack the domain axes {DOMAIN_MESH_AXES}")
-    return mesh[DOMAIN_MESH_AXES]
+    return runtime().domain_mesh(mesh)
 
 
-class Scattered(NamedTuple):
-    """One scattered sample: its ShardTensors (and metadata), and every semantic's real
-    length, known on every rank (what `gather_outputs` cuts pads back to)."""
-
-    inputs: dict[str, Any]
-    lengths: dict[str, int]
+def scatter(
+    inputs: Mapping[str, torch.Tensor] | None,
+    mesh: DeviceMesh,
+    requires_grad: bool | Mapping[str, bool] = False,
+) -> Scattered:
+    """Scatters one sample from the domain group's first rank as ShardTensors at `PLACEMENTS`."""
+    return runtime().scatter(inputs, mesh, requires_grad)
 
 
 def scatter_inputs(
@@ -312,79 +187,7 @@ def scatter_inputs(
     requires_grad: bool | Mapping[str, bool] = False,
 ) -> dict[str, Any]:
     """`scatter(inputs, mesh, requires_grad).inputs`: the ShardTensors alone."""
-    return scatter(inputs, mesh, requires_grad).inputs
-
-
-def scatter(
-    inputs: Mapping[str, torch.Tensor] | None,
-    mesh: DeviceMesh,
-    requires_grad: bool | Mapping[str, bool] = False,
-) -> Scattered:
-    """Scatters one sample over the domain mesh as ShardTensors at `PLACEMENTS`.
-
-    The domain group's source rank (its first rank) passes `inputs`, the others None.
-    The source validates and pads (onto the mesh's device), then broadcasts ok (with every global shape and the
-    metadata, which every rank gets) or the error; every rank raises the same
-    FeatureDistributionError. Each input then goes
-    through `physicsnemo.domain_parallel.scatter_tensor` with the source's global rank,
-    the explicit global shape and dtype (so no shape exchange per tensor), and
-    `requires_grad` (never set in place afterwards: that would not reach the ShardTensor).
-    Local shapes are checked against the plan's.
-    """
-    from physicsnemo.domain_parallel import scatter_tensor  # type: ignore[import-untyped]
-
-    dmesh = domain_mesh(mesh)
-    sizes = tuple(int(n) for n in dmesh.mesh.shape)
-    src = int(dmesh.mesh.flatten()[0])
-    device = mesh_device(dmesh)
-    _check_manager_device(device)
-    group = _domain_group(dmesh)
-    padded: dict[str, torch.Tensor] = {}
-    status: list[Any] = [None]
-    if dist.get_rank() == src:
-        try:
-            if inputs is None:
-                raise FeatureDistributionError("the source rank was given no inputs")
-            lengths = check_inputs(inputs, sizes)
-            # On the mesh's device: a CPU sample from a DataLoader cannot go through NCCL.
-            padded = pad_inputs(inputs, sizes, device)
-            # Metadata and lengths ride with the shapes: every rank needs them.
-            meta = {n: inputs[n] for n in METADATA if n in inputs}
-            status[0] = ("ok", ({n: tuple(x.shape) for n, x in padded.items()}, meta, lengths))
-        except FeatureDistributionError as e:
-            status[0] = ("error", str(e))
-    dist.broadcast_object_list(status, src=src, group=group)
-    kind, payload = status[0]
-    if kind != "ok":
-        raise FeatureDistributionError(str(payload))
-    shapes: dict[str, tuple[int, ...]] = payload[0]
-    coord = [int(c) for c in (dmesh.get_coordinate() or [0] * len(sizes))]
-    out: dict[str, Any] = {}
-    for name in sorted(FEATURES):
-        info = FEATURES[name]
-        grad = requires_grad if isinstance(requires_grad, bool) else bool(requires_grad.get(name, False))
-        st = scatter_tensor(
-            padded.get(name),
-            src,
-            dmesh,
-            placements=info.placements,
-            global_shape=torch.Size(shapes[name]),
-            dtype=info.dtype,
-            requires_grad=grad and info.dtype.is_floating_point,
-        )
-        want = local_shape(name, shapes[name], sizes, coord)
-        if tuple(st.to_local().shape) != want:
-            raise FeatureDistributionError(
-                f"feature `{name}`: ShardTensor holds {tuple(st.to_local().shape)} here, the plan says {want}"
-            )
-        out[name] = st
-    out.update(payload[1])
-    return Scattered(out, dict(payload[2]))
-
-
-# Writes one input's part `window` (a slice per axis, in the serial input's coordinates)
-# into `out`, a view of this rank's block of the window's shape.
-Reader = Callable[[str, tuple[slice, ...], torch.Tensor], None]
+    return runtime().scatter_inputs(inputs, mesh, requires_grad)
 
 
 def scatter_local(
@@ -394,196 +197,13 @@ def scatter_local(
     requires_grad: bool | Mapping[str, bool] = False,
     metadata: Mapping[str, Any] | None = None,
 ) -> Scattered:
-    """Scatters one sample with no source rank: every rank reads only its own part.
-
-    Every rank passes the same `lengths` (every semantic's real length; from
-    `safetensors_source` or the featurizer's index) and a `read` that writes the real
-    part of its window of an input into its block (pads are never read: they are filled
-    here; with a tensor at hand, `read` is `out.copy_(x[window])`). Each
-    local block becomes a ShardTensor through `ShardTensor.from_local` with the planned
-    `sharding_shapes` (no shape exchange, no broadcast of the sample). An error on any
-    rank (a bad length, a read that fails) is raised on every rank of the domain group,
-    after one exchange of the messages.
-    """
-    from physicsnemo.domain_parallel import ShardTensor
-
-    dmesh = domain_mesh(mesh)
-    sizes = tuple(int(n) for n in dmesh.mesh.shape)
-    device = mesh_device(dmesh)
-    coord = [int(c) for c in (dmesh.get_coordinate() or [0] * len(sizes))]
-    blocks: dict[str, torch.Tensor] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    error: str | None = None
-    try:
-        _check_manager_device(device)
-        _check_lengths(lengths, sizes)
-        shapes = global_shapes(lengths, sizes)
-        for name in sorted(FEATURES):
-            blocks[name] = _read_block(read, name, lengths, shapes[name], sizes, coord, device)
-    except FeatureDistributionError as e:
-        error = str(e)
-    errors: list[Any] = [None] * int(dmesh.mesh.numel())
-    dist.all_gather_object(errors, error, group=_domain_group(dmesh))
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise FeatureDistributionError(str(first))
-    out: dict[str, Any] = {}
-    for name in sorted(FEATURES):
-        info = FEATURES[name]
-        grad = requires_grad if isinstance(requires_grad, bool) else bool(requires_grad.get(name, False))
-        with torch.no_grad():
-            st = ShardTensor.from_local(
-                blocks[name], dmesh, info.placements,
-                sharding_shapes=_as_lists(sharding_shapes(name, shapes[name], sizes, coord)),
-            )
-        # A leaf, as scatter's are: gradients reach the ShardTensor itself.
-        out[name] = st.detach().requires_grad_(grad and info.dtype.is_floating_point)
-    out.update(metadata or {})
-    return Scattered(out, {s: int(n) for s, n in lengths.items()})
-
-
-def _domain_group(dmesh: DeviceMesh) -> Any:
-    """The group scatter_tensor itself uses for this mesh (cached by PhysicsNeMo)."""
-    from physicsnemo.distributed import DistributedManager
-
-    return DistributedManager().get_mesh_group(dmesh)
-
-
-def _as_lists(shapes: Mapping[int, Sequence[tuple[int, ...]]]) -> dict[int, list[tuple[int, ...]]]:
-    return {m: list(v) for m, v in shapes.items()}
-
-
-def _check_lengths(lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> None:
-    """The lengths every input's shape would have pass `check_shapes`."""
-    missing = sorted(s for f in FEATURES.values() for s in f.semantics if s is not None and s not in lengths)
-    if missing:
-        raise FeatureDistributionError(f"no length given for semantics {sorted(set(missing))}")
-    check_shapes(
-        {
-            n: (tuple(lengths[s] if s is not None else int(c or 0) for s, c in zip(f.semantics, f.channels)), f.dtype)
-            for n, f in FEATURES.items()
-        },
-        mesh_sizes,
-    )
-
-
-def _read_block(
-    read: Reader,
-    name: str,
-    lengths: Mapping[str, int],
-    shape: tuple[int, ...],
-    mesh_sizes: Sequence[int],
-    coord: Sequence[int],
-    device: torch.device,
-) -> torch.Tensor:
-    """This rank's block of one input: its real part read in place, the rest the pad value."""
-    info = FEATURES[name]
-    window = local_window(name, shape, mesh_sizes, coord)
-    real = []
-    for (start, n), sem, c in zip(window, info.semantics, info.channels):
-        end = min(start + n, lengths[sem] if sem is not None else int(c or 0))
-        real.append(slice(start, max(start, end)))
-    want = tuple(r.stop - r.start for r in real)
-    all_real = want == tuple(n for _, n in window)
-    block = torch.empty(tuple(n for _, n in window), dtype=info.dtype, device=device)
-    if not all_real:
-        block.fill_(info.pad)
-    if 0 in want:
-        return block
-    try:
-        read(name, tuple(real), block[tuple(slice(0, n) for n in want)])
-    except Exception as e:  # noqa: BLE001 - a reader's error becomes every rank's
-        raise FeatureDistributionError(
-            f"feature `{name}`: reading window {[(r.start, r.stop) for r in real]} failed: {type(e).__name__}: {e}"
-        ) from None
-    return block
+    """Scatters one sample with no source rank: every rank reads only its own part."""
+    return runtime().scatter_local(read, lengths, mesh, requires_grad, metadata)
 
 
 def safetensors_source(path: str | os.PathLike[str]) -> tuple[Reader, dict[str, int]]:
-    """A reader of one serial sample's safetensors file, and the sample's lengths from its
-    header, checked as `check_inputs` checks tensors (mesh rules aside, which
-    `scatter_local` checks). Each rank reads only its own part of every input, with
-    positioned reads straight into its blocks: no memory map, no whole tensor."""
-    entries = _safetensors_entries(os.fspath(path))
-    shapes: dict[str, tuple[Sequence[int], torch.dtype]] = {}
-    for name in FEATURES:
-        if name not in entries:
-            raise FeatureDistributionError(f"feature `{name}`: missing from {os.fspath(path)}")
-        shapes[name] = (entries[name].shape, entries[name].dtype)
-    lengths = check_shapes(shapes, (1,) * len(DOMAIN_MESH_AXES))
-    fd = os.open(os.fspath(path), os.O_RDONLY)
-
-    def read(name: str, window: tuple[slice, ...], out: torch.Tensor) -> None:
-        _read_window(fd, entries[name], window, out)
-
-    weakref.finalize(read, os.close, fd)
-    return read, lengths
-
-
-class _Entry(NamedTuple):
-    """One tensor of a safetensors file: dtype, shape, where its data starts."""
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int
-
-
-def _safetensors_entries(path: str) -> dict[str, _Entry]:
-    """The tensors a safetensors file's header lists (the format: an 8-byte little-endian
-    header length, the JSON header, then the data)."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if n > size - 8:
-            raise FeatureDistributionError(f"{path}: a {n}-byte header in a {size}-byte file")
-        header = json.loads(f.read(n))
-    out: dict[str, _Entry] = {}
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(v.get("dtype"))
-        shape = tuple(int(d) for d in v.get("shape", ()))
-        begin, end = (int(o) for o in v.get("data_offsets", (0, -1)))
-        if dtype is None:
-            raise FeatureDistributionError(f"feature `{name}`: dtype {v.get('dtype')} in {path}")
-        if end - begin != math.prod(shape) * dtype.itemsize or 8 + n + end > size:
-            raise FeatureDistributionError(f"feature `{name}`: data {begin}..{end} of {path} does not hold {shape}")
-        out[name] = _Entry(dtype, shape, 8 + n + begin)
-    return out
-
-
-def _read_window(fd: int, e: _Entry, window: tuple[slice, ...], out: torch.Tensor) -> None:
-    """Reads `window` of a C-ordered tensor in a file into `out` (of the window's shape):
-    one positioned read per run that is contiguous in both the file and `out`."""
-    if out.dim() == 0 or out.stride(-1) != 1 or out.device.type != "cpu":
-        part = torch.empty(out.shape, dtype=out.dtype)
-        _read_window(fd, e, window, part)
-        out.copy_(part)
-        return
-    stride = [math.prod(e.shape[d + 1 :]) for d in range(len(e.shape))]
-    k, run = len(e.shape), 1
-    while k > 0 and out.stride(k - 1) == run:
-        k -= 1
-        n = window[k].stop - window[k].start
-        run *= n
-        if n != e.shape[k]:
-            break
-    item = out.element_size()
-    raw = out.view(torch.uint8).numpy()
-    for idx in itertools.product(*(range(window[d].stop - window[d].start) for d in range(k))):
-        at = sum((window[d].start + i) * stride[d] for d, i in enumerate(idx))
-        at += sum(window[d].start * stride[d] for d in range(k, len(e.shape)))
-        dest = raw[idx]
-        got = os.preadv(fd, [dest], e.offset + at * item)
-        if got != run * item:
-            raise OSError(f"short read: {got} of {run * item} bytes")
-
-
-_SAFETENSORS_DTYPES: Final[dict[str, torch.dtype]] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
+    """A reader of one serial sample's safetensors file, and the sample's lengths."""
+    return runtime().safetensors_source(path)
 
 
 def gather_outputs(
@@ -591,31 +211,8 @@ def gather_outputs(
     lengths: Mapping[str, int] | None = None,
     semantics: Mapping[str, Sequence[str | None]] | None = None,
 ) -> dict[str, Any]:
-    """`full_tensor()` of every ShardTensor (or DTensor) output on every rank; other values
-    pass through. With the sample's `lengths` (from `check_inputs`), padded axes are cut
-    back to them: the axes of the spec's outputs (`output: true`) and features, and those
-    of any other output whose axis semantics `semantics` gives, one per axis (None for a
-    channel axis), e.g. a model's prediction `{"pred": ("batch", None, "lat", "lon")}`."""
-    out: dict[str, Any] = {}
-    for name, v in outputs.items():
-        full = v.full_tensor() if hasattr(v, "full_tensor") else v
-        if semantics is not None and name in semantics:
-            axes: Sequence[str | None] | None = tuple(semantics[name])
-        else:
-            declared = OUTPUTS.get(name) or FEATURES.get(name)
-            axes = declared.semantics if declared is not None else None
-        if lengths is not None and axes is not None and isinstance(full, torch.Tensor):
-            if len(axes) != full.dim():
-                raise FeatureDistributionError(
-                    f"output `{name}`: {len(axes)} axis semantics for shape {tuple(full.shape)}"
-                )
-            for d, s in enumerate(axes):
-                if s is not None and s not in SEMANTICS:
-                    raise FeatureDistributionError(f"output `{name}`, axis {d}: semantic `{s}` is not declared")
-                if s is not None and s in lengths:
-                    full = full.narrow(d, 0, lengths[s])
-        out[name] = full
-    return out
+    """`full_tensor()` of every output on every rank, padded axes cut back to `lengths`."""
+    return runtime().gather_outputs(outputs, lengths, semantics)
 
 
 def setup(
@@ -626,194 +223,18 @@ def setup(
     world_size: int | None = None,
     timeout: timedelta | None = None,
 ) -> DeviceMesh:
-    """Starts this process's part of a run and returns its (dp, domain...) mesh.
-
-    With CUDA: this process's GPU (`LOCAL_RANK`) made current, NCCL; under torchrun with
-    no `init_method`, through PhysicsNeMo's own `DistributedManager.initialize()`. Without
-    CUDA: gloo (PhysicsNeMo's initialiser cannot start a CPU group: see
-    `adopt_process_group`). A process group started beforehand is kept. The mesh is
-    built with the spec's axis names, `ddp` replicas of the domain mesh `domain`, and
-    checked against the world size.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-
-    sizes = tuple(int(n) for n in domain)
-    if len(sizes) != len(DOMAIN_MESH_AXES) or min(sizes, default=1) < 1 or ddp < 1:
-        raise FeatureDistributionError(f"domain sizes {sizes} and ddp {ddp} for the domain axes {DOMAIN_MESH_AXES}")
-    if ddp > 1 and DP_MESH_AXIS is None:
-        raise FeatureDistributionError(f"ddp {ddp}, but the spec names no data-parallel mesh axis (`mesh.dp`)")
-    _start_group(init_method, rank, world_size, timeout)
-    world = dist.get_world_size()
-    if world != ddp * math.prod(sizes):
-        raise FeatureDistributionError(
-            f"world size {world}, but ddp {ddp} x domain {sizes} {DOMAIN_MESH_AXES} needs {ddp * math.prod(sizes)} ranks"
-        )
-    dp = DP_MESH_AXIS
-    names: tuple[str, ...] = ((dp,) if dp is not None else ()) + tuple(DOMAIN_MESH_AXES)
-    shape = ((ddp,) if dp is not None else ()) + sizes
-    return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", shape, mesh_dim_names=names)
-
-
-def _start_group(init_method: str | None, rank: int | None, world_size: int | None, timeout: timedelta | None) -> None:
-    """The process group and PhysicsNeMo's manager, this process's GPU current (`setup`)."""
-    from physicsnemo.distributed import DistributedManager
-
-    cuda = torch.cuda.is_available()
-    if not dist.is_initialized():
-        if cuda and init_method is None and "RANK" in os.environ:
-            DistributedManager.initialize()
-        else:
-            device = _local_device(rank) if cuda else None
-            if device is not None:
-                torch.cuda.set_device(device)
-            dist.init_process_group(
-                "nccl" if cuda else "gloo", init_method=init_method, device_id=device,
-                rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size,
-                timeout=timeout,
-            )
-    if not DistributedManager.is_initialized() or not DistributedManager().distributed:
-        adopt_process_group(_local_device(dist.get_rank()) if cuda else None)
-
-
-def _local_device(rank: int | None) -> torch.device:
-    local = os.environ.get("LOCAL_RANK")
-    index = int(local) if local is not None else (rank or 0) % max(1, torch.cuda.device_count())
-    return torch.device("cuda", index)
-
-
-def adopt_process_group(device: torch.device | None = None) -> None:
-    """Registers an initialised torch.distributed default group with PhysicsNeMo's
-    `DistributedManager`, which `scatter_tensor` reads; `device` (this process's current
-    GPU with CUDA, else the CPU) becomes the current device and the manager's.
-
-    `DistributedManager.initialize()` passes `device_id=cpu` to `init_process_group` on a
-    machine without CUDA, which torch 2.13 rejects, and PhysicsNeMo has no public way to
-    register a group started otherwise: so this writes the manager's state, the fields
-    its own properties read (a PhysicsNeMo that renames them fails here, by name).
-    `setup()` calls it on CPU only.
-    """
-    from physicsnemo.distributed import DistributedManager
-
-    if not dist.is_initialized():
-        raise RuntimeError("adopt_process_group: call torch.distributed.init_process_group first")
-    cuda = torch.cuda.is_available()
-    dev = device or (torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    state = {
-        "_is_initialized": True,
-        "_distributed": True,
-        "_rank": dist.get_rank(),
-        "_world_size": dist.get_world_size(),
-        "_local_rank": dev.index if dev.index is not None else 0,
-        "_device": dev,
-        "_cuda": dev.type == "cuda",
-        "_initialization_method": "env",
-    }
-    unknown = [k for k in ("rank", "world_size", "device", "distributed") if not hasattr(DistributedManager, k)]
-    if unknown:
-        raise RuntimeError(f"adopt_process_group: this PhysicsNeMo's DistributedManager has no {unknown}")
-    DistributedManager._shared_state.update(state)
-    _register_shard_patches()
-
-
-def _register_shard_patches() -> None:
-    """PhysicsNeMo registers its shard-aware ops (the convolutions that exchange halos
-    among them) when it is imported, but only where CUDA is available: on CPU ranks a
-    convolution would then run on each shard alone, without its halo. Registered here
-    where CUDA is not (the modules register on first import only)."""
-    import physicsnemo.domain_parallel as pdp  # type: ignore[import-untyped]
-
-    if not torch.cuda.is_available():
-        pdp.register_custom_ops()
+    """Starts this process's part of a run and returns its (dp, domain...) mesh."""
+    return runtime().setup(domain, ddp, init_method, rank, world_size, timeout)
 
 
 def wrap_model(model: torch.nn.Module, mesh: DeviceMesh, strategy: str = "none") -> torch.nn.Module:
-    """Readies a model for the (dp, domain...) mesh: its plain parameters and buffers are
-    broadcast over every domain axis (each domain rank starts from the same weights: DDP
-    syncs the data-parallel axis only, FSDP2 none), then `strategy`: "none", "ddp"
-    (DistributedDataParallel over the data-parallel group) or "fsdp2" (`fully_shard` on
-    the data-parallel mesh, after the sync). On the FSDP2 path only, the spec's
-    `PARAMETERS` (spatial parameters: positional embeddings, RoPE tables) are first
-    sharded over the domain mesh as DTensors at their placements; the others, and all
-    of them on the other paths, stay plain (ShardTensor promotes them in each op)."""
-    from physicsnemo.domain_parallel import sync_module_over_mesh
-
-    names = tuple(mesh.mesh_dim_names or ())
-    for axis in DOMAIN_MESH_AXES:
-        if axis in names and mesh[axis].size() > 1:
-            sync_module_over_mesh(model, mesh[axis])
-    if strategy == "none":
-        return model
-    dp = DP_MESH_AXIS
-    if dp is None or dp not in names:
-        raise FeatureDistributionError(f"strategy `{strategy}` needs the data-parallel mesh axis `{dp}` in {names}")
-    if strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model, process_group=mesh[dp].get_group())
-    if strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        shard_parameters(model, mesh)
-        fully_shard(model, mesh=mesh[dp])
-        return model
-    raise FeatureDistributionError(f"unknown strategy `{strategy}`: expected none, ddp or fsdp2")
+    """Readies a model for the mesh: synced over the domain, then "none", "ddp" or "fsdp2"."""
+    return runtime().wrap_model(model, mesh, strategy)
 
 
 def shard_parameters(model: torch.nn.Module, mesh: DeviceMesh) -> list[str]:
-    """Replaces every parameter of `model` that the spec declares (`PARAMETERS`, matched
-    by the last part of its dotted name) by a DTensor on the domain mesh at the declared
-    placements, contiguous (FSDP2 refuses others); returns their dotted names. Each is
-    checked like an input (rank, dtype, channel sizes, a split axis no shorter than its
-    ranks); a declared parameter the model lacks is refused by name."""
-    from torch.distributed.tensor import distribute_tensor
-
-    dmesh = domain_mesh(mesh)
-    sizes = tuple(int(n) for n in dmesh.mesh.shape)
-    found: dict[str, list[str]] = {name: [] for name in PARAMETERS}
-    for dotted, p in list(model.named_parameters()):
-        *path, attr = dotted.split(".")
-        info = PARAMETERS.get(attr)
-        if info is None:
-            continue
-        _check_parameter(dotted, attr, p, info, sizes)
-        owner = model.get_submodule(".".join(path))
-        shard = distribute_tensor(p.detach().contiguous(), dmesh, list(info.placements))
-        setattr(owner, attr, torch.nn.Parameter(shard, requires_grad=p.requires_grad))
-        found[attr].append(dotted)
-    missing = sorted(n for n, at in found.items() if not at)
-    if missing:
-        raise FeatureDistributionError(f"parameters {missing} of the spec are not in the model")
-    return [d for at in found.values() for d in at]
-
-
-def _check_parameter(dotted: str, attr: str, p: torch.Tensor, info: FeatureInfo, sizes: Sequence[int]) -> None:
-    what = f"parameter `{attr}` (`{dotted}`)"
-    if p.dim() != len(info.semantics):
-        raise FeatureDistributionError(f"{what}: expected {len(info.semantics)} axes, got shape {tuple(p.shape)}")
-    if p.dtype != info.dtype:
-        raise FeatureDistributionError(f"{what}: expected dtype {info.dtype}, got {p.dtype}")
-    for d, (sem, size, m) in enumerate(zip(info.semantics, info.channels, info.splits)):
-        n = int(p.shape[d])
-        label = f"{what}, axis {d} ({sem if sem is not None else 'channel'})"
-        if sem is None and size is not None and n != size:
-            raise FeatureDistributionError(f"{label}: expected size {size}, got {n}")
-        if m is not None and n < sizes[m]:
-            raise FeatureDistributionError(f"{label}: {n} items over {sizes[m]} ranks of `{DOMAIN_MESH_AXES[m]}`")
-
-
-def _full(x: Any) -> Any:
-    return x.full_tensor() if hasattr(x, "full_tensor") else x
-
-
-def _close(what: str, got: Any, want: torch.Tensor, atol: float, rtol: float) -> None:
-    got = _full(got).detach()
-    if tuple(got.shape) != tuple(want.shape):
-        raise AssertionError(f"{what}: shape {tuple(got.shape)}, serially {tuple(want.shape)}")
-    if not torch.allclose(got, want.detach(), atol=atol, rtol=rtol):
-        err = float((got - want.detach()).abs().max())
-        raise AssertionError(f"{what}: differs from the serial run by up to {err:.3g}")
+    """The spec's `PARAMETERS` of `model` as DTensors on the domain mesh; their names."""
+    return runtime().shard_parameters(model, mesh)
 
 
 def check_gradients(
@@ -826,54 +247,5 @@ def check_gradients(
     atol: float = 1e-5,
     rtol: float = 1e-4,
 ) -> None:
-    """Gradient parity of one sample, checked on every rank with TF32 off.
-
-    `forward(model, inputs)` then `loss(output)` run serially on the padded sample and,
-    through `wrap_model(..., strategy)`, on its scattered ShardTensors. The output, the
-    loss, every weight gradient and every floating-point input's gradient (which keeps
-    the input's placements) must agree within `atol` + `rtol`; on the FSDP2 path the
-    spec's `PARAMETERS` must sit at their placements on the domain. Every rank passes the
-    same full `sample` (data-parallel replicas too, so that averaging keeps the serial
-    gradients); `model_factory` must build the same model on every call (seed it).
-    Raises AssertionError naming what differs.
-    """
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    dmesh = domain_mesh(mesh)
-    sizes = tuple(int(n) for n in dmesh.mesh.shape)
-    device = mesh_device(dmesh)
-    serial: dict[str, Any] = {n: sample[n] for n in METADATA if n in sample}
-    for name, x in pad_inputs(sample, sizes, device).items():
-        serial[name] = x.detach().clone().requires_grad_(x.dtype.is_floating_point)
-    reference = model_factory().to(device)
-    want = forward(reference, serial)
-    want_loss = loss(want)
-    torch.autograd.backward(want_loss)
-    model = wrap_model(model_factory().to(device), mesh, strategy)
-    is_source = dist.get_rank() == int(dmesh.mesh.flatten()[0])
-    inputs = scatter(sample if is_source else None, mesh, requires_grad=True).inputs
-    got = forward(model, inputs)
-    got_loss = loss(got)
-    torch.autograd.backward(got_loss)
-    _close("output", got, want, atol, rtol)
-    _close("loss", got_loss, want_loss, atol, rtol)
-    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    for (name, p), (_, q) in zip(inner.named_parameters(), reference.named_parameters()):
-        declared = PARAMETERS.get(name.split(".")[-1])
-        if strategy == "fsdp2" and declared is not None:
-            on_domain = tuple(getattr(p, "placements", ()))[-len(DOMAIN_MESH_AXES) :]
-            if on_domain != declared.placements:
-                raise AssertionError(f"parameter `{name}`: at {on_domain} on the domain, not {declared.placements}")
-        if q.grad is None or p.grad is None:
-            raise AssertionError(f"weight `{name}`: no gradient ({'distributed' if p.grad is None else 'serial'})")
-        _close(f"weight `{name}` gradient", p.grad, q.grad, atol, rtol)
-    for name, x in serial.items():
-        if not isinstance(x, torch.Tensor) or not x.requires_grad or x.grad is None:
-            continue
-        g = inputs[name].grad
-        if g is None:
-            raise AssertionError(f"input `{name}`: no gradient on the ShardTensor")
-        if tuple(g.placements) != FEATURES[name].placements:
-            raise AssertionError(f"input `{name}`: gradient at {tuple(g.placements)}, not {FEATURES[name].placements}")
-        _close(f"input `{name}` gradient", g, x.grad, atol, rtol)
-
+    """Gradient parity of one sample against the serial run, checked on every rank."""
+    runtime().check_gradients(model_factory, forward, loss, sample, mesh, strategy, atol, rtol)
