@@ -90,16 +90,17 @@ def bench(folder: Path) -> None:
     _, size = boltz_sample_file(folder, 1024, 2048)
     print(f"sample: 1024 tokens, 2048 MSA rows, {size / 1e6:.0f} MB; mesh {MESH[0]}x{MESH[1]}, "
           f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)")
-    print("| path | rank | its blocks | peak above start | / its blocks | / sample | wall |")
-    print("|---|---|---|---|---|---|---|")
+    print("| path | rank | its blocks | peak above start | beyond its blocks | / its blocks | / sample | wall |")
+    print("|---|---|---|---|---|---|---|---|")
     for how in ("package",):
         spawn(_worker, args=(str(folder), how), nprocs=RANKS, join=True)  # type: ignore[no-untyped-call]
         rows = [json.loads((folder / f"{how}-{r}.json").read_text()) for r in range(RANKS)]
         wall = max(r["s"] for r in rows)
         others = rows[1:]
         for label, row in (("0 (source)", rows[0]), ("1-8 (largest)", max(others, key=lambda r: r["peak"]))):
-            print(f"| {how} | {label} | {row['block'] / 1e6:.0f} MB | {row['peak'] / 1e6:.0f} MB | "
-                  f"{row['peak'] / row['block']:.2f} | {row['peak'] / size:.2f} | {wall:.2f} s |")
+            print(f"| {how} | {label} | {row['block'] / 1e6:.1f} MB | {row['peak'] / 1e6:.1f} MB | "
+                  f"{(row['peak'] - row['block']) / 1e6:+.1f} MB | {row['peak'] / row['block']:.3f} | "
+                  f"{row['peak'] / size:.2f} | {wall:.2f} s |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@
 //!
 //! Cuts and drops select items of views; nothing large is copied.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
 use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
@@ -368,8 +368,11 @@ fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), RuntimeE
     Ok(())
 }
 
-/// `x[i..] * y[j..]` over every pair, in `d` (a bool product is a logical and). Rows
-/// of a mask (`x[i]` 0 or 1) are copies of `y`'s bytes or zeros.
+/// `x[i..] * y[j..]` over every pair, in `d` (a bool product is a logical and). For a
+/// 1-D `x` (a mask, as a pair mask's rule has it) the result is a view: one row per
+/// distinct value of `x` (a mask's ones and zeros: two rows), selected per item, so a
+/// source holds no serial copy of a pair feature it never received; the blocks are
+/// written from those rows. An N-D `x` is written out whole.
 fn outer(x: &Array, y: &Array, d: featshard_spec::ir::DType) -> Array<'static> {
     let cast = |v: f64| {
         let mut b = Vec::with_capacity(8);
@@ -379,25 +382,30 @@ fn outer(x: &Array, y: &Array, d: featshard_spec::ir::DType) -> Array<'static> {
         back[0]
     };
     let ys: Vec<f64> = y.values().into_iter().map(cast).collect();
-    let encode = |vs: &mut dyn Iterator<Item = f64>| {
-        let mut b = Vec::with_capacity(ys.len() * dtype::size(d));
-        vs.for_each(|v| dtype::encode_f64(d, v, &mut b));
-        b
-    };
-    // The rows of x = 1 and x = +0, made once (by the same product: 0 * -1 is -0).
-    let row = |a: f64| encode(&mut ys.iter().map(|&b| a * b));
-    let (ones, zeros) = (row(1.0), row(0.0));
-    let xs = x.values();
-    let mut bytes = Vec::with_capacity(xs.len() * ones.len());
-    for a in xs.into_iter().map(cast) {
-        match a.to_bits() {
-            b if b == 1.0f64.to_bits() => bytes.extend_from_slice(&ones),
-            b if b == 0.0f64.to_bits() => bytes.extend_from_slice(&zeros),
-            _ => bytes.extend(row(a)),
-        }
+    let row_bytes = ys.len() * dtype::size(d);
+    // Each distinct x value's row, made once (by bit pattern: 0 * -1 is -0).
+    let mut first: HashMap<u64, usize> = HashMap::new();
+    let (mut rows, mut which) = (Vec::new(), Vec::with_capacity(x.numel()));
+    for a in x.values().into_iter().map(cast) {
+        let next = first.len();
+        let k = *first.entry(a.to_bits()).or_insert_with(|| {
+            ys.iter()
+                .for_each(|&b| dtype::encode_f64(d, a * b, &mut rows));
+            next
+        });
+        which.push(k);
     }
     let mut shape = x.shape();
     shape.extend(y.shape());
+    if x.dim() == 1 {
+        let mut base = vec![first.len()];
+        base.extend(y.shape());
+        return Array::owned(d, base, rows).select(0, &which);
+    }
+    let mut bytes = Vec::with_capacity(which.len() * row_bytes);
+    for k in which {
+        bytes.extend_from_slice(&rows[k * row_bytes..(k + 1) * row_bytes]);
+    }
     Array::owned(d, shape, bytes)
 }
 
@@ -423,5 +431,54 @@ fn equal_values(given: &Array, made: &Array) -> bool {
 fn describe(rule: &DeriveRule) -> String {
     match rule {
         DeriveRule::Outer { of: [a, b] } => format!("the outer product of `{a}` and `{b}`"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use featshard_spec::ir::DType;
+
+    fn f32s(shape: Vec<usize>, v: &[f32]) -> Array<'static> {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Array::owned(DType::Float32, shape, bytes)
+    }
+
+    /// A mask's pair product is two rows selected per item, whatever the mask's length,
+    /// and holds the bytes of the product written out (signed zeros included); an N-D
+    /// `x` is written out whole.
+    #[test]
+    fn a_masks_outer_product_is_two_rows_selected_per_item() {
+        let mask: Vec<f32> = (0..1000).map(|i| f32::from(u8::from(i % 3 != 0))).collect();
+        let y: Vec<f32> = (0..1000)
+            .map(|i| if i % 7 == 0 { -1.0 } else { 0.5 })
+            .collect();
+        let made = outer(
+            &f32s(vec![1000], &mask),
+            &f32s(vec![1000], &y),
+            DType::Float32,
+        );
+        assert_eq!(
+            (made.shape(), made.base_shape()),
+            (vec![1000, 1000], &[2, 1000][..])
+        );
+        let want: Vec<u8> = mask
+            .iter()
+            .flat_map(|&a| y.iter().flat_map(move |&b| (a * b).to_le_bytes()))
+            .collect();
+        assert_eq!(made.to_bytes(), want);
+        let x = [1.0, 0.0, 2.0, 1.0];
+        let made = outer(
+            &f32s(vec![2, 2], &x),
+            &f32s(vec![3], &y[..3]),
+            DType::Float32,
+        );
+        assert!(made.is_whole());
+        assert_eq!(made.shape(), vec![2, 2, 3]);
+        let want: Vec<u8> = x
+            .iter()
+            .flat_map(|&a| y[..3].iter().flat_map(move |&b| (a * b).to_le_bytes()))
+            .collect();
+        assert_eq!(made.to_bytes(), want);
     }
 }
