@@ -237,6 +237,22 @@ impl<'a> Array<'a> {
         Ok(())
     }
 
+    /// The bytes of the view's row (its last axis) at outer index `idx`, when that axis
+    /// holds a run of base items (`None` when it selects items out of order); a 0-D
+    /// view's one element.
+    pub fn row_bytes(&self, idx: &[usize]) -> Option<&[u8]> {
+        let es = size(self.dtype);
+        let bytes = self.base_bytes();
+        let Some(last) = self.sel.last() else {
+            return bytes.get(..es);
+        };
+        let Sel::Range { start, len } = last else {
+            return None;
+        };
+        let off = self.offset(idx, &self.base_strides()) + start * es;
+        bytes.get(off..off + len * es)
+    }
+
     /// The value at view index `idx` (one per axis, each within the view's length).
     pub fn value_at(&self, idx: &[usize]) -> f64 {
         let strides = self.base_strides();

@@ -27,6 +27,7 @@ pub struct FeatureBlocks<'p, 'a> {
     /// `None` for a feature carried along whole.
     placed: Option<(&'p TensorPlan, Vec<AxisMap<'p>>)>,
     pad: Vec<u8>,
+    plan: &'p Plan,
 }
 
 /// Every feature of `placed`, placed ones then passthrough ones, each sorted by name.
@@ -50,6 +51,7 @@ pub fn feature_blocks<'p, 'a>(
             x,
             placed: Some((t, axis_maps(t, shapes, &placed.layout))),
             pad: dtype::pad_bytes(x.dtype(), t.pad_value),
+            plan,
         });
     }
     for (name, x) in &placed.passthrough {
@@ -60,6 +62,7 @@ pub fn feature_blocks<'p, 'a>(
             x,
             placed: None,
             pad: Vec::new(),
+            plan,
         });
     }
     Ok(out)
@@ -76,10 +79,14 @@ impl FeatureBlocks<'_, '_> {
         self.shape.iter().product::<usize>() * dtype::size(self.dtype)
     }
 
-    /// The shape of `part` of the feature: a rank's block, the whole padded layout, or
-    /// the serial sample after intake.
+    /// The shape of `part` of the feature: a rank's block (on a domain plan, that
+    /// rank's window: empty off the mesh), the whole padded layout, or the serial
+    /// sample after intake.
     pub fn shape_of(&self, placed: &Placed, part: Part) -> Vec<usize> {
         match (part, &self.placed) {
+            (Part::Block(coord), Some(_)) if self.plan.mesh.is_domain() => self
+                .window(placed, coord)
+                .map_or_else(Vec::new, |w| w.iter().map(|&(_, n)| n).collect()),
             (Part::Block(_), _) | (_, None) => self.shape.clone(),
             (Part::Padded, Some((_, axes))) => axes.iter().map(|a| a.padded).collect(),
             (Part::Serial, Some(_)) => placed.taken[&self.name].shape(),
@@ -110,7 +117,12 @@ impl FeatureBlocks<'_, '_> {
         let Some((t, axes)) = &self.placed else {
             return write_whole(self.x, sink);
         };
-        let window = t.block_window(&self.shape, coord);
+        let window = self.window(placed, coord).ok_or_else(|| {
+            io::Error::other(format!(
+                "feature `{}`: no block at coordinate {coord:?} of mesh {:?}",
+                self.name, placed.layout.mesh
+            ))
+        })?;
         match &t.remap {
             Remap::ShardLocal { of, mesh_axis } => {
                 let start = placed
@@ -127,6 +139,20 @@ impl FeatureBlocks<'_, '_> {
             }
             _ => write_window(self.x, &self.pad, axes, &window, sink),
         }
+    }
+}
+
+impl FeatureBlocks<'_, '_> {
+    /// The window of the padded layout the rank at `coord` holds: its equal block on a
+    /// CP plan, its `torch.chunk` piece or equal block per axis on a domain plan.
+    fn window(&self, placed: &Placed, coord: [usize; 2]) -> Option<Vec<(usize, usize)>> {
+        let (t, axes) = self.placed.as_ref()?;
+        if !self.plan.mesh.is_domain() {
+            return Some(t.block_window(&self.shape, coord));
+        }
+        let global: Vec<usize> = axes.iter().map(|a| a.padded).collect();
+        self.plan
+            .domain_window(t, &global, placed.layout.mesh, coord)
     }
 }
 

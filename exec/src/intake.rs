@@ -67,6 +67,16 @@ pub fn intake<'a>(
             ),
         });
     }
+    intake_any(plan, features, opts)
+}
+
+/// [`intake`] of a CP or a domain-parallel plan (whose blocks only
+/// [`crate::place::place_domain`] places).
+pub(crate) fn intake_any<'a>(
+    plan: &Plan,
+    features: &Sample<'a>,
+    opts: &Options,
+) -> Result<Intake<'a>, RuntimeError> {
     let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
     let real = real_lengths(plan, &kept)?;
     let mut arrived = BTreeMap::new();
@@ -97,9 +107,12 @@ fn sort_keys<'a>(
     features: &Sample<'a>,
     opts: &Options,
 ) -> Result<Sorted<'a>, RuntimeError> {
+    // A domain model's parameters and outputs are the model's, never in a sample.
+    let model = |n: &str| matches!(plan.features.get(n), Some(FeaturePlan::Tensor(t)) if t.parameter || t.output);
     let wanted: BTreeSet<&str> = plan
         .feature_names(opts.workflow.as_deref())?
         .into_iter()
+        .filter(|n| !model(n))
         .collect();
     let (mut kept, mut passthrough, mut dropped, mut unknown) =
         (Sample::new(), Vec::new(), Vec::new(), Vec::new());
@@ -413,13 +426,13 @@ fn outer(x: &Array, y: &Array, d: featshard_spec::ir::DType) -> Array<'static> {
 /// dtype), compared as numbers row by row (so `-0.0 == 0.0` and NaN equals nothing).
 fn equal_values(given: &Array, made: &Array) -> bool {
     let d = made.dtype();
-    let row = made.shape().last().copied().unwrap_or(1) * dtype::size(d);
-    let (mut k, mut theirs) = (0, Vec::new());
+    let mut theirs = Vec::new();
     given
-        .for_each_row(|_, mine| {
+        .for_each_row(|idx, mine| {
+            // `made` is whole, or rows selected whole (`outer`): every row is a run.
+            let row = made.row_bytes(idx).ok_or(())?;
             theirs.clear();
-            dtype::decode_into(d, &made.base_bytes()[k * row..(k + 1) * row], &mut theirs);
-            k += 1;
+            dtype::decode_into(d, row, &mut theirs);
             match mine == theirs.as_slice() {
                 true => Ok(()),
                 false => Err(()),
@@ -467,6 +480,13 @@ mod tests {
             .flat_map(|&a| y.iter().flat_map(move |&b| (a * b).to_le_bytes()))
             .collect();
         assert_eq!(made.to_bytes(), want);
+        // A featurizer's own pair mask is checked against the view, row by row.
+        let mut given = want.clone();
+        let whole = Array::owned(DType::Float32, vec![1000, 1000], given.clone());
+        assert!(equal_values(&whole, &made));
+        given[4 * 1000 * 999] ^= 0x80;
+        let flipped = Array::owned(DType::Float32, vec![1000, 1000], given);
+        assert!(!equal_values(&flipped, &made));
         let x = [1.0, 0.0, 2.0, 1.0];
         let made = outer(
             &f32s(vec![2, 2], &x),

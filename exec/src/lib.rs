@@ -28,4 +28,4 @@ pub mod window;
 
 pub use error::RuntimeError;
 pub use intake::Options;
-pub use place::{place, IntakeReport, Placed};
+pub use place::{place, place_domain, IntakeReport, Placed};

@@ -12,7 +12,7 @@ use crate::array::Array;
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
-use crate::intake::{intake, Options};
+use crate::intake::{intake, intake_any, Options};
 use crate::validate::{check, tensor_plan};
 
 /// What intake removed from a sample as emitted, for manifests and messages.
@@ -53,6 +53,32 @@ pub fn place<'a>(
     opts: &Options,
 ) -> Result<Placed<'a>, RuntimeError> {
     let taken = intake(plan, features, opts)?;
+    place_taken(plan, mesh, taken)
+}
+
+/// [`place`] for a domain-parallel plan, on its domain mesh (a missing second axis of
+/// size 1): every rank's block is then its window of the padded layout, a `torch.chunk`
+/// piece on an uneven axis, so blocks differ in shape from rank to rank
+/// ([`crate::blocks::FeatureBlocks::shape_of`]).
+pub fn place_domain<'a>(
+    plan: &Plan,
+    mesh: [usize; CP_AXES],
+    features: &Sample<'a>,
+    opts: &Options,
+) -> Result<Placed<'a>, RuntimeError> {
+    if !plan.mesh.is_domain() {
+        return Err(RuntimeError::Unsupported {
+            message: format!("`{}` is a CP plan: place it with `place`", plan.module),
+        });
+    }
+    place_taken(plan, mesh, intake_any(plan, features, opts)?)
+}
+
+fn place_taken<'a>(
+    plan: &Plan,
+    mesh: [usize; CP_AXES],
+    taken: crate::intake::Intake<'a>,
+) -> Result<Placed<'a>, RuntimeError> {
     let checked = check(plan, &taken)?;
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
     let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;

@@ -83,6 +83,13 @@ class Placement:
         capsules = [(n, t.__dlpack__()) for n, t in outs.items()]
         self._native.write_blocks(coord, capsules, threads)
 
+    def blocks_at(self, coord: tuple[int, int], threads: int = 1) -> dict[str, torch.Tensor]:
+        """The blocks of the rank at ``coord``, each in a tensor of its own: on a
+        domain-parallel plan, whose ranks' blocks differ in shape, that rank's shapes."""
+        out = self._empty(dict(self._native.block_shapes(coord)))
+        self.write_blocks(coord, out, threads)
+        return out
+
     def padded(self, threads: int = 1) -> dict[str, torch.Tensor]:
         """Every placed feature's whole padded layout: what all ranks' blocks make
         together, index values in the padded layout, shard-local ids not yet shifted."""

@@ -119,6 +119,10 @@ class Domain:
             to = self.parameters if f.get("parameter") else self.outputs if f.get("output") else self.features
             to[name] = _feature_info(f)
         self.metadata: tuple[str, ...] = tuple(metadata)
+        # Inputs whose role is a mask: 0 or 1 only, as the byte executor checks.
+        self.masks: tuple[str, ...] = tuple(
+            n for n in self.features if ir["features"][n]["role"]["kind"] == "mask"
+        )
         self.placements = {n: f.placements for n, f in self.features.items()}
 
 
@@ -133,14 +137,18 @@ class Domain:
 
         Raises FeatureDistributionError naming the feature and axis: a missing or unknown
         input, a wrong rank, dtype or channel size, a batch axis that is not 1, two axes of
-        one semantic with different lengths (their shard boundaries would not line up), or
-        a split axis shorter than its ranks (empty shards).
+        one semantic with different lengths (their shard boundaries would not line up), a
+        split axis shorter than its ranks (empty shards), or a mask holding other than 0
+        and 1.
         """
         unknown = sorted(set(inputs) - set(self.features) - set(self.metadata))
         if unknown:
             raise FeatureDistributionError(f"inputs not in the spec: {unknown}")
         shapes = {n: (tuple(int(d) for d in x.shape), x.dtype) for n, x in inputs.items() if n in self.features}
-        return self.check_shapes(shapes, mesh_sizes)
+        lengths = self.check_shapes(shapes, mesh_sizes)
+        for name in self.masks:
+            _check_mask(name, inputs[name])
+        return lengths
 
 
     def check_shapes(self, shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_sizes: Sequence[int]) -> dict[str, int]:
@@ -260,6 +268,24 @@ class Domain:
             out[name] = y
         return out
 
+
+    def rank_blocks(
+        self, inputs: Mapping[str, Any], mesh_sizes: Sequence[int], threads: int = 1
+    ) -> list[dict[str, torch.Tensor]]:
+        """Every domain rank's block of every input, row-major over the domain mesh, with
+        no process group: what each rank's ShardTensor holds after `scatter`, written by
+        featshard's byte executor (the Rust runtime's) from the sample's memory. Raises
+        FeatureDistributionError naming the feature and axis at fault."""
+        from featshard.blocks import place
+
+        sizes = [int(n) for n in mesh_sizes]
+        mesh = (sizes[0], sizes[1] if len(sizes) > 1 else 1)
+        try:
+            placed = place(self.plan, inputs, mesh, threads=threads)
+        except ValueError as e:
+            raise FeatureDistributionError(str(e)) from None
+        coords = itertools.product(range(mesh[0]), range(mesh[1]))
+        return [placed.blocks_at(c, threads) for c in coords]
 
     def domain_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
         """The domain sub-mesh of a (dp, domain...) or domain-only mesh."""
@@ -865,6 +891,16 @@ def _close(what: str, got: Any, want: torch.Tensor, atol: float, rtol: float) ->
     if not torch.allclose(got, want.detach(), atol=atol, rtol=rtol):
         err = float((got - want.detach()).abs().max())
         raise AssertionError(f"{what}: differs from the serial run by up to {err:.3g}")
+
+
+def _check_mask(name: str, x: torch.Tensor) -> None:
+    bad = ((x != 0) & (x != 1)).flatten()
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise FeatureDistributionError(
+            f"feature `{name}`: a mask holds 0 or 1 (false/true, 0/1, 0.0/1.0), found "
+            f"{float(x.flatten()[i])} at flat index {i}"
+        )
 
 
 def _semantic_info(s: Mapping[str, Any]) -> SemanticInfo:

@@ -82,8 +82,15 @@ pub(crate) fn place(
             Array::owned(featshard_spec::ir::DType::Uint8, vec![0], Vec::new()),
         );
     }
+    // A domain plan's blocks differ per rank: written one rank at a time, never as
+    // one buffer shape for all (`rank_buffer` refuses them).
+    let place = if plan.mesh.is_domain() {
+        featshard_exec::place_domain
+    } else {
+        featshard_exec::place
+    };
     let placed = py
-        .detach(|| featshard_exec::place(plan, mesh, &sample, &opts))
+        .detach(|| place(plan, mesh, &sample, &opts))
         .map_err(runtime_error)?;
     Ok(Placement {
         placed,
@@ -158,6 +165,20 @@ impl Placement {
         self.write_part(py, Part::Block([coord.0, coord.1]), outs, threads)
     }
 
+    /// Every placed feature's block shape at coordinate `coord` (on a domain plan, that
+    /// rank's own), in `features()` order.
+    fn block_shapes(&self, coord: (usize, usize)) -> PyResult<Vec<(String, Vec<usize>)>> {
+        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
+        Ok(all
+            .iter()
+            .filter(|f| f.is_placed())
+            .map(|f| {
+                let shape = f.shape_of(&self.placed, Part::Block([coord.0, coord.1]));
+                (f.name.clone(), shape)
+            })
+            .collect())
+    }
+
     /// Writes each named feature's whole padded layout (index values in the padded
     /// layout, shard-local ids not shifted) into `outs`, as `write_blocks` does blocks.
     #[pyo3(signature = (outs, threads = 1))]
@@ -211,6 +232,12 @@ impl Placement {
         coord: (usize, usize),
         threads: usize,
     ) -> PyResult<(Bound<'py, PyAny>, Offsets)> {
+        if self.plan.mesh.is_domain() {
+            return Err(PyValueError::new_err(format!(
+                "`{}` is a domain-parallel plan: its ranks' blocks differ in shape; write each with `write_blocks`",
+                self.plan.module
+            )));
+        }
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
         let (offsets, end) = offsets(&placed);

@@ -4,6 +4,7 @@ and point-cloud examples, its validation errors, and its generated gloo parity t
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import subprocess
 import sys
@@ -69,6 +70,38 @@ def test_the_package_reads_the_modules_tables_from_its_plan(domain_dir: Path, na
     assert (d.domain_axes, d.dp_axis, d.uneven) == (m.DOMAIN_MESH_AXES, m.DP_MESH_AXIS, m.UNEVEN)
 
 
+MESHES = {1: [(1,), (2,), (3,), (4,)], 2: [(1, 1), (2, 2), (3, 3), (2, 3), (4, 1)]}
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_rust_blocks_equal_torch_chunks_of_the_padded_inputs(domain_dir: Path, name: str) -> None:
+    """Every rank's blocks written by the byte executor (the Rust runtime's) equal, byte
+    for byte, `torch.chunk` of the padded inputs along each split axis (how ShardTensor
+    splits them), on random samples for every mesh (1 to 4 ranks per axis)."""
+    sys.path.insert(0, str(domain_dir))
+    m = importlib.import_module(f"{name}_placements")
+    test = importlib.import_module(f"test_{name}_placements_parity")
+    for sizes in MESHES[len(m.DOMAIN_MESH_AXES)]:
+        for seed in range(2):
+            inputs = test.random_inputs(seed, sizes)
+            padded = m.pad_inputs(inputs, sizes)
+            got = m.rank_blocks(inputs, sizes, threads=1 + seed)
+            coords = list(itertools.product(*(range(n) for n in sizes)))
+            assert len(got) == len(coords)
+            for blocks, coord in zip(got, coords):
+                assert sorted(blocks) == sorted(m.FEATURES), (sizes, coord)
+                for feature, info in m.FEATURES.items():
+                    want = padded[feature]
+                    for d, axis in enumerate(info.splits):
+                        if axis is not None:
+                            want = torch.chunk(want, sizes[axis], dim=d)[coord[axis]]
+                    block = blocks[feature]
+                    assert (block.dtype, block.shape) == (want.dtype, want.shape), (feature, sizes, coord)
+                    assert torch.equal(block.view(torch.uint8) if block.dtype != torch.bool else block,
+                                       want.contiguous().view(torch.uint8) if want.dtype != torch.bool else want), \
+                        (feature, sizes, coord)
+
+
 def test_placements_follow_the_axis_semantics(weather: ModuleType) -> None:
     from torch.distributed.tensor import Replicate, Shard
 
@@ -102,8 +135,10 @@ def test_planned_uneven_shapes_are_torch_chunk_pieces(weather: ModuleType) -> No
         (lambda x: x.update(state=torch.randn(1, 25, 7, 12)),
          "feature `state`, axis 1 (channel): expected size 26, got 25"),
         (lambda x: x.pop("forcing"), "feature `forcing`: missing from the inputs"),
+        (lambda x: x["land_sea_mask"].view(-1)[5].fill_(0.5),
+         "feature `land_sea_mask`: a mask holds 0 or 1 (false/true, 0/1, 0.0/1.0), found 0.5 at flat index 5"),
     ],
-    ids=["batch_not_1", "lengths_differ", "empty_shards", "channels", "missing"],
+    ids=["batch_not_1", "lengths_differ", "empty_shards", "channels", "missing", "mask_value"],
 )
 def test_inputs_that_cannot_be_scattered_are_named(weather: ModuleType, change, message: str) -> None:  # type: ignore[no-untyped-def]
     inputs = weather_inputs()

@@ -50,7 +50,7 @@ __all__ = [
     "SEMANTICS", "SPEC_SHA256", "UNEVEN", "WORKFLOWS", "FeatureDistributionError", "FeatureInfo", "Reader",
     "Scattered", "SemanticInfo", "adopt_process_group", "check_gradients", "check_inputs", "check_shapes",
     "chunk_sizes", "domain_mesh", "gather_outputs", "global_shape", "global_shapes", "local_shape",
-    "local_window", "mesh_device", "pad_inputs", "padded_length", "plan", "runtime", "safetensors_source", "scatter", "scatter_inputs",
+    "local_window", "mesh_device", "pad_inputs", "padded_length", "plan", "rank_blocks", "runtime", "safetensors_source", "scatter", "scatter_inputs",
     "scatter_local", "setup", "shard_parameters", "sharding_shapes", "wrap_model",
 ]
 
@@ -164,6 +164,12 @@ def pad_inputs(
 ) -> dict[str, torch.Tensor]:
     """Every input at its global shape, even-shard axes padded at the end, on `device`."""
     return runtime().pad_inputs(inputs, mesh_sizes, device)
+
+
+def rank_blocks(inputs: Mapping[str, Any], mesh_sizes: Sequence[int], threads: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Every domain rank's block of every input, row-major over the mesh, with no process
+    group: what each rank's ShardTensor holds after `scatter`."""
+    return runtime().rank_blocks(inputs, mesh_sizes, threads)
 
 
 def domain_mesh(mesh: DeviceMesh) -> DeviceMesh:
