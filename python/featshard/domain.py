@@ -125,12 +125,9 @@ class Domain:
         )
         self.placements = {n: f.placements for n, f in self.features.items()}
 
-
-
     def _axis_label(self, name: str, d: int) -> str:
         sem = self.features[name].semantics[d]
         return f"feature `{name}`, axis {d} ({sem if sem is not None else 'channel'})"
-
 
     def check_inputs(self, inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int]) -> dict[str, int]:
         """Validates one sample for a domain mesh of `mesh_sizes`; returns every semantic's length.
@@ -149,7 +146,6 @@ class Domain:
         for name in self.masks:
             _check_mask(name, inputs[name])
         return lengths
-
 
     def check_shapes(self, shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_sizes: Sequence[int]) -> dict[str, int]:
         """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say)."""
@@ -191,12 +187,10 @@ class Domain:
         self.global_shapes(out, mesh_sizes)
         return out
 
-
     def padded_length(self, semantic: str, length: int, mesh_sizes: Sequence[int]) -> int:
         """The length a semantic's axes are padded to (itself on uneven axes): a multiple of
         the lcm of the mesh sizes that split it times its stride, at least its halo per shard."""
         return self.plan.padded_length(semantic, length, mesh_sizes)
-
 
     def global_shapes(self, lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> dict[str, tuple[int, ...]]:
         """Every input's ShardTensor global shape (padded on even-shard axes) for a sample
@@ -210,11 +204,9 @@ class Domain:
             raise FeatureDistributionError(str(e)) from None
         return {name: tuple(shapes[name]["global_"]) for name in self.features}
 
-
     def global_shape(self, name: str, lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> tuple[int, ...]:
         """The ShardTensor's global shape of one input (padded on even-shard axes)."""
         return self.global_shapes(lengths, mesh_sizes)[name]
-
 
     def local_window(
         self,
@@ -224,11 +216,9 @@ class Domain:
         `(start, length)` per axis, from the plan alone."""
         return tuple(self.plan.domain_window(name, shape, mesh_sizes, coord))
 
-
     def local_shape(self, name: str, shape: Sequence[int], mesh_sizes: Sequence[int], coord: Sequence[int]) -> tuple[int, ...]:
         """The local shape of the rank at domain-mesh `coord`, from the plan alone."""
         return tuple(n for _, n in self.local_window(name, shape, mesh_sizes, coord))
-
 
     def sharding_shapes(
         self,
@@ -248,7 +238,6 @@ class Domain:
             out[m] = tuple(along)
         return out
 
-
     def pad_inputs(
         self,
         inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int], device: torch.device | None = None
@@ -267,7 +256,6 @@ class Domain:
             y[tuple(slice(0, n) for n in x.shape)] = x
             out[name] = y
         return out
-
 
     def rank_blocks(
         self, inputs: Mapping[str, Any], mesh_sizes: Sequence[int], threads: int = 1
@@ -296,7 +284,6 @@ class Domain:
             raise FeatureDistributionError(f"mesh axes {names} lack the domain axes {self.domain_axes}")
         return mesh[self.domain_axes]
 
-
     def scatter_inputs(
         self,
         inputs: Mapping[str, torch.Tensor] | None,
@@ -305,7 +292,6 @@ class Domain:
     ) -> dict[str, Any]:
         """`self.scatter(inputs, mesh, requires_grad).inputs`: the ShardTensors alone."""
         return self.scatter(inputs, mesh, requires_grad).inputs
-
 
     def scatter(
         self,
@@ -374,7 +360,6 @@ class Domain:
         out.update(payload[1])
         return Scattered(out, dict(payload[2]))
 
-
     def scatter_local(
         self,
         read: Reader,
@@ -430,7 +415,6 @@ class Domain:
         out.update(metadata or {})
         return Scattered(out, {s: int(n) for s, n in lengths.items()})
 
-
     def _check_lengths(self, lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> None:
         """The lengths every input's shape would have pass `check_shapes`."""
         missing = sorted(s for f in self.features.values() for s in f.semantics if s is not None and s not in lengths)
@@ -443,7 +427,6 @@ class Domain:
             },
             mesh_sizes,
         )
-
 
     def _read_block(
         self,
@@ -477,7 +460,6 @@ class Domain:
             ) from None
         return block
 
-
     def safetensors_source(self, path: str | os.PathLike[str]) -> tuple[Reader, dict[str, int]]:
         """A reader of one serial sample's safetensors file, and the sample's lengths from its
         header, checked as `check_inputs` checks tensors (mesh rules aside, which
@@ -497,7 +479,6 @@ class Domain:
 
         weakref.finalize(read, os.close, fd)
         return read, lengths
-
 
     def gather_outputs(
         self,
@@ -530,7 +511,6 @@ class Domain:
                         full = full.narrow(d, 0, lengths[s])
             out[name] = full
         return out
-
 
     def setup(
         self,
@@ -568,7 +548,6 @@ class Domain:
         shape = ((ddp,) if dp is not None else ()) + sizes
         return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", shape, mesh_dim_names=names)
 
-
     def wrap_model(self, model: torch.nn.Module, mesh: DeviceMesh, strategy: str = "none") -> torch.nn.Module:
         """Readies a model for the (dp, domain...) mesh: its plain parameters and buffers are
         broadcast over every domain axis (each domain rank starts from the same weights: DDP
@@ -601,7 +580,6 @@ class Domain:
             return model
         raise FeatureDistributionError(f"unknown strategy `{strategy}`: expected none, ddp or fsdp2")
 
-
     def shard_parameters(self, model: torch.nn.Module, mesh: DeviceMesh) -> list[str]:
         """Replaces every parameter of `model` that the spec declares (`self.parameters`, matched
         by the last part of its dotted name) by a DTensor on the domain mesh at the declared
@@ -628,7 +606,6 @@ class Domain:
             raise FeatureDistributionError(f"parameters {missing} of the spec are not in the model")
         return [d for at in found.values() for d in at]
 
-
     def _check_parameter(self, dotted: str, attr: str, p: torch.Tensor, info: FeatureInfo, sizes: Sequence[int]) -> None:
         what = f"parameter `{attr}` (`{dotted}`)"
         if p.dim() != len(info.semantics):
@@ -642,7 +619,6 @@ class Domain:
                 raise FeatureDistributionError(f"{label}: expected size {size}, got {n}")
             if m is not None and n < sizes[m]:
                 raise FeatureDistributionError(f"{label}: {n} items over {sizes[m]} ranks of `{self.domain_axes[m]}`")
-
 
     def check_gradients(
         self,
