@@ -102,6 +102,17 @@ def test_rust_blocks_equal_torch_chunks_of_the_padded_inputs(domain_dir: Path, n
                         (feature, sizes, coord)
 
 
+def test_one_buffer_for_every_ranks_blocks_is_refused_on_a_domain_plan(weather: ModuleType) -> None:
+    """Uneven ranks' blocks differ in shape: the CP path's one buffer layout per rank
+    (what `featshard.distribute` sends) is refused by name, not written short."""
+    from featshard import blocks
+
+    placed = blocks.place(weather.plan(), weather_inputs(), (3, 1))
+    with pytest.raises(ValueError, match="`weather_placements` is a domain-parallel plan"):
+        placed.rank_buffer((0, 0))
+    assert placed.blocks_at((2, 0))["state"].shape == (1, 26, 1, 12)
+
+
 def test_placements_follow_the_axis_semantics(weather: ModuleType) -> None:
     from torch.distributed.tensor import Replicate, Shard
 
