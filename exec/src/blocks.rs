@@ -140,9 +140,7 @@ impl FeatureBlocks<'_, '_> {
             _ => write_window(self.x, &self.pad, axes, &window, sink),
         }
     }
-}
 
-impl FeatureBlocks<'_, '_> {
     /// The window of the padded layout the rank at `coord` holds: its equal block on a
     /// CP plan, its `torch.chunk` piece or equal block per axis on a domain plan.
     fn window(&self, placed: &Placed, coord: [usize; 2]) -> Option<Vec<(usize, usize)>> {

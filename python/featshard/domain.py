@@ -33,9 +33,10 @@ from typing import Any, Final, NamedTuple
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement, Replicate, Shard
+from torch.distributed.tensor import Placement, Replicate
 
 from featshard import Plan, chunk_sizes
+from featshard.distribute import placements
 
 __all__ = [
     "Domain",
@@ -112,12 +113,13 @@ class Domain:
         self.parameters: dict[str, FeatureInfo] = {}
         self.outputs: dict[str, FeatureInfo] = {}
         metadata = []
+        on_mesh = placements(plan)
         for name, f in ir["features"].items():
             if f["kind"] != "tensor":
                 metadata.append(name)
                 continue
             to = self.parameters if f.get("parameter") else self.outputs if f.get("output") else self.features
-            to[name] = _feature_info(f)
+            to[name] = _feature_info(f, on_mesh[name])
         self.metadata: tuple[str, ...] = tuple(metadata)
         # Inputs whose role is a mask: 0 or 1 only, as the byte executor checks.
         self.masks: tuple[str, ...] = tuple(
@@ -886,10 +888,7 @@ def _semantic_info(s: Mapping[str, Any]) -> SemanticInfo:
                         max(1, int(s.get("stride", 1))), int(s.get("halo", 0)))
 
 
-def _feature_info(f: Mapping[str, Any]) -> FeatureInfo:
-    placements: tuple[Placement, ...] = tuple(
-        Replicate() if p == "replicate" else Shard(int(p["shard"])) for p in f["placements"]
-    )
+def _feature_info(f: Mapping[str, Any], placements: tuple[Placement, ...]) -> FeatureInfo:
     axes = f["axes"]
     return FeatureInfo(
         placements,
