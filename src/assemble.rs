@@ -10,6 +10,7 @@ use featshard_runtime::{assemble, unpad, Features};
 use crate::commands::{load, Failure};
 use crate::manifest::{self, layout_digest, Manifest, RankIdentity, RANK_KEY};
 use crate::shards::other;
+use crate::staging;
 
 fn read_features(path: &Path) -> Result<Features, Failure> {
     files::read_tensors(path).map_err(other)
@@ -64,6 +65,7 @@ pub fn assemble_files(
     padded_output: bool,
 ) -> Result<String, Failure> {
     let (_, plan) = load(spec)?;
+    staging::check_existing(out, false)?;
     let manifest_path = shards.join("manifest.json");
     let text = std::fs::read_to_string(&manifest_path)
         .map_err(|e| other(format!("cannot read {}: {e}", manifest_path.display())))?;
@@ -99,18 +101,8 @@ pub fn assemble_files(
         unpad(&plan, &manifest.layout, &padded).map_err(other)?
     };
     result.extend(passthrough);
-    let tmp = out.with_file_name(format!(
-        ".{}.tmp-{}",
-        out.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    files::write(&tmp, &result, &metadata).map_err(other)?;
-    std::fs::rename(&tmp, out).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        other(format!("cannot write {}: {e}", out.display()))
-    })?;
+    let bytes = files::serialize(&result, &metadata).map_err(other)?;
+    staging::write_file(out, &bytes)?;
     Ok(format!(
         "wrote {} features ({}) to {}",
         result.len(),

@@ -80,6 +80,10 @@ enum Command {
         /// Tensors not in the spec to carry along untouched (comma-separated).
         #[arg(long, value_delimiter = ',')]
         passthrough: Vec<String>,
+        /// Refuse a sample whose rank files would be over this many times its bytes
+        /// (and over 1 GB): a guard against a mistyped mesh.
+        #[arg(long, default_value_t = crate::room::MAX_GROWTH, value_name = "RATIO", value_parser = crate::room::parse_growth)]
+        max_growth: f64,
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
@@ -142,40 +146,16 @@ fn parse_lengths(s: &str) -> Result<LengthArg, String> {
 }
 
 /// `featshard shard`'s run-time arguments.
-struct ShardArgs<'a> {
-    mesh: [usize; 2],
-    workflow: Option<&'a str>,
-    passthrough: &'a [String],
-    jobs: usize,
-    threads: usize,
-}
-
 fn shard(
     spec: &std::path::Path,
     features: &str,
-    args: &ShardArgs,
+    run: &crate::dataset::Run,
     out: &std::path::Path,
 ) -> Result<String, Failure> {
-    let run = crate::dataset::Run {
-        mesh: args.mesh,
-        workflow: args.workflow,
-        passthrough: args.passthrough,
-        jobs: args.jobs,
-        threads: args.threads,
-    };
     if crate::dataset::is_dataset(features) {
-        return crate::dataset::shard_dataset(spec, features, &run, out);
+        return crate::dataset::shard_dataset(spec, features, run, out);
     }
-    let path = std::path::Path::new(features);
-    crate::shards::shard(
-        spec,
-        path,
-        run.mesh,
-        run.workflow,
-        run.passthrough,
-        run.threads,
-        out,
-    )
+    crate::shards::shard(spec, std::path::Path::new(features), run, out)
 }
 
 #[cfg(feature = "runtime")]
@@ -305,16 +285,18 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             mesh,
             workflow,
             passthrough,
+            max_growth,
             out,
         } => shard(
             &spec,
             &features,
-            &ShardArgs {
+            &crate::dataset::Run {
                 mesh,
                 workflow: workflow.as_deref(),
                 passthrough: &passthrough,
                 jobs,
                 threads,
+                max_growth,
             },
             &out,
         ),

@@ -84,6 +84,8 @@ pub struct Run<'a> {
     pub jobs: usize,
     /// Threads of each job.
     pub threads: usize,
+    /// A sample's rank files at most this many times its bytes (`--max-growth`).
+    pub max_growth: f64,
 }
 
 /// Shards every sample into `out/<name>/`, `jobs` samples at a time. A sample already
@@ -101,14 +103,7 @@ pub fn shard_dataset(
     std::fs::create_dir_all(out)
         .map_err(|e| Failure::Other(format!("cannot create {}: {e}", out.display())))?;
     let bar = progress(list.len());
-    let req = Request {
-        plan: &plan,
-        mesh: run.mesh,
-        workflow: run.workflow,
-        passthrough: run.passthrough,
-        threads: run.threads,
-        verbose: false,
-    };
+    let req = Request::new(&plan, run, false);
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<SampleEntry>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
@@ -146,15 +141,14 @@ fn one(req: &Request, name: &str, source: &Path, target: &Path) -> SampleEntry {
         error,
     };
     if target.join("manifest.json").exists() {
-        match shards::verify(req.plan, req.mesh, req.workflow, target) {
-            Ok(bytes) => return entry(Status::Verified, bytes, None),
-            // Corrupt or of another run: redone from scratch.
-            Err(_) => {
-                let _ = std::fs::remove_dir_all(target);
-            }
+        if let Ok(bytes) = shards::verify(req.plan, req.mesh, req.workflow, target) {
+            return entry(Status::Verified, bytes, None);
         }
-    } else if target.exists() {
-        let _ = std::fs::remove_dir_all(target);
+    }
+    // Corrupt, of another run, or not finished: redone from scratch, when the folder
+    // holds only what featshard writes (anything else is the user's, and stays).
+    if let Err(e) = shards::remove_shard_folder(target) {
+        return entry(Status::Failed, 0, Some(e.to_string()));
     }
     match shards::shard_sample(req, source, target) {
         Ok(bytes) => entry(Status::Sharded, bytes, None),

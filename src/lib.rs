@@ -16,6 +16,8 @@ pub mod commands;
 pub mod init;
 pub mod manifest;
 pub mod picture;
+pub mod room;
+pub mod staging;
 
 #[cfg(feature = "derive")]
 pub use featshard_macros::Features;

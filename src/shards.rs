@@ -5,16 +5,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use featshard_exec::files::{Mapped, Metadata};
-use featshard_exec::rank_files::write_rank_files;
+use featshard_exec::rank_files::{rank_file_sizes, write_rank_files};
 use featshard_exec::{place, Options, Placed, RuntimeError};
 use featshard_spec::layout::contiguous_stride;
 use featshard_spec::plan::{FeaturePlan, Plan};
 
 use crate::commands::{load, Failure};
+use crate::dataset::Run;
 use crate::manifest::{
     self, layout_digest, new_run_id, FeatureEntry, FileSum, Incoming, Manifest, RankIdentity,
     RANK_KEY,
 };
+use crate::room;
+use crate::staging::{self, StagingDir};
 
 pub(crate) fn other(e: impl std::fmt::Display) -> Failure {
     Failure::Other(e.to_string())
@@ -33,49 +36,6 @@ fn sample_metadata(
             && matches!(plan.features.get(k), Some(FeaturePlan::Metadata { .. }))
     });
     Ok(meta)
-}
-
-/// The prefix of the sibling folders runs write into before renaming over `out`.
-fn staging_prefix(out: &Path) -> String {
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "shards".into());
-    format!(".{name}.tmp-")
-}
-
-/// This run's staging folder, `.<out>.tmp-<pid>` next to `out`.
-fn staging_dir(out: &Path) -> PathBuf {
-    out.with_file_name(format!("{}{}", staging_prefix(out), std::process::id()))
-}
-
-/// Removes staging folders of earlier runs into `out` whose process is gone (killed
-/// mid-run): on Linux, a pid without `/proc/<pid>`. A live run's folder is left alone.
-fn remove_stale_staging(out: &Path) {
-    let (Some(parent), prefix) = (out.parent(), staging_prefix(out)) else {
-        return;
-    };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(&prefix)
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let alive = Path::new("/proc").join(pid.to_string()).exists();
-        if pid != std::process::id() && !alive && Path::new("/proc/self").exists() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
 }
 
 /// Without `--workflow` every feature of the spec is required; a missing one that only
@@ -113,37 +73,39 @@ pub struct Request<'a> {
     pub threads: usize,
     /// Report each rank file on stderr.
     pub verbose: bool,
+    /// Rank files at most this many times the sample's bytes (see [`room::check`]).
+    pub max_growth: f64,
+}
+
+impl<'a> Request<'a> {
+    /// A request for `plan` with `run`'s settings.
+    pub fn new(plan: &'a Plan, run: &Run<'a>, verbose: bool) -> Request<'a> {
+        Request {
+            plan,
+            mesh: run.mesh,
+            workflow: run.workflow,
+            passthrough: run.passthrough,
+            threads: run.threads,
+            verbose,
+            max_growth: run.max_growth,
+        }
+    }
 }
 
 /// Shards one serial sample file into `out/rank-<r>.safetensors` + `manifest.json`.
-pub fn shard(
-    spec: &Path,
-    features: &Path,
-    mesh: [usize; 2],
-    workflow: Option<&str>,
-    passthrough: &[String],
-    threads: usize,
-    out: &Path,
-) -> Result<String, Failure> {
+pub fn shard(spec: &Path, features: &Path, run: &Run, out: &Path) -> Result<String, Failure> {
     let (_, plan) = load(spec)?;
+    staging::check_existing(out, true)?;
     if out.exists() && std::fs::read_dir(out).map_or(true, |mut d| d.next().is_some()) {
         return Err(other(format!(
             "{} already exists and is not empty; choose a new --out",
             out.display()
         )));
     }
-    let req = Request {
-        plan: &plan,
-        mesh,
-        workflow,
-        passthrough,
-        threads,
-        verbose: true,
-    };
-    shard_sample(&req, features, out)?;
+    shard_sample(&Request::new(&plan, run, true), features, out)?;
     Ok(format!(
         "wrote {} rank files and manifest.json to {}",
-        mesh[0] * mesh[1],
+        run.mesh[0] * run.mesh[1],
         out.display()
     ))
 }
@@ -151,6 +113,7 @@ pub fn shard(
 /// Shards one sample file into `out` (absent or empty): staged next to it, renamed into
 /// place at the end, so a failure leaves nothing. Returns the bytes written.
 pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, Failure> {
+    staging::check_existing(out, true)?;
     let mapped = Mapped::open(features).map_err(other)?;
     let sample = mapped.sample();
     let metadata = sample_metadata(req.plan, &mapped, req.workflow)?;
@@ -160,26 +123,21 @@ pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, F
         threads: req.threads,
     };
     let placed = place(req.plan, req.mesh, &sample, &opts).map_err(|e| without_workflow(req, e))?;
-    remove_stale_staging(out);
-    let staging = staging_dir(out);
-    // Whatever fails from here on, this run's staging folder goes.
-    let result = write_shards(req, &placed, &metadata, &staging).and_then(|bytes| {
-        if out.exists() {
-            std::fs::remove_dir(out).map_err(|e| {
-                other(format!(
-                    "{}: {e} (another run wrote it first?)",
-                    out.display()
-                ))
-            })?;
-        }
-        std::fs::rename(&staging, out)
-            .map_err(|e| other(format!("cannot move shards into {}: {e}", out.display())))?;
-        Ok(bytes)
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&staging);
-    }
-    result
+    // Dropped on any failure from here on: this run's staging folder goes with it.
+    let staging = StagingDir::create(out)?;
+    let input = mapped.header().data_start
+        + mapped
+            .header()
+            .entries
+            .iter()
+            .map(|e| e.offsets.1)
+            .max()
+            .unwrap_or(0);
+    let bytes = write_shards(req, &placed, &metadata, staging.path(), input)?;
+    // What was validated must be what was written: the input unchanged throughout.
+    mapped.check_unchanged(features).map_err(other)?;
+    staging.finish(out)?;
+    Ok(bytes)
 }
 
 fn write_shards(
@@ -187,9 +145,9 @@ fn write_shards(
     placed: &Placed,
     metadata: &Metadata,
     dir: &Path,
+    input_bytes: u64,
 ) -> Result<u64, Failure> {
     let plan = req.plan;
-    std::fs::create_dir_all(dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
     let mesh = placed.layout.mesh;
     let world: usize = mesh.iter().product();
     let run = new_run_id(plan);
@@ -217,6 +175,8 @@ fn write_shards(
     let (layout, shapes) = (placed.layout.clone(), &placed.shapes);
     let intake = placed.intake.clone();
     let passthrough: Vec<String> = placed.passthrough.keys().cloned().collect();
+    let sizes = rank_file_sizes(plan, placed, &headers).map_err(other)?;
+    room::check(dir, sizes.iter().sum(), input_bytes, req.max_growth)?;
     let written = write_rank_files(plan, placed, &headers, &paths, req.threads).map_err(other)?;
     if req.verbose {
         eprintln!(
@@ -298,4 +258,62 @@ pub fn verify(
         }
     }
     Ok(m.files.values().map(|f| f.bytes).sum())
+}
+
+/// Removes a sample's shard folder for a redo, when it holds only what `shard` writes
+/// (`manifest.json` and `rank-<r>.safetensors`, regular files); a folder with anything
+/// else in it, or a link, is the user's and is refused by name. Absent is fine.
+pub fn remove_shard_folder(dir: &Path) -> Result<(), Failure> {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return Ok(());
+    };
+    let refuse = |what: String| {
+        other(format!(
+            "{}: {what}; featshard removes only folders it wrote: move it away to redo this sample",
+            dir.display()
+        ))
+    };
+    if !meta.is_dir() {
+        return Err(refuse("exists and is not a folder of shards".into()));
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| refuse(e.to_string()))?;
+    let mut own = Vec::new();
+    let mut foreign = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| refuse(e.to_string()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let regular = e.file_type().is_ok_and(|t| t.is_file());
+        if regular && is_shard_file_name(&name) {
+            own.push(e.path());
+        } else {
+            foreign.push(name);
+        }
+    }
+    if !foreign.is_empty() {
+        foreign.sort();
+        let shown: Vec<&str> = foreign.iter().take(5).map(String::as_str).collect();
+        let more = foreign.len().saturating_sub(shown.len());
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        return Err(refuse(format!(
+            "holds files featshard did not write ({}{tail})",
+            shown.join(", ")
+        )));
+    }
+    for path in own {
+        std::fs::remove_file(&path).map_err(|e| refuse(e.to_string()))?;
+    }
+    std::fs::remove_dir(dir).map_err(|e| refuse(e.to_string()))
+}
+
+/// `manifest.json` or `rank-<r>.safetensors`.
+fn is_shard_file_name(name: &str) -> bool {
+    name == "manifest.json"
+        || name
+            .strip_prefix("rank-")
+            .and_then(|r| r.strip_suffix(".safetensors"))
+            .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
 }

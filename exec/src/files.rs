@@ -55,7 +55,13 @@ pub struct Header {
 /// A safetensors file's header, read alone and bounded by the file's size (a regular
 /// file is required): every tensor's dtype, shape and data range checked.
 pub fn read_header(path: &Path) -> Result<Header, RuntimeError> {
-    let (value, data, start) = header_json(path)?;
+    header_of(header_json(path)?, path)
+}
+
+fn header_of(
+    (value, data, start): (serde_json::Value, u64, u64),
+    path: &Path,
+) -> Result<Header, RuntimeError> {
     let Some(object) = value.as_object() else {
         return Err(io(path, "its header is not a JSON object"));
     };
@@ -95,15 +101,35 @@ pub fn read_metadata(path: &Path) -> Result<Metadata, RuntimeError> {
         .unwrap_or_default())
 }
 
-/// The header as JSON, the size of the data after it, and where the data starts.
-fn header_json(path: &Path) -> Result<(serde_json::Value, u64, u64), RuntimeError> {
+/// Opens `path` for reading without blocking on a FIFO or a device (the type is
+/// checked before any read): a regular file is required.
+pub fn open_regular(path: &Path) -> Result<std::fs::File, RuntimeError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let bad = |e: String| io(path, format!("cannot read: {e}"));
-    let mut file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| bad(e.to_string()))?;
     let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
     }
-    let size = meta.len();
+    Ok(file)
+}
+
+/// The header as JSON, the size of the data after it, and where the data starts.
+fn header_json(path: &Path) -> Result<(serde_json::Value, u64, u64), RuntimeError> {
+    header_json_of(&mut open_regular(path)?, path)
+}
+
+/// [`header_json`] of a file opened by [`open_regular`].
+fn header_json_of(
+    file: &mut std::fs::File,
+    path: &Path,
+) -> Result<(serde_json::Value, u64, u64), RuntimeError> {
+    let bad = |e: String| io(path, format!("cannot read: {e}"));
+    let size = file.metadata().map_err(|e| bad(e.to_string()))?.len();
     let mut len = [0u8; 8];
     file.read_exact(&mut len)
         .map_err(|_| bad(format!("{size} bytes is too short for a safetensors file")))?;
@@ -180,9 +206,9 @@ pub struct Mapped {
 impl Mapped {
     /// Checks the header of `path`, then maps the file.
     pub fn open(path: &Path) -> Result<Mapped, RuntimeError> {
-        let header = read_header(path)?;
-        let file = std::fs::File::open(path).map_err(|e| io(path, format!("cannot read: {e}")))?;
-        let mapping = Mapping::open(&file).map_err(|e| io(path, format!("cannot map: {e}")))?;
+        let mut file = open_regular(path)?;
+        let header = header_of(header_json_of(&mut file, path)?, path)?;
+        let mapping = Mapping::open(file).map_err(|e| io(path, format!("cannot map: {e}")))?;
         let need = header
             .entries
             .iter()
@@ -193,6 +219,14 @@ impl Mapped {
             return Err(io(path, "the file shrank while it was opened"));
         }
         Ok(Mapped { mapping, header })
+    }
+
+    /// `Err` naming `path` when the file was truncated or written while mapped (see
+    /// [`Mapping::check_unchanged`]); writers call it before they put an output in place.
+    pub fn check_unchanged(&self, path: &Path) -> Result<(), RuntimeError> {
+        self.mapping
+            .check_unchanged()
+            .map_err(|why| io(path, format!("{why}; nothing was written from it")))
     }
 
     /// The header.
@@ -260,6 +294,12 @@ pub fn header(
     let layout = Layout::new(info, infos).map_err(|e| bad(e.to_string()))?;
     let mut json = serde_json::to_vec(&layout).map_err(|e| bad(e.to_string()))?;
     json.resize(json.len().next_multiple_of(8), b' ');
+    if json.len() as u64 > MAX_HEADER_BYTES {
+        return Err(bad(format!(
+            "a header of {} bytes (names, shapes and metadata) is past safetensors' limit of {MAX_HEADER_BYTES}: no reader could open the file",
+            json.len()
+        )));
+    }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();
     out.extend(json);
     Ok(out)

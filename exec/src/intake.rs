@@ -23,6 +23,7 @@ use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
 use crate::validate::{row_sums, tensor_plan, to_i64};
+use featshard_spec::layout::count_total;
 
 /// What to process, what to let through, and with how many threads.
 #[derive(Clone, Debug, Default)]
@@ -167,12 +168,11 @@ fn real_lengths(plan: &Plan, kept: &Sample) -> Result<BTreeMap<String, usize>, R
         let n = match source {
             IncomingSource::Mask { .. } => mask_prefix(fname, sem, x)?,
             IncomingSource::Counts { .. } => {
-                let sum: i64 = to_i64(x).iter().sum();
-                usize::try_from(sum).map_err(|_| RuntimeError::Ownership {
+                count_total(to_i64(x)).map_err(|e| RuntimeError::Ownership {
                     feature: fname.to_owned(),
                     axis: 0,
                     semantic: sem.clone(),
-                    message: format!("counts of `{sem}` sum to {sum}"),
+                    message: format!("counts of `{sem}`: {e}"),
                 })?
             }
         };
@@ -233,14 +233,17 @@ fn check_counts_agree(
     let Some((cname, counts)) = source.counts().and_then(|c| Some((c, kept.get(c)?))) else {
         return Ok(());
     };
-    let sum: i64 = to_i64(counts).iter().sum();
-    if usize::try_from(sum).ok() != Some(n) {
-        return Err(RuntimeError::Ownership {
-            feature: cname.to_owned(),
-            axis: 0,
-            semantic: owner.clone(),
-            message: format!("counts of `{sem}` sum to {sum}, but `{mask}` marks {n} real {sem}"),
-        });
+    let bad = |message: String| RuntimeError::Ownership {
+        feature: cname.to_owned(),
+        axis: 0,
+        semantic: owner.clone(),
+        message,
+    };
+    let sum = count_total(to_i64(counts)).map_err(|e| bad(format!("counts of `{sem}`: {e}")))?;
+    if sum != n {
+        return Err(bad(format!(
+            "counts of `{sem}` sum to {sum}, but `{mask}` marks {n} real {sem}"
+        )));
     }
     Ok(())
 }

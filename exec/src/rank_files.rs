@@ -69,6 +69,33 @@ pub fn write_rank_files(
     done.into_iter().collect()
 }
 
+/// Every rank file's size in bytes before any is written (its header and its blocks),
+/// so that a run too large for its disk is refused before the first byte.
+pub fn rank_file_sizes(
+    plan: &Plan,
+    placed: &Placed,
+    headers: &[Metadata],
+) -> Result<Vec<u64>, RuntimeError> {
+    let entries = entries(plan, placed)?;
+    let keyed: Vec<(&str, DType, Vec<usize>)> = entries
+        .iter()
+        .map(|e| (e.name.as_str(), e.dtype, e.shape.clone()))
+        .collect();
+    let data = entries.iter().fold(0u64, |sum, e| {
+        let n = e
+            .shape
+            .iter()
+            .fold(crate::dtype::size(e.dtype) as u64, |n, &d| {
+                n.saturating_mul(d as u64)
+            });
+        sum.saturating_add(n)
+    });
+    headers
+        .iter()
+        .map(|h| Ok((files::header(&keyed, h)?.len() as u64).saturating_add(data)))
+        .collect()
+}
+
 /// Every rank file's entries, in the order safetensors lays out their data.
 fn entries<'p, 'a>(
     plan: &'p Plan,

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::ir::Role;
+use featshard_spec::layout::count_total;
 use featshard_spec::plan::{FeaturePlan, Ownership, Padding, Plan, ResolveError, TensorPlan};
 
 use crate::array::{Array, RELEASE_BYTES};
@@ -201,8 +202,9 @@ fn owner_counts(
     if let Some(c) = counts.iter().find(|&&c| c < 0) {
         return Err(bad(format!("negative count {c} of `{sem}`")));
     }
-    let sum: i64 = counts.iter().sum();
-    if usize::try_from(sum).ok() != Some(len) {
+    let sum =
+        count_total(counts.iter().copied()).map_err(|e| bad(format!("counts of `{sem}`: {e}")))?;
+    if sum != len {
         return Err(bad(format!(
             "counts of `{sem}` sum to {sum}, but the sample has {len} {sem}"
         )));

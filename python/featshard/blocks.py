@@ -2,8 +2,11 @@
 
 The sample is validated and placed in Rust (the executor ``featshard shard`` and the
 tch runtime share), reading the tensors' own memory through DLPack; each block is then
-written straight into a tensor allocated for it: no padded copy of the sample, the
-interpreter's lock released, features shared out over ``threads`` threads. Every number
+written straight into a tensor allocated for it: no padded copy of the sample,
+features shared out over ``threads`` threads. The interpreter's lock stays held while
+the sample's tensors are read, and each tensor's storage is checked to still hold them
+first: a tensor resized or freed after placing raises ``ValueError``, never a read of
+freed memory. Every number
 (padded lengths, owner blocks, windows, shard-local shifts) comes from the spec crate.
 """
 
@@ -43,7 +46,10 @@ def _value(x: Any) -> Any:
         return type(x).__name__
     if x.dtype not in _DTYPES:
         return str(x.dtype).removeprefix("torch.")
-    return x.detach().cpu().contiguous().__dlpack__()
+    y = x.detach().cpu().contiguous()
+    # The storage goes along: the executor checks it still holds the tensor before
+    # every read (a tensor resized or freed since would otherwise be freed memory).
+    return (y.__dlpack__(), y.untyped_storage())
 
 
 class Placement:

@@ -83,6 +83,10 @@ pub(crate) struct Memory {
     /// The shape.
     pub shape: Vec<usize>,
     _capsule: Py<PyCapsule>,
+    /// The producer's storage (a `torch.UntypedStorage`), asked before every read
+    /// whether it still holds this memory: a tensor resized or freed since it was
+    /// viewed has moved or lost it, and is refused instead of read.
+    storage: Option<Py<PyAny>>,
 }
 
 // SAFETY: the memory is a CPU buffer the capsule keeps alive; nothing in it is tied to
@@ -133,7 +137,42 @@ impl Memory {
             dtype,
             shape,
             _capsule: capsule.clone().unbind(),
+            storage: None,
         })
+    }
+
+    /// Checks this memory against `storage` (an object with `data_ptr()` and
+    /// `nbytes()`, the storage of the tensor the capsule came from) now and before
+    /// every later read ([`Memory::check_alive`]).
+    pub(crate) fn with_storage(
+        mut self,
+        name: &str,
+        storage: Bound<'_, PyAny>,
+    ) -> PyResult<Memory> {
+        let py = storage.py();
+        self.storage = Some(storage.unbind());
+        self.check_alive(py, name)?;
+        Ok(self)
+    }
+
+    /// `Err` naming `name` when the producer's storage no longer holds this memory (the
+    /// tensor was resized, or its storage freed or swapped, since it was viewed). The
+    /// interpreter's lock, held by the caller, keeps it so until the read is done.
+    pub(crate) fn check_alive(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let Some(storage) = &self.storage else {
+            return Ok(());
+        };
+        let storage = storage.bind(py);
+        let ptr: usize = storage.call_method0("data_ptr")?.extract()?;
+        let nbytes: usize = storage.call_method0("nbytes")?.extract()?;
+        let at = self.ptr as usize;
+        let inside = self.len == 0 || (ptr <= at && at + self.len <= ptr.saturating_add(nbytes));
+        if inside {
+            return Ok(());
+        }
+        Err(PyValueError::new_err(format!(
+            "feature `{name}`: its tensor was resized or its storage freed after the sample was placed; place the sample again"
+        )))
     }
 
     /// The tensor's bytes, row-major, for as long as the caller keeps `self`.

@@ -1,7 +1,8 @@
 //! One sample validated and placed on a CP mesh by the byte executor (`featshard-exec`),
 //! on the torch tensors' own memory (DLPack), and any rank's blocks written straight
-//! into tensors the caller allocated: no padded copy, the interpreter's lock released,
-//! features shared out over threads. The executor `featshard shard` and the tch runtime
+//! into tensors the caller allocated: no padded copy, features shared out over threads,
+//! the interpreter's lock held while the sample's tensors are read (each checked to be
+//! where it was placed). The executor `featshard shard` and the tch runtime
 //! run on: one set of rules for every front end. With `dlpack`, the boundary where
 //! tensor memory is viewed: the placed views are kept next to the memory they read.
 
@@ -30,14 +31,14 @@ pub(crate) struct Placement {
     // Declared first so it drops first: it views the memory of `inputs`.
     placed: Placed<'static>,
     plan: Arc<featshard_spec::Plan>,
-    inputs: Vec<Memory>,
+    inputs: Vec<(String, Memory)>,
 }
 
-/// What a feature value is: a tensor's DLPack capsule, or the description of a value
-/// the executor cannot read (its type or dtype).
+/// What a feature value is: a tensor's DLPack capsule with the tensor's storage, or
+/// the description of a value the executor cannot read (its type or dtype).
 #[derive(FromPyObject)]
 pub(crate) enum Value<'py> {
-    Tensor(Bound<'py, PyCapsule>),
+    Tensor((Bound<'py, PyCapsule>, Bound<'py, PyAny>)),
     Other(String),
 }
 
@@ -53,7 +54,10 @@ pub(crate) fn place(
     let mut opaque = Vec::new();
     for (name, value) in &features {
         match value {
-            Value::Tensor(c) => inputs.push((name.clone(), Memory::new(name, c)?)),
+            Value::Tensor((c, storage)) => {
+                let m = Memory::new(name, c)?.with_storage(name, storage.clone())?;
+                inputs.push((name.clone(), m));
+            }
             Value::Other(what) => opaque.push((name.clone(), what.clone())),
         }
     }
@@ -89,13 +93,14 @@ pub(crate) fn place(
     } else {
         featshard_exec::place
     };
-    let placed = py
-        .detach(|| place(plan, mesh, &sample, &opts))
-        .map_err(runtime_error)?;
+    // The interpreter's lock stays held while the tensors are read: no Python thread
+    // can resize or free one meanwhile (see `Memory::check_alive`).
+    let _ = py;
+    let placed = place(plan, mesh, &sample, &opts).map_err(runtime_error)?;
     Ok(Placement {
         placed,
         plan: Arc::clone(plan),
-        inputs: inputs.into_iter().map(|(_, m)| m).collect(),
+        inputs,
     })
 }
 
@@ -153,7 +158,7 @@ impl Placement {
 
     /// Writes the blocks of the rank at CP coordinate `coord` into `outs` (feature name,
     /// DLPack capsule of a contiguous CPU tensor of the block's dtype and shape), on
-    /// `threads` threads, the interpreter's lock released.
+    /// `threads` threads.
     #[pyo3(signature = (coord, outs, threads = 1))]
     fn write_blocks(
         &self,
@@ -242,30 +247,31 @@ impl Placement {
         let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
         let (offsets, end) = offsets(&placed);
         let mut buffer = Buffer::new(end).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let coord = [coord.0, coord.1];
-        let this = &self.placed;
-        let bytes = buffer.bytes_mut();
-        py.detach(|| {
-            let mut slices = Vec::with_capacity(placed.len());
-            let mut rest: &mut [u8] = bytes;
-            let mut at = 0;
-            for (f, (_, offset)) in placed.iter().zip(&offsets) {
-                let (_, tail) = rest.split_at_mut(offset - at);
-                let (mine, tail) = tail.split_at_mut(f.nbytes());
-                slices.push((*f, mine));
-                rest = tail;
-                at = offset + f.nbytes();
-            }
-            write_all(this, Part::Block(coord), slices, threads)
-        })
+        self.inputs_alive(py)?;
+        // The lock stays held while the inputs are read (see `inputs_alive`).
+        let mut slices = Vec::with_capacity(placed.len());
+        let mut rest: &mut [u8] = buffer.bytes_mut();
+        let mut at = 0;
+        for (f, (_, offset)) in placed.iter().zip(&offsets) {
+            let (_, tail) = rest.split_at_mut(offset - at);
+            let (mine, tail) = tail.split_at_mut(f.nbytes());
+            slices.push((*f, mine));
+            rest = tail;
+            at = offset + f.nbytes();
+        }
+        write_all(
+            &self.placed,
+            Part::Block([coord.0, coord.1]),
+            slices,
+            threads,
+        )
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok((buffer.into_capsule(py)?, offsets))
     }
 }
 
 impl Placement {
-    /// Writes `part` of each named placed feature into its output, on `threads` threads,
-    /// the interpreter's lock released.
+    /// Writes `part` of each named placed feature into its output, on `threads` threads.
     fn write_part(
         &self,
         py: Python<'_>,
@@ -273,6 +279,7 @@ impl Placement {
         outs: Vec<(String, Bound<'_, PyCapsule>)>,
         threads: usize,
     ) -> PyResult<()> {
+        self.inputs_alive(py)?;
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         let mut jobs: Vec<(&FeatureBlocks, Memory)> = Vec::new();
         for (name, capsule) in &outs {
@@ -289,15 +296,27 @@ impl Placement {
                 part,
                 &shape,
                 &out,
-                self.inputs.iter().chain(jobs.iter().map(|(_, m)| m)),
+                self.inputs
+                    .iter()
+                    .map(|(_, m)| m)
+                    .chain(jobs.iter().map(|(_, m)| m)),
             )?;
             jobs.push((f, out));
         }
-        let placed = &self.placed;
         let slices: Vec<(&FeatureBlocks, &mut [u8])> =
             jobs.iter_mut().map(|(f, m)| (*f, m.bytes_mut())).collect();
-        py.detach(|| write_all(placed, part, slices, threads))
+        // The lock stays held while the inputs are read (see `inputs_alive`).
+        write_all(&self.placed, part, slices, threads)
             .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// `Err` naming the first input tensor resized or freed since the sample was
+    /// placed; with the interpreter's lock held from here to the end of the read, none
+    /// can be meanwhile. Reading one would read freed memory.
+    fn inputs_alive(&self, py: Python<'_>) -> PyResult<()> {
+        self.inputs
+            .iter()
+            .try_for_each(|(name, m)| m.check_alive(py, name))
     }
 }
 

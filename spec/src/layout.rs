@@ -82,6 +82,51 @@ pub fn repad_indices(values: &mut [i64], old: usize, new: usize) {
     }
 }
 
+/// Why owner counts have no total: a negative count, or a sum past `usize` (counts
+/// such as `[2^63-1, 2^63-1, 485]` wrap to a plausible total in 64-bit arithmetic).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CountError {
+    /// The count at position `at` is negative.
+    Negative {
+        /// Its position.
+        at: usize,
+        /// Its value.
+        value: i64,
+    },
+    /// The counts sum past the largest length.
+    Overflow,
+}
+
+impl std::fmt::Display for CountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CountError::Negative { at, value } => {
+                write!(f, "count {value} at position {at} is negative")
+            }
+            CountError::Overflow => {
+                f.write_str("the counts sum past the largest length (they overflow 64 bits)")
+            }
+        }
+    }
+}
+
+/// The total of owner counts as a sample gives them, each checked non-negative and the
+/// sum checked, never wrapped.
+pub fn count_total(counts: impl IntoIterator<Item = i64>) -> Result<usize, CountError> {
+    counts
+        .into_iter()
+        .enumerate()
+        .try_fold(0usize, |sum, (at, value)| {
+            let c = usize::try_from(value).map_err(|_| CountError::Negative { at, value })?;
+            sum.checked_add(c).ok_or(CountError::Overflow)
+        })
+}
+
+/// The checked sum of lengths: `None` past `usize`.
+pub fn checked_sum(lengths: impl IntoIterator<Item = usize>) -> Option<usize> {
+    lengths.into_iter().try_fold(0usize, usize::checked_add)
+}
+
 /// Least common multiple of mesh axis sizes (1 for none).
 pub fn lcm_of(sizes: impl IntoIterator<Item = usize>) -> usize {
     sizes

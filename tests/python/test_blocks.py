@@ -173,3 +173,41 @@ def test_rank_buffers_outlive_their_placement_and_are_freed_with_their_blocks(
         del again
     # 40 rounds of 4 ranks' buffers: freed each round, so at most a few stay resident.
     assert _rss() - base < 8 * size + (32 << 20)
+
+
+def test_a_tensor_resized_or_freed_after_placing_is_refused_not_read(
+    placements: ModuleType, plan: featshard.Plan
+) -> None:
+    """Reading a placed tensor whose memory moved would read freed memory (a segfault
+    at best): every read checks the tensor's storage first."""
+    for name, spoil in [
+        ("ref_pos", lambda t: t.resize_(1 << 20)),
+        ("res_type", lambda t: t.untyped_storage().resize_(0)),
+    ]:
+        sample = random_sample(placements, 9, seed=8)
+        sample = {n: (t.clone() if isinstance(t, torch.Tensor) else t) for n, t in sample.items()}
+        placed = blocks.place(plan, sample, (2, 2), workflow="inference")
+        spoil(sample[name])
+        for read in (
+            lambda: placed.blocks_at((0, 0)),
+            lambda: placed.rank_blocks((1, 1)),
+            lambda: placed.padded(),
+        ):
+            with pytest.raises(ValueError, match=f"feature `{name}`: its tensor was resized"):
+                read()
+
+
+def test_owner_counts_whose_sum_wraps_are_refused_not_a_panic(
+    placements: ModuleType, plan: featshard.Plan
+) -> None:
+    """int64 counts [2^63-1, 2^63-1, n+2, 0, ...] sum to n in wrapping arithmetic."""
+    sample = random_sample(placements, 9, seed=9)
+    counts = sample["atom_counts_per_token"]
+    real = int(counts.sum())
+    wrapped = torch.zeros_like(counts)
+    wrapped[0], wrapped[1], wrapped[2] = 2**63 - 1, 2**63 - 1, real + 2
+    with pytest.raises(ValueError, match="feature `atom_counts_per_token`.*overflow"):
+        blocks.place(plan, dict(sample, atom_counts_per_token=wrapped), (2, 2), workflow="inference")
+    sizes = {"tokens": 3, "atoms": 5}
+    with pytest.raises(ValueError, match="semantic `atoms`: owner counts sum past"):
+        plan.layout((2, 2), sizes, counts={"atoms": [2**64 - 1, 2**64 - 1, 7]})

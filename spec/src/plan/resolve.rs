@@ -89,8 +89,8 @@ pub enum ResolveError {
         semantic: String,
         /// Its length.
         expected: usize,
-        /// The counts' sum.
-        got: usize,
+        /// The counts' sum (`None`: past the largest length).
+        got: Option<usize>,
     },
     /// A workflow the spec does not declare.
     UnknownWorkflow {
@@ -147,9 +147,13 @@ impl fmt::Display for ResolveError {
                 f,
                 "semantic `{semantic}`: {got} owner counts given, but `{owner}` has length {expected}"
             ),
-            ResolveError::CountsSum { semantic, expected, got } => write!(
+            ResolveError::CountsSum { semantic, expected, got: Some(got) } => write!(
                 f,
                 "semantic `{semantic}`: owner counts sum to {got}, but its length is {expected}"
+            ),
+            ResolveError::CountsSum { semantic, expected, got: None } => write!(
+                f,
+                "semantic `{semantic}`: owner counts sum past the largest length (they overflow 64 bits), but its length is {expected}"
             ),
             ResolveError::UnknownWorkflow { workflow } => write!(f, "workflow `{workflow}` is not declared"),
             ResolveError::OwnerOutOfRange { semantic, owner, index, len } => write!(
@@ -365,7 +369,7 @@ impl Plan {
                         return Err(ResolveError::CountsSum {
                             semantic: name.to_owned(),
                             expected: len,
-                            got: of_items.len(),
+                            got: Some(of_items.len()),
                         });
                     }
                     if let Some(&bad) = of_items.iter().find(|&&o| o >= owner_len) {
@@ -595,13 +599,15 @@ fn check_counts(
             got: counts.len(),
         });
     }
-    let sum: usize = counts.iter().sum();
-    if sum != len {
-        return Err(ResolveError::CountsSum {
-            semantic: semantic.to_owned(),
-            expected: len,
-            got: sum,
-        });
+    match crate::layout::checked_sum(counts.iter().copied()) {
+        Some(sum) if sum == len => {}
+        sum => {
+            return Err(ResolveError::CountsSum {
+                semantic: semantic.to_owned(),
+                expected: len,
+                got: sum,
+            })
+        }
     }
     Ok(())
 }

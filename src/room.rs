@@ -1,0 +1,53 @@
+//! Whether a run's output fits before its first byte is written: the disk's free space,
+//! and a bound on how much larger than its sample a sharded sample may grow (a tiny
+//! sample on a huge mesh pads to terabytes; that is a mistake to name, not to write).
+
+use std::path::Path;
+
+use crate::commands::Failure;
+
+/// The default of `--max-growth`: rank files at most this many times the sample's
+/// bytes. Real Boltz-2 samples grow 1.1x-1.5x on the meshes CP runs on (replicated
+/// features are copied to every rank; padding adds the rest), so this leaves room for
+/// wide meshes and catches a mesh mistyped by orders of magnitude.
+pub const MAX_GROWTH: f64 = 64.0;
+
+/// Outputs smaller than this are never refused for their growth alone.
+const SMALL: u64 = 1 << 30;
+
+/// `--max-growth`: a finite ratio of at least 1.
+pub fn parse_growth(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 1.0 => Ok(r),
+        _ => Err(format!("`{text}` is not a ratio of at least 1")),
+    }
+}
+
+/// Refuses `need` bytes of rank files from an `input`-byte sample into `dir` when the
+/// disk has not that much free, or when they are over `max_growth` times the sample.
+pub fn check(dir: &Path, need: u64, input: u64, max_growth: f64) -> Result<(), Failure> {
+    let gb = |b: u64| b as f64 / 1e9;
+    if need > SMALL && need as f64 > max_growth * input.max(1) as f64 {
+        return Err(Failure::Other(format!(
+            "the rank files would take {:.1} GB, {:.0}x the sample's {:.3} GB (over --max-growth {max_growth}): check --mesh, or raise --max-growth",
+            gb(need),
+            need as f64 / input.max(1) as f64,
+            gb(input)
+        )));
+    }
+    match free_bytes(dir) {
+        Some(free) if need > free => Err(Failure::Other(format!(
+            "the rank files would take {:.1} GB, but {} has {:.1} GB free",
+            gb(need),
+            dir.display(),
+            gb(free)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Bytes an unprivileged writer may still use on `dir`'s file system.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let s = rustix::fs::statvfs(dir).ok()?;
+    Some(s.f_bavail.saturating_mul(s.f_frsize))
+}

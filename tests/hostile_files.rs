@@ -1,0 +1,325 @@
+//! Hostile input on the file system: what `featshard shard` and `assemble` write, and
+//! where. Nothing featshard did not write is deleted; nothing is written through a
+//! link, over a device, or past the disk's free space; a run stopped by a signal leaves
+//! nothing behind; owner counts that wrap are refused. Every case checks that nothing
+//! outside its target changed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn real(name: &str) -> PathBuf {
+    root().join("tests/data/real").join(name)
+}
+
+fn spec() -> String {
+    root().join("examples/boltz2.yaml").display().to_string()
+}
+
+fn featshard(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_featshard"))
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run featshard")
+}
+
+fn shard(features: &Path, mesh: &str, out: &Path) -> Output {
+    featshard(&[
+        "shard",
+        &spec(),
+        "--features",
+        &features.display().to_string(),
+        "--mesh",
+        mesh,
+        "--workflow",
+        "inference",
+        "--out",
+        &out.display().to_string(),
+    ])
+}
+
+/// Exit 1 (not a panic's 101 or a signal) with every needle in stderr.
+fn refused(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "expected exit 1, got: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` not in: {err}");
+    }
+}
+
+/// Every path under `dir` (links not followed) with its bytes, or `None` for folders
+/// and links: a snapshot to compare before and after.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                todo.push(e.path());
+                out.insert(e.path(), None);
+            } else if t.is_file() {
+                out.insert(e.path(), Some(std::fs::read(e.path()).unwrap()));
+            } else {
+                out.insert(e.path(), None);
+            }
+        }
+    }
+    out
+}
+
+fn staging_left(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect()
+}
+
+#[test]
+fn a_dataset_run_never_deletes_a_sample_folder_it_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::copy(real("prot60_nomsa.safetensors"), data.join("a.safetensors")).unwrap();
+    let out = dir.path().join("out");
+    // The user's own folder where the sample's shards would go, no manifest in it.
+    std::fs::create_dir_all(out.join("a")).unwrap();
+    std::fs::write(out.join("a/notes.txt"), b"mine").unwrap();
+    let before = snapshot(&out.join("a"));
+    let run = shard(&data, "2x2", &out);
+    refused(
+        &run,
+        &[
+            "a: ",
+            "notes.txt",
+            "featshard removes only folders it wrote",
+        ],
+    );
+    assert_eq!(
+        snapshot(&out.join("a")),
+        before,
+        "the user's folder changed"
+    );
+    // A folder featshard did write (its own files only) is redone as before.
+    std::fs::remove_file(out.join("a/notes.txt")).unwrap();
+    std::fs::write(out.join("a/rank-0.safetensors"), b"half-written").unwrap();
+    let run = shard(&data, "2x2", &out);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(out.join("a/manifest.json").is_file());
+}
+
+#[test]
+fn assemble_never_replaces_a_device_a_link_or_a_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    let run = shard(&real("prot60_nomsa.safetensors"), "1x1", &shards);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, b"keep me").unwrap();
+    let link = dir.path().join("out.safetensors");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let folder = dir.path().join("folder.safetensors");
+    std::fs::create_dir(&folder).unwrap();
+    let before = snapshot(dir.path());
+    for (out, why) in [
+        (Path::new("/dev/null"), "not a regular file"),
+        (link.as_path(), "a symbolic link"),
+        (folder.as_path(), "not a regular file"),
+    ] {
+        let run = featshard(&[
+            "assemble",
+            &spec(),
+            "--shards",
+            &shards.display().to_string(),
+            "--out",
+            &out.display().to_string(),
+        ]);
+        // A build without the runtime refuses assemble itself; either way, nothing is written.
+        let err = String::from_utf8_lossy(&run.stderr);
+        if !err.contains("without the tch runtime") {
+            refused(&run, &[&out.display().to_string(), why]);
+        }
+    }
+    assert_eq!(snapshot(dir.path()), before);
+    let null = std::fs::metadata("/dev/null").unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &null.file_type()
+    ));
+}
+
+#[test]
+fn shard_never_writes_through_a_link_at_its_staging_or_output_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("data"), b"keep me").unwrap();
+    // A link at a staging name of a dead process, and one at --out.
+    let out = dir.path().join("shards");
+    std::os::unix::fs::symlink(&victim, dir.path().join(".shards.tmp-4000000000")).unwrap();
+    let before = snapshot(&victim);
+    let run = shard(&real("prot60_nomsa.safetensors"), "2x2", &out);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(std::fs::symlink_metadata(&out).unwrap().is_dir());
+    assert_eq!(
+        snapshot(&victim),
+        before,
+        "written through the planted link"
+    );
+    let link_out = dir.path().join("linked");
+    std::os::unix::fs::symlink(&victim, &link_out).unwrap();
+    let run = shard(&real("prot60_nomsa.safetensors"), "2x2", &link_out);
+    refused(&run, &["linked", "a symbolic link"]);
+    assert_eq!(snapshot(&victim), before, "written through --out's link");
+}
+
+#[test]
+fn an_output_larger_than_the_disk_or_sane_is_refused_before_the_first_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("shards");
+    // 4.5 MB on a 2x32768 mesh would be hundreds of gigabytes.
+    let run = shard(&real("prot60_nomsa.safetensors"), "2x32768", &out);
+    refused(&run, &["the rank files would take", "--max-growth"]);
+    assert!(!out.exists());
+    assert!(staging_left(dir.path()).is_empty());
+    // Past the growth bound on purpose, the free space still holds.
+    let run = featshard(&[
+        "shard",
+        &spec(),
+        "--features",
+        &real("prot60_nomsa.safetensors").display().to_string(),
+        "--mesh",
+        "2x32768",
+        "--workflow",
+        "inference",
+        "--max-growth",
+        "1e300",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    refused(&run, &["the rank files would take", "GB free"]);
+    assert!(!out.exists());
+    assert!(staging_left(dir.path()).is_empty());
+}
+
+/// Sends `signal` to a `shard` run once its staging folder exists; `None` when the run
+/// finished first (too fast to catch on this machine).
+fn interrupt_shard(signal: i32, dir: &Path, input: &Path) -> Option<Output> {
+    let out = dir.join("shards");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_featshard"))
+        .args(["shard", &spec(), "--features"])
+        .arg(input)
+        .args(["--mesh", "12x12", "--workflow", "inference", "--out"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let _ = std::fs::remove_dir_all(&out);
+            return None;
+        }
+        if !staging_left(dir).is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no staging folder appeared");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let pid = child.id().to_string();
+    Command::new("kill")
+        .args([format!("-{signal}"), pid])
+        .status()
+        .unwrap();
+    Some(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn sigterm_and_sigint_leave_no_staging_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    for signal in [15, 2] {
+        let caught = (0..20)
+            .find_map(|_| interrupt_shard(signal, dir.path(), &real("prot60_smiles.safetensors")));
+        let Some(run) = caught else {
+            panic!("every run finished before its staging folder was seen");
+        };
+        assert_eq!(
+            run.status.code(),
+            Some(128 + signal),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(
+            staging_left(dir.path()).is_empty(),
+            "{:?}",
+            staging_left(dir.path())
+        );
+        assert!(!dir.path().join("shards").exists());
+    }
+}
+
+/// `real`'s sample with `name` replaced by `values` (int64, same shape).
+fn with_int64(sample: &Path, name: &str, values: &[i64], out: &Path) {
+    use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+    let bytes = std::fs::read(sample).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut views = Vec::new();
+    for (n, t) in st.tensors() {
+        let view = if n == name {
+            assert_eq!(t.shape().iter().product::<usize>(), values.len());
+            TensorView::new(Dtype::I64, t.shape().to_vec(), &raw).unwrap()
+        } else {
+            t
+        };
+        views.push((n, view));
+    }
+    let info = meta.metadata().clone();
+    safetensors::serialize_to_file(views, info, out).unwrap();
+}
+
+#[test]
+fn owner_counts_whose_sum_wraps_to_the_real_count_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("wrapped.safetensors");
+    // 2 * (2^63 - 1) + 483 wraps to 481 in 64-bit arithmetic: the real atom count.
+    let mut counts = vec![0i64; 73];
+    counts[0] = i64::MAX;
+    counts[1] = i64::MAX;
+    counts[2] = 483;
+    with_int64(
+        &real("boltz_cp/prot60_smiles.safetensors"),
+        "atom_counts_per_token",
+        &counts,
+        &input,
+    );
+    let out = dir.path().join("shards");
+    let run = shard(&input, "2x2", &out);
+    refused(&run, &["atom_counts_per_token", "overflow"]);
+    assert!(!out.exists());
+    assert!(staging_left(dir.path()).is_empty());
+}
