@@ -158,7 +158,6 @@ fn shard(
     crate::shards::shard(spec, std::path::Path::new(features), run, out)
 }
 
-#[cfg(feature = "runtime")]
 fn assemble(
     spec: &std::path::Path,
     shards: &std::path::Path,
@@ -166,25 +165,6 @@ fn assemble(
     padded: bool,
 ) -> Result<String, Failure> {
     crate::assemble::assemble_files(spec, shards, out, padded)
-}
-
-#[cfg(not(feature = "runtime"))]
-fn assemble(
-    _: &std::path::Path,
-    _: &std::path::Path,
-    _: &std::path::Path,
-    _: bool,
-) -> Result<String, Failure> {
-    Err(no_runtime())
-}
-
-#[cfg(not(feature = "runtime"))]
-fn no_runtime() -> Failure {
-    Failure::Other(
-        "`featshard assemble` runs on the tch runtime, which this featshard was built without; \
-         rebuild with `--features runtime` (after `. scripts/env.sh`)"
-            .into(),
-    )
 }
 
 /// How `explain` shows its result: an SVG file, a terminal picture of one feature (in

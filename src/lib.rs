@@ -31,8 +31,6 @@ pub use tch;
 pub mod __private {
     pub use serde_json;
 }
-/// `featshard assemble` (needs the tch runtime).
-#[cfg(feature = "runtime")]
 pub mod assemble;
 pub mod dataset;
 /// Safetensors files with header metadata (from the runtime).

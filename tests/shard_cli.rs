@@ -249,6 +249,55 @@ fn shard_to(input: &Path, mesh: &str, out: &Path) -> Output {
     ])
 }
 
+/// `featshard assemble` (on the byte executor) writes the file the tch runtime's
+/// `assemble` and `unpad` make of the same rank files, byte for byte (`padded`: the
+/// padded layout, `--padded`).
+fn assert_same_as_tch(shards: &Path, serial_out: &Path, padded: bool, what: &str) {
+    let (_, plan) = featshard::spec::compile_file(&root().join("examples/boltz2.yaml")).unwrap();
+    let text = std::fs::read_to_string(shards.join("manifest.json")).unwrap();
+    let manifest = featshard::manifest::parse(&text, &plan).unwrap();
+    let world: usize = manifest.mesh.iter().product();
+    let ranks: Vec<_> = (0..world)
+        .map(|r| {
+            let path = shards.join(format!("rank-{r}.safetensors"));
+            featshard_runtime::files::read_tensors(&path).unwrap()
+        })
+        .collect();
+    let layout = &manifest.layout;
+    let workflow = manifest.workflow.as_deref();
+    let mut result = featshard_runtime::assemble(&plan, layout, workflow, &ranks).unwrap();
+    if !padded {
+        result = featshard_runtime::unpad(&plan, layout, &result).unwrap();
+    }
+    let mut metadata = manifest.metadata.clone();
+    metadata.remove(featshard::manifest::RANK_KEY);
+    let want = featshard_runtime::files::serialize(&result, &metadata).unwrap();
+    let got = if padded {
+        let out = serial_out.with_extension("padded.safetensors");
+        let run = featshard(&[
+            "assemble",
+            &spec(),
+            "--shards",
+            &shards.display().to_string(),
+            "--out",
+            &out.display().to_string(),
+            "--padded",
+        ]);
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        std::fs::read(out).unwrap()
+    } else {
+        std::fs::read(serial_out).unwrap()
+    };
+    assert!(
+        got == want,
+        "{what} (padded: {padded}): the two executors' files differ"
+    );
+}
+
 /// Each real sample, unchanged, through `shard` and `assemble`: the round trip gives
 /// the sample's real items (incoming atom pads dropped, as the manifest records), the
 /// dropped keys gone and the derived pair mask made.
@@ -301,6 +350,9 @@ fn real_featurizer_samples_shard_and_assemble_back() {
                 "{}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            for padded in [false, true] {
+                assert_same_as_tch(&shards, &back, padded, &format!("{name} {mesh}"));
+            }
             let back = read(&back);
             assert!(!back.contains_key("token_to_center_atom"));
             assert!(back.contains_key("token_pair_pad_mask"));

@@ -304,3 +304,28 @@ pub fn header(
     out.extend(json);
     Ok(out)
 }
+
+/// A whole safetensors file of `tensors` (name, dtype, shape, row-major bytes) with
+/// `metadata`: byte for byte what `safetensors::serialize` writes.
+pub fn serialize(
+    tensors: &[(&str, DType, Vec<usize>, &[u8])],
+    metadata: &Metadata,
+) -> Result<Vec<u8>, RuntimeError> {
+    let keyed: Vec<(&str, DType, Vec<usize>)> = tensors
+        .iter()
+        .map(|(n, d, s, _)| (*n, *d, s.clone()))
+        .collect();
+    let order = data_order(&keyed);
+    let mut in_order: Vec<(&str, DType, Vec<usize>)> = Vec::with_capacity(order.len());
+    let mut data = 0;
+    for &i in &order {
+        in_order.push(keyed[i].clone());
+        data += tensors[i].3.len();
+    }
+    let mut out = header(&in_order, metadata)?;
+    out.reserve(data);
+    for &i in &order {
+        out.extend_from_slice(tensors[i].3);
+    }
+    Ok(out)
+}

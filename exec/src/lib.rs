@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod array;
+pub mod assemble;
 pub mod blocks;
 pub mod dtype;
 pub mod error;

@@ -1,0 +1,387 @@
+//! The way back, on bytes: every rank's blocks into each feature's padded global
+//! layout (shard-local ids shifted back, replicated copies required equal), and the
+//! padded layout back to the serial sample (pads dropped, owner-partitioned items back
+//! in serial order, padded-layout indices back to serial ones). What `featshard
+//! assemble` runs on, with no libtorch.
+
+use std::collections::BTreeMap;
+
+use featshard_spec::ir::DType;
+use featshard_spec::layout::coords;
+use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
+
+use crate::array::Array;
+use crate::dtype;
+use crate::error::RuntimeError;
+use crate::files::Sample;
+use crate::validate::tensor_plan;
+
+/// One feature's values, owned: dtype, shape and row-major bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dense {
+    /// The dtype.
+    pub dtype: DType,
+    /// The shape.
+    pub shape: Vec<usize>,
+    /// The row-major bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl Dense {
+    /// As an array (a view of these bytes).
+    pub fn into_array(self) -> Array<'static> {
+        Array::owned(self.dtype, self.shape, self.bytes)
+    }
+}
+
+fn blocks_error(feature: &str, message: String) -> RuntimeError {
+    RuntimeError::Blocks {
+        feature: feature.to_owned(),
+        message,
+    }
+}
+
+/// Every rank's blocks (rank-ordered, `mesh[0] * mesh[1]` of them) back into the padded
+/// global features of `workflow` they hold. Ranks holding the same region of a
+/// replicated axis must hold the same bytes.
+pub fn assemble(
+    plan: &Plan,
+    layout: &SampleLayout,
+    workflow: Option<&str>,
+    ranks: &[Sample],
+) -> Result<BTreeMap<String, Dense>, RuntimeError> {
+    let shapes = assembled_shapes(plan, layout, workflow, ranks)?;
+    shapes
+        .iter()
+        .map(|(name, s)| {
+            Ok((
+                name.clone(),
+                assemble_feature(plan, layout, name, s, ranks)?,
+            ))
+        })
+        .collect()
+}
+
+/// The shapes of the features the blocks hold (optional ones may be absent), once the
+/// ranks are one per mesh position and no required feature is missing.
+fn assembled_shapes(
+    plan: &Plan,
+    layout: &SampleLayout,
+    workflow: Option<&str>,
+    ranks: &[Sample],
+) -> Result<BTreeMap<String, FeatureShapes>, RuntimeError> {
+    let mesh = layout.mesh;
+    let world: usize = mesh.iter().product();
+    if ranks.len() != world {
+        return Err(RuntimeError::RankCount {
+            what: "ranks' blocks",
+            given: ranks.len(),
+            mesh,
+        });
+    }
+    let wanted = plan.feature_names(workflow)?;
+    let names = ranks[0]
+        .keys()
+        .map(String::as_str)
+        .filter(|n| wanted.contains(n));
+    let shapes = plan.shapes_of(layout, names)?;
+    for (name, t) in plan.tensors() {
+        if wanted.contains(&name)
+            && !t.optional
+            && t.derived.is_none()
+            && !shapes.contains_key(name)
+        {
+            return Err(blocks_error(name, "rank 0 has no block".into()));
+        }
+    }
+    Ok(shapes)
+}
+
+/// One feature's padded global layout from every rank's block of it.
+fn assemble_feature(
+    plan: &Plan,
+    layout: &SampleLayout,
+    name: &str,
+    s: &FeatureShapes,
+    ranks: &[Sample],
+) -> Result<Dense, RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    let es = dtype::size(t.dtype);
+    let pad = dtype::pad_bytes(t.dtype, t.pad_value);
+    let numel = s.padded_shape.iter().product::<usize>();
+    let mut full = Dense {
+        dtype: t.dtype,
+        shape: s.padded_shape.clone(),
+        bytes: pad.repeat(numel),
+    };
+    // The region a rank holds is identified by its coordinates on split axes.
+    let mut written: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+    for (r, blocks) in ranks.iter().enumerate() {
+        let coord = coords(layout.mesh, r);
+        let block = blocks
+            .get(name)
+            .ok_or_else(|| blocks_error(name, format!("rank {r} has no block")))?;
+        if block.shape() != s.local_shape || block.dtype() != t.dtype {
+            return Err(blocks_error(
+                name,
+                format!(
+                    "rank {r} holds {:?} {}, the plan says {:?} {}",
+                    block.shape(),
+                    block.dtype(),
+                    s.local_shape,
+                    t.dtype
+                ),
+            ));
+        }
+        let mut bytes = block.to_bytes();
+        shift_back(name, t, layout, &s.local_shape, coord, &mut bytes)?;
+        let window = t.block_window(&s.local_shape, coord);
+        let key: Vec<usize> = t
+            .axes
+            .iter()
+            .filter_map(|a| a.split.mesh_axis().map(|m| coord[m]))
+            .collect();
+        let region = Region::new(&full.shape, &window, es);
+        match written.get(&key) {
+            Some(&first) if !region.equals(&full.bytes, &bytes) => {
+                return Err(blocks_error(
+                    name,
+                    format!("ranks {first} and {r} hold different copies of a replicated block"),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                region.copy_in(&mut full.bytes, &bytes);
+                written.insert(key, r);
+            }
+        }
+    }
+    Ok(full)
+}
+
+/// Shard-local ids (`Remap::ShardLocal`) back to the padded layout: the start of the
+/// holding shard added to every real entry (pads stay the pad value).
+fn shift_back(
+    name: &str,
+    t: &TensorPlan,
+    layout: &SampleLayout,
+    local: &[usize],
+    coord: [usize; 2],
+    bytes: &mut [u8],
+) -> Result<(), RuntimeError> {
+    let Remap::ShardLocal { of, mesh_axis } = &t.remap else {
+        return Ok(());
+    };
+    let start = layout
+        .shard_start(of, *mesh_axis, coord)
+        .ok_or_else(|| blocks_error(name, format!("the layout has no length for `{of}`")))?;
+    let window = t.block_window(local, coord);
+    let real: Vec<Vec<bool>> = t
+        .axes
+        .iter()
+        .zip(&window)
+        .map(|(a, &(at, n))| {
+            let real = real_positions(layout, a.semantic.as_deref(), at + n);
+            real[at..at + n].to_vec()
+        })
+        .collect();
+    let es = dtype::size(t.dtype);
+    let mut buf = Vec::with_capacity(es);
+    for_each_index(local, |flat, idx| {
+        if idx.iter().zip(&real).all(|(&i, r)| r[i]) {
+            let at = flat * es;
+            let v = dtype::read_i64(t.dtype, &bytes[at..at + es]);
+            buf.clear();
+            dtype::encode_i64(t.dtype, v + start as i64, &mut buf);
+            bytes[at..at + es].copy_from_slice(&buf);
+        }
+    });
+    Ok(())
+}
+
+/// Which of the first `n` padded positions of an axis of `semantic` hold a real item.
+fn real_positions(layout: &SampleLayout, semantic: Option<&str>, n: usize) -> Vec<bool> {
+    let Some(s) = semantic else {
+        return vec![true; n];
+    };
+    match layout.positions.get(s) {
+        Some(pos) => {
+            let mut real = vec![false; n];
+            pos.iter().filter(|&&p| p < n).for_each(|&p| real[p] = true);
+            real
+        }
+        None => {
+            let len = layout.sizes.get(s).copied().unwrap_or(0);
+            (0..n).map(|g| g < len).collect()
+        }
+    }
+}
+
+/// Calls `f(flat, index)` for every index of `shape`, in row-major order.
+fn for_each_index(shape: &[usize], mut f: impl FnMut(usize, &[usize])) {
+    let n: usize = shape.iter().product();
+    let mut idx = vec![0usize; shape.len()];
+    for flat in 0..n {
+        f(flat, &idx);
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// A box `(start, len)` per axis of a row-major tensor: its rows are contiguous runs.
+struct Region {
+    /// Byte offset of every row of the box in the tensor, in row-major order.
+    rows: Vec<usize>,
+    /// Bytes of one row (the box's last axis).
+    row: usize,
+}
+
+impl Region {
+    fn new(shape: &[usize], window: &[(usize, usize)], es: usize) -> Region {
+        let stride = featshard_spec::layout::contiguous_stride(shape);
+        let Some(((last_at, last_len), lead)) = window.split_last() else {
+            return Region {
+                rows: vec![0],
+                row: es,
+            };
+        };
+        let lens: Vec<usize> = lead.iter().map(|&(_, n)| n).collect();
+        let mut rows = Vec::with_capacity(lens.iter().product());
+        for_each_index(&lens, |_, idx| {
+            let off: usize = idx
+                .iter()
+                .zip(lead)
+                .zip(&stride)
+                .map(|((&i, &(at, _)), &st)| (at + i) * st)
+                .sum();
+            rows.push((off + last_at) * es);
+        });
+        Region {
+            rows,
+            row: last_len * es,
+        }
+    }
+
+    fn copy_in(&self, full: &mut [u8], block: &[u8]) {
+        for (k, &at) in self.rows.iter().enumerate() {
+            full[at..at + self.row].copy_from_slice(&block[k * self.row..(k + 1) * self.row]);
+        }
+    }
+
+    fn equals(&self, full: &[u8], block: &[u8]) -> bool {
+        self.rows
+            .iter()
+            .enumerate()
+            .all(|(k, &at)| full[at..at + self.row] == block[k * self.row..(k + 1) * self.row])
+    }
+}
+
+/// The padded global features back to the serial sample: pads dropped, items of
+/// owner-partitioned axes back in serial order, padded-layout indices back to serial.
+pub fn unpad(
+    plan: &Plan,
+    layout: &SampleLayout,
+    padded: BTreeMap<String, Dense>,
+) -> Result<BTreeMap<String, Dense>, RuntimeError> {
+    padded
+        .into_iter()
+        .map(|(name, x)| {
+            let t = tensor_plan(plan, &name)?;
+            let y = unpad_feature(&name, t, layout, &x)?;
+            Ok((name, y))
+        })
+        .collect()
+}
+
+fn unpad_feature(
+    name: &str,
+    t: &TensorPlan,
+    layout: &SampleLayout,
+    x: &Dense,
+) -> Result<Dense, RuntimeError> {
+    let mut select: Vec<Vec<usize>> = Vec::with_capacity(t.axes.len());
+    for (a, &n) in t.axes.iter().zip(&x.shape) {
+        let items = match &a.semantic {
+            None => (0..n).collect(),
+            Some(s) => match layout.positions.get(s) {
+                Some(pos) => pos.clone(),
+                None => {
+                    let len = *layout.sizes.get(s).ok_or_else(|| {
+                        blocks_error(name, format!("the layout has no length for `{s}`"))
+                    })?;
+                    (0..len.min(n)).collect()
+                }
+            },
+        };
+        select.push(items);
+    }
+    let mut y = gather(x, &select);
+    if let Remap::ToPaddedLayout { of, .. } | Remap::ShardLocal { of, .. } = &t.remap {
+        to_serial_ids(name, of, layout, &mut y)?;
+    }
+    Ok(y)
+}
+
+/// `x` at the items `select[d]` of every axis `d`.
+fn gather(x: &Dense, select: &[Vec<usize>]) -> Dense {
+    let es = dtype::size(x.dtype);
+    let shape: Vec<usize> = select.iter().map(Vec::len).collect();
+    let stride = featshard_spec::layout::contiguous_stride(&x.shape);
+    let mut bytes = Vec::with_capacity(shape.iter().product::<usize>() * es);
+    for_each_index(&shape, |_, idx| {
+        let off: usize = idx
+            .iter()
+            .zip(select)
+            .zip(&stride)
+            .map(|((&i, s), &st)| s[i] * st)
+            .sum();
+        bytes.extend_from_slice(&x.bytes[off * es..(off + 1) * es]);
+    });
+    Dense {
+        dtype: x.dtype,
+        shape,
+        bytes,
+    }
+}
+
+/// Index values into the padded layout of `of` back to serial item numbers; a value
+/// at a pad position, or outside the layout, is an error.
+fn to_serial_ids(
+    name: &str,
+    of: &str,
+    layout: &SampleLayout,
+    y: &mut Dense,
+) -> Result<(), RuntimeError> {
+    let (Some(pos), Some(&padded)) = (layout.positions.get(of), layout.padded.get(of)) else {
+        return Ok(());
+    };
+    let mut inverse = vec![-1i64; padded];
+    for (item, &p) in pos.iter().enumerate() {
+        inverse[p] = item as i64;
+    }
+    let es = dtype::size(y.dtype);
+    let mut out = Vec::with_capacity(y.bytes.len());
+    for v in y.bytes.chunks_exact(es) {
+        let g = dtype::read_i64(y.dtype, v);
+        let serial = usize::try_from(g)
+            .ok()
+            .and_then(|g| inverse.get(g))
+            .copied();
+        match serial {
+            Some(s) if s >= 0 => dtype::encode_i64(y.dtype, s, &mut out),
+            _ => {
+                return Err(blocks_error(
+                    name,
+                    format!("an index points at a pad position of `{of}`"),
+                ))
+            }
+        }
+    }
+    y.bytes = out;
+    Ok(())
+}
