@@ -249,9 +249,11 @@ fn shard_to(input: &Path, mesh: &str, out: &Path) -> Output {
     ])
 }
 
-/// `featshard assemble` (on the byte executor) writes the file the tch runtime's
-/// `assemble` and `unpad` make of the same rank files, byte for byte (`padded`: the
-/// padded layout, `--padded`).
+/// `featshard assemble` (the byte executor on mapped rank files) writes the file the
+/// tch runtime's `assemble` and `unpad` (its adapter over the executor, on tensors read
+/// by libtorch) make of the same rank files, serialized by safetensors, byte for byte
+/// (`padded`: the padded layout, `--padded`). Before the runtime became an adapter,
+/// this held against its own tensor implementation on every real sample and mesh.
 fn assert_same_as_tch(shards: &Path, serial_out: &Path, padded: bool, what: &str) {
     let (_, plan) = featshard::spec::compile_file(&root().join("examples/boltz2.yaml")).unwrap();
     let text = std::fs::read_to_string(shards.join("manifest.json")).unwrap();

@@ -32,6 +32,6 @@ mod views;
 
 pub use error::RuntimeError;
 pub use intake::{intake, Intake};
-pub use pad::{pad, place, unpad, IntakeReport, Padded, Placed};
+pub use pad::{pad, place, IntakeReport, Padded, Placed};
 pub use sample::{Features, Options};
-pub use shard::{assemble, coords, DTensorMeta, LocalBlock};
+pub use shard::{assemble, coords, unpad, DTensorMeta, LocalBlock};

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use featshard_spec::ir::PadValue;
 use featshard_spec::plan::CP_AXES;
-use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
-use tch::{Device, Kind, Tensor};
+use featshard_spec::plan::{FeatureShapes, Plan, SampleLayout, TensorPlan};
+use tch::Tensor;
 
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::scalar;
@@ -429,72 +429,11 @@ fn write_by_index(
     .feature(name)
 }
 
-/// The padded global features back to the serial sample: pads dropped, items of
-/// owner-partitioned axes back in serial order, padded-global indices back to serial.
-pub fn unpad(
-    plan: &Plan,
-    layout: &SampleLayout,
-    padded: &BTreeMap<String, Tensor>,
-) -> Result<Features, RuntimeError> {
-    let positions = position_tensors(layout);
-    let mut out = BTreeMap::new();
-    for (name, x) in padded {
-        let t = tensor_plan(plan, name)?;
-        let mut y = x.shallow_clone();
-        for (d, a) in t.axes.iter().enumerate() {
-            let Some(s) = &a.semantic else { continue };
-            let len = *layout.sizes.get(s).ok_or_else(|| RuntimeError::Blocks {
-                feature: name.clone(),
-                message: format!("the layout has no length for `{s}`"),
-            })? as i64;
-            y = match positions.get(s) {
-                Some(pos) => y.f_index_select(d as i64, pos),
-                None => y.f_narrow(d as i64, 0, len),
-            }
-            .feature(name)?;
-        }
-        if let Remap::ToPaddedLayout { of, .. } | Remap::ShardLocal { of, .. } = &t.remap {
-            if let (Some(pos), Some(&padded_len)) = (positions.get(of), layout.padded.get(of)) {
-                // Inverse of the position map; pads map to -1 and are caught below.
-                let inverse = Tensor::f_full([padded_len as i64], -1, (Kind::Int64, Device::Cpu))
-                    .and_then(|mut inv| {
-                        let items = Tensor::f_arange(pos.size()[0], (Kind::Int64, Device::Cpu))?;
-                        let _ = inv.f_index_copy_(0, pos, &items)?;
-                        Ok(inv)
-                    })
-                    .feature(name)?;
-                let flat = y
-                    .f_flatten(0, -1)
-                    .and_then(|f| f.f_to_kind(Kind::Int64))
-                    .feature(name)?;
-                let serial = inverse.f_index_select(0, &flat).feature(name)?;
-                if serial.numel() > 0
-                    && serial
-                        .f_min()
-                        .and_then(|m| m.f_int64_value(&[]))
-                        .feature(name)?
-                        < 0
-                {
-                    return Err(RuntimeError::Blocks {
-                        feature: name.clone(),
-                        message: format!("an index points at a pad position of `{of}`"),
-                    });
-                }
-                y = serial
-                    .f_view(y.size().as_slice())
-                    .and_then(|v| v.f_to_kind(x.kind()))
-                    .feature(name)?;
-            }
-        }
-        out.insert(name.clone(), y.f_contiguous().feature(name)?);
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::{assemble, coords};
+    use crate::shard::{assemble, coords, unpad};
+    use tch::{Device, Kind};
 
     const SPEC: &str = "\
 version: 1

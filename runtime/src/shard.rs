@@ -9,14 +9,16 @@ use std::collections::BTreeMap;
 
 use featshard_spec::ir::Placement;
 use featshard_spec::plan::CP_AXES;
-use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
+use featshard_spec::plan::{Plan, Remap, SampleLayout, TensorPlan};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
-use crate::kind::{kind_of, scalar};
+use crate::kind::kind_of;
 use crate::pad::{dims, position_tensors, Padded, Placed};
 use crate::sample::{tensor_plan, Features};
+use crate::views::views;
+use featshard_exec::assemble::Dense;
 
 /// What `DTensor.from_local` needs besides the local tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -224,7 +226,8 @@ fn real_mask(
     Ok(mask)
 }
 
-/// Every rank's blocks (rank-ordered) back into the padded global features.
+/// Every rank's blocks (rank-ordered) back into the padded global features, by the
+/// byte executor (`featshard_exec::assemble`) on views of the blocks.
 ///
 /// Ranks that hold the same region of a replicated axis must hold the same values.
 pub fn assemble(
@@ -233,112 +236,44 @@ pub fn assemble(
     workflow: Option<&str>,
     ranks: &[Features],
 ) -> Result<Features, RuntimeError> {
-    let shapes = assembled_shapes(plan, layout, workflow, ranks)?;
-    let mut out = BTreeMap::new();
-    for (name, s) in &shapes {
-        out.insert(
-            name.clone(),
-            assemble_feature(plan, layout, name, s, ranks)?,
-        );
-    }
-    Ok(out)
+    let seen = ranks
+        .iter()
+        .map(|r| views(plan, r))
+        .collect::<Result<Vec<_>, _>>()?;
+    let padded = featshard_exec::assemble::assemble(plan, layout, workflow, &seen)?;
+    into_tensors(padded)
 }
 
-/// The shapes of the features the blocks hold (optional ones may be absent) of the
-/// workflow, once the ranks are one per mesh position and no required feature is missing.
-fn assembled_shapes(
+/// The padded global features back to the serial sample (pads dropped, items of
+/// owner-partitioned axes back in serial order, padded-layout indices back to serial),
+/// by the byte executor (`featshard_exec::assemble::unpad`).
+pub fn unpad(
     plan: &Plan,
     layout: &SampleLayout,
-    workflow: Option<&str>,
-    ranks: &[Features],
-) -> Result<BTreeMap<String, FeatureShapes>, RuntimeError> {
-    let mesh = layout.mesh;
-    let world: usize = mesh.iter().product();
-    if ranks.len() != world {
-        return Err(RuntimeError::RankCount {
-            what: "ranks' blocks",
-            given: ranks.len(),
-            mesh,
-        });
-    }
-    let wanted = plan.feature_names(workflow)?;
-    let names = ranks[0]
-        .keys()
-        .map(String::as_str)
-        .filter(|n| wanted.contains(n));
-    let shapes = plan.shapes_of(layout, names)?;
-    for (name, t) in plan.tensors() {
-        if wanted.contains(&name)
-            && !t.optional
-            && t.derived.is_none()
-            && !shapes.contains_key(name)
-        {
-            return Err(RuntimeError::Blocks {
-                feature: name.to_owned(),
-                message: "rank 0 has no block".into(),
-            });
-        }
-    }
-    Ok(shapes)
+    padded: &BTreeMap<String, Tensor>,
+) -> Result<Features, RuntimeError> {
+    let dense = views(plan, padded)?
+        .into_iter()
+        .map(|(n, a)| {
+            let d = Dense {
+                dtype: a.dtype(),
+                shape: a.shape(),
+                bytes: a.to_bytes(),
+            };
+            (n, d)
+        })
+        .collect();
+    into_tensors(featshard_exec::assemble::unpad(plan, layout, dense)?)
 }
 
-/// One feature's padded global tensor from every rank's block of it.
-fn assemble_feature(
-    plan: &Plan,
-    layout: &SampleLayout,
-    name: &String,
-    s: &FeatureShapes,
-    ranks: &[Features],
-) -> Result<Tensor, RuntimeError> {
-    let t = tensor_plan(plan, name)?;
-    let full = Tensor::f_full(
-        dims(&s.padded_shape).as_slice(),
-        scalar(t.pad_value),
-        (kind_of(t.dtype), Device::Cpu),
-    )
-    .feature(name)?;
-    let mut written: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
-    for (r, blocks) in ranks.iter().enumerate() {
-        let coord = coords(layout.mesh, r);
-        let block = blocks.get(name).ok_or_else(|| RuntimeError::Blocks {
-            feature: name.clone(),
-            message: format!("rank {r} has no block"),
-        })?;
-        if block.size() != dims(&s.local_shape) || block.kind() != kind_of(t.dtype) {
-            return Err(RuntimeError::Blocks {
-                feature: name.clone(),
-                message: format!(
-                    "rank {r} holds {:?} {:?}, the plan says {:?} {}",
-                    block.size(),
-                    block.kind(),
-                    s.local_shape,
-                    t.dtype
-                ),
-            });
-        }
-        let block = shift_ids(name, t, block, coord, layout, 1)?;
-        let mut region = narrow_to_block(name, t, &full, &s.local_shape, coord)?;
-        // The region a rank holds is identified by its coordinates on split axes.
-        let key: Vec<usize> = t
-            .axes
-            .iter()
-            .filter_map(|a| a.split.mesh_axis().map(|m| coord[m]))
-            .collect();
-        match written.get(&key) {
-            Some(&first) if !region.equal(&block) => {
-                return Err(RuntimeError::Blocks {
-                    feature: name.clone(),
-                    message: format!(
-                        "ranks {first} and {r} hold different copies of a replicated block"
-                    ),
-                });
-            }
-            Some(_) => {}
-            None => {
-                region.f_copy_(&block).feature(name)?;
-                written.insert(key, r);
-            }
-        }
-    }
-    Ok(full)
+/// The executor's owned features as CPU tensors.
+fn into_tensors(features: BTreeMap<String, Dense>) -> Result<Features, RuntimeError> {
+    features
+        .into_iter()
+        .map(|(name, d)| {
+            let shape = dims(&d.shape);
+            let t = Tensor::f_from_data_size(&d.bytes, &shape, kind_of(d.dtype)).feature(&name)?;
+            Ok((name, t))
+        })
+        .collect()
 }

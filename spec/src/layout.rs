@@ -101,7 +101,7 @@ impl std::fmt::Display for CountError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CountError::Negative { at, value } => {
-                write!(f, "count {value} at position {at} is negative")
+                write!(f, "negative count {value} at position {at}")
             }
             CountError::Overflow => {
                 f.write_str("the counts sum past the largest length (they overflow 64 bits)")
