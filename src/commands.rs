@@ -408,7 +408,7 @@ fn intake_text(plan: &Plan, names: &[&str]) -> String {
             .map(|(n, _)| n.clone())
             .collect(),
     );
-    let tensors = || names.iter().filter_map(|n| Some((*n, tensor_of(plan, n)?)));
+    let tensors = || names.iter().filter_map(|n| Some((*n, plan.tensor(n)?)));
     line(
         "derived",
         tensors()
@@ -434,13 +434,6 @@ fn intake_text(plan: &Plan, names: &[&str]) -> String {
     line("dropped keys", plan.inputs.drop.clone());
     let _ = writeln!(out, "other keys: {}", plan.inputs.other_keys.name());
     out
-}
-
-fn tensor_of<'p>(plan: &'p Plan, name: &str) -> Option<&'p TensorPlan> {
-    match plan.features.get(name) {
-        Some(FeaturePlan::Tensor(t)) => Some(t),
-        _ => None,
-    }
 }
 
 /// A local shape; an uneven domain axis lists every rank's extent (`3|3|1`).

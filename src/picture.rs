@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use featshard_spec::plan::{FeaturePlan, Plan, Resolved, TensorPlan};
+use featshard_spec::plan::{Plan, Resolved, TensorPlan};
 use featshard_spec::plan::{Split, CP_AXES};
 
 use crate::commands::Failure;
@@ -51,15 +51,13 @@ pub struct Picture {
 }
 
 fn tensor<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, Failure> {
-    match plan.features.get(name) {
-        Some(FeaturePlan::Tensor(t)) => Ok(t),
-        Some(FeaturePlan::Metadata { .. }) => Err(Failure::Other(format!(
-            "feature `{name}` is metadata: it is passed through, not sharded"
-        ))),
-        None => Err(Failure::Other(format!(
-            "feature `{name}` is not in the spec"
-        ))),
-    }
+    plan.tensor(name)
+        .ok_or_else(|| match plan.features.get(name) {
+            Some(_) => Failure::Other(format!(
+                "feature `{name}` is metadata: it is passed through, not sharded"
+            )),
+            None => Failure::Other(format!("feature `{name}` is not in the spec")),
+        })
 }
 
 fn axis_name(t: &TensorPlan, d: usize) -> String {

@@ -147,7 +147,7 @@ fn sort_keys<'a>(
         });
     }
     for name in &wanted {
-        if let Some(FeaturePlan::Tensor(t)) = plan.features.get(*name) {
+        if let Some(t) = plan.tensor(name) {
             if !t.optional && t.derived.is_none() && !kept.contains_key(*name) {
                 return Err(RuntimeError::Missing {
                     feature: (*name).to_owned(),
@@ -350,7 +350,7 @@ fn drop_unowned_rows(
 /// Makes every derived feature of the workflow, or checks the one given.
 fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), RuntimeError> {
     for name in plan.feature_names(opts.workflow.as_deref())? {
-        let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
+        let Some(t) = plan.tensor(name) else {
             continue;
         };
         let Some(rule) = &t.derived else { continue };

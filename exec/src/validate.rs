@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use featshard_spec::ir::Role;
 use featshard_spec::layout::count_total;
-use featshard_spec::plan::{FeaturePlan, Ownership, Padding, Plan, ResolveError, TensorPlan};
+use featshard_spec::plan::{Ownership, Padding, Plan, ResolveError, TensorPlan};
 
 use crate::array::{Array, RELEASE_BYTES};
 use crate::error::RuntimeError;
@@ -28,12 +28,9 @@ pub struct Checked {
 
 /// The tensor plan of a feature; metadata and unknown names are `Missing`.
 pub fn tensor_plan<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, RuntimeError> {
-    match plan.features.get(name) {
-        Some(FeaturePlan::Tensor(t)) => Ok(t),
-        _ => Err(RuntimeError::Missing {
-            feature: name.to_owned(),
-        }),
-    }
+    plan.tensor(name).ok_or_else(|| RuntimeError::Missing {
+        feature: name.to_owned(),
+    })
 }
 
 /// A small feature's values as integers (floats truncated toward zero).

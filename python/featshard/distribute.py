@@ -22,18 +22,9 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from featshard import Plan, _native
 from featshard.blocks import buffer_views, place
+from featshard.errors import FeatureDistributionError
 
 __all__ = ["FeatureDistributionError", "cp_group", "distribute_features", "placements"]
-
-
-class FeatureDistributionError(RuntimeError):
-    """Raised on every rank of a CP group when a rank fails with a non-builtin error."""
-
-    def __init__(self, kind: str, message: str, rank: int) -> None:
-        super().__init__(f"{kind} on rank {rank}: {message}")
-        self.kind = kind
-        self.message = message
-        self.rank = rank
 
 
 def _same_error(kind: str, message: str, rank: int) -> Exception:
@@ -44,7 +35,7 @@ def _same_error(kind: str, message: str, rank: int) -> Exception:
             return cls(message)
         except TypeError:
             pass
-    return FeatureDistributionError(kind, message, rank)
+    return FeatureDistributionError(message, kind=kind, rank=rank)
 
 
 def placements(plan: Plan, *, dp: bool = False) -> dict[str, tuple[Placement, ...]]:

@@ -37,6 +37,7 @@ from torch.distributed.tensor import Placement, Replicate
 
 from featshard import Plan, chunk_sizes
 from featshard.distribute import placements
+from featshard.errors import FeatureDistributionError
 
 __all__ = [
     "Domain",
@@ -51,10 +52,6 @@ __all__ = [
 ]
 
 
-
-
-class FeatureDistributionError(ValueError):
-    """An input that cannot be scattered as the spec says; raised on every rank."""
 
 
 class SemanticInfo(NamedTuple):

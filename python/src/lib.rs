@@ -13,7 +13,7 @@ mod placement;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use featshard_spec::plan::{FeaturePlan, Ownership, SampleLayout};
+use featshard_spec::plan::{Ownership, SampleLayout};
 use featshard_spec::replicas::Order;
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
@@ -263,13 +263,13 @@ fn tensor<'p>(
     name: &str,
     rank: usize,
 ) -> PyResult<&'p featshard_spec::plan::TensorPlan> {
-    match plan.features.get(name) {
-        Some(FeaturePlan::Tensor(t)) if t.axes.len() == rank => Ok(t),
-        Some(FeaturePlan::Tensor(t)) => Err(value_error(format!(
+    match plan.tensor(name) {
+        Some(t) if t.axes.len() == rank => Ok(t),
+        Some(t) => Err(value_error(format!(
             "feature `{name}`: {} axes, but a local shape of {rank} was given",
             t.axes.len()
         ))),
-        _ => Err(PyKeyError::new_err(format!(
+        None => Err(PyKeyError::new_err(format!(
             "feature `{name}`: not a tensor feature of the spec"
         ))),
     }

@@ -13,7 +13,6 @@ use featshard_exec::array::Array;
 use featshard_exec::blocks::{feature_blocks, FeatureBlocks, Part, SliceSink};
 use featshard_exec::files::Sample;
 use featshard_exec::{Options, Placed, RuntimeError};
-use featshard_spec::plan::FeaturePlan;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -73,7 +72,7 @@ pub(crate) fn place(
         );
     }
     for (name, what) in opaque {
-        if let Some(FeaturePlan::Tensor(t)) = plan.features.get(&name) {
+        if let Some(t) = plan.tensor(&name) {
             let message = format!(
                 "feature `{name}`: expected a {} tensor, got {what}",
                 t.dtype.name()

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::ir::{OwnerSource, Role};
-use featshard_spec::plan::{FeaturePlan, Padding, Plan};
+use featshard_spec::plan::{Padding, Plan};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
@@ -99,7 +99,7 @@ pub fn sample(
     let names = plan.feature_names(workflow)?;
     let mut out = Features::new();
     for name in names {
-        let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
+        let Some(t) = plan.tensor(name) else {
             continue;
         };
         // The pipeline makes derived features itself.
@@ -164,7 +164,7 @@ fn structured(
             false => one_hot(name, dims, owners.iter().copied().enumerate(), kind)?,
         }));
     }
-    let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
+    let Some(t) = plan.tensor(name) else {
         return Ok(None);
     };
     let Role::Index(ix) = &t.role else {

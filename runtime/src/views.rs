@@ -10,7 +10,7 @@
 use featshard_exec::array::{Array, Sel};
 use featshard_exec::files::Sample;
 use featshard_spec::ir::DType;
-use featshard_spec::plan::{FeaturePlan, Plan};
+use featshard_spec::plan::Plan;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
@@ -35,7 +35,7 @@ pub(crate) fn view<'t>(plan: &Plan, name: &str, x: &'t Tensor) -> Result<Array<'
     let Some(dtype) = dtype_of(x.kind()) else {
         // No spec dtype: refused by name when the spec places it; carried as bytes
         // when it is passed through.
-        if let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) {
+        if let Some(t) = plan.tensor(name) {
             return Err(RuntimeError::DType {
                 feature: name.to_owned(),
                 expected: t.dtype.name().to_owned(),

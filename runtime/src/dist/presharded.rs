@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use featshard_spec::plan::{FeaturePlan, Plan};
+use featshard_spec::plan::Plan;
 use featshard_spec::shards::{self, layout_digest, Manifest, RankIdentity, RANK_KEY};
 
 use super::error::DistError;
@@ -129,7 +129,7 @@ fn blocks_of(
 ) -> Result<BTreeMap<String, LocalBlock>, DistError> {
     let mut blocks = BTreeMap::new();
     for (name, entry) in &m.features {
-        let Some(FeaturePlan::Tensor(t)) = plan.features.get(name) else {
+        let Some(t) = plan.tensor(name) else {
             continue;
         };
         let tensor = tensors.remove(name).ok_or_else(|| DistError::Protocol {

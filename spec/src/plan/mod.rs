@@ -405,6 +405,14 @@ pub fn json_schema() -> serde_json::Value {
 }
 
 impl Plan {
+    /// The tensor feature `name`; `None` for metadata and for names not in the spec.
+    pub fn tensor(&self, name: &str) -> Option<&TensorPlan> {
+        match self.features.get(name) {
+            Some(FeaturePlan::Tensor(t)) => Some(t),
+            _ => None,
+        }
+    }
+
     /// Tensor features, sorted by name.
     pub fn tensors(&self) -> impl Iterator<Item = (&str, &TensorPlan)> {
         self.features.iter().filter_map(|(n, f)| match f {
@@ -435,9 +443,7 @@ impl Plan {
         shapes: impl IntoIterator<Item = (&'a str, &'a [usize])>,
     ) -> Option<usize> {
         shapes.into_iter().find_map(|(name, shape)| {
-            let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else {
-                return None;
-            };
+            let t = self.tensor(name)?;
             t.axes.iter().zip(shape).find_map(|(a, &n)| {
                 (a.semantic.as_deref() == Some(semantic) && matches!(a.split, Split::Mesh { .. }))
                     .then_some(n)
@@ -455,9 +461,7 @@ impl Plan {
         local: impl IntoIterator<Item = (&'a str, &'a [usize])>,
         target: impl IntoIterator<Item = (&'b str, &'b [usize])>,
     ) -> Option<(usize, usize)> {
-        let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else {
-            return None;
-        };
+        let t = self.tensor(name)?;
         let Remap::ToPaddedLayout { of, repad: true } = &t.remap else {
             return None;
         };

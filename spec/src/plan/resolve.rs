@@ -480,7 +480,7 @@ impl Plan {
         let mesh = layout.mesh;
         let mut features = BTreeMap::new();
         for name in names {
-            let Some(FeaturePlan::Tensor(t)) = self.features.get(name) else {
+            let Some(t) = self.tensor(name) else {
                 continue;
             };
             let mut shapes = FeatureShapes {
