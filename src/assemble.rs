@@ -8,51 +8,21 @@ use featshard_exec::assemble::{assemble, unpad, Dense};
 use featshard_exec::files::{self, Mapped};
 
 use crate::commands::{load, Failure};
-use crate::manifest::{self, layout_digest, Manifest, RankIdentity, RANK_KEY};
+use crate::manifest::{self, layout_digest, Manifest, RANK_KEY};
 use crate::shards::other;
 use crate::staging;
 
-/// A rank file must say it is rank `rank` of this manifest's run and mesh, laid out as
-/// the manifest says.
-fn check_identity(
-    path: &Path,
-    file: &Mapped,
-    manifest: &Manifest,
-    rank: usize,
-    layout_sha256: &str,
-) -> Result<(), Failure> {
-    let found: RankIdentity = file
-        .header()
-        .metadata
-        .get(RANK_KEY)
-        .and_then(|t| serde_json::from_str(t).ok())
-        .ok_or_else(|| {
-            other(format!(
-                "{}: not a featshard rank file (no `{RANK_KEY}` in its header)",
-                path.display()
-            ))
-        })?;
-    let wrong = if found.run != manifest.run {
-        format!(
-            "is from run {}, the manifest's is {}",
-            found.run, manifest.run
-        )
-    } else if found.rank != rank {
-        format!(
-            "holds rank {}, not rank {rank} (rank files swapped?)",
-            found.rank
-        )
-    } else if found.mesh != manifest.mesh {
-        format!(
-            "was written for mesh {:?}, the manifest says {:?}",
-            found.mesh, manifest.mesh
-        )
-    } else if found.layout_sha256 != layout_sha256 {
-        "was written for another layout: the manifest's lengths or positions were edited".into()
-    } else {
-        return Ok(());
-    };
-    Err(other(format!("{}: {wrong}", path.display())))
+/// The metadata every rank file carries in its header (rank 0's, its identity
+/// removed), which the manifest must repeat: an edited manifest is refused.
+fn rank_metadata(rank0: &Mapped, manifest: &Manifest) -> Result<files::Metadata, Failure> {
+    let mut metadata = rank0.header().metadata.clone();
+    metadata.remove(RANK_KEY);
+    if metadata != manifest.metadata {
+        return Err(other(
+            "the manifest's metadata differs from the rank files' (edited after the run?)",
+        ));
+    }
+    Ok(metadata)
 }
 
 /// The manifest of a shard folder, read and checked against the plan.
@@ -65,12 +35,14 @@ fn read_manifest(shards: &Path, plan: &featshard_spec::Plan) -> Result<Manifest,
     manifest::parse(&text, plan).map_err(|e| other(format!("{}: {e}", path.display())))
 }
 
-/// Puts rank files back together into one sample file (serial, or padded with `padded`).
+/// Puts rank files back together into one sample file (serial, or padded with `padded`);
+/// with `verify`, each rank file's CRC-32 is checked against the manifest first.
 pub fn assemble_files(
     spec: &Path,
     shards: &Path,
     out: &Path,
     padded_output: bool,
+    verify: bool,
 ) -> Result<String, Failure> {
     let (_, plan) = load(spec)?;
     staging::check_existing(out, false)?;
@@ -83,9 +55,20 @@ pub fn assemble_files(
     let mut mapped = Vec::with_capacity(world);
     for (rank, path) in paths.iter().enumerate() {
         let file = Mapped::open(path).map_err(other)?;
-        check_identity(path, &file, &manifest, rank, &layout_sha256)?;
+        let entry = file.header().metadata.get(RANK_KEY).map(String::as_str);
+        manifest
+            .check_rank(entry, rank, &layout_sha256)
+            .map_err(|e| other(format!("{}: {e}", path.display())))?;
+        if verify {
+            let name = format!("rank-{rank}.safetensors");
+            manifest::check_sum(&manifest, &name, manifest::sum_of_bytes(file.bytes()))
+                .map_err(|e| other(format!("{}: {e}", shards.display())))?;
+        }
         mapped.push(file);
     }
+    manifest
+        .check_entries(&plan)
+        .map_err(|e| other(format!("{}: {e}", shards.join("manifest.json").display())))?;
     let mut ranks: Vec<files::Sample> = mapped.iter().map(Mapped::sample).collect();
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();
     for sample in &mut ranks {
@@ -110,8 +93,7 @@ pub fn assemble_files(
     for (file, path) in mapped.iter().zip(&paths) {
         file.check_unchanged(path).map_err(other)?;
     }
-    let mut metadata = manifest.metadata.clone();
-    metadata.remove(RANK_KEY);
+    let metadata = rank_metadata(&mapped[0], &manifest)?;
     let tensors: Vec<_> = result
         .iter()
         .map(|(n, d)| (n.as_str(), d.dtype, d.shape.clone(), d.bytes.as_slice()))

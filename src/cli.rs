@@ -97,6 +97,10 @@ enum Command {
         /// Keep the padded global layout instead of un-padding.
         #[arg(long)]
         padded: bool,
+        /// Skip the check of each rank file's CRC-32 against the manifest (one more
+        /// read of every byte; on by default).
+        #[arg(long)]
+        no_verify: bool,
     },
     /// Draft a spec from one serial sample (safetensors), proposing axis semantics by
     /// matching lengths against anchor features; ambiguities are left as QUESTION(...).
@@ -163,8 +167,9 @@ fn assemble(
     shards: &std::path::Path,
     out: &std::path::Path,
     padded: bool,
+    verify: bool,
 ) -> Result<String, Failure> {
-    crate::assemble::assemble_files(spec, shards, out, padded)
+    crate::assemble::assemble_files(spec, shards, out, padded, verify)
 }
 
 /// How `explain` shows its result: an SVG file, a terminal picture of one feature (in
@@ -285,7 +290,8 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             shards,
             out,
             padded,
-        } => assemble(&spec, &shards, &out, padded),
+            no_verify,
+        } => assemble(&spec, &shards, &out, padded, !no_verify),
     }
 }
 

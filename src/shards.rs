@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use featshard_exec::files::{Mapped, Metadata};
 use featshard_exec::rank_files::{rank_file_sizes, write_rank_files};
 use featshard_exec::{place, Options, Placed, RuntimeError};
-use featshard_spec::layout::contiguous_stride;
 use featshard_spec::plan::{FeaturePlan, Plan};
 
 use crate::commands::{load, Failure};
@@ -189,18 +188,7 @@ fn write_shards(
         .iter()
         .map(|(n, s)| {
             let t = featshard_exec::validate::tensor_plan(plan, n).map_err(other)?;
-            Ok((
-                n.clone(),
-                FeatureEntry {
-                    dtype: t.dtype.name().to_owned(),
-                    placements: t.placements.clone(),
-                    global_stride: contiguous_stride(&s.global_shape),
-                    global_shape: s.global_shape.clone(),
-                    padded_shape: s.padded_shape.clone(),
-                    serial_shape: s.serial_shape.clone(),
-                    local_shape: s.local_shape.clone(),
-                },
-            ))
+            Ok((n.clone(), FeatureEntry::new(t, s)))
         })
         .collect::<Result<_, Failure>>()?;
     let manifest = Manifest {

@@ -325,3 +325,104 @@ fn owner_counts_whose_sum_wraps_to_the_real_count_are_refused() {
     assert!(!out.exists());
     assert!(staging_left(dir.path()).is_empty());
 }
+
+fn assemble(shards: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "assemble".to_owned(),
+        spec(),
+        "--shards".into(),
+        shards.display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    featshard(&args)
+}
+
+#[test]
+fn a_flipped_bit_in_a_rank_file_is_caught_by_its_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    let run = shard(&real("prot60_smiles.safetensors"), "2x2", &shards);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // A bit of rank 3's own block of the pair mask (sharded on both mesh axes: no other
+    // rank holds a copy to compare it with), still a valid bool.
+    let path = shards.join("rank-3.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let at = header["token_pair_pad_mask"]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[8 + n + at] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let back = dir.path().join("back.safetensors");
+    refused(
+        &assemble(&shards, &back, &[]),
+        &["rank-3.safetensors", "CRC-32"],
+    );
+    assert!(!back.exists());
+    // Opted out, the flip goes through: the checksum is what catches it.
+    let run = assemble(&shards, &back, &["--no-verify"]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+#[test]
+fn a_manifest_entry_or_metadata_edited_after_the_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("with_record.safetensors");
+    with_metadata(
+        &real("prot60_smiles.safetensors"),
+        &[("record", "{\"id\": \"a\"}")],
+        &input,
+    );
+    let shards = dir.path().join("shards");
+    let run = shard(&input, "2x2", &shards);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let path = shards.join("manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let back = dir.path().join("back.safetensors");
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // A DTensor global shape and the metadata, each edited alone.
+    let mut shape = doc.clone();
+    shape["features"]["res_type"]["global_shape"][0] = serde_json::json!(75);
+    let mut meta = doc.clone();
+    meta["metadata"]["record"] = serde_json::json!("{\"id\": \"b\"}");
+    for (edited, needles) in [
+        (shape, ["res_type", "its entry is not what the spec makes"]),
+        (meta, ["metadata", "differs from the rank files'"]),
+    ] {
+        std::fs::write(&path, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+        refused(&assemble(&shards, &back, &[]), &needles);
+        assert!(!back.exists());
+    }
+    std::fs::write(&path, text).unwrap();
+    let run = assemble(&shards, &back, &[]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// `sample` with `pairs` added to its header's metadata.
+fn with_metadata(sample: &Path, pairs: &[(&str, &str)], out: &Path) {
+    use safetensors::tensor::SafeTensors;
+    let bytes = std::fs::read(sample).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let mut info = meta.metadata().clone().unwrap_or_default();
+    info.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    safetensors::serialize_to_file(st.tensors(), Some(info), out).unwrap();
+}

@@ -229,6 +229,11 @@ impl Mapped {
             .map_err(|why| io(path, format!("{why}; nothing was written from it")))
     }
 
+    /// The whole file's bytes (header and data), as mapped.
+    pub fn bytes(&self) -> &[u8] {
+        self.mapping.bytes()
+    }
+
     /// The header.
     pub fn header(&self) -> &Header {
         &self.header

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 mod dlpack;
+mod manifest;
 mod placement;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -67,6 +68,16 @@ impl Plan {
         Ok(Plan {
             plan: Arc::new(plan),
         })
+    }
+
+    /// The `manifest.json` of a pre-sharded sample at `path`, read and checked against
+    /// this plan (see `ShardManifest`); `ValueError` naming the file otherwise.
+    fn read_manifest(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+    ) -> PyResult<manifest::ShardManifest> {
+        manifest::read(py, &self.plan, path)
     }
 
     /// The spec's sha256, as the generated modules record it.
@@ -342,6 +353,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Plan>()?;
     m.add_class::<placement::Placement>()?;
+    m.add_class::<manifest::ShardManifest>()?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(plan_json, m)?)?;
     m.add_function(wrap_pyfunction!(coords, m)?)?;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::ir::{Placement, Source};
 use crate::limits::{check_length, check_mesh};
-use crate::plan::{Plan, SampleLayout};
+use crate::plan::{FeatureShapes, Plan, SampleLayout, TensorPlan};
 use serde::{Deserialize, Serialize};
 
 /// Version of manifest.json.
@@ -65,6 +65,62 @@ pub struct RankIdentity {
     pub layout_sha256: String,
 }
 
+impl Manifest {
+    /// `Err` naming the first feature entry that is not what `plan` makes of the
+    /// layout. No digest covers the entries; a reader checks them (after a rank file's
+    /// identity has vouched for the layout) before it trusts a shape or stride in them.
+    pub fn check_entries(&self, plan: &Plan) -> Result<(), String> {
+        let names: Vec<&str> = self.features.keys().map(String::as_str).collect();
+        let shapes = plan
+            .shapes_of(&self.layout, names)
+            .map_err(|e| e.to_string())?;
+        for (name, entry) in &self.features {
+            let (Some(t), Some(s)) = (plan.tensor(name), shapes.get(name)) else {
+                return Err(format!(
+                    "feature `{name}` is not a tensor feature of the spec"
+                ));
+            };
+            if *entry != FeatureEntry::new(t, s) {
+                return Err(format!(
+                    "feature `{name}`: its entry is not what the spec makes of the manifest's layout (edited after the run?)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `Err` saying what is wrong unless `entry` (a rank file's [`RANK_KEY`] header
+    /// entry) says the file is rank `rank` of this run and mesh, written for the layout
+    /// whose digest is `layout_sha256` (this manifest's, computed by the reader).
+    pub fn check_rank(
+        &self,
+        entry: Option<&str>,
+        rank: usize,
+        layout_sha256: &str,
+    ) -> Result<(), String> {
+        let found: RankIdentity = entry
+            .and_then(|t| serde_json::from_str(t).ok())
+            .ok_or_else(|| format!("not a featshard rank file (no `{RANK_KEY}` in its header)"))?;
+        Err(if found.run != self.run {
+            format!("is from run {}, the manifest's is {}", found.run, self.run)
+        } else if found.rank != rank {
+            format!(
+                "holds rank {}, not rank {rank} (rank files swapped?)",
+                found.rank
+            )
+        } else if found.mesh != self.mesh {
+            format!(
+                "was written for mesh {:?}, the manifest says {:?}",
+                found.mesh, self.mesh
+            )
+        } else if found.layout_sha256 != layout_sha256 {
+            "was written for another layout: the manifest's lengths or positions were edited".into()
+        } else {
+            return Ok(());
+        })
+    }
+}
+
 /// A file's size and CRC-32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileSum {
@@ -92,7 +148,7 @@ pub struct Incoming {
 }
 
 /// One tensor feature of the rank files.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FeatureEntry {
     /// Its dtype, as torch names it.
     pub dtype: String,
@@ -108,6 +164,21 @@ pub struct FeatureEntry {
     pub serial_shape: Vec<usize>,
     /// Each rank's block.
     pub local_shape: Vec<usize>,
+}
+
+impl FeatureEntry {
+    /// The entry of feature `t` with shapes `s`.
+    pub fn new(t: &TensorPlan, s: &FeatureShapes) -> FeatureEntry {
+        FeatureEntry {
+            dtype: t.dtype.name().to_owned(),
+            placements: t.placements.clone(),
+            global_stride: crate::layout::contiguous_stride(&s.global_shape),
+            global_shape: s.global_shape.clone(),
+            padded_shape: s.padded_shape.clone(),
+            serial_shape: s.serial_shape.clone(),
+            local_shape: s.local_shape.clone(),
+        }
+    }
 }
 
 /// Reads a manifest for `plan`: its version, spec, mesh and layout checked. Every size

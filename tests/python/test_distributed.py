@@ -253,6 +253,13 @@ def _check_presharded(P: Any, D: Any, mesh: Any, root: Path, dp: bool) -> None:
         assert ds.rank == 1 and "not rank 1" in str(e), str(e)
     else:
         assert ds.rank != 1, "rank 1 read rank 0's file"
+    flipped = D.PreshardedDataset(root.parent / "flipped", mesh)
+    try:
+        flipped[0]
+    except ValueError as e:
+        assert ds.rank == 2 and "CRC-32" in str(e), str(e)
+    else:
+        assert ds.rank != 2, "rank 2 read a corrupted file"
     del dist
 
 
@@ -452,5 +459,11 @@ def test_presharded_samples_read_by_each_rank_equal_the_online_path(
         shutil.copytree(tmp_path / "sharded_data", tmp_path / "swapped")
         shutil.copy(tmp_path / "swapped" / "s0" / "rank-0.safetensors",
                     tmp_path / "swapped" / "s0" / "rank-1.safetensors")
+        # One bit flipped in rank 2's last byte of data: the manifest's CRC-32 catches it.
+        shutil.copytree(tmp_path / "sharded_data", tmp_path / "flipped")
+        flipped = tmp_path / "flipped" / "s0" / "rank-2.safetensors"
+        data = bytearray(flipped.read_bytes())
+        data[-1] ^= 1
+        flipped.write_bytes(bytes(data))
     for r in _run(generated_dir, shape, "presharded", tmp_path):
         assert r["status"] == "ok", r

@@ -1,0 +1,113 @@
+//! A pre-sharded sample's `manifest.json` as a typed object: read and checked against
+//! the plan by the spec crate (every feature entry what the plan makes of the layout),
+//! its layout digest computed here, and a rank file's size and CRC-32 checked against
+//! it. No reader decodes the manifest's JSON or hashes its layout itself.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use featshard::manifest::{self, Manifest};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// Largest manifest read (a 2^27-item layout's positions are about 1 GB of JSON).
+const MAX_MANIFEST_BYTES: u64 = 2 << 30;
+
+fn at(path: &std::path::Path, e: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("{}: {e}", path.display()))
+}
+
+/// A sample's manifest (see `Plan.read_manifest`).
+#[pyclass(frozen, module = "featshard._native")]
+pub(crate) struct ShardManifest {
+    m: Manifest,
+    layout_sha256: String,
+    plan: Arc<featshard_spec::Plan>,
+}
+
+/// Reads and checks the manifest at `path` for `plan`.
+pub(crate) fn read(
+    py: Python<'_>,
+    plan: &Arc<featshard_spec::Plan>,
+    path: PathBuf,
+) -> PyResult<ShardManifest> {
+    py.detach(|| {
+        let file = featshard_exec::files::open_regular(&path).map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        file.take(MAX_MANIFEST_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|e| e.to_string())?;
+        let m = manifest::parse(&text, plan)?;
+        let layout_sha256 = manifest::layout_digest(&m.layout)?;
+        Ok(ShardManifest {
+            m,
+            layout_sha256,
+            plan: Arc::clone(plan),
+        })
+    })
+    .map_err(|e: String| at(&path, e))
+}
+
+#[pymethods]
+impl ShardManifest {
+    /// The run's identity, which each of its rank files carries.
+    #[getter]
+    fn run(&self) -> &str {
+        &self.m.run
+    }
+
+    /// Mesh sizes `(cp0, cp1)`.
+    #[getter]
+    fn mesh(&self) -> (usize, usize) {
+        (self.m.mesh[0], self.m.mesh[1])
+    }
+
+    /// The workflow sharded, if one was chosen.
+    #[getter]
+    fn workflow(&self) -> Option<&str> {
+        self.m.workflow.as_deref()
+    }
+
+    /// The SHA-256 of the layout, as each rank file's identity records it.
+    #[getter]
+    fn layout_sha256(&self) -> &str {
+        &self.layout_sha256
+    }
+
+    /// The metadata features, as text (each rank file's header holds them too).
+    #[getter]
+    fn metadata(&self) -> BTreeMap<String, String> {
+        self.m.metadata.clone()
+    }
+
+    /// Tensor feature `name`'s DTensor global shape and stride; `None` when the rank
+    /// files do not hold it as a placed feature.
+    fn dtensor_shape(&self, name: &str) -> Option<(Vec<usize>, Vec<usize>)> {
+        let f = self.m.features.get(name)?;
+        Some((f.global_shape.clone(), f.global_stride.clone()))
+    }
+
+    /// `ValueError` naming `path` unless `entry` (its `featshard.rank` header entry)
+    /// says the file is rank `rank` of this run, mesh and layout, and every feature
+    /// entry of the manifest is what the plan makes of that layout.
+    #[pyo3(signature = (path, rank, entry))]
+    fn check_rank(&self, path: PathBuf, rank: usize, entry: Option<&str>) -> PyResult<()> {
+        self.m
+            .check_rank(entry, rank, &self.layout_sha256)
+            .and_then(|()| self.m.check_entries(&self.plan))
+            .map_err(|e| at(&path, e))
+    }
+
+    /// `ValueError` unless the file at `path` (rank file `name` of this sample) has
+    /// the size and CRC-32 it was written with: one read of every byte.
+    fn verify_file(&self, py: Python<'_>, name: &str, path: PathBuf) -> PyResult<()> {
+        py.detach(|| {
+            featshard_exec::files::open_regular(&path).map_err(|e| e.to_string())?;
+            let got = manifest::sum_of_file(&path).map_err(|e| e.to_string())?;
+            manifest::check_sum(&self.m, name, got)
+        })
+        .map_err(|e| at(&path, e))
+    }
+}
