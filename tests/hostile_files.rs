@@ -356,7 +356,9 @@ fn a_flipped_bit_in_a_rank_file_is_caught_by_its_checksum() {
     let mut bytes = std::fs::read(&path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let at = header["token_pair_pad_mask"]["data_offsets"][0].as_u64().unwrap() as usize;
+    let at = header["token_pair_pad_mask"]["data_offsets"][0]
+        .as_u64()
+        .unwrap() as usize;
     bytes[8 + n + at] ^= 1;
     std::fs::write(&path, bytes).unwrap();
     let back = dir.path().join("back.safetensors");
