@@ -28,10 +28,7 @@ fn rank_metadata(rank0: &Mapped, manifest: &Manifest) -> Result<files::Metadata,
 /// The manifest of a shard folder, read and checked against the plan.
 fn read_manifest(shards: &Path, plan: &featshard_spec::Plan) -> Result<Manifest, Failure> {
     let path = shards.join("manifest.json");
-    let file = files::open_regular(&path).map_err(other)?;
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::Read::take(file, 1 << 30), &mut text)
-        .map_err(|e| other(format!("cannot read {}: {e}", path.display())))?;
+    let text = manifest::read_text(&path).map_err(other)?;
     manifest::parse(&text, plan).map_err(|e| other(format!("{}: {e}", path.display())))
 }
 

@@ -150,8 +150,14 @@ pub fn check(path: &Path, out: &Path) -> Result<String, Failure> {
 /// Parses `3x3` into CP mesh sizes.
 pub fn parse_mesh(s: &str) -> Result<[usize; CP_AXES], String> {
     let parts: Vec<&str> = s.split(['x', 'X']).collect();
-    let [a, b] = parts.as_slice() else {
-        return Err(format!("mesh `{s}`: expected CP0xCP1, e.g. 3x3 or 2x3"));
+    let (a, b) = match parts.as_slice() {
+        [a] => (*a, "1"),
+        [a, b] => (*a, *b),
+        _ => {
+            return Err(format!(
+            "mesh `{s}`: expected CP0xCP1 (3x3, 2x3), or one size for a one-axis domain mesh (4)"
+        ))
+        }
     };
     let parse = |p: &str| -> Result<usize, String> {
         match p.trim().parse::<usize>() {
@@ -215,6 +221,8 @@ pub fn explain(
     view: View,
 ) -> Result<String, Failure> {
     let (_, plan) = load(path)?;
+    plan.check_mesh(mesh)
+        .map_err(|e| Failure::Other(e.to_string()))?;
     let names = plan
         .feature_names(workflow)
         .map_err(|e| Failure::Other(e.to_string()))?;

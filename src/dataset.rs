@@ -28,7 +28,7 @@ pub fn is_dataset(features: &str) -> bool {
 pub fn samples(features: &str) -> Result<Vec<(String, PathBuf)>, Failure> {
     let bad = |e: String| Failure::Other(format!("--features {features}: {e}"));
     let paths: Vec<PathBuf> = if let Some(list) = features.strip_prefix('@') {
-        let text = std::fs::read_to_string(list).map_err(|e| bad(e.to_string()))?;
+        let text = read_list(Path::new(list)).map_err(bad)?;
         let base = Path::new(list).parent().unwrap_or(Path::new("."));
         text.lines()
             .map(str::trim)
@@ -54,6 +54,14 @@ pub fn samples(features: &str) -> Result<Vec<(String, PathBuf)>, Failure> {
     if paths.is_empty() {
         return Err(bad("no sample files".into()));
     }
+    // Names are written into dataset.json as UTF-8: any other is refused up front, by
+    // name, before a sample is sharded.
+    if let Some(p) = paths.iter().find(|p| p.to_str().is_none()) {
+        return Err(bad(format!(
+            "{}: a file name that is not UTF-8 (rename it)",
+            p.to_string_lossy()
+        )));
+    }
     let mut named: BTreeMap<String, PathBuf> = BTreeMap::new();
     for p in paths {
         let name = p
@@ -70,6 +78,28 @@ pub fn samples(features: &str) -> Result<Vec<(String, PathBuf)>, Failure> {
         }
     }
     Ok(named.into_iter().collect())
+}
+
+/// Largest `@LIST` file read: a million paths of 64 characters.
+const MAX_LIST_BYTES: u64 = 64 << 20;
+
+/// An `@LIST` file's text: a regular file only (a FIFO is refused, never waited on),
+/// and at most [`MAX_LIST_BYTES`] (`@/dev/zero` is refused, not read until memory ends).
+fn read_list(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let file = featshard_exec::files::open_regular(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_LIST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_LIST_BYTES {
+        return Err(format!(
+            "{}: a list of more than {} MB of paths",
+            path.display(),
+            MAX_LIST_BYTES >> 20
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))
 }
 
 /// How a dataset run goes: its jobs and the threads of each.

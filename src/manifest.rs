@@ -5,10 +5,32 @@ pub use featshard_spec::shards::*;
 
 use featshard_spec::plan::Plan;
 
-/// A file's size and CRC-32, read in pieces (a finished sample being verified).
+/// Largest manifest read (a 2^27-item layout's positions are about 1 GB of JSON).
+const MAX_MANIFEST_BYTES: u64 = 2 << 30;
+
+/// A manifest's text: a regular file only (never waited on as a FIFO), bounded.
+pub fn read_text(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let file = featshard_exec::files::open_regular(path).map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    file.take(MAX_MANIFEST_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(format!(
+            "{}: more than {MAX_MANIFEST_BYTES} bytes, not a manifest",
+            path.display()
+        ));
+    }
+    Ok(text)
+}
+
+/// A file's size and CRC-32, read in pieces (a finished sample being verified); a
+/// regular file only.
 pub fn sum_of_file(path: &std::path::Path) -> std::io::Result<FileSum> {
     use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
+    let mut f = featshard_exec::files::open_regular(path)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let (mut hasher, mut bytes) = (crc32fast::Hasher::new(), 0u64);
     let mut buf = vec![0u8; 1 << 20];
     loop {

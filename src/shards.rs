@@ -222,7 +222,7 @@ pub fn verify(
     workflow: Option<&str>,
     dir: &Path,
 ) -> Result<u64, String> {
-    let text = std::fs::read_to_string(dir.join("manifest.json")).map_err(|e| e.to_string())?;
+    let text = manifest::read_text(&dir.join("manifest.json")).map_err(|e| e.to_string())?;
     let m = manifest::parse(&text, plan)?;
     if m.mesh != mesh || m.workflow.as_deref() != workflow {
         return Err(format!(
@@ -231,10 +231,15 @@ pub fn verify(
         ));
     }
     let world: usize = mesh.iter().product();
-    if m.files.len() != world {
+    // The manifest names only its own rank files, in its own folder: nothing else is
+    // read on its say-so (an absolute path, `..`, a device).
+    let own: BTreeSet<String> = (0..world)
+        .map(|r| format!("rank-{r}.safetensors"))
+        .collect();
+    if m.files.keys().ne(own.iter()) {
         return Err(format!(
-            "{} rank files recorded for {world} ranks",
-            m.files.len()
+            "its files are not rank-0 to rank-{} of this folder",
+            world.saturating_sub(1)
         ));
     }
     for (name, want) in &m.files {

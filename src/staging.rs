@@ -15,10 +15,16 @@ use crate::commands::Failure;
 /// Staging paths alive now, removed by [`cleanup_on_signals`]' handler.
 static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-fn register(path: &Path) {
-    if let Ok(mut live) = LIVE.lock() {
-        live.push(path.to_owned());
-    }
+/// Creates a staging path with `make` and registers it, the registry locked
+/// throughout: a signal handled meanwhile waits, then finds the path registered.
+fn registered<T>(
+    make: impl FnOnce() -> std::io::Result<T>,
+    path_of: impl Fn(&T) -> PathBuf,
+) -> std::io::Result<T> {
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    let made = make()?;
+    live.push(path_of(&made));
+    Ok(made)
 }
 
 fn unregister(path: &Path) {
@@ -37,11 +43,12 @@ pub fn cleanup_on_signals() {
     };
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
-            let live = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
-            for path in live {
+            // Held to the exit: no staging path is made or let go meanwhile.
+            let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            for path in live.iter() {
                 // Writers may still add files while a folder goes: a few tries.
-                for _ in 0..3 {
-                    if remove_own(&path).is_ok() {
+                for _ in 0..10 {
+                    if remove_own(path).is_ok() {
                         break;
                     }
                 }
@@ -118,17 +125,18 @@ impl StagingDir {
     pub fn create(out: &Path) -> Result<StagingDir, Failure> {
         remove_stale(out);
         let parent = parent_of(out);
-        let dir = tempfile::Builder::new()
-            .prefix(&own_prefix(out))
-            .tempdir_in(parent)
-            .map_err(|e| {
-                Failure::Other(format!(
-                    "cannot create a staging folder in {}: {e}",
-                    parent.display()
-                ))
-            })?;
-        let path = dir.keep();
-        register(&path);
+        let make = || {
+            tempfile::Builder::new()
+                .prefix(&own_prefix(out))
+                .tempdir_in(parent)
+                .map(tempfile::TempDir::keep)
+        };
+        let path = registered(make, PathBuf::clone).map_err(|e| {
+            Failure::Other(format!(
+                "cannot create a staging folder in {}: {e}",
+                parent.display()
+            ))
+        })?;
         Ok(StagingDir { path, done: false })
     }
 
@@ -174,11 +182,12 @@ pub fn write_file(out: &Path, bytes: &[u8]) -> Result<(), Failure> {
     let parent = parent_of(out);
     let cannot =
         |e: &dyn std::fmt::Display| Failure::Other(format!("cannot write {}: {e}", out.display()));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(&own_prefix(out))
-        .tempfile_in(parent)
-        .map_err(|e| cannot(&e))?;
-    register(tmp.path());
+    let make = || {
+        tempfile::Builder::new()
+            .prefix(&own_prefix(out))
+            .tempfile_in(parent)
+    };
+    let mut tmp = registered(make, |t| t.path().to_owned()).map_err(|e| cannot(&e))?;
     let written = tmp
         .as_file_mut()
         .write_all(bytes)

@@ -709,3 +709,14 @@ fn duplicate_entries_in_only_and_mask() {
         &["feature `m`", "`tokens` is listed twice in `mask`"],
     );
 }
+
+#[test]
+fn a_one_axis_domain_spec_refuses_a_two_axis_mesh() {
+    let run = featshard(&["explain", "examples/weather.yaml", "--mesh", "3x3"]);
+    refused(
+        &run,
+        &["mesh sizes [3, 3]", "domain mesh has 1 axis", "--mesh 3"],
+    );
+    let ok = featshard(&["explain", "examples/weather.yaml", "--mesh", "3"]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+}

@@ -256,7 +256,13 @@ fn interrupt_shard(signal: i32, dir: &Path, input: &Path) -> Option<Output> {
         .args([format!("-{signal}"), pid])
         .status()
         .unwrap();
-    Some(child.wait_with_output().unwrap())
+    let run = child.wait_with_output().unwrap();
+    if run.status.success() {
+        // It finished between the look and the signal: not a case of interruption.
+        let _ = std::fs::remove_dir_all(&out);
+        return None;
+    }
+    Some(run)
 }
 
 #[test]
@@ -427,4 +433,223 @@ fn with_metadata(sample: &Path, pairs: &[(&str, &str)], out: &Path) {
     let mut info = meta.metadata().clone().unwrap_or_default();
     info.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     safetensors::serialize_to_file(st.tensors(), Some(info), out).unwrap();
+}
+
+/// `sample` rewritten with `edit` applied to every tensor's (name, shape, bytes).
+fn rewrite(sample: &Path, out: &Path, edit: impl Fn(&str, &mut Vec<usize>, &mut Vec<u8>)) {
+    use safetensors::tensor::{SafeTensors, TensorView};
+    let bytes = std::fs::read(sample).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let (mut shape, mut data) = (t.shape().to_vec(), t.data().to_vec());
+            edit(&n, &mut shape, &mut data);
+            (n, t.dtype(), shape, data)
+        })
+        .collect();
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, meta.metadata().clone(), out).unwrap();
+}
+
+/// A child's output, or a failure when it runs past `secs` (a hang is a defect).
+fn within(secs: u64, mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running after {secs} s: {cmd:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn shard_cmd(features: &str, out: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_featshard"));
+    cmd.args(["shard", &spec(), "--features", features])
+        .args(["--mesh", "2x2", "--workflow", "inference", "--out"])
+        .arg(out)
+        .current_dir(root());
+    cmd
+}
+
+#[test]
+fn axes_of_one_semantic_that_arrive_with_different_lengths_are_refused_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("shifted.safetensors");
+    // A spurious token row prepended to res_type: 74 rows against the 73-token mask.
+    rewrite(
+        &real("prot60_smiles.safetensors"),
+        &input,
+        |n, shape, data| {
+            if n == "res_type" {
+                shape[0] += 1;
+                let row = data[..shape[1] * 8].to_vec();
+                data.splice(0..0, row);
+            }
+        },
+    );
+    let out = dir.path().join("shards");
+    refused(
+        &shard(&input, "2x2", &out),
+        &[
+            "feature `res_type`",
+            "axis 0 (tokens",
+            "length 74",
+            "`token_pad_mask` arrived with 73",
+        ],
+    );
+    // 600 atoms of ref_pos against a 512-atom mask.
+    rewrite(
+        &real("prot60_smiles.safetensors"),
+        &input,
+        |n, shape, data| {
+            if n == "ref_pos" {
+                shape[0] = 600;
+                data.resize(600 * 3 * 4, 0);
+            }
+        },
+    );
+    refused(
+        &shard(&input, "2x2", &out),
+        &[
+            "feature `ref_pos`",
+            "axis 0 (atoms",
+            "length 600",
+            "`atom_pad_mask` arrived with 512",
+        ],
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_bool_mask_holding_a_byte_other_than_0_or_1_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("byte2.safetensors");
+    rewrite(&real("prot60_smiles.safetensors"), &input, |n, _, data| {
+        if n == "atom_resolved_mask" {
+            data[5] = 2;
+        }
+    });
+    let out = dir.path().join("shards");
+    refused(
+        &shard(&input, "2x2", &out),
+        &["feature `atom_resolved_mask`", "found 2 at flat index 5"],
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn fifos_and_endless_files_are_refused_never_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("sample.safetensors");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let out = dir.path().join("shards");
+    let run = within(60, shard_cmd(&fifo.display().to_string(), &out));
+    refused(&run, &["sample.safetensors", "not a regular file"]);
+    // A FIFO as the @LIST, and /dev/zero as one (endless).
+    let list = dir.path().join("list.txt");
+    assert!(Command::new("mkfifo")
+        .arg(&list)
+        .status()
+        .unwrap()
+        .success());
+    for l in [list.display().to_string(), "/dev/zero".into()] {
+        let run = within(60, shard_cmd(&format!("@{l}"), &out));
+        refused(&run, &[&l, "not a regular file"]);
+    }
+    // A FIFO among a dataset's samples fails alone, by name.
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::copy(real("prot60_nomsa.safetensors"), data.join("a.safetensors")).unwrap();
+    assert!(Command::new("mkfifo")
+        .arg(data.join("b.safetensors"))
+        .status()
+        .unwrap()
+        .success());
+    let run = within(120, shard_cmd(&data.display().to_string(), &out));
+    refused(
+        &run,
+        &["1 sharded", "1 failed", "b: ", "not a regular file"],
+    );
+    assert!(out.join("a/manifest.json").is_file());
+}
+
+#[test]
+fn resume_reads_only_the_rank_files_of_a_manifest_s_own_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::copy(real("prot60_nomsa.safetensors"), data.join("a.safetensors")).unwrap();
+    let out = dir.path().join("out");
+    let run = within(120, shard_cmd(&data.display().to_string(), &out));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let path = out.join("a/manifest.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let sum = doc["files"]["rank-0.safetensors"].clone();
+    let files = doc["files"].as_object_mut().unwrap();
+    files.remove("rank-0.safetensors");
+    files.insert("/dev/zero".into(), sum);
+    std::fs::write(&path, serde_json::to_string(&doc).unwrap()).unwrap();
+    // Not verified (it names a file outside its folder): redone, and never hangs.
+    let run = within(120, shard_cmd(&data.display().to_string(), &out));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(String::from_utf8_lossy(&run.stdout).contains("1 sharded, 0 already done"));
+}
+
+#[test]
+fn metadata_too_large_for_a_rank_file_header_is_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("big_record.safetensors");
+    // The sample's header fits safetensors' 100 MB, a few bytes short; every rank
+    // file's, with its identity added, would not.
+    let bytes = std::fs::read(real("prot60_smiles.safetensors")).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let record = "x".repeat(100_000_000 - header - 64);
+    with_metadata(
+        &real("prot60_smiles.safetensors"),
+        &[("record", &record)],
+        &input,
+    );
+    let out = dir.path().join("shards");
+    refused(&shard(&input, "2x2", &out), &["past safetensors' limit"]);
+    assert!(!out.exists());
+    assert!(staging_left(dir.path()).is_empty());
+}
+
+#[test]
+fn a_sample_file_name_that_is_not_utf8_is_refused_up_front_by_name() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::copy(real("prot60_nomsa.safetensors"), data.join("a.safetensors")).unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"b\xff.safetensors");
+    std::fs::copy(real("prot60_nomsa.safetensors"), data.join(name)).unwrap();
+    let out = dir.path().join("out");
+    let run = within(120, shard_cmd(&data.display().to_string(), &out));
+    refused(&run, &["b\u{fffd}.safetensors", "not UTF-8"]);
+    assert!(!out.join("a").exists(), "sharded before the refusal");
 }

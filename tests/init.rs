@@ -376,3 +376,27 @@ fn a_feature_that_is_the_outer_product_of_a_mask_is_proposed_as_derived() {
     featshard::spec::compile_str("draft.yaml", &draft)
         .unwrap_or_else(|d| panic!("{}\n{draft}", d.render_plain()));
 }
+
+#[test]
+fn a_tensor_name_or_metadata_key_that_is_not_a_spec_name_never_becomes_yaml() {
+    use safetensors::tensor::{SafeTensors, TensorView};
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(root().join("tests/data/real/prot60_smiles.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let evil = "zzz: {axes: [tokens], dtype: int64}\nother_keys: pass\n#";
+    let one = 7i64.to_le_bytes();
+    let mut views: Vec<(String, TensorView)> = st.tensors();
+    views.push((
+        evil.to_owned(),
+        TensorView::new(safetensors::Dtype::I64, vec![1], &one).unwrap(),
+    ));
+    let meta: std::collections::HashMap<String, String> =
+        [(format!("{evil}2"), "x".to_owned())].into();
+    let path = dir.path().join("evil.safetensors");
+    std::fs::write(&path, safetensors::serialize(views, Some(meta)).unwrap()).unwrap();
+    let draft = init(&path);
+    let doc: serde_json::Value = serde_saphyr::from_str(&draft).unwrap();
+    assert!(doc.get("other_keys").is_none(), "{draft}");
+    assert!(doc["features"].get("zzz").is_none(), "{draft}");
+    assert!(draft.contains("# left out: \"zzz: {axes"), "{draft}");
+}

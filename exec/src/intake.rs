@@ -257,6 +257,7 @@ fn cut_to_real(
     n: usize,
 ) -> Result<Option<usize>, RuntimeError> {
     let mut arrived = None;
+    let reference = arrival_length(plan, kept, sem)?;
     for (name, x) in kept.iter_mut() {
         let t = tensor_plan(plan, name)?;
         for (d, a) in t.axes.iter().enumerate() {
@@ -264,6 +265,8 @@ fn cut_to_real(
                 continue;
             }
             let len = x.shape()[d];
+            // A feature of the wrong rank is left to validation, which names it so.
+            let reference = reference.as_ref().filter(|_| x.dim() == t.axes.len());
             if len < n {
                 return Err(RuntimeError::Incoming {
                     feature: name.clone(),
@@ -271,6 +274,18 @@ fn cut_to_real(
                     semantic: sem.to_owned(),
                     message: format!("length {len}, fewer than the {n} real {sem}"),
                 });
+            }
+            if let Some((by, want)) = reference {
+                if len != *want {
+                    return Err(RuntimeError::Incoming {
+                        feature: name.clone(),
+                        axis: d,
+                        semantic: sem.to_owned(),
+                        message: format!(
+                            "length {len}, but `{by}` arrived with {want} {sem}: every axis of `{sem}` arrives with the same length (its pads at the end), or it would be cut out of line"
+                        ),
+                    });
+                }
             }
             if len == n {
                 continue;
@@ -281,6 +296,37 @@ fn cut_to_real(
         }
     }
     Ok(arrived)
+}
+
+/// The length every axis of `sem` must arrive with: the incoming mask's (when it has
+/// a `sem` axis), else the first feature's with one; with the feature it comes from.
+fn arrival_length(
+    plan: &Plan,
+    kept: &Sample,
+    sem: &str,
+) -> Result<Option<(String, usize)>, RuntimeError> {
+    let source = plan
+        .semantics
+        .get(sem)
+        .and_then(|s| s.incoming.as_ref())
+        .map(|i| i.feature().to_owned());
+    let mut first = None;
+    for (name, x) in source
+        .iter()
+        .filter_map(|m| kept.get_key_value(m))
+        .chain(kept.iter())
+    {
+        let t = tensor_plan(plan, name)?;
+        let axis = t
+            .axes
+            .iter()
+            .position(|a| a.semantic.as_deref() == Some(sem));
+        if let Some(d) = axis.filter(|&d| d < x.dim()) {
+            first = Some((name.clone(), x.shape()[d]));
+            break;
+        }
+    }
+    Ok(first)
 }
 
 /// A one-hot map whose one-hot axis is cut must not point at a cut item.

@@ -304,11 +304,12 @@ fn check_map_counts(
     )))
 }
 
-/// A mask's values are 0 or 1: `false`/`true`, integers 0 and 1, floats 0.0 and 1.0
-/// (NaN is neither).
+/// A mask's values are 0 or 1: `false`/`true` (bytes 0 and 1: a bool byte of 2 is
+/// neither, though torch reads it as true), integers 0 and 1, floats 0.0 and 1.0 (NaN
+/// is neither).
 fn check_mask(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
     let t = tensor_plan(plan, name)?;
-    if !matches!(t.role, Role::Mask { .. }) || x.dtype() == featshard_spec::ir::DType::Bool {
+    if !matches!(t.role, Role::Mask { .. }) {
         return Ok(());
     }
     let found = x.first_outside([0.0, 1.0]).map(|(i, v)| (i as i64, v));

@@ -271,7 +271,12 @@ fn load_spec(
         Err(e) => {
             errors.push(syn::Error::new(
                 path.span,
-                format!("spec file `{}` ({}): {e}", path.value, file.display()),
+                // The path is named as written, relative to the crate: the absolute
+                // one depends on where the crate is built.
+                format!(
+                    "spec file `{}` (relative to the crate's Cargo.toml): {e}",
+                    path.value
+                ),
             ));
             return None;
         }

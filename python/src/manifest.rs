@@ -4,16 +4,12 @@
 //! it. No reader decodes the manifest's JSON or hashes its layout itself.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use featshard::manifest::{self, Manifest};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-
-/// Largest manifest read (a 2^27-item layout's positions are about 1 GB of JSON).
-const MAX_MANIFEST_BYTES: u64 = 2 << 30;
 
 fn at(path: &std::path::Path, e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{}: {e}", path.display()))
@@ -34,11 +30,7 @@ pub(crate) fn read(
     path: PathBuf,
 ) -> PyResult<ShardManifest> {
     py.detach(|| {
-        let file = featshard_exec::files::open_regular(&path).map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        file.take(MAX_MANIFEST_BYTES)
-            .read_to_string(&mut text)
-            .map_err(|e| e.to_string())?;
+        let text = manifest::read_text(&path)?;
         let m = manifest::parse(&text, plan)?;
         let layout_sha256 = manifest::layout_digest(&m.layout)?;
         Ok(ShardManifest {

@@ -101,8 +101,13 @@ fn values(d: Dtype, data: &[u8]) -> Option<Vec<f64>> {
 }
 
 pub fn sample(path: &Path) -> Result<Sample, Failure> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Failure::Other(format!("cannot read {}: {e}", path.display())))?;
+    let mut bytes = Vec::new();
+    featshard_exec::files::open_regular(path)
+        .map_err(|e| Failure::Other(e.to_string()))
+        .and_then(|mut f| {
+            std::io::Read::read_to_end(&mut f, &mut bytes)
+                .map_err(|e| Failure::Other(format!("cannot read {}: {e}", path.display())))
+        })?;
     let bad =
         |e: String| Failure::Other(format!("{}: not a safetensors file: {e}", path.display()));
     let file = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;

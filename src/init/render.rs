@@ -6,6 +6,7 @@ use std::path::Path;
 use super::propose::Proposals;
 use super::read::{dtype_name, Anchor, Sample};
 use crate::commands::Failure;
+use featshard_spec::names::is_snake_case;
 
 pub fn spec(
     path: &Path,
@@ -47,7 +48,19 @@ pub fn spec(
         );
     }
     let _ = writeln!(out, "features:");
-    for (name, t) in &sample.tensors {
+    for name in sample
+        .tensors
+        .keys()
+        .chain(&sample.metadata)
+        .filter(|n| !is_snake_case(n))
+    {
+        // Written escaped, in a comment: a name is never YAML of the draft.
+        let _ = writeln!(
+            out,
+            "  # left out: {name:?} is not a spec feature name (snake_case); rename it in the featurizer"
+        );
+    }
+    for (name, t) in sample.tensors.iter().filter(|(n, _)| is_snake_case(n)) {
         let Some(dtype) = dtype_name(t.dtype) else {
             return Err(Failure::Other(format!(
                 "feature `{name}`: dtype {:?} has no featshard equivalent",
@@ -67,7 +80,7 @@ pub fn spec(
             f.axes.join(", ")
         );
     }
-    for m in &sample.metadata {
+    for m in sample.metadata.iter().filter(|n| is_snake_case(n)) {
         let _ = writeln!(
             out,
             "  # proposed: {m} is in the file's metadata: a value that is not a tensor"

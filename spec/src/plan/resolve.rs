@@ -51,6 +51,14 @@ pub enum ResolveError {
         /// The sizes given.
         mesh: Vec<usize>,
     },
+    /// A mesh with more axes than the plan's domain mesh: a one-axis domain plan
+    /// given a second axis larger than 1.
+    MeshAxes {
+        /// The sizes given.
+        mesh: Vec<usize>,
+        /// The plan's mesh axes.
+        axes: Vec<String>,
+    },
     /// No length for a semantic a feature's axis needs.
     MissingLength {
         /// The semantic without a length.
@@ -130,6 +138,12 @@ pub enum ResolveError {
 impl fmt::Display for ResolveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            ResolveError::MeshAxes { mesh, axes } => write!(
+                f,
+                "mesh sizes {mesh:?}: the plan's domain mesh has {} axis {axes:?}; give one size per axis (e.g. --mesh {})",
+                axes.len(),
+                mesh[0]
+            ),
             ResolveError::BadMesh { mesh } => write!(f, "mesh sizes {mesh:?}: every CP mesh axis needs size at least 1, and the mesh at most {} ranks", crate::limits::MAX_RANKS),
             ResolveError::MissingLength { semantic, feature, axis } => write!(
                 f,
@@ -392,17 +406,31 @@ impl Plan {
         self.layout_from_roots(mesh, sizes, roots)
     }
 
+    /// `mesh` fits this plan: every axis at least 1, at most the limit of ranks, and
+    /// no second axis past 1 for a one-axis domain mesh.
+    pub fn check_mesh(&self, mesh: [usize; CP_AXES]) -> Result<(), ResolveError> {
+        if crate::limits::check_mesh(&mesh).is_err() {
+            return Err(ResolveError::BadMesh {
+                mesh: mesh.to_vec(),
+            });
+        }
+        let axes = self.mesh.axes();
+        if self.mesh.is_domain() && axes.len() == 1 && mesh[1] != 1 {
+            return Err(ResolveError::MeshAxes {
+                mesh: mesh.to_vec(),
+                axes: axes.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
     fn layout_from_roots(
         &self,
         mesh: [usize; CP_AXES],
         sizes: &BTreeMap<String, usize>,
         roots: BTreeMap<String, Vec<usize>>,
     ) -> Result<SampleLayout, ResolveError> {
-        if crate::limits::check_mesh(&mesh).is_err() {
-            return Err(ResolveError::BadMesh {
-                mesh: mesh.to_vec(),
-            });
-        }
+        self.check_mesh(mesh)?;
         let mut layout = SampleLayout {
             mesh,
             sizes: sizes.clone(),
