@@ -201,6 +201,15 @@ impl Plan {
         counts: BTreeMap<String, Vec<usize>>,
         owners: BTreeMap<String, Vec<usize>>,
     ) -> PyResult<String> {
+        for (semantic, &n) in &sizes {
+            featshard_spec::limits::check_length(semantic, n)
+                .map_err(|e| value_error(format!("sizes: {e}")))?;
+            if !self.plan.semantics.contains_key(semantic) {
+                return Err(value_error(format!(
+                    "sizes: `{semantic}` is not a semantic of the spec"
+                )));
+            }
+        }
         let mut ownership: BTreeMap<String, Ownership> = counts
             .into_iter()
             .map(|(s, c)| (s, Ownership::Counts(c)))
@@ -288,9 +297,17 @@ fn tensor<'p>(
 
 /// The CP mesh coordinate `(i, j)` of rank `i * cp1 + j`.
 #[pyfunction]
-fn coords(mesh: (usize, usize), rank: usize) -> (usize, usize) {
-    let [i, j] = featshard_spec::layout::coords([mesh.0, mesh.1], rank);
-    (i, j)
+fn coords(mesh: (usize, usize), rank: usize) -> PyResult<(usize, usize)> {
+    let mesh = [mesh.0, mesh.1];
+    featshard_spec::limits::check_mesh(&mesh).map_err(|e| value_error(format!("mesh: {e}")))?;
+    if rank >= mesh[0] * mesh[1] {
+        return Err(value_error(format!(
+            "rank: {rank} is not a rank of a {}x{} mesh",
+            mesh[0], mesh[1]
+        )));
+    }
+    let [i, j] = featshard_spec::layout::coords(mesh, rank);
+    Ok((i, j))
 }
 
 /// The `torch.chunk` pieces of `len` items over `ranks` (how ShardTensor splits an
@@ -307,10 +324,18 @@ fn chunk_sizes(len: usize, ranks: usize) -> PyResult<Vec<usize>> {
 /// Positions in an owner-block layout whose per-block stride grows from `old` to `new`
 /// (DP collate's repad); negative values (pads of index lists) stay.
 #[pyfunction]
-fn repad_indices(mut values: Vec<i64>, old: usize, new: usize) -> Vec<i64> {
-    featshard_spec::layout::repad_indices(&mut values, old, new);
-    values
+fn repad_indices(mut values: Vec<i64>, old: usize, new: usize) -> PyResult<Vec<i64>> {
+    featshard_spec::layout::repad_indices(&mut values, old, new).map_err(|v| {
+        value_error(format!(
+            "values: index {v} re-padded from stride {old} to {new} passes int64"
+        ))
+    })?;
+    Ok(values)
 }
+
+/// The most samples (or replicas) a dataset is split over: each gets a position in
+/// memory, and the tail's wrap-around must not overflow.
+const MAX_SAMPLES: usize = 1 << 32;
 
 /// The samples DP replica `replica` of `dp` reads in `epoch`, in order: dataset order,
 /// or shuffled by `seed` and the epoch; the tail wraps around (or is dropped with
@@ -328,6 +353,11 @@ fn replica_indices(
     if replica >= dp.max(1) {
         return Err(value_error(format!(
             "replica {replica} of {dp}: expected a replica below the DP size"
+        )));
+    }
+    if n > MAX_SAMPLES || dp > MAX_SAMPLES {
+        return Err(value_error(format!(
+            "n: {n} samples over {dp} replicas; at most {MAX_SAMPLES} of either"
         )));
     }
     let order = seed.map_or(Order::Sequential, |seed| Order::Shuffled { seed });

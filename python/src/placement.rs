@@ -166,18 +166,20 @@ impl Placement {
         outs: Vec<(String, Bound<'_, PyCapsule>)>,
         threads: usize,
     ) -> PyResult<()> {
-        self.write_part(py, Part::Block([coord.0, coord.1]), outs, threads)
+        let coord = self.on_mesh(coord)?;
+        self.write_part(py, Part::Block(coord), outs, threads)
     }
 
     /// Every placed feature's block shape at coordinate `coord` (on a domain plan, that
     /// rank's own), in `features()` order.
     fn block_shapes(&self, coord: (usize, usize)) -> PyResult<Vec<(String, Vec<usize>)>> {
+        let coord = self.on_mesh(coord)?;
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         Ok(all
             .iter()
             .filter(|f| f.is_placed())
             .map(|f| {
-                let shape = f.shape_of(&self.placed, Part::Block([coord.0, coord.1]));
+                let shape = f.shape_of(&self.placed, Part::Block(coord));
                 (f.name.clone(), shape)
             })
             .collect())
@@ -242,6 +244,7 @@ impl Placement {
                 self.plan.module
             )));
         }
+        let coord = self.on_mesh(coord)?;
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
         let (offsets, end) = offsets(&placed);
@@ -258,13 +261,8 @@ impl Placement {
             rest = tail;
             at = offset + f.nbytes();
         }
-        write_all(
-            &self.placed,
-            Part::Block([coord.0, coord.1]),
-            slices,
-            threads,
-        )
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        write_all(&self.placed, Part::Block(coord), slices, threads)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok((buffer.into_capsule(py)?, offsets))
     }
 }
@@ -307,6 +305,18 @@ impl Placement {
         // The lock stays held while the inputs are read (see `inputs_alive`).
         write_all(&self.placed, part, slices, threads)
             .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// `coord` as a mesh coordinate of this placement; `ValueError` off the mesh.
+    fn on_mesh(&self, coord: (usize, usize)) -> PyResult<[usize; 2]> {
+        let mesh = self.placed.layout.mesh;
+        if coord.0 < mesh[0] && coord.1 < mesh[1] {
+            return Ok([coord.0, coord.1]);
+        }
+        Err(PyValueError::new_err(format!(
+            "coord: {coord:?} is not on the {}x{} mesh",
+            mesh[0], mesh[1]
+        )))
     }
 
     /// `Err` naming the first input tensor resized or freed since the sample was

@@ -64,22 +64,31 @@ pub fn owner_block(owner: usize, owner_padded: usize, blocks: usize) -> usize {
 }
 
 /// The collate re-pad of an index into an owner-partitioned layout whose per-block
-/// stride grows from `old` to `new`: `(idx // old) * new + idx % old`.
-pub fn repad_index(idx: usize, old: usize, new: usize) -> usize {
+/// stride grows from `old` to `new`: `(idx // old) * new + idx % old`; `None` past
+/// `usize`.
+pub fn repad_index(idx: usize, old: usize, new: usize) -> Option<usize> {
     if old == 0 {
-        return idx;
+        return Some(idx);
     }
-    (idx / old) * new + idx % old
+    (idx / old).checked_mul(new)?.checked_add(idx % old)
 }
 
 /// [`repad_index`] over index values in place; negative values (the pads of index
-/// lists) stay as they are.
-pub fn repad_indices(values: &mut [i64], old: usize, new: usize) {
-    for v in values.iter_mut() {
-        if let Ok(idx) = usize::try_from(*v) {
-            *v = i64::try_from(repad_index(idx, old, new)).unwrap_or(i64::MAX);
-        }
-    }
+/// lists) stay as they are. `Err` with the first value whose re-padded position passes
+/// `i64` (nothing is changed then).
+pub fn repad_indices(values: &mut [i64], old: usize, new: usize) -> Result<(), i64> {
+    let moved = |v: i64| match usize::try_from(v) {
+        Ok(idx) => repad_index(idx, old, new)
+            .and_then(|p| i64::try_from(p).ok())
+            .ok_or(v),
+        Err(_) => Ok(v),
+    };
+    let out = values
+        .iter()
+        .map(|&v| moved(v))
+        .collect::<Result<Vec<i64>, i64>>()?;
+    values.copy_from_slice(&out);
+    Ok(())
 }
 
 /// Why owner counts have no total: a negative count, or a sum past `usize` (counts
@@ -188,10 +197,11 @@ mod tests {
 
     #[test]
     fn repad_moves_each_block_to_its_new_stride() {
-        assert_eq!(repad_index(9, 4, 6), 13);
-        assert_eq!(repad_index(3, 4, 6), 3);
+        assert_eq!(repad_index(9, 4, 6), Some(13));
+        assert_eq!(repad_index(3, 4, 6), Some(3));
+        assert_eq!(repad_index(usize::MAX, 1, 2), None);
         let mut ids = [9, -1, 3, 0, 4];
-        repad_indices(&mut ids, 4, 6);
+        repad_indices(&mut ids, 4, 6).unwrap();
         assert_eq!(ids, [13, -1, 3, 0, 6]);
     }
 

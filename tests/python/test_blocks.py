@@ -211,3 +211,27 @@ def test_owner_counts_whose_sum_wraps_are_refused_not_a_panic(
     sizes = {"tokens": 3, "atoms": 5}
     with pytest.raises(ValueError, match="semantic `atoms`: owner counts sum past"):
         plan.layout((2, 2), sizes, counts={"atoms": [2**64 - 1, 2**64 - 1, 7]})
+
+
+def test_native_entry_points_refuse_bad_arguments_by_name(
+    placements: ModuleType, plan: featshard.Plan
+) -> None:
+    """No argument reaches Rust unchecked: each is a ValueError naming it, never a
+    PanicException or an answer for a rank that does not exist."""
+    from featshard import _native
+
+    for call, name in [
+        (lambda: _native.coords((3, 3), 9), "rank"),
+        (lambda: _native.coords((2**64 - 1, 2), 0), "mesh"),
+        (lambda: _native.repad_indices([2**62], 1, 4), "values"),
+        (lambda: _native.replica_indices(2**64 - 1, 2, 0), "n"),
+        (lambda: plan.layout((2, 2), {"tokens": 2**40}), "sizes"),
+        (lambda: plan.layout((2, 2), {"not_a_semantic": 3}), "sizes"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            call()
+    sample = random_sample(placements, 9, seed=11)
+    placed = blocks.place(plan, sample, (3, 3), workflow="inference")
+    for read in (lambda: placed.blocks_at((5, 5)), lambda: placed.rank_blocks((3, 0))):
+        with pytest.raises(ValueError, match=r"^coord: \(\d, \d\) is not on the 3x3 mesh"):
+            read()

@@ -35,7 +35,10 @@ fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, Runti
         return Ok(x.shallow_clone());
     }
     let mut values = to_vec_i64(x, name)?;
-    repad_indices(&mut values, old, new);
+    repad_indices(&mut values, old, new).map_err(|v| RuntimeError::Blocks {
+        feature: name.to_owned(),
+        message: format!("index {v} re-padded from stride {old} to {new} passes int64"),
+    })?;
     Tensor::from_slice(&values)
         .f_view(x.size().as_slice())
         .and_then(|v| v.f_to_kind(x.kind()))
