@@ -171,7 +171,7 @@ fn one(req: &Request, name: &str, source: &Path, target: &Path) -> SampleEntry {
         error,
     };
     if target.join("manifest.json").exists() {
-        if let Ok(bytes) = shards::verify(req.plan, req.mesh, req.workflow, target) {
+        if let Ok(bytes) = shards::verify(req.plan, req.mesh, req.workflow, source, target) {
             return entry(Status::Verified, bytes, None);
         }
     }

@@ -70,6 +70,25 @@ pub fn check_sum(manifest: &Manifest, name: &str, got: FileSum) -> Result<(), St
     }
 }
 
+/// The stamp of a mapped sample file: its size and modification time when opened, and
+/// the SHA-256 of its header.
+pub fn stamp_of(sample: &featshard_exec::files::Mapped) -> SourceStamp {
+    let (bytes, mtime) = sample.opened();
+    let end = (sample.header().data_start as usize).min(sample.bytes().len());
+    let header = String::from_utf8_lossy(&sample.bytes()[..end]);
+    SourceStamp {
+        bytes,
+        mtime,
+        header_sha256: featshard_spec::sha256_hex(&header),
+    }
+}
+
+/// The stamp of the sample file at `path` now (its header read, its data not).
+pub fn stamp_now(path: &std::path::Path) -> Result<SourceStamp, String> {
+    let mapped = featshard_exec::files::Mapped::open(path).map_err(|e| e.to_string())?;
+    Ok(stamp_of(&mapped))
+}
+
 /// A fresh identity for one run: time, process and spec, hashed.
 pub fn new_run_id(plan: &Plan) -> String {
     let nanos = std::time::SystemTime::now()

@@ -132,7 +132,8 @@ pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, F
             .map(|e| e.offsets.1)
             .max()
             .unwrap_or(0);
-    let bytes = write_shards(req, &placed, &metadata, staging.path(), input)?;
+    let source = manifest::stamp_of(&mapped);
+    let bytes = write_shards(req, &placed, &metadata, staging.path(), input, source)?;
     // What was validated must be what was written: the input unchanged throughout.
     mapped.check_unchanged(features).map_err(other)?;
     staging.finish(out)?;
@@ -145,6 +146,7 @@ fn write_shards(
     metadata: &Metadata,
     dir: &Path,
     input_bytes: u64,
+    source: manifest::SourceStamp,
 ) -> Result<u64, Failure> {
     let plan = req.plan;
     let mesh = placed.layout.mesh;
@@ -207,6 +209,7 @@ fn write_shards(
         },
         files: sums,
         run,
+        source: Some(source),
     };
     let text = serde_json::to_string_pretty(&manifest).map_err(other)?;
     std::fs::write(dir.join("manifest.json"), text + "\n")
@@ -214,12 +217,15 @@ fn write_shards(
     Ok(manifest.files.values().map(|f| f.bytes).sum())
 }
 
-/// Whether `dir` holds a finished sample of this plan, mesh and workflow: its manifest
-/// reads, and every rank file has the size and checksum it was written with.
+/// Whether `dir` holds a finished sample of this plan, mesh and workflow, sharded from
+/// `source` as it is now: its manifest reads, records the sample file's size,
+/// modification time and header as they are, and every rank file has the size and
+/// checksum it was written with.
 pub fn verify(
     plan: &Plan,
     mesh: [usize; 2],
     workflow: Option<&str>,
+    source: &Path,
     dir: &Path,
 ) -> Result<u64, String> {
     let text = manifest::read_text(&dir.join("manifest.json")).map_err(|e| e.to_string())?;
@@ -228,6 +234,12 @@ pub fn verify(
         return Err(format!(
             "sharded for mesh {:?}, workflow {:?}",
             m.mesh, m.workflow
+        ));
+    }
+    if m.source != Some(manifest::stamp_now(source)?) {
+        return Err(format!(
+            "{} changed since it was sharded (size, time or header)",
+            source.display()
         ));
     }
     let world: usize = mesh.iter().product();

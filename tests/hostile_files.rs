@@ -653,3 +653,39 @@ fn a_sample_file_name_that_is_not_utf8_is_refused_up_front_by_name() {
     refused(&run, &["b\u{fffd}.safetensors", "not UTF-8"]);
     assert!(!out.join("a").exists(), "sharded before the refusal");
 }
+
+#[test]
+fn a_sample_featurized_again_between_dataset_runs_is_sharded_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let sample = data.join("a.safetensors");
+    std::fs::copy(real("prot60_nomsa.safetensors"), &sample).unwrap();
+    let out = dir.path().join("out");
+    let features = data.display().to_string();
+    let run = within(120, shard_cmd(&features, &out));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let rerun = within(120, shard_cmd(&features, &out));
+    assert!(String::from_utf8_lossy(&rerun.stdout).contains("0 sharded, 1 already done"));
+    // Featurized again: other values (coordinates moved), same names and shapes.
+    rewrite(&real("prot60_nomsa.safetensors"), &sample, |n, _, data| {
+        if n == "ref_pos" {
+            data[0] ^= 1;
+        }
+    });
+    let later = std::time::SystemTime::now() + Duration::from_secs(5);
+    let file = std::fs::File::options().write(true).open(&sample).unwrap();
+    file.set_modified(later).unwrap();
+    let before = std::fs::read(out.join("a/rank-0.safetensors")).unwrap();
+    let rerun = within(120, shard_cmd(&features, &out));
+    let said = String::from_utf8_lossy(&rerun.stdout);
+    assert!(said.contains("1 sharded, 0 already done"), "{said}");
+    assert_ne!(
+        std::fs::read(out.join("a/rank-0.safetensors")).unwrap(),
+        before
+    );
+}

@@ -229,6 +229,11 @@ impl Mapped {
             .map_err(|why| io(path, format!("{why}; nothing was written from it")))
     }
 
+    /// The file's size and modification time (seconds, nanoseconds) when opened.
+    pub fn opened(&self) -> (u64, (i64, i64)) {
+        self.mapping.opened()
+    }
+
     /// The whole file's bytes (header and data), as mapped.
     pub fn bytes(&self) -> &[u8] {
         self.mapping.bytes()

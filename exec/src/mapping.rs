@@ -72,6 +72,11 @@ impl Mapping {
         &self.map
     }
 
+    /// The file's size and modification time (seconds, nanoseconds) when opened.
+    pub fn opened(&self) -> (u64, (i64, i64)) {
+        (self.opened.len, self.opened.mtime)
+    }
+
     /// `Err` (with what changed) when the file was truncated, written or replaced in
     /// place since it was opened: what was read from it may be neither what was
     /// validated nor what it holds now.

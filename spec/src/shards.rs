@@ -46,6 +46,23 @@ pub struct Manifest {
     /// mesh and the SHA-256 of `layout`): rank files swapped, taken from another run or
     /// a manifest edited after the run are refused.
     pub run: String,
+    /// The sample file as it was read: a dataset run redoes a sample whose file differs
+    /// now (re-featurized). Absent in manifests of earlier versions (then redone too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceStamp>,
+}
+
+/// What identifies a sample file's contents without reading its data: size,
+/// modification time and the SHA-256 of its safetensors header (names, dtypes, shapes,
+/// offsets, metadata).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceStamp {
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Modification time: seconds and nanoseconds since the epoch.
+    pub mtime: (i64, i64),
+    /// SHA-256 of the header bytes.
+    pub header_sha256: String,
 }
 
 /// The header entry naming a rank file's place: `RANK_KEY` -> JSON of this. A spec
