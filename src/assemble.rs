@@ -58,7 +58,8 @@ pub fn assemble_files(
             .map_err(|e| other(format!("{}: {e}", path.display())))?;
         if verify {
             let name = format!("rank-{rank}.safetensors");
-            manifest::check_sum(&manifest, &name, manifest::sum_of_bytes(file.bytes()))
+            manifest
+                .check_file(&name, files::sum_of(file.bytes()))
                 .map_err(|e| other(format!("{}: {e}", shards.display())))?;
         }
         mapped.push(file);

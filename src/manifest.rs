@@ -47,29 +47,6 @@ pub fn sum_of_file(path: &std::path::Path) -> std::io::Result<FileSum> {
     })
 }
 
-/// The size and CRC-32 of bytes in memory (a mapped rank file).
-pub fn sum_of_bytes(bytes: &[u8]) -> FileSum {
-    FileSum {
-        bytes: bytes.len() as u64,
-        crc32: crc32fast::hash(bytes),
-    }
-}
-
-/// `Err` naming `name` when `got` is not the size and CRC-32 the manifest recorded.
-pub fn check_sum(manifest: &Manifest, name: &str, got: FileSum) -> Result<(), String> {
-    match manifest.files.get(name) {
-        Some(want) if *want == got => Ok(()),
-        Some(want) if want.bytes != got.bytes => Err(format!(
-            "{name}: {} bytes, the manifest recorded {} (truncated or replaced?)",
-            got.bytes, want.bytes
-        )),
-        Some(_) => Err(format!(
-            "{name}: its CRC-32 is not the one recorded when it was written (corrupted or edited)"
-        )),
-        None => Err(format!("{name}: the manifest records no such file")),
-    }
-}
-
 /// The stamp of a mapped sample file: its size and modification time when opened, and
 /// the SHA-256 of its header.
 pub fn stamp_of(sample: &featshard_exec::files::Mapped) -> SourceStamp {

@@ -167,8 +167,22 @@ fn a_folder_of_another_mesh_or_a_swapped_rank_file_is_refused() {
     let ds = PreshardedDataset::open(&out, &plan, [2, 2]).unwrap();
     let e = ds.read(&plan, 0, 1).unwrap_err().to_string();
     assert!(
-        e.contains("not rank 1 of this sample's run and layout"),
+        e.contains("rank-1.safetensors: holds rank 0, not rank 1 (rank files swapped?)"),
         "{e}"
     );
     assert!(ds.read(&plan, 0, 0).is_ok());
+    // A bit flipped in rank 2's last byte: its CRC-32 catches it, unless opted out.
+    let path = s0.join("rank-2.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let e = ds.read(&plan, 0, 2).unwrap_err().to_string();
+    assert!(
+        e.contains("rank-2.safetensors: its CRC-32 is not the one recorded"),
+        "{e}"
+    );
+    let unverified = PreshardedDataset::open(&out, &plan, [2, 2])
+        .unwrap()
+        .with_verify(false);
+    assert!(unverified.read(&plan, 0, 2).is_ok());
 }

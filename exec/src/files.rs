@@ -339,3 +339,12 @@ pub fn serialize(
     }
     Ok(out)
 }
+
+/// The size and CRC-32 of a file's bytes (a mapped rank file, checked against its
+/// manifest before it is used).
+pub fn sum_of(bytes: &[u8]) -> featshard_spec::shards::FileSum {
+    featshard_spec::shards::FileSum {
+        bytes: bytes.len() as u64,
+        crc32: crc32fast::hash(bytes),
+    }
+}

@@ -98,7 +98,7 @@ impl ShardManifest {
         py.detach(|| {
             featshard_exec::files::open_regular(&path).map_err(|e| e.to_string())?;
             let got = manifest::sum_of_file(&path).map_err(|e| e.to_string())?;
-            manifest::check_sum(&self.m, name, got)
+            self.m.check_file(name, got)
         })
         .map_err(|e| at(&path, e))
     }

@@ -83,6 +83,22 @@ pub struct RankIdentity {
 }
 
 impl Manifest {
+    /// `Err` naming rank file `name` unless `got` is the size and CRC-32 recorded for
+    /// it when it was written.
+    pub fn check_file(&self, name: &str, got: FileSum) -> Result<(), String> {
+        match self.files.get(name) {
+            Some(want) if *want == got => Ok(()),
+            Some(want) if want.bytes != got.bytes => Err(format!(
+                "{name}: {} bytes, the manifest recorded {} (truncated or replaced?)",
+                got.bytes, want.bytes
+            )),
+            Some(_) => Err(format!(
+                "{name}: its CRC-32 is not the one recorded when it was written (corrupted or edited)"
+            )),
+            None => Err(format!("{name}: the manifest records no such file")),
+        }
+    }
+
     /// `Err` naming the first feature entry that is not what `plan` makes of the
     /// layout. No digest covers the entries; a reader checks them (after a rank file's
     /// identity has vouched for the layout) before it trusts a shape or stride in them.

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use featshard_exec::files::{sum_of, Mapped};
 use featshard_spec::plan::Plan;
-use featshard_spec::shards::{self, layout_digest, Manifest, RankIdentity, RANK_KEY};
+use featshard_spec::shards::{self, layout_digest, Manifest, RANK_KEY};
 
 use super::error::DistError;
 use super::local::LocalSample;
@@ -20,6 +21,7 @@ pub struct PreshardedDataset {
     root: PathBuf,
     names: Vec<String>,
     cp: [usize; 2],
+    verify: bool,
 }
 
 fn setup(message: String) -> DistError {
@@ -45,7 +47,15 @@ impl PreshardedDataset {
             root: root.to_path_buf(),
             names,
             cp,
+            verify: true,
         })
+    }
+
+    /// Whether each rank file's size and CRC-32 are checked against its manifest
+    /// before it is used (on by default: one more pass over the file's bytes).
+    pub fn with_verify(mut self, verify: bool) -> Self {
+        self.verify = verify;
+        self
     }
 
     /// How many samples the pre-sharded dataset holds.
@@ -87,7 +97,7 @@ impl PreshardedDataset {
             )));
         }
         let file = folder.join(format!("rank-{cp_rank}.safetensors"));
-        check_identity(&file, &m, cp_rank)?;
+        self.check_rank_file(plan, &file, &m, cp_rank)?;
         let mut tensors = files::read_tensors(&file)?;
         let blocks = blocks_of(plan, &m, &mut tensors)?;
         Ok(LocalSample {
@@ -100,24 +110,36 @@ impl PreshardedDataset {
     }
 }
 
-fn check_identity(file: &Path, m: &Manifest, rank: usize) -> Result<(), DistError> {
-    let header = files::read_metadata(file)?;
-    let want = RankIdentity {
-        run: m.run.clone(),
-        rank,
-        mesh: m.mesh,
-        layout_sha256: layout_digest(&m.layout).map_err(setup)?,
-    };
-    let found: Option<RankIdentity> = header
-        .get(RANK_KEY)
-        .and_then(|t| serde_json::from_str(t).ok());
-    if found.as_ref() != Some(&want) {
-        return Err(setup(format!(
-            "{}: not rank {rank} of this sample's run and layout ({found:?})",
-            file.display()
-        )));
+impl PreshardedDataset {
+    /// The rank file must be rank `rank` of the manifest's run and layout, with the
+    /// manifest's metadata and (verified) the size and CRC-32 it was written with; the
+    /// manifest's entries must be what the plan makes of its layout.
+    fn check_rank_file(
+        &self,
+        plan: &Plan,
+        file: &Path,
+        m: &Manifest,
+        rank: usize,
+    ) -> Result<(), DistError> {
+        let at = |e: String| setup(format!("{}: {e}", file.display()));
+        let mapped = Mapped::open(file)?;
+        let mut header = mapped.header().metadata.clone();
+        let entry = header.remove(RANK_KEY);
+        let digest = layout_digest(&m.layout).map_err(setup)?;
+        m.check_rank(entry.as_deref(), rank, &digest).map_err(at)?;
+        m.check_entries(plan).map_err(at)?;
+        if header != m.metadata {
+            return Err(at(
+                "its metadata is not the manifest's (edited after the run?)".into(),
+            ));
+        }
+        if self.verify {
+            let name = format!("rank-{rank}.safetensors");
+            m.check_file(&name, sum_of(mapped.bytes())).map_err(at)?;
+        }
+        mapped.check_unchanged(file)?;
+        Ok(())
     }
-    Ok(())
 }
 
 /// The tensor features of the rank file as blocks with the manifest's DTensor metadata;
