@@ -689,3 +689,94 @@ fn a_sample_featurized_again_between_dataset_runs_is_sharded_again() {
         before
     );
 }
+
+#[test]
+fn a_feature_of_another_workflow_is_named_so_and_many_unknown_keys_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("shards");
+    let run = featshard(&[
+        "shard",
+        &spec(),
+        "--features",
+        &real("prot60_smiles.safetensors").display().to_string(),
+        "--mesh",
+        "2x2",
+        "--workflow",
+        "training",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    refused(
+        &run,
+        &[
+            "workflow `training` does not have",
+            "`affinity_token_mask` (workflow inference)",
+        ],
+    );
+    // 2,000 keys the spec does not know: the first ten named, the rest counted.
+    let input = dir.path().join("many.safetensors");
+    {
+        use safetensors::tensor::{SafeTensors, TensorView};
+        let bytes = std::fs::read(real("prot60_smiles.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let one = [0u8; 1];
+        let mut views: Vec<(String, TensorView)> = st.tensors();
+        for k in 0..2000 {
+            let v = TensorView::new(safetensors::Dtype::U8, vec![1], &one).unwrap();
+            views.push((format!("extra_{k:04}"), v));
+        }
+        std::fs::write(&input, safetensors::serialize(views, None).unwrap()).unwrap();
+    }
+    let run = shard(&input, "2x2", &out);
+    refused(
+        &run,
+        &["features not in the spec: `extra_0000`", "and 1990 more"],
+    );
+    assert!(
+        run.stderr.len() < 2000,
+        "{} bytes of error",
+        run.stderr.len()
+    );
+}
+
+#[test]
+fn headers_that_safetensors_refuses_are_refused_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let u8s = |a: u32, b: u32| {
+        format!(
+            "{{\"dtype\":\"U8\",\"shape\":[{}],\"data_offsets\":[{a},{b}]}}",
+            b - a
+        )
+    };
+    for (case, header) in [
+        (
+            "overlapping",
+            format!("{{\"a\":{},\"b\":{}}}", u8s(0, 8), u8s(4, 12)),
+        ),
+        (
+            "with a gap",
+            format!("{{\"a\":{},\"b\":{}}}", u8s(0, 4), u8s(8, 12)),
+        ),
+        (
+            "a key twice",
+            format!("{{\"a\":{},\"a\":{}}}", u8s(0, 8), u8s(8, 16)),
+        ),
+    ] {
+        let mut h = header.into_bytes();
+        h.resize(h.len().next_multiple_of(8), b' ');
+        let mut file = (h.len() as u64).to_le_bytes().to_vec();
+        file.extend(h);
+        file.extend([0u8; 16]);
+        let input = dir.path().join("bad.safetensors");
+        std::fs::write(&input, file).unwrap();
+        let out = dir.path().join("shards");
+        let run = shard(&input, "1x1", &out);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{case}: {err}");
+        assert!(
+            err.contains("safetensors refuses its header: InvalidOffset"),
+            "{case}: {err}"
+        );
+        assert!(!out.exists());
+    }
+}

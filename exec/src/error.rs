@@ -18,6 +18,12 @@ pub enum RuntimeError {
     Unknown {
         features: Vec<String>,
     },
+    /// Features of the spec that belong to other workflows than the one asked for:
+    /// each with the workflows that have it.
+    OtherWorkflow {
+        workflow: String,
+        features: Vec<(String, Vec<String>)>,
+    },
     Rank {
         feature: String,
         expected: usize,
@@ -145,7 +151,16 @@ impl fmt::Display for RuntimeError {
             Unknown { features } => write!(
                 f,
                 "features not in the spec: {} (declare them, list them under `drop`, or set `other_keys: drop | pass`)",
-                features.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+                first_few(features.iter().map(|n| format!("`{n}`")))
+            ),
+            OtherWorkflow { workflow, features } => write!(
+                f,
+                "features of the spec that workflow `{workflow}` does not have: {} (leave them out of the sample, or give the workflow it was made for)",
+                first_few(
+                    features
+                        .iter()
+                        .map(|(n, ws)| format!("`{n}` (workflow {})", ws.join(", ")))
+                )
             ),
             Rank { feature, expected, got } => write!(
                 f,
@@ -223,4 +238,16 @@ impl From<ResolveError> for RuntimeError {
     fn from(e: ResolveError) -> Self {
         RuntimeError::Plan(e)
     }
+}
+
+/// The first names of a list, and how many more: a message stays readable (and small)
+/// whatever the sample holds.
+fn first_few(names: impl ExactSizeIterator<Item = String>) -> String {
+    const SHOWN: usize = 10;
+    let total = names.len();
+    let mut out: Vec<String> = names.take(SHOWN).collect();
+    if total > SHOWN {
+        out.push(format!("and {} more", total - SHOWN));
+    }
+    out.join(", ")
 }

@@ -209,6 +209,10 @@ impl Mapped {
         let mut file = open_regular(path)?;
         let header = header_of(header_json_of(&mut file, path)?, path)?;
         let mapping = Mapping::open(file).map_err(|e| io(path, format!("cannot map: {e}")))?;
+        // What featshard accepts, the ecosystem reads: safetensors' own validation too
+        // (data contiguous, in order, no overlap, nothing past the end).
+        safetensors::SafeTensors::read_metadata(mapping.bytes())
+            .map_err(|e| io(path, format!("safetensors refuses its header: {e:?}")))?;
         let need = header
             .entries
             .iter()

@@ -117,6 +117,7 @@ fn sort_keys<'a>(
         .collect();
     let (mut kept, mut passthrough, mut dropped, mut unknown) =
         (Sample::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut elsewhere = Vec::new();
     for (name, x) in features {
         match plan.features.get(name) {
             Some(FeaturePlan::Tensor(_)) if wanted.contains(name.as_str()) => {
@@ -129,7 +130,7 @@ fn sort_keys<'a>(
             _ if opts.passthrough.contains(name) => passthrough.push(name.clone()),
             _ if plan.inputs.drop.contains(name) => dropped.push(name.clone()),
             // A feature of another workflow is not this workflow's to place.
-            Some(_) => unknown.push(name.clone()),
+            Some(_) => elsewhere.push(name.clone()),
             None => match plan.inputs.other_keys {
                 KeyPolicy::Refuse => unknown.push(name.clone()),
                 KeyPolicy::Drop => dropped.push(name.clone()),
@@ -139,6 +140,19 @@ fn sort_keys<'a>(
     }
     if !unknown.is_empty() {
         return Err(RuntimeError::Unknown { features: unknown });
+    }
+    if let (false, Some(workflow)) = (elsewhere.is_empty(), &opts.workflow) {
+        let features = elsewhere
+            .into_iter()
+            .map(|n| {
+                let ws = plan.workflows.iter().filter(|(_, fs)| fs.contains(&n));
+                (n.clone(), ws.map(|(w, _)| w.clone()).collect())
+            })
+            .collect();
+        return Err(RuntimeError::OtherWorkflow {
+            workflow: workflow.clone(),
+            features,
+        });
     }
     // A key asked to be passed through must be there: a typo would silently drop it.
     if let Some(absent) = opts.passthrough.iter().find(|n| !features.contains_key(*n)) {
