@@ -125,9 +125,22 @@ pub fn check(path: &Path, out: &Path) -> Result<String, Failure> {
     let mut problems = Vec::new();
     for f in &files {
         let dest = out.join(&f.name);
-        match std::fs::read_to_string(&dest) {
+        // Read as a regular file only: a FIFO there is named, never waited on.
+        let read = featshard_exec::files::open_regular(&dest).and_then(|mut file| {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut file, &mut text)
+                .map(|_| text)
+                .map_err(|e| featshard_exec::RuntimeError::Io {
+                    path: dest.display().to_string(),
+                    message: e.to_string(),
+                })
+        });
+        match read {
             Ok(text) if text == f.contents => {}
             Ok(_) => problems.push(format!("stale: {}", dest.display())),
+            Err(_) if dest.exists() => {
+                problems.push(format!("not a regular file: {}", dest.display()))
+            }
             Err(_) => problems.push(format!("missing: {}", dest.display())),
         }
     }

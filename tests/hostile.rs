@@ -249,7 +249,23 @@ fn generate_is_all_or_nothing_and_leaves_no_temporary() {
 
 #[test]
 fn a_spec_that_never_ends_is_refused_with_a_bounded_read() {
+    // A device or a FIFO is refused before it is read (a FIFO would wait forever).
     let out = featshard(&["validate", "/dev/zero"]);
+    refused(&out, &["not a regular file"]);
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("spec.yaml");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let out = featshard(&["validate", &fifo.display().to_string()]);
+    refused(&out, &["not a regular file"]);
+    // A regular file past the limit is read only up to it.
+    let big = dir.path().join("big.yaml");
+    let file = std::fs::File::create(&big).unwrap();
+    file.set_len(40 << 20).unwrap();
+    let out = featshard(&["validate", &big.display().to_string()]);
     refused(&out, &["more than the limit of 33554432 bytes"]);
 }
 

@@ -61,6 +61,11 @@ pub fn compile_file(path: &std::path::Path) -> Result<(Spec, Plan), Diagnostics>
 /// bounded, so a device or a pipe (`/dev/zero`) that never ends is refused too.
 pub fn read_spec(path: &std::path::Path) -> Result<String, String> {
     use std::io::Read;
+    // The type first: opening a FIFO for reading would wait for a writer forever.
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read spec: {e}"))?;
+    if !meta.is_file() {
+        return Err("cannot read spec: not a regular file".into());
+    }
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read spec: {e}"))?;
     let mut bytes = Vec::new();
     let limit = limits::MAX_SPEC_BYTES as u64;
