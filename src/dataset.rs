@@ -86,19 +86,8 @@ const MAX_LIST_BYTES: u64 = 64 << 20;
 /// An `@LIST` file's text: a regular file only (a FIFO is refused, never waited on),
 /// and at most [`MAX_LIST_BYTES`] (`@/dev/zero` is refused, not read until memory ends).
 fn read_list(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    let file = featshard_exec::files::open_regular(path).map_err(|e| e.to_string())?;
-    let mut bytes = Vec::new();
-    file.take(MAX_LIST_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_LIST_BYTES {
-        return Err(format!(
-            "{}: a list of more than {} MB of paths",
-            path.display(),
-            MAX_LIST_BYTES >> 20
-        ));
-    }
+    let bytes =
+        featshard_exec::files::read_bounded(path, MAX_LIST_BYTES).map_err(|e| e.to_string())?;
     String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))
 }
 

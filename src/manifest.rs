@@ -10,19 +10,9 @@ const MAX_MANIFEST_BYTES: u64 = 2 << 30;
 
 /// A manifest's text: a regular file only (never waited on as a FIFO), bounded.
 pub fn read_text(path: &std::path::Path) -> Result<String, String> {
-    use std::io::Read;
-    let file = featshard_exec::files::open_regular(path).map_err(|e| e.to_string())?;
-    let mut text = String::new();
-    file.take(MAX_MANIFEST_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if text.len() as u64 > MAX_MANIFEST_BYTES {
-        return Err(format!(
-            "{}: more than {MAX_MANIFEST_BYTES} bytes, not a manifest",
-            path.display()
-        ));
-    }
-    Ok(text)
+    let bytes =
+        featshard_exec::files::read_bounded(path, MAX_MANIFEST_BYTES).map_err(|e| e.to_string())?;
+    String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))
 }
 
 /// A file's size and CRC-32, read in pieces (a finished sample being verified); a

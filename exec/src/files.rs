@@ -118,6 +118,20 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File, RuntimeError> {
     Ok(file)
 }
 
+/// A regular file's bytes, at most `limit` of them: more is an error naming the file
+/// (an endless or huge file is refused, not read until memory ends).
+pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, RuntimeError> {
+    let file = open_regular(path)?;
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| io(path, format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > limit {
+        return Err(io(path, format!("more than {limit} bytes")));
+    }
+    Ok(bytes)
+}
+
 /// The header as JSON, the size of the data after it, and where the data starts.
 fn header_json(path: &Path) -> Result<(serde_json::Value, u64, u64), RuntimeError> {
     header_json_of(&mut open_regular(path)?, path)
