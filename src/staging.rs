@@ -90,7 +90,8 @@ fn own_prefix(out: &Path) -> String {
     format!("{}{}.", prefix(out), std::process::id())
 }
 
-/// An existing `out` must be of `kind` (and not a link), or absent.
+/// An existing `out` must be a folder (`want_dir`) or a regular file, and not a link;
+/// an absent one is fine.
 pub fn check_existing(out: &Path, want_dir: bool) -> Result<(), Failure> {
     let Ok(m) = fs::symlink_metadata(out) else {
         return Ok(());
