@@ -9,40 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod support;
+
+use support::cli::{featshard, root, shard, shard_command, spec};
 
 fn real(name: &str) -> PathBuf {
     root().join("tests/data/real").join(name)
-}
-
-fn spec() -> String {
-    root().join("examples/boltz2.yaml").display().to_string()
-}
-
-fn featshard(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_featshard"))
-        .args(args)
-        .current_dir(root())
-        .stdin(Stdio::null())
-        .output()
-        .expect("run featshard")
-}
-
-fn shard(features: &Path, mesh: &str, out: &Path) -> Output {
-    featshard(&[
-        "shard",
-        &spec(),
-        "--features",
-        &features.display().to_string(),
-        "--mesh",
-        mesh,
-        "--workflow",
-        "inference",
-        "--out",
-        &out.display().to_string(),
-    ])
 }
 
 /// Exit 1 (not a panic's 101 or a signal) with every needle in stderr.
@@ -229,12 +201,7 @@ fn an_output_larger_than_the_disk_or_sane_is_refused_before_the_first_byte() {
 /// finished first (too fast to catch on this machine).
 fn interrupt_shard(signal: i32, dir: &Path, input: &Path) -> Option<Output> {
     let out = dir.join("shards");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_featshard"))
-        .args(["shard", &spec(), "--features"])
-        .arg(input)
-        .args(["--mesh", "12x12", "--workflow", "inference", "--out"])
-        .arg(&out)
-        .stdin(Stdio::null())
+    let mut child = shard_command(&input.display().to_string(), "12x12", &out)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -477,12 +444,7 @@ fn within(secs: u64, mut cmd: Command) -> Output {
 }
 
 fn shard_cmd(features: &str, out: &Path) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_featshard"));
-    cmd.args(["shard", &spec(), "--features", features])
-        .args(["--mesh", "2x2", "--workflow", "inference", "--out"])
-        .arg(out)
-        .current_dir(root());
-    cmd
+    shard_command(features, "2x2", out)
 }
 
 #[test]

@@ -4,26 +4,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+mod support;
 
 use featshard_runtime::synthetic::{self, Shape};
+use support::cli::{featshard, root, shard, spec};
 use tch::Tensor;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn featshard(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_featshard"))
-        .args(args)
-        .current_dir(root())
-        .output()
-        .expect("run featshard")
-}
-
-fn spec() -> String {
-    root().join("examples/boltz2.yaml").display().to_string()
-}
 
 fn write_sample(path: &Path, drop: Option<&str>) -> BTreeMap<String, Tensor> {
     let (_, plan) = featshard::spec::compile_file(&root().join("examples/boltz2.yaml")).unwrap();
@@ -234,21 +220,6 @@ fn real(name: &str) -> PathBuf {
         .join(format!("{name}.safetensors"))
 }
 
-fn shard_to(input: &Path, mesh: &str, out: &Path) -> Output {
-    featshard(&[
-        "shard",
-        &spec(),
-        "--features",
-        &input.display().to_string(),
-        "--mesh",
-        mesh,
-        "--workflow",
-        "inference",
-        "--out",
-        &out.display().to_string(),
-    ])
-}
-
 /// `featshard assemble` (the byte executor on mapped rank files) writes the file the
 /// tch runtime's `assemble` and `unpad` (its adapter over the executor, on tensors read
 /// by libtorch) make of the same rank files, serialized by safetensors, byte for byte
@@ -320,7 +291,7 @@ fn real_featurizer_samples_shard_and_assemble_back() {
             let shards = dir
                 .path()
                 .join(format!("{}-{mesh}", name.replace('/', "_")));
-            let out = shard_to(&real(name), mesh, &shards);
+            let out = shard(&real(name), mesh, &shards);
             assert!(
                 out.status.success(),
                 "{name} {mesh}: {}",
@@ -391,7 +362,7 @@ fn metadata_in_the_sample_header_reaches_every_rank_file_and_comes_back() {
     .into();
     featshard::files::write(&input, &tensors, &meta).unwrap();
     let shards = dir.path().join("shards");
-    let out = shard_to(&input, "2x2", &shards);
+    let out = shard(&input, "2x2", &shards);
     assert!(
         out.status.success(),
         "{}",
@@ -476,7 +447,7 @@ fn bad_real_input_is_refused_by_name_and_writes_nothing() {
     ];
     for (input, needles) in cases {
         let shards = dir.path().join("shards");
-        let out = shard_to(&input, "2x2", &shards);
+        let out = shard(&input, "2x2", &shards);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{}: {err}", input.display());
         for n in needles {

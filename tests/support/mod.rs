@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod cli;
+
 use featshard_spec::compile_str;
 
 /// The rendered errors of a spec that must be rejected.
