@@ -14,6 +14,7 @@ use crate::array::Array;
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
+use crate::local_ids::{self, for_each_index, Direction};
 use crate::validate::tensor_plan;
 
 /// One feature's values, owned: dtype, shape and row-major bytes.
@@ -134,7 +135,15 @@ fn assemble_feature(
             ));
         }
         let mut bytes = block.to_bytes();
-        shift_back(name, t, layout, &s.local_shape, coord, &mut bytes)?;
+        local_ids::shift(
+            name,
+            t,
+            layout,
+            &s.local_shape,
+            coord,
+            &mut bytes,
+            Direction::ToPadded,
+        )?;
         let window = t.block_window(&s.local_shape, coord);
         let key: Vec<usize> = t
             .axes
@@ -157,80 +166,6 @@ fn assemble_feature(
         }
     }
     Ok(full)
-}
-
-/// Shard-local ids (`Remap::ShardLocal`) back to the padded layout: the start of the
-/// holding shard added to every real entry (pads stay the pad value).
-fn shift_back(
-    name: &str,
-    t: &TensorPlan,
-    layout: &SampleLayout,
-    local: &[usize],
-    coord: [usize; 2],
-    bytes: &mut [u8],
-) -> Result<(), RuntimeError> {
-    let Remap::ShardLocal { of, mesh_axis } = &t.remap else {
-        return Ok(());
-    };
-    let start = layout
-        .shard_start(of, *mesh_axis, coord)
-        .ok_or_else(|| blocks_error(name, format!("the layout has no length for `{of}`")))?;
-    let window = t.block_window(local, coord);
-    let real: Vec<Vec<bool>> = t
-        .axes
-        .iter()
-        .zip(&window)
-        .map(|(a, &(at, n))| {
-            let real = real_positions(layout, a.semantic.as_deref(), at + n);
-            real[at..at + n].to_vec()
-        })
-        .collect();
-    let es = dtype::size(t.dtype);
-    let mut buf = Vec::with_capacity(es);
-    for_each_index(local, |flat, idx| {
-        if idx.iter().zip(&real).all(|(&i, r)| r[i]) {
-            let at = flat * es;
-            let v = dtype::read_i64(t.dtype, &bytes[at..at + es]);
-            buf.clear();
-            dtype::encode_i64(t.dtype, v + start as i64, &mut buf);
-            bytes[at..at + es].copy_from_slice(&buf);
-        }
-    });
-    Ok(())
-}
-
-/// Which of the first `n` padded positions of an axis of `semantic` hold a real item.
-fn real_positions(layout: &SampleLayout, semantic: Option<&str>, n: usize) -> Vec<bool> {
-    let Some(s) = semantic else {
-        return vec![true; n];
-    };
-    match layout.positions.get(s) {
-        Some(pos) => {
-            let mut real = vec![false; n];
-            pos.iter().filter(|&&p| p < n).for_each(|&p| real[p] = true);
-            real
-        }
-        None => {
-            let len = layout.sizes.get(s).copied().unwrap_or(0);
-            (0..n).map(|g| g < len).collect()
-        }
-    }
-}
-
-/// Calls `f(flat, index)` for every index of `shape`, in row-major order.
-fn for_each_index(shape: &[usize], mut f: impl FnMut(usize, &[usize])) {
-    let n: usize = shape.iter().product();
-    let mut idx = vec![0usize; shape.len()];
-    for flat in 0..n {
-        f(flat, &idx);
-        for d in (0..shape.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < shape[d] {
-                break;
-            }
-            idx[d] = 0;
-        }
-    }
 }
 
 /// A box `(start, len)` per axis of a row-major tensor: its rows are contiguous runs.

@@ -5,7 +5,7 @@
 use std::io;
 
 use featshard_spec::ir::DType;
-use featshard_spec::plan::{Plan, Remap, TensorPlan};
+use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use crate::array::Array;
 use crate::dtype;
@@ -28,6 +28,7 @@ pub struct FeatureBlocks<'p, 'a> {
     placed: Option<(&'p TensorPlan, Vec<AxisMap<'p>>)>,
     pad: Vec<u8>,
     plan: &'p Plan,
+    layout: &'p SampleLayout,
 }
 
 /// Every feature of `placed`, placed ones then passthrough ones, each sorted by name.
@@ -37,22 +38,19 @@ pub fn feature_blocks<'p, 'a>(
 ) -> Result<Vec<FeatureBlocks<'p, 'a>>, RuntimeError> {
     let mut out = Vec::new();
     for (name, x) in &placed.arrays {
-        let t = tensor_plan(plan, name)?;
         let shapes = placed
             .shapes
             .get(name)
             .ok_or_else(|| RuntimeError::Missing {
                 feature: name.clone(),
             })?;
-        out.push(FeatureBlocks {
-            name: name.clone(),
-            dtype: x.dtype(),
-            shape: shapes.local_shape.clone(),
-            x,
-            placed: Some((t, axis_maps(t, shapes, &placed.layout))),
-            pad: dtype::pad_bytes(x.dtype(), t.pad_value),
+        out.push(FeatureBlocks::placed(
             plan,
-        });
+            name,
+            x,
+            shapes,
+            &placed.layout,
+        )?);
     }
     for (name, x) in &placed.passthrough {
         out.push(FeatureBlocks {
@@ -63,9 +61,34 @@ pub fn feature_blocks<'p, 'a>(
             placed: None,
             pad: Vec::new(),
             plan,
+            layout: &placed.layout,
         });
     }
     Ok(out)
+}
+
+impl<'p, 'a> FeatureBlocks<'p, 'a> {
+    /// One placed feature: `x` at its serial shape, index values in the padded layout
+    /// (as [`Placed::arrays`] holds it), laid out by `layout`.
+    pub fn placed(
+        plan: &'p Plan,
+        name: &str,
+        x: &'p Array<'a>,
+        shapes: &FeatureShapes,
+        layout: &'p SampleLayout,
+    ) -> Result<Self, RuntimeError> {
+        let t = tensor_plan(plan, name)?;
+        Ok(FeatureBlocks {
+            name: name.to_owned(),
+            dtype: x.dtype(),
+            shape: shapes.local_shape.clone(),
+            x,
+            placed: Some((t, axis_maps(t, shapes, layout))),
+            pad: dtype::pad_bytes(x.dtype(), t.pad_value),
+            plan,
+            layout,
+        })
+    }
 }
 
 impl FeatureBlocks<'_, '_> {
@@ -85,7 +108,7 @@ impl FeatureBlocks<'_, '_> {
     pub fn shape_of(&self, placed: &Placed, part: Part) -> Vec<usize> {
         match (part, &self.placed) {
             (Part::Block(coord), Some(_)) if self.plan.mesh.is_domain() => self
-                .window(placed, coord)
+                .window(coord)
                 .map_or_else(Vec::new, |w| w.iter().map(|&(_, n)| n).collect()),
             (Part::Block(_), _) | (_, None) => self.shape.clone(),
             (Part::Padded, Some((_, axes))) => axes.iter().map(|a| a.padded).collect(),
@@ -98,7 +121,7 @@ impl FeatureBlocks<'_, '_> {
     pub fn write_part(&self, placed: &Placed, part: Part, sink: &mut impl Sink) -> io::Result<()> {
         match (part, &self.placed) {
             (_, None) => write_whole(self.x, sink),
-            (Part::Block(coord), Some(_)) => self.write(placed, coord, sink),
+            (Part::Block(coord), Some(_)) => self.write(coord, sink),
             (Part::Padded, Some((_, axes))) => {
                 let window: Vec<(usize, usize)> = axes.iter().map(|a| (0, a.padded)).collect();
                 write_window(self.x, &self.pad, axes, &window, sink)
@@ -108,27 +131,19 @@ impl FeatureBlocks<'_, '_> {
     }
 
     /// Writes the block of the rank at CP coordinate `coord` into `sink`, row-major.
-    pub fn write(
-        &self,
-        placed: &Placed,
-        coord: [usize; 2],
-        sink: &mut impl Sink,
-    ) -> io::Result<()> {
+    pub fn write(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
         let Some((t, axes)) = &self.placed else {
             return write_whole(self.x, sink);
         };
-        let window = self.window(placed, coord).ok_or_else(|| {
+        let window = self.window(coord).ok_or_else(|| {
             io::Error::other(format!(
                 "feature `{}`: no block at coordinate {coord:?} of mesh {:?}",
-                self.name, placed.layout.mesh
+                self.name, self.layout.mesh
             ))
         })?;
         match &t.remap {
             Remap::ShardLocal { of, mesh_axis } => {
-                let start = placed
-                    .layout
-                    .shard_start(of, *mesh_axis, coord)
-                    .unwrap_or(0);
+                let start = self.layout.shard_start(of, *mesh_axis, coord).unwrap_or(0);
                 let mut shifted = Shift {
                     out: sink,
                     dtype: self.dtype,
@@ -141,16 +156,40 @@ impl FeatureBlocks<'_, '_> {
         }
     }
 
+    /// Writes the region `window` (`(start, len)` per axis) of the feature's padded
+    /// layout into `sink`, row-major, index values in the padded layout. A window
+    /// reaching past the padded shape is refused.
+    pub fn write_region(&self, window: &[(usize, usize)], sink: &mut impl Sink) -> io::Result<()> {
+        let Some((_, axes)) = &self.placed else {
+            return Err(io::Error::other(format!(
+                "feature `{}` is carried along whole: it has no padded layout",
+                self.name
+            )));
+        };
+        let fits = window.len() == axes.len()
+            && window
+                .iter()
+                .zip(axes)
+                .all(|(&(start, len), a)| start.checked_add(len).is_some_and(|e| e <= a.padded));
+        if !fits {
+            let padded: Vec<usize> = axes.iter().map(|a| a.padded).collect();
+            return Err(io::Error::other(format!(
+                "feature `{}`: window {window:?} is not inside its padded shape {padded:?}",
+                self.name
+            )));
+        }
+        write_window(self.x, &self.pad, axes, window, sink)
+    }
+
     /// The window of the padded layout the rank at `coord` holds: its equal block on a
     /// CP plan, its `torch.chunk` piece or equal block per axis on a domain plan.
-    fn window(&self, placed: &Placed, coord: [usize; 2]) -> Option<Vec<(usize, usize)>> {
+    pub fn window(&self, coord: [usize; 2]) -> Option<Vec<(usize, usize)>> {
         let (t, axes) = self.placed.as_ref()?;
         if !self.plan.mesh.is_domain() {
             return Some(t.block_window(&self.shape, coord));
         }
         let global: Vec<usize> = axes.iter().map(|a| a.padded).collect();
-        self.plan
-            .domain_window(t, &global, placed.layout.mesh, coord)
+        self.plan.domain_window(t, &global, self.layout.mesh, coord)
     }
 }
 

@@ -20,6 +20,7 @@ pub mod dtype;
 pub mod error;
 pub mod files;
 pub mod intake;
+pub mod local_ids;
 pub mod mapping;
 pub mod place;
 pub mod rank_files;

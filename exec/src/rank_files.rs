@@ -40,7 +40,6 @@ pub fn write_rank_files(
     let threads = threads.clamp(1, world.max(1));
     let write = |rank: usize| {
         let file = RankFile {
-            placed,
             entries: &entries,
             coord: coords(placed.layout.mesh, rank),
         };
@@ -113,7 +112,6 @@ fn entries<'p, 'a>(
 
 /// One rank's file.
 struct RankFile<'r, 'p, 'a> {
-    placed: &'p Placed<'a>,
     entries: &'r [FeatureBlocks<'p, 'a>],
     coord: [usize; 2],
 }
@@ -129,7 +127,7 @@ impl RankFile<'_, '_, '_> {
         out.copy(&files::header(&keyed, header)?)
             .map_err(|e| write_error(path, e))?;
         for e in self.entries {
-            e.write(self.placed, self.coord, &mut out)
+            e.write(self.coord, &mut out)
                 .map_err(|err| write_error(path, err))?;
         }
         out.finish()

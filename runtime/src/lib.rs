@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Every rule (placements, padded lengths, owner-block positions, remaps) comes from
-//! the plan; this crate only moves tensors accordingly.
+//! the plan, and every check, padded window, block and the way back run in the byte
+//! executor (`featshard_exec`) on views of tensor memory: this crate adapts tensors to
+//! it, and distributes blocks over c10d.
 
 // `unsafe` only in the FFI boundary modules (`dist::ffi`, `views`), which allow it.
 #![deny(unsafe_code)]

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use featshard_spec::ir::PadValue;
 use featshard_spec::pack::{PackPlan, PackedForm, PAD_ID};
 use featshard_spec::plan::Plan;
 use featshard_spec::plan::CP_AXES;
@@ -11,9 +12,11 @@ use tch::{Kind, Tensor};
 use crate::error::{RuntimeError, TorchContext};
 use crate::intake::intake_checked;
 use crate::pad::IntakeReport;
-use crate::pad::{pad_feature, position_tensors, write_padded, AxisMap, Padded};
+use crate::pad::{pad_feature, Padded};
 use crate::sample::{Features, Options};
 use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
+use crate::views::{new_written, view};
+use featshard_exec::place::AxisMap;
 
 /// A sample with one semantic packed.
 #[derive(Debug)]
@@ -45,7 +48,14 @@ pub fn pack(
     let features = &taken.features;
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
     let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
-    let positions = position_tensors(&layout);
+    let positions: BTreeMap<String, Tensor> = layout
+        .positions
+        .iter()
+        .map(|(s, p)| {
+            let p: Vec<i64> = p.iter().map(|&v| v as i64).collect();
+            (s.clone(), Tensor::from_slice(&p))
+        })
+        .collect();
     let len = checked.sizes.get(semantic).copied().unwrap_or(0);
     let packed_len = Plan::packed_length(pack.window, len, mesh);
     let mut packed = Packed {
@@ -86,23 +96,40 @@ pub fn pack(
             .enumerate()
             .map(|(d, s)| match s.as_deref() {
                 Some(s) if s == semantic => AxisMap {
-                    padded: packed_len as i64,
+                    padded: packed_len,
                     positions: None,
                 },
                 Some(s) => AxisMap {
-                    padded: packed.rest.layout.padded.get(s).copied().unwrap_or(0) as i64,
+                    padded: packed.rest.layout.padded.get(s).copied().unwrap_or(0),
                     positions: packed.rest.layout.positions.get(s).map(Vec::as_slice),
                 },
                 None => AxisMap {
-                    padded: src.size()[d],
+                    padded: src.size()[d] as usize,
                     positions: None,
                 },
             })
             .collect();
-        let out = write_padded(name, &src, pf.pad_value, &axes)?;
+        let out = write_layout(plan, name, &src, pf.pad_value, &axes)?;
         packed.tensors.insert(name.clone(), out);
     }
     Ok(packed)
+}
+
+/// `x` in the layout `axes`, in a new tensor, by the byte executor.
+fn write_layout(
+    plan: &Plan,
+    name: &str,
+    x: &Tensor,
+    pad: PadValue,
+    axes: &[AxisMap],
+) -> Result<Tensor, RuntimeError> {
+    let seen = view(plan, name, x)?;
+    let pad = featshard_exec::dtype::pad_bytes(seen.dtype(), pad);
+    let shape: Vec<usize> = axes.iter().map(|a| a.padded).collect();
+    let whole: Vec<(usize, usize)> = shape.iter().map(|&n| (0, n)).collect();
+    new_written(name, &shape, x.kind(), x.device(), |sink| {
+        featshard_exec::window::write_window(&seen, &pad, axes, &whole, sink)
+    })
 }
 
 /// A one-hot map along `axis` as ids: the index of each row's one in `of`'s global

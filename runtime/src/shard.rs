@@ -7,18 +7,19 @@
 
 use std::collections::BTreeMap;
 
+use featshard_exec::assemble::Dense;
+use featshard_exec::local_ids::{self, Direction};
 use featshard_spec::ir::Placement;
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{Plan, Remap, SampleLayout, TensorPlan};
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::kind_of;
-use crate::pad::{dims, position_tensors, Padded, Placed};
+use crate::pad::{dims, Padded, Placed};
 use crate::sample::{tensor_plan, Features};
-use crate::views::views;
-use featshard_exec::assemble::Dense;
+use crate::views::{view, views, write_into};
 
 /// What `DTensor.from_local` needs besides the local tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,7 +73,10 @@ impl Padded {
             })?;
         let shapes = &self.shapes[name];
         let view = narrow_to_block(name, t, x, &shapes.local_shape, coord)?;
-        let view = shift_ids(name, t, &view, coord, &self.layout, -1)?;
+        let view = match t.remap {
+            Remap::ShardLocal { .. } => to_local_ids(plan, name, t, &view, coord, &self.layout)?,
+            _ => view,
+        };
         Ok(LocalBlock {
             tensor: view,
             meta: DTensorMeta {
@@ -99,8 +103,8 @@ impl Padded {
 
 impl Placed {
     /// One feature's block on the rank at `coord`, written into `out` (a tensor or view
-    /// of the block's shape and dtype): the values [`Padded::block`] views, written
-    /// straight from the serial sample.
+    /// of the block's shape and dtype) by the byte executor, straight from the serial
+    /// sample: the values [`Padded::block`] views.
     pub fn write_block(
         &self,
         plan: &Plan,
@@ -109,21 +113,25 @@ impl Placed {
         out: &mut Tensor,
     ) -> Result<DTensorMeta, RuntimeError> {
         let t = tensor_plan(plan, name)?;
-        let (_, shapes) = self.feature(name)?;
-        self.write_window(
-            plan,
-            name,
-            &block_window(t, &shapes.local_shape, coord),
-            out,
-        )?;
-        if matches!(t.remap, Remap::ShardLocal { .. }) {
-            let local = shift_ids(name, t, out, coord, &self.layout, -1)?;
-            out.f_copy_(&local).feature(name)?;
-        }
-        Ok(DTensorMeta {
-            global_shape: shapes.global_shape.clone(),
-            stride: contiguous_stride(&shapes.global_shape),
-            placements: t.placements.clone(),
+        self.with_blocks(plan, name, |blocks, x, shapes| {
+            if out.size() != dims(&shapes.local_shape) || out.kind() != x.kind() {
+                return Err(RuntimeError::Blocks {
+                    feature: name.to_owned(),
+                    message: format!(
+                        "a block of shape {:?} ({:?}) written into a {:?} tensor of shape {:?}",
+                        shapes.local_shape,
+                        x.kind(),
+                        out.kind(),
+                        out.size()
+                    ),
+                });
+            }
+            write_into(name, out, |sink| blocks.write(coord, sink))?;
+            Ok(DTensorMeta {
+                global_shape: shapes.global_shape.clone(),
+                stride: contiguous_stride(&shapes.global_shape),
+                placements: t.placements.clone(),
+            })
         })
     }
 }
@@ -157,73 +165,30 @@ fn narrow_to_block(
     Ok(view)
 }
 
-/// Shard-local index values (`Remap::ShardLocal`): subtract (`sign = -1`) or add back
-/// (`+1`) the start of the holding shard in the padded layout, at real positions only.
-/// Other features are returned as they are.
-fn shift_ids(
+/// A block of the padded layout with its shard-local ids made local, in a new tensor
+/// (by the byte executor, `featshard_exec::local_ids`).
+fn to_local_ids(
+    plan: &Plan,
     name: &str,
     t: &TensorPlan,
     block: &Tensor,
     coord: [usize; CP_AXES],
     layout: &SampleLayout,
-    sign: i64,
 ) -> Result<Tensor, RuntimeError> {
-    let Remap::ShardLocal { of, mesh_axis } = &t.remap else {
-        return Ok(block.shallow_clone());
-    };
-    let mesh_axis = *mesh_axis;
-    let start = layout
-        .shard_start(of, mesh_axis, coord)
-        .ok_or_else(|| RuntimeError::Blocks {
-            feature: name.to_owned(),
-            message: format!("the layout has no length for `{of}`"),
-        })? as i64;
-    let real = real_mask(name, t, layout, block.size().as_slice(), coord)?;
-    let shift = real
-        .f_to_kind(block.kind())
-        .and_then(|r| r.f_mul_scalar(sign * start))
-        .feature(name)?;
-    block.f_add(&shift).feature(name)
-}
-
-/// True at the real (non-pad) entries of a feature's block at `coord`.
-fn real_mask(
-    name: &str,
-    t: &TensorPlan,
-    layout: &SampleLayout,
-    block_shape: &[i64],
-    coord: [usize; CP_AXES],
-) -> Result<Tensor, RuntimeError> {
-    let positions = position_tensors(layout);
-    let rank = t.axes.len();
-    let mut mask = Tensor::f_ones([1i64], (Kind::Bool, Device::Cpu)).feature(name)?;
-    for (d, a) in t.axes.iter().enumerate() {
-        let Some(s) = &a.semantic else { continue };
-        let padded = layout.padded.get(s).copied().unwrap_or(0) as i64;
-        let len = layout.sizes.get(s).copied().unwrap_or(0) as i64;
-        let mut axis = match positions.get(s) {
-            Some(pos) => {
-                let mut m = Tensor::f_zeros([padded], (Kind::Bool, Device::Cpu)).feature(name)?;
-                let ones =
-                    Tensor::f_ones([pos.size()[0]], (Kind::Bool, Device::Cpu)).feature(name)?;
-                let _ = m.f_index_copy_(0, pos, &ones).feature(name)?;
-                m
-            }
-            None => Tensor::f_arange(padded, (Kind::Int64, Device::Cpu))
-                .and_then(|r| r.f_lt(len))
-                .feature(name)?,
-        };
-        if let Some(m) = a.split.mesh_axis() {
-            let n = block_shape[d];
-            axis = axis.f_narrow(0, coord[m] as i64 * n, n).feature(name)?;
-        }
-        let mut view_shape = vec![1i64; rank];
-        view_shape[d] = -1;
-        mask = mask
-            .f_logical_and(&axis.f_view(view_shape.as_slice()).feature(name)?)
-            .feature(name)?;
-    }
-    Ok(mask)
+    let shape: Vec<usize> = block.size().iter().map(|&d| d as usize).collect();
+    let mut bytes = view(plan, name, block)?.to_bytes();
+    local_ids::shift(
+        name,
+        t,
+        layout,
+        &shape,
+        coord,
+        &mut bytes,
+        Direction::ToLocal,
+    )?;
+    Tensor::f_from_data_size(&bytes, &dims(&shape), block.kind())
+        .and_then(|y| y.f_to_device(block.device()))
+        .feature(name)
 }
 
 /// Every rank's blocks (rank-ordered) back into the padded global features, by the

@@ -3,11 +3,15 @@
 //! in place (no copy); any other is copied to the CPU for the checks. What the executor
 //! selects from a feature (incoming pads cut, unowned rows dropped) is then applied to
 //! the original tensor on its own device; what it makes (remapped ids, derived
-//! features) comes back as a new tensor. The FFI boundary for tensor memory.
+//! features) comes back as a new tensor; what it writes (padded layouts, blocks) goes
+//! straight into tensor memory. The FFI boundary for tensor memory.
 
 #![allow(unsafe_code)]
 
+use std::io;
+
 use featshard_exec::array::{Array, Sel};
+use featshard_exec::blocks::SliceSink;
 use featshard_exec::files::Sample;
 use featshard_spec::ir::DType;
 use featshard_spec::plan::Plan;
@@ -98,4 +102,60 @@ fn select(name: &str, x: &Tensor, a: &Array) -> Result<Tensor, RuntimeError> {
         .feature(name)?;
     }
     Ok(y)
+}
+
+/// Runs `write` on the memory of `out`, which it must fill exactly: in place for a
+/// contiguous CPU tensor, else through a buffer copied into `out` after.
+pub(crate) fn write_into(
+    name: &str,
+    out: &Tensor,
+    write: impl FnOnce(&mut SliceSink) -> io::Result<()>,
+) -> Result<(), RuntimeError> {
+    let bytes = out.numel() * out.kind().elt_size_in_bytes();
+    let fill = |data: &mut [u8]| {
+        let mut sink = SliceSink::new(data);
+        write(&mut sink)
+            .and_then(|()| match sink.written() == bytes {
+                true => Ok(()),
+                false => Err(io::Error::other(format!(
+                    "{} bytes written into a block of {bytes}",
+                    sink.written()
+                ))),
+            })
+            .map_err(|e| RuntimeError::Blocks {
+                feature: name.to_owned(),
+                message: e.to_string(),
+            })
+    };
+    if bytes == 0 {
+        return fill(&mut []);
+    }
+    if out.device() == Device::Cpu && out.is_contiguous() {
+        // SAFETY: a contiguous CPU tensor of `numel` elements holds `bytes` bytes at
+        // `data_ptr`, alive while `out` is; nothing else reads or writes them while the
+        // block is written (callers own the tensor they hand in).
+        let data = unsafe { std::slice::from_raw_parts_mut(out.data_ptr() as *mut u8, bytes) };
+        return fill(data);
+    }
+    let mut data = vec![0u8; bytes];
+    fill(&mut data)?;
+    let made = Tensor::f_from_data_size(&data, &out.size(), out.kind()).feature(name)?;
+    out.shallow_clone().f_copy_(&made).feature(name)
+}
+
+/// A new tensor of `shape` and `kind` on `device`, filled by `write` (see [`write_into`]).
+pub(crate) fn new_written(
+    name: &str,
+    shape: &[usize],
+    kind: Kind,
+    device: Device,
+    write: impl FnOnce(&mut SliceSink) -> io::Result<()>,
+) -> Result<Tensor, RuntimeError> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let cpu = Tensor::f_empty(dims.as_slice(), (kind, Device::Cpu)).feature(name)?;
+    write_into(name, &cpu, write)?;
+    match device {
+        Device::Cpu => Ok(cpu),
+        d => cpu.f_to_device(d).feature(name),
+    }
 }
