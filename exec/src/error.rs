@@ -49,6 +49,13 @@ pub enum RuntimeError {
         expected: usize,
         first: String,
     },
+    /// A domain plan's batch axis is not 1 long.
+    BatchSize {
+        feature: String,
+        axis: usize,
+        semantic: String,
+        got: usize,
+    },
     /// An owner count or owner map is inconsistent with the owned axis.
     Ownership {
         feature: String,
@@ -176,6 +183,10 @@ impl fmt::Display for RuntimeError {
             Length { feature, axis, semantic, got, expected, first } => write!(
                 f,
                 "feature `{feature}`, axis {axis} ({semantic}): length {got}, but feature `{first}` has {semantic} length {expected}"
+            ),
+            BatchSize { feature, axis, semantic, got } => write!(
+                f,
+                "feature `{feature}`, axis {axis} ({semantic}): the per-domain-group batch size must be 1, got {got}; scale the batch over the data-parallel axis"
             ),
             Ownership { feature, axis, semantic, message } => {
                 write!(f, "feature `{feature}`, axis {axis} ({semantic}): {message}")

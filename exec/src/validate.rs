@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use featshard_spec::ir::DType;
 use featshard_spec::ir::Role;
 use featshard_spec::layout::count_total;
 use featshard_spec::plan::{Ownership, Padding, Plan, ResolveError, TensorPlan};
@@ -73,7 +74,8 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
     let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
     let mut first: BTreeMap<String, String> = BTreeMap::new();
     for name in &names {
-        check_shape(plan, name, &features[name], &mut sizes, &mut first)?;
+        let x = &features[name];
+        check_shape(plan, name, x.dtype(), &x.shape(), &mut sizes, &mut first)?;
     }
     let owners = ownership(plan, features, &sizes)?;
     for name in &names {
@@ -88,17 +90,36 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
     })
 }
 
+/// The checks of [`check`] that need no values, on the dtype and shape of every tensor
+/// feature the plan places (a file's header, or a sample known by its lengths): every
+/// one present, rank, dtype, channel sizes, one length per semantic. Returns the
+/// semantics' lengths.
+pub fn check_shapes(
+    plan: &Plan,
+    shapes: &BTreeMap<String, (DType, Vec<usize>)>,
+) -> Result<BTreeMap<String, usize>, RuntimeError> {
+    let (mut sizes, mut first) = (BTreeMap::new(), BTreeMap::new());
+    // A domain model's parameters and outputs are the model's, never in a sample.
+    for (name, _) in plan.tensors().filter(|(_, t)| !t.parameter && !t.output) {
+        let (dtype, shape) = shapes.get(name).ok_or_else(|| RuntimeError::Missing {
+            feature: name.to_owned(),
+        })?;
+        check_shape(plan, name, *dtype, shape, &mut sizes, &mut first)?;
+    }
+    Ok(sizes)
+}
+
 /// Rank, dtype, channel sizes, and the length of each semantic (the first feature
 /// with it sets it).
 fn check_shape(
     plan: &Plan,
     name: &str,
-    x: &Array,
+    dtype: DType,
+    shape: &[usize],
     sizes: &mut BTreeMap<String, usize>,
     first: &mut BTreeMap<String, String>,
 ) -> Result<(), RuntimeError> {
     let t = tensor_plan(plan, name)?;
-    let shape = x.shape();
     if shape.len() != t.axes.len() {
         return Err(RuntimeError::Rank {
             feature: name.to_owned(),
@@ -106,14 +127,14 @@ fn check_shape(
             got: shape.iter().map(|&d| d as i64).collect(),
         });
     }
-    if x.dtype() != t.dtype {
+    if dtype != t.dtype {
         return Err(RuntimeError::DType {
             feature: name.to_owned(),
             expected: t.dtype.name().to_owned(),
-            got: x.dtype().name().to_owned(),
+            got: dtype.name().to_owned(),
         });
     }
-    for (axis, (a, &n)) in t.axes.iter().zip(&shape).enumerate() {
+    for (axis, (a, &n)) in t.axes.iter().zip(shape).enumerate() {
         match (&a.semantic, a.size) {
             (None, Some(size)) if n as u64 != size => {
                 return Err(RuntimeError::ChannelSize {
@@ -121,6 +142,14 @@ fn check_shape(
                     axis,
                     expected: size,
                     got: n as i64,
+                });
+            }
+            (Some(s), _) if n != 1 && plan.semantics.get(s).is_some_and(|p| p.batch) => {
+                return Err(RuntimeError::BatchSize {
+                    feature: name.to_owned(),
+                    axis,
+                    semantic: s.clone(),
+                    got: n,
                 });
             }
             (Some(s), _) => match sizes.get(s) {

@@ -10,7 +10,6 @@ Rust functions the executors use.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Sequence
 from typing import Any, TypedDict
@@ -45,7 +44,7 @@ def plan(spec: str | os.PathLike[str]) -> dict[str, Any]:
 
     Raises ``ValueError`` with the spec error, its file, line and column.
     """
-    result: dict[str, Any] = json.loads(plan_json(os.fspath(spec)))
+    result: dict[str, Any] = _native.plan_ir(os.fspath(spec))
     return result
 
 
@@ -60,7 +59,7 @@ class BlockLayout(TypedDict):
 class Layout(TypedDict):
     """One sample laid out on one mesh."""
 
-    mesh: list[int]
+    mesh: tuple[int, int]
     sizes: dict[str, int]
     padded: dict[str, int]
     positions: dict[str, list[int]]
@@ -117,7 +116,7 @@ class Plan:
     @functools.cached_property
     def ir(self) -> dict[str, Any]:
         """The Plan IR (what ``<module>.plan.json`` holds), read once."""
-        result: dict[str, Any] = json.loads(self._native.json())
+        result: dict[str, Any] = self._native.ir()
         return result
 
     @property
@@ -135,18 +134,14 @@ class Plan:
         """One sample's layout on ``mesh``: every semantic's length in ``sizes``; for each
         owner-partitioned one, its items per direct owner (``counts``) or the direct owner
         of every item (``owners``). ``ValueError`` when they do not fit the plan."""
-        text = self._native.layout(list(mesh), sizes, counts or {}, owners or {})
-        result: Layout = json.loads(text)
+        result: Layout = self._native.layout(list(mesh), sizes, counts or {}, owners or {})
         return result
 
     def shapes(self, layout: Layout, names: list[str]) -> dict[str, Shapes]:
         """The shapes of the named features under ``layout``."""
-        raw: dict[str, dict[str, list[int]]] = json.loads(
-            self._native.shapes(json.dumps(layout), names)
-        )
         return {
-            n: Shapes(serial=s["serial"], padded=s["padded"], global_=s["global"], local=s["local"])
-            for n, s in raw.items()
+            n: Shapes(serial=serial, padded=padded, global_=global_, local=local)
+            for n, (serial, padded, global_, local) in self._native.shapes(layout, names).items()
         }
 
     def block_window(

@@ -12,7 +12,6 @@ freed memory. Every number
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -68,7 +67,7 @@ class Placement:
     @property
     def layout(self) -> Layout:
         """Padded lengths and owner-block positions of the sample on its mesh."""
-        result: Layout = json.loads(self._native.layout())
+        result: Layout = self._native.layout()
         return result
 
     @property

@@ -9,7 +9,6 @@ Every number comes from the plan through the native module: collate's DTensor sh
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -208,15 +207,9 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         self.cp = (self.cp_mesh.size(0), self.cp_mesh.size(1))
         self.rank = ranks.index(dist.get_rank())
         self._placements = placements(plan)
-        dataset = json.loads((self.root / "dataset.json").read_text())
-        self._check(dataset, self.root / "dataset.json")
-        self.names = [s["name"] for s in dataset["samples"] if s["status"] != "failed"]
-
-    def _check(self, doc: Mapping[str, Any], where: Path) -> None:
-        if doc["spec"]["sha256"] != self.plan.sha256:
-            raise ValueError(f"{where}: sharded with another spec (sha256 {doc['spec']['sha256']})")
-        if tuple(doc["mesh"]) != self.cp:
-            raise ValueError(f"{where}: sharded for mesh {tuple(doc['mesh'])}, this CP mesh is {self.cp}")
+        # Read and checked against the plan and the mesh in Rust, as `featshard shard`
+        # reads it on resume.
+        self.names = plan._native.read_dataset(str(self.root / "dataset.json"), self.cp)
 
     def __len__(self) -> int:
         return len(self.names)

@@ -22,20 +22,20 @@ compares outputs, weight gradients and input gradients.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate
 
-from featshard import Plan, chunk_sizes
+from featshard import Plan, _native, blocks, chunk_sizes
+from featshard.blocks import _BY_NAME, _DTYPES, place
 from featshard.distribute import placements
 from featshard.errors import FeatureDistributionError
 
@@ -118,73 +118,52 @@ class Domain:
             to = self.parameters if f.get("parameter") else self.outputs if f.get("output") else self.features
             to[name] = _feature_info(f, on_mesh[name])
         self.metadata: tuple[str, ...] = tuple(metadata)
-        # Inputs whose role is a mask: 0 or 1 only, as the byte executor checks.
+        # Inputs whose role is a mask (0 or 1 only: the executor checks them).
         self.masks: tuple[str, ...] = tuple(
             n for n in self.features if ir["features"][n]["role"]["kind"] == "mask"
         )
         self.placements = {n: f.placements for n, f in self.features.items()}
 
-    def _axis_label(self, name: str, d: int) -> str:
-        sem = self.features[name].semantics[d]
-        return f"feature `{name}`, axis {d} ({sem if sem is not None else 'channel'})"
-
     def check_inputs(self, inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int]) -> dict[str, int]:
         """Validates one sample for a domain mesh of `mesh_sizes`; returns every semantic's length.
 
-        Raises FeatureDistributionError naming the feature and axis: a missing or unknown
-        input, a wrong rank, dtype or channel size, a batch axis that is not 1, two axes of
-        one semantic with different lengths (their shard boundaries would not line up), a
-        split axis shorter than its ranks (empty shards), or a mask holding other than 0
-        and 1.
+        The checks and messages are featshard's executor's (`featshard shard` prints the
+        same), raised as FeatureDistributionError naming the feature and axis: a missing or
+        unknown input, a wrong rank, dtype or channel size, a batch axis that is not 1, two
+        axes of one semantic with different lengths, a split axis shorter than its ranks
+        (empty shards), a mask holding other than 0 and 1.
         """
-        unknown = sorted(set(inputs) - set(self.features) - set(self.metadata))
-        if unknown:
-            raise FeatureDistributionError(f"inputs not in the spec: {unknown}")
-        shapes = {n: (tuple(int(d) for d in x.shape), x.dtype) for n, x in inputs.items() if n in self.features}
-        lengths = self.check_shapes(shapes, mesh_sizes)
-        for name in self.masks:
-            _check_mask(name, inputs[name])
-        return lengths
+        return self._place(inputs, mesh_sizes)[1]
+
+    def _place(self, inputs: Mapping[str, Any], mesh_sizes: Sequence[int]) -> tuple[blocks.Placement, dict[str, int]]:
+        """The sample validated and laid out by the executor, and its semantics' lengths."""
+        mesh = self._mesh(mesh_sizes)
+        try:
+            placed = place(self.plan, inputs, mesh)
+        except (ValueError, TypeError) as e:
+            raise FeatureDistributionError(str(e)) from None
+        return placed, dict(placed.layout["sizes"])
+
+    def _mesh(self, mesh_sizes: Sequence[int]) -> tuple[int, int]:
+        """A domain mesh of this plan's axes, as the executor takes it (a second axis of 1)."""
+        sizes = tuple(int(n) for n in mesh_sizes)
+        if len(sizes) != len(self.domain_axes):
+            raise FeatureDistributionError(
+                f"a domain mesh of {len(self.domain_axes)} axes {self.domain_axes}, got sizes {sizes}"
+            )
+        return (sizes[0], sizes[1] if len(sizes) > 1 else 1)
 
     def check_shapes(self, shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_sizes: Sequence[int]) -> dict[str, int]:
-        """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say)."""
-        if len(mesh_sizes) != len(self.domain_axes):
-            raise FeatureDistributionError(
-                f"a domain mesh of {len(self.domain_axes)} axes {self.domain_axes}, got sizes {tuple(mesh_sizes)}"
-            )
-        lengths: dict[str, tuple[int, str]] = {}
-        for name, info in self.features.items():
-            if name not in shapes:
-                raise FeatureDistributionError(f"feature `{name}`: missing from the inputs")
-            shape, dtype = shapes[name]
-            if len(shape) != len(info.semantics):
-                raise FeatureDistributionError(
-                    f"feature `{name}`: expected {len(info.semantics)} axes, got shape {tuple(shape)}"
-                )
-            if dtype != info.dtype:
-                raise FeatureDistributionError(f"feature `{name}`: expected dtype {info.dtype}, got {dtype}")
-            for d, (sem, size) in enumerate(zip(info.semantics, info.channels)):
-                n = int(shape[d])
-                if sem is None:
-                    if size is not None and n != size:
-                        raise FeatureDistributionError(f"{self._axis_label(name, d)}: expected size {size}, got {n}")
-                    continue
-                if self.semantics[sem].batch and n != 1:
-                    raise FeatureDistributionError(
-                        f"{self._axis_label(name, d)}: the per-domain-group batch size must be 1, got {n}; "
-                        "scale the batch over the data-parallel axis"
-                    )
-                first = lengths.setdefault(sem, (n, name))
-                if first[0] != n:
-                    raise FeatureDistributionError(
-                        f"{self._axis_label(name, d)}: length {n}, but feature `{first[1]}` has {sem} length {first[0]}"
-                    )
-                m = info.splits[d]
-                if m is not None and not self.uneven[m] and n == 0:
-                    raise FeatureDistributionError(f"{self._axis_label(name, d)}: empty, nothing to shard")
-        out = {s: n for s, (n, _) in lengths.items()}
-        self.global_shapes(out, mesh_sizes)
-        return out
+        """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say): the
+        executor's checks that need no values, then the layout's on `mesh_sizes`."""
+        self._mesh(mesh_sizes)
+        named = {n: (_DTYPES.get(d, str(d).removeprefix("torch.")), [int(x) for x in s]) for n, (s, d) in shapes.items()}
+        try:
+            lengths = self.plan._native.check_shapes(named)
+        except ValueError as e:
+            raise FeatureDistributionError(str(e)) from None
+        self.global_shapes(lengths, mesh_sizes)
+        return lengths
 
     def padded_length(self, semantic: str, length: int, mesh_sizes: Sequence[int]) -> int:
         """The length a semantic's axes are padded to (itself on uneven axes): a multiple of
@@ -241,20 +220,15 @@ class Domain:
         self,
         inputs: Mapping[str, torch.Tensor], mesh_sizes: Sequence[int], device: torch.device | None = None
     ) -> dict[str, torch.Tensor]:
-        """Every input at its global shape: even-shard axes padded at the end with the pad
-        value; on `device` (the input's own when None)."""
-        shapes = self.global_shapes(self.check_inputs(inputs, mesh_sizes), mesh_sizes)
-        out: dict[str, torch.Tensor] = {}
-        for name, info in self.features.items():
-            x = inputs[name] if device is None else inputs[name].to(device)
-            shape = shapes[name]
-            if tuple(x.shape) == shape:
-                out[name] = x
-                continue
-            y = torch.full(shape, info.pad, dtype=x.dtype, device=x.device)
-            y[tuple(slice(0, n) for n in x.shape)] = x
-            out[name] = y
-        return out
+        """Every input at its global shape, written by the executor: even-shard axes padded
+        at the end with the pad value; on `device` (the input's own when None)."""
+        return self._padded(self._place(inputs, mesh_sizes)[0], inputs, device)
+
+    def _padded(
+        self, placed: blocks.Placement, inputs: Mapping[str, torch.Tensor], device: torch.device | None
+    ) -> dict[str, torch.Tensor]:
+        padded = placed.padded()
+        return {n: padded[n].to(device if device is not None else inputs[n].device) for n in self.features}
 
     def rank_blocks(
         self, inputs: Mapping[str, Any], mesh_sizes: Sequence[int], threads: int = 1
@@ -263,10 +237,7 @@ class Domain:
         no process group: what each rank's ShardTensor holds after `scatter`, written by
         featshard's byte executor (the Rust runtime's) from the sample's memory. Raises
         FeatureDistributionError naming the feature and axis at fault."""
-        from featshard.blocks import place
-
-        sizes = [int(n) for n in mesh_sizes]
-        mesh = (sizes[0], sizes[1] if len(sizes) > 1 else 1)
+        mesh = self._mesh(mesh_sizes)
         try:
             placed = place(self.plan, inputs, mesh, threads=threads)
         except ValueError as e:
@@ -323,9 +294,9 @@ class Domain:
             try:
                 if inputs is None:
                     raise FeatureDistributionError("the source rank was given no inputs")
-                lengths = self.check_inputs(inputs, sizes)
+                placed, lengths = self._place(inputs, sizes)
                 # On the mesh's device: a CPU sample from a DataLoader cannot go through NCCL.
-                padded = self.pad_inputs(inputs, sizes, device)
+                padded = self._padded(placed, inputs, device)
                 # Metadata and lengths ride with the shapes: every rank needs them.
                 meta = {n: inputs[n] for n in self.metadata if n in inputs}
                 status[0] = ("ok", ({n: tuple(x.shape) for n, x in padded.items()}, meta, lengths))
@@ -464,12 +435,12 @@ class Domain:
         header, checked as `check_inputs` checks tensors (mesh rules aside, which
         `scatter_local` checks). Each rank reads only its own part of every input, with
         positioned reads straight into its blocks: no memory map, no whole tensor."""
-        entries = _safetensors_entries(os.fspath(path))
-        shapes: dict[str, tuple[Sequence[int], torch.dtype]] = {}
-        for name in self.features:
-            if name not in entries:
-                raise FeatureDistributionError(f"feature `{name}`: missing from {os.fspath(path)}")
-            shapes[name] = (entries[name].shape, entries[name].dtype)
+        try:
+            found, _ = _native.read_header(os.fspath(path))
+        except ValueError as e:
+            raise FeatureDistributionError(str(e)) from None
+        entries = {n: _Entry(_BY_NAME[d], tuple(shape), at) for n, d, shape, at in found}
+        shapes = {n: (e.shape, e.dtype) for n, e in entries.items()}
         lengths = self.check_shapes(shapes, (1,) * len(self.domain_axes))
         fd = os.open(os.fspath(path), os.O_RDONLY)
 
@@ -723,30 +694,6 @@ class _Entry(NamedTuple):
     offset: int
 
 
-def _safetensors_entries(path: str) -> dict[str, _Entry]:
-    """The tensors a safetensors file's header lists (the format: an 8-byte little-endian
-    header length, the JSON header, then the data)."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if n > size - 8:
-            raise FeatureDistributionError(f"{path}: a {n}-byte header in a {size}-byte file")
-        header = json.loads(f.read(n))
-    out: dict[str, _Entry] = {}
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(v.get("dtype"))
-        shape = tuple(int(d) for d in v.get("shape", ()))
-        begin, end = (int(o) for o in v.get("data_offsets", (0, -1)))
-        if dtype is None:
-            raise FeatureDistributionError(f"feature `{name}`: dtype {v.get('dtype')} in {path}")
-        if end - begin != math.prod(shape) * dtype.itemsize or 8 + n + end > size:
-            raise FeatureDistributionError(f"feature `{name}`: data {begin}..{end} of {path} does not hold {shape}")
-        out[name] = _Entry(dtype, shape, 8 + n + begin)
-    return out
-
-
 def _read_window(fd: int, e: _Entry, window: tuple[slice, ...], out: torch.Tensor) -> None:
     """Reads `window` of a C-ordered tensor in a file into `out` (of the window's shape):
     one positioned read per run that is contiguous in both the file and `out`."""
@@ -772,13 +719,6 @@ def _read_window(fd: int, e: _Entry, window: tuple[slice, ...], out: torch.Tenso
         got = os.preadv(fd, [dest], e.offset + at * item)
         if got != run * item:
             raise OSError(f"short read: {got} of {run * item} bytes")
-
-
-_SAFETENSORS_DTYPES: Final[dict[str, torch.dtype]] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-}
 
 
 def _start_group(init_method: str | None, rank: int | None, world_size: int | None, timeout: timedelta | None) -> None:
@@ -866,16 +806,6 @@ def _close(what: str, got: Any, want: torch.Tensor, atol: float, rtol: float) ->
     if not torch.allclose(got, want.detach(), atol=atol, rtol=rtol):
         err = float((got - want.detach()).abs().max())
         raise AssertionError(f"{what}: differs from the serial run by up to {err:.3g}")
-
-
-def _check_mask(name: str, x: torch.Tensor) -> None:
-    bad = ((x != 0) & (x != 1)).flatten()
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0])
-        raise FeatureDistributionError(
-            f"feature `{name}`: a mask holds 0 or 1 (false/true, 0/1, 0.0/1.0), found "
-            f"{float(x.flatten()[i])} at flat index {i}"
-        )
 
 
 def _semantic_info(s: Mapping[str, Any]) -> SemanticInfo:

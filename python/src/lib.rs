@@ -14,10 +14,12 @@ mod placement;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use featshard_spec::ir::DType;
 use featshard_spec::plan::{Ownership, SampleLayout};
 use featshard_spec::replicas::Order;
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
+use pythonize::{depythonize, pythonize};
 
 fn value_error(e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(e.to_string())
@@ -189,18 +191,58 @@ impl Plan {
         featshard_codegen::plan_json(&self.plan).map_err(value_error)
     }
 
-    /// One sample's layout on `mesh` (a CP mesh, or a domain mesh of one or two axes) as
-    /// JSON (`SampleLayout`: padded lengths, owner-block positions and blocks), from the
+    /// The Plan IR as Python dicts and lists (what `<module>.plan.json` holds).
+    fn ir<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        pythonize(py, &*self.plan).map_err(value_error)
+    }
+
+    /// The checks of `place` that need no values, on `shapes` (every tensor input's
+    /// dtype name and shape, from a file's header, say): the semantics' lengths, or a
+    /// `ValueError` with the executor's message.
+    fn check_shapes(
+        &self,
+        shapes: BTreeMap<String, (String, Vec<usize>)>,
+    ) -> PyResult<BTreeMap<String, usize>> {
+        let typed = shapes
+            .into_iter()
+            .map(|(name, (dtype, shape))| Ok((name.clone(), (dtype_named(&name, &dtype)?, shape))))
+            .collect::<PyResult<_>>()?;
+        featshard_exec::validate::check_shapes(&self.plan, &typed).map_err(value_error)
+    }
+
+    /// The samples of a pre-sharded dataset that did not fail, from its `dataset.json`
+    /// (checked against this plan and the CP mesh `mesh`).
+    fn read_dataset(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        mesh: (usize, usize),
+    ) -> PyResult<Vec<String>> {
+        let text = py
+            .detach(|| featshard::manifest::read_text(&path))
+            .map_err(value_error)?;
+        let d = featshard_spec::shards::parse_dataset(&text, &self.plan, [mesh.0, mesh.1])
+            .map_err(|e| value_error(format!("{}: {e}", path.display())))?;
+        Ok(d.samples
+            .into_iter()
+            .filter(|s| s.status != featshard_spec::shards::Status::Failed)
+            .map(|s| s.name)
+            .collect())
+    }
+
+    /// One sample's layout on `mesh` (a CP mesh, or a domain mesh of one or two axes)
+    /// (`SampleLayout`: padded lengths, owner-block positions and blocks), from the
     /// length of every semantic present and, for each owner-partitioned one, its items
     /// per direct owner (`counts`) or the direct owner of every item (`owners`).
     #[pyo3(signature = (mesh, sizes, counts = BTreeMap::new(), owners = BTreeMap::new()))]
-    fn layout(
+    fn layout<'py>(
         &self,
+        py: Python<'py>,
         mesh: Vec<usize>,
         sizes: BTreeMap<String, usize>,
         counts: BTreeMap<String, Vec<usize>>,
         owners: BTreeMap<String, Vec<usize>>,
-    ) -> PyResult<String> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         for (semantic, &n) in &sizes {
             featshard_spec::limits::check_length(semantic, n)
                 .map_err(|e| value_error(format!("sizes: {e}")))?;
@@ -219,28 +261,35 @@ impl Plan {
             .plan
             .layout(mesh_of(&mesh, 1)?, &sizes, &ownership)
             .map_err(value_error)?;
-        serde_json::to_string(&layout).map_err(value_error)
+        pythonize(py, &layout).map_err(value_error)
     }
 
-    /// Every named feature's shapes (serial, padded, global, local) under a layout
-    /// (`layout`'s JSON), as JSON.
-    fn shapes(&self, layout: &str, names: Vec<String>) -> PyResult<String> {
-        let layout: SampleLayout = serde_json::from_str(layout).map_err(value_error)?;
+    /// Every named feature's shapes `(serial, padded, global, local)` under `layout`
+    /// (as `layout` gives it).
+    #[allow(clippy::type_complexity)]
+    fn shapes(
+        &self,
+        layout: &Bound<'_, PyAny>,
+        names: Vec<String>,
+    ) -> PyResult<BTreeMap<String, (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>)>> {
+        let layout: SampleLayout =
+            depythonize(layout).map_err(|e| value_error(format!("layout: {e}")))?;
         let shapes = self
             .plan
             .shapes_of(&layout, names.iter().map(String::as_str))
             .map_err(value_error)?;
-        let out: BTreeMap<&String, serde_json::Value> = shapes
-            .iter()
+        Ok(shapes
+            .into_iter()
             .map(|(n, s)| {
-                let v = serde_json::json!({
-                    "serial": s.serial_shape, "padded": s.padded_shape,
-                    "global": s.global_shape, "local": s.local_shape,
-                });
-                (n, v)
+                let all = (
+                    s.serial_shape,
+                    s.padded_shape,
+                    s.global_shape,
+                    s.local_shape,
+                );
+                (n, all)
             })
-            .collect();
-        serde_json::to_string(&out).map_err(value_error)
+            .collect())
     }
 
     /// The `(start, len)` per axis of `feature`'s padded layout that the rank at CP
@@ -265,6 +314,18 @@ impl Plan {
             "semantic `{name}`: not a semantic of the spec"
         )))
     }
+}
+
+/// The dtype the spec and the executor call `name` (for feature `feature`).
+fn dtype_named(feature: &str, name: &str) -> PyResult<DType> {
+    DType::ALL
+        .into_iter()
+        .find(|d| d.name() == name)
+        .ok_or_else(|| {
+            value_error(format!(
+                "feature `{feature}`: dtype `{name}` is not a spec dtype"
+            ))
+        })
 }
 
 /// A mesh (or coordinate) of one or two axes as the spec crate takes it: a missing
@@ -372,6 +433,35 @@ fn contiguous_stride(shape: Vec<usize>) -> Vec<usize> {
     featshard_spec::layout::contiguous_stride(&shape)
 }
 
+/// One safetensors file's header, read alone and checked (the executor's reader): every
+/// tensor's `(name, dtype, shape, byte offset in the file)`, sorted by name, and the
+/// `__metadata__`.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn read_header(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+) -> PyResult<(
+    Vec<(String, &'static str, Vec<usize>, u64)>,
+    BTreeMap<String, String>,
+)> {
+    let h = py
+        .detach(|| featshard_exec::files::read_header(&path))
+        .map_err(value_error)?;
+    let entries = h
+        .entries
+        .into_iter()
+        .map(|e| (e.name, e.dtype.name(), e.shape, h.data_start + e.offsets.0))
+        .collect();
+    Ok((entries, h.metadata.into_iter().collect()))
+}
+
+/// The Plan IR of the spec file at `path`, as Python dicts and lists (see `Plan.ir`).
+#[pyfunction]
+fn plan_ir(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    Plan::from_file(py, path)?.ir(py)
+}
+
 /// The Plan IR of the spec file at `path`, as JSON (see `Plan.json`).
 #[pyfunction]
 fn plan_json(py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
@@ -386,6 +476,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manifest::ShardManifest>()?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(plan_json, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_ir, m)?)?;
+    m.add_function(wrap_pyfunction!(read_header, m)?)?;
     m.add_function(wrap_pyfunction!(coords, m)?)?;
     m.add_function(wrap_pyfunction!(chunk_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;

@@ -145,7 +145,7 @@ def test_planned_uneven_shapes_are_torch_chunk_pieces(weather: ModuleType) -> No
          "feature `forcing`, axis 2 (lat): 2 items over 3 ranks would leave a shard empty on mesh axis `domain`"),
         (lambda x: x.update(state=torch.randn(1, 25, 7, 12)),
          "feature `state`, axis 1 (channel): expected size 26, got 25"),
-        (lambda x: x.pop("forcing"), "feature `forcing`: missing from the inputs"),
+        (lambda x: x.pop("forcing"), "feature `forcing`: missing from the sample"),
         (lambda x: x["land_sea_mask"].view(-1)[5].fill_(0.5),
          "feature `land_sea_mask`: a mask holds 0 or 1 (false/true, 0/1, 0.0/1.0), found 0.5 at flat index 5"),
     ],
@@ -332,6 +332,71 @@ def test_a_manager_on_another_device_than_the_mesh_is_refused(domain_dir: Path, 
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and all("allocates on meta, but the mesh is on cpu" in x for x in lines), r.stdout
+
+
+BAD_SAMPLES_SCATTERED = """
+import json, sys, torch, torch.distributed as dist
+from safetensors.torch import save_file
+sys.path.insert(0, sys.argv[1])
+import weather_placements as P
+from featshard.blocks import place
+from torch.distributed.device_mesh import init_device_mesh
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+P.adopt_process_group()
+mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("ddp", "domain"))
+def sample():
+    return {"state": torch.randn(1, 26, 7, 12), "forcing": torch.randn(1, 4, 7, 12),
+            "land_sea_mask": torch.ones(7, 12), "target": torch.randn(1, 26, 7, 12), "lead_time": torch.tensor([6])}
+changes = {
+    "batch_not_1": lambda x: x.update(state=torch.randn(2, 26, 7, 12)),
+    "lengths_differ": lambda x: x.update(forcing=torch.randn(1, 4, 8, 12)),
+    "channels": lambda x: x.update(state=torch.randn(1, 25, 7, 12)),
+    "dtype": lambda x: x.update(state=torch.randn(1, 26, 7, 12, dtype=torch.float64)),
+    "missing": lambda x: x.pop("forcing"),
+    "mask_value": lambda x: x["land_sea_mask"].view(-1)[5].fill_(0.5),
+    "unknown": lambda x: x.update(extra=torch.zeros(3)),
+}
+out = {}
+for name, change in changes.items():
+    x = sample()
+    change(x)
+    got = {}
+    try:
+        place(P.plan(), x, (1, 1))
+    except ValueError as e:
+        got["executor"] = str(e)
+    for how, call in (("scatter", lambda: P.scatter(x, mesh)),
+                      ("scatter_local", lambda: P.scatter_local(*P.safetensors_source(path), mesh))):
+        path = sys.argv[2] + "-" + name + ".safetensors"
+        save_file({k: v.contiguous() for k, v in x.items()}, path)
+        try:
+            call()
+            got[how] = None
+        except P.FeatureDistributionError as e:
+            got[how] = str(e)
+    out[name] = got
+print(json.dumps(out))
+"""
+
+
+def test_domain_scatters_refuse_a_bad_sample_with_the_executors_message(domain_dir: Path, tmp_path: Path) -> None:
+    """Each bad-input class that applies to a domain plan: `scatter` (one source rank) raises
+    the byte executor's own message, the one `featshard shard` prints for a CP plan, and
+    `scatter_local` (each rank reading a file's header and its part) the same message for
+    every class a header shows; values (a mask of 0.5) are only read by `scatter`, and a
+    file's extra tensors are not the sample's."""
+    r = subprocess.run([sys.executable, "-c", BAD_SAMPLES_SCATTERED, str(domain_dir), str(tmp_path / "store")],
+                       capture_output=True, text=True, check=False, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.splitlines()[-1])
+    for name, messages in got.items():
+        assert messages["executor"], name
+        assert messages["scatter"] == messages["executor"], (name, messages)
+        if name in ("mask_value", "unknown"):
+            assert messages["scatter_local"] is None, (name, messages)
+        else:
+            assert messages["scatter_local"] == messages["executor"], (name, messages)
+    assert "the per-domain-group batch size must be 1, got 2" in got["batch_not_1"]["executor"]
 
 
 def test_setup_on_gpus_makes_the_local_gpu_current(weather: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
