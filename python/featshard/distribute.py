@@ -11,8 +11,7 @@ plan's placements and explicit global shape and stride.
 
 from __future__ import annotations
 
-import builtins
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -22,20 +21,15 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from featshard import Plan, _native
 from featshard.blocks import buffer_views, place
-from featshard.errors import FeatureDistributionError
+from featshard.errors import (
+    FeatureDistributionError,
+    Status,
+    agree,
+    broadcast_outcome,
+    status_of,
+)
 
 __all__ = ["FeatureDistributionError", "cp_group", "distribute_features", "placements"]
-
-
-def _same_error(kind: str, message: str, rank: int) -> Exception:
-    """The exception every rank raises: the failing rank's builtin type and message."""
-    cls = getattr(builtins, kind, None)
-    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not KeyError:
-        try:
-            return cls(message)
-        except TypeError:
-            pass
-    return FeatureDistributionError(message, kind=kind, rank=rank)
 
 
 def placements(plan: Plan, *, dp: bool = False) -> dict[str, tuple[Placement, ...]]:
@@ -78,12 +72,6 @@ def cp_group(mesh: DeviceMesh) -> CpGroup:
     return _GROUPS[groups], mine, cp_mesh
 
 
-def _raise_if_failed(statuses: Sequence[Any]) -> None:
-    for s in statuses:
-        if s is not None:
-            raise _same_error(*s)
-
-
 def distribute_features(
     plan: Plan,
     features: Mapping[str, Any] | None,
@@ -108,21 +96,17 @@ def distribute_features(
     me = dist.get_rank()
     source = ranks[0] if src is None else src
     placed = None
-    header: list[Any] = [None]
+    header: Any = None
+    failed: Status | None = None
     if me == source:
         try:
             if features is None:
                 raise ValueError("the source rank was given no sample")
             placed = place(plan, features, sizes, workflow=workflow, threads=threads)
-            header = [("ok", placed.wire(), placed.buffer_offsets()[1],
-                       placed.global_shapes, placed.passthrough)]
+            header = (placed.wire(), placed.buffer_offsets()[1], placed.global_shapes, placed.passthrough)
         except Exception as e:  # noqa: BLE001 - every error is sent to every rank
-            header = [("error", type(e).__name__, str(e), me)]
-    dist.broadcast_object_list(header, src=source, group=pg)
-    status = header[0]
-    if status[0] == "error":
-        raise _same_error(status[1], status[2], status[3])
-    _, wire, length, global_shapes, passthrough = status
+            failed = status_of(e)
+    wire, length, global_shapes, passthrough = broadcast_outcome(header, failed, source, pg)
     if placed is not None:
         for k, r in enumerate(ranks):
             if r != source:
@@ -132,15 +116,12 @@ def distribute_features(
         mine = torch.empty(length, dtype=torch.uint8)
         dist.recv(mine, src=source, group=pg)
     local = buffer_views(mine, wire)
-    failed: Any = None
     if check is not None:
         try:
             check(local)
         except Exception as e:  # noqa: BLE001 - shared with every rank below
-            failed = (type(e).__name__, str(e), me)
-    statuses: list[Any] = [None] * len(ranks)
-    dist.all_gather_object(statuses, failed, group=pg)
-    _raise_if_failed(statuses)
+            failed = status_of(e)
+    agree(failed, pg, len(ranks))
     on_mesh = placements(plan)
     result: dict[str, Any] = dict(passthrough)
     for name, x in local.items():

@@ -1,8 +1,16 @@
-"""The package's one error class for a sample that cannot reach every rank."""
+"""The package's one error class for a sample that cannot reach every rank, and the one
+way its ranks agree on an error: a status per rank (``None``, or the failing rank's
+error type name, message and rank), exchanged once, and the same exception raised on
+every rank from the first failure."""
 
 from __future__ import annotations
 
-__all__ = ["FeatureDistributionError"]
+import builtins
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["FeatureDistributionError", "agree", "broadcast_outcome", "same_error", "status_of"]
 
 
 class FeatureDistributionError(ValueError):
@@ -20,3 +28,50 @@ class FeatureDistributionError(ValueError):
         self.kind = kind
         self.message = message
         self.rank = rank
+
+
+# One rank's failure as it crosses ranks: the error's type name, message, and rank.
+Status = tuple[str, str, int]
+
+
+def status_of(e: BaseException) -> Status:
+    """What this rank's failure ``e`` sends to the others."""
+    kind = "FeatureDistributionError" if isinstance(e, FeatureDistributionError) else type(e).__name__
+    message = e.message if isinstance(e, FeatureDistributionError) else str(e)
+    return (kind, message, dist.get_rank() if dist.is_initialized() else 0)
+
+
+def same_error(kind: str, message: str, rank: int) -> Exception:
+    """The exception every rank raises for a failure: FeatureDistributionError for one,
+    else the failing rank's builtin type and message; another type is named in a
+    FeatureDistributionError with its rank."""
+    if kind == "FeatureDistributionError":
+        return FeatureDistributionError(message)
+    cls = getattr(builtins, kind, None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls is not KeyError:
+        try:
+            return cls(message)
+        except TypeError:
+            pass
+    return FeatureDistributionError(message, kind=kind, rank=rank)
+
+
+def agree(failed: Status | None, group: Any, size: int) -> None:
+    """Every rank of ``group`` (``size`` ranks) passes its status; all raise the first
+    failure's :func:`same_error`, or all return."""
+    statuses: list[Any] = [None] * size
+    dist.all_gather_object(statuses, failed, group=group)
+    first = next((s for s in statuses if s is not None), None)
+    if first is not None:
+        raise same_error(*first)
+
+
+def broadcast_outcome(outcome: Any, failed: Status | None, src: int, group: Any) -> Any:
+    """The source rank ``src`` decides for the group: its ``outcome`` reaches every rank,
+    or its failure is raised on every rank (:func:`same_error`). Other ranks pass None."""
+    box: list[Any] = [("error", failed) if failed is not None else ("ok", outcome)]
+    dist.broadcast_object_list(box, src=src, group=group)
+    kind, payload = box[0]
+    if kind == "error":
+        raise same_error(*payload)
+    return payload

@@ -427,7 +427,7 @@ def test_setup_on_gpus_makes_the_local_gpu_current(weather: ModuleType, monkeypa
     monkeypatch.setattr(dist, "init_process_group", init_process_group)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    from featshard import domain
+    from featshard.domain import model as domain
 
     domain._start_group(None, None, None, None)
     assert calls == [("initialize", None)]
