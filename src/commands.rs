@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use featshard_codegen::GeneratedFile;
+use featshard_exec::compact::OneHot;
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{
     chunk_sizes, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, ResolveError, Resolved,
@@ -322,16 +323,29 @@ fn explain_table(
     workflow: Option<&str>,
     resolved: Option<&Resolved>,
 ) -> String {
-    let mut rows = vec![[
-        "feature".to_owned(),
-        "axes".to_owned(),
-        "placement".to_owned(),
-        "padded global shape".to_owned(),
-        "local shape".to_owned(),
-    ]];
+    let mut head = vec![
+        "feature",
+        "axes",
+        "placement",
+        "padded global shape",
+        "local shape",
+    ];
+    if resolved.is_some() {
+        head.extend(["dense bytes", "compact bytes"]);
+    }
+    let mut rows = vec![head.into_iter().map(str::to_owned).collect::<Vec<_>>()];
     rows.extend(names.iter().filter_map(|&name| {
         let f = plan.features.get(name)?;
-        Some(feature_row(plan, mesh, name, f, resolved))
+        let mut row = feature_row(plan, mesh, name, f, resolved).to_vec();
+        if let Some(r) = resolved {
+            let bytes = plan.tensor(name).zip(r.features.get(name));
+            let (d, c) = bytes.map_or((None, None), |(t, s)| {
+                let (d, c) = feature_bytes(t, &s.global_shape);
+                (Some(d), Some(c))
+            });
+            row.extend([d, c].map(|n| n.map_or_else(|| "-".to_owned(), human)));
+        }
+        Some(row)
     }));
     let mut out = format!(
         "mesh ({}) = ({}, {}): {} {} ranks{}\n\n",
@@ -355,8 +369,48 @@ fn explain_table(
         for (s, p) in &r.padded {
             let _ = writeln!(out, "{s}: padded to {p}");
         }
+        out.push_str(&bytes_text(plan, names, r));
     }
     out
+}
+
+/// A feature's bytes at its padded global shape, dense and in its compact form (a
+/// one-hot feature as indices; the others as they are).
+fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (usize, usize) {
+    let dense = global.iter().product::<usize>() * featshard_exec::dtype::size(t.dtype);
+    let compact = OneHot::of(t).map_or(dense, |oh| oh.compact_bytes(global));
+    (dense, compact)
+}
+
+/// Every tensor feature's padded bytes, dense and compact, and their totals.
+fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
+    let (mut dense, mut compact) = (0usize, 0usize);
+    for &name in names {
+        if let (Some(t), Some(s)) = (plan.tensor(name), r.features.get(name)) {
+            let (d, c) = feature_bytes(t, &s.global_shape);
+            dense += d;
+            compact += c;
+        }
+    }
+    let ratio = if compact == 0 {
+        1.0
+    } else {
+        dense as f64 / compact as f64
+    };
+    format!(
+        "\nbytes per sample (padded global): dense {}, compact {} ({ratio:.1}x smaller; one-hot features as indices)\n",
+        human(dense),
+        human(compact)
+    )
+}
+
+/// Bytes for people: B, KB, MB, GB (powers of 1000).
+fn human(n: usize) -> String {
+    let units = [("GB", 1e9), ("MB", 1e6), ("KB", 1e3)];
+    match units.iter().find(|(_, u)| n as f64 >= *u) {
+        Some((name, u)) => format!("{:.2} {name}", n as f64 / u),
+        None => format!("{n} B"),
+    }
 }
 
 /// One feature's row of `explain`'s table.
@@ -551,8 +605,8 @@ pub(crate) fn extents(e: &[featshard_spec::plan::Extent]) -> String {
     format!("[{}]", items.join(", "))
 }
 
-fn table(rows: &[[String; 5]]) -> String {
-    let mut widths = [0usize; 5];
+fn table(rows: &[Vec<String>]) -> String {
+    let mut widths = vec![0usize; rows.first().map_or(0, Vec::len)];
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
@@ -562,8 +616,8 @@ fn table(rows: &[[String; 5]]) -> String {
     for (i, r) in rows.iter().enumerate() {
         let line: Vec<String> = r
             .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
+            .zip(&widths)
+            .map(|(c, &w)| format!("{c:<w$}"))
             .collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
         if i == 0 {

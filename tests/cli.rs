@@ -194,14 +194,24 @@ fn explain_prints_placements_and_shapes() {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    // tokens 100 -> 102 (multiple of 3); pair tiles are 34 x 34 on 3x3.
+    // tokens 100 -> 102 (multiple of 3); pair tiles are 34 x 34 on 3x3. Bytes are the
+    // padded global shape's: 102 * 102 float32 = 41,616 B.
     assert_eq!(
         row("token_pair_pad_mask"),
-        "token_pair_pad_mask [tokens, tokens] Shard(0), Shard(1) [102, 102] [34, 34]"
+        "token_pair_pad_mask [tokens, tokens] Shard(0), Shard(1) [102, 102] [34, 34] 41.62 KB 41.62 KB"
     );
     assert_eq!(
         row("frames_idx"),
-        "frames_idx [ensemble, tokens, 3] Shard(1), Replicate() [2, 102, 3] [2, 34, 3]"
+        "frames_idx [ensemble, tokens, 3] Shard(1), Replicate() [2, 102, 3] [2, 34, 3] 4.90 KB 4.90 KB"
+    );
+    // One-hot over 33 classes: 102 * 33 int64 dense, one uint8 index per token compact.
+    assert_eq!(
+        row("res_type"),
+        "res_type [tokens, 33] Shard(0), Replicate() [102, 33] [34, 33] 26.93 KB 102 B"
+    );
+    assert!(
+        table.contains("bytes per sample (padded global): dense "),
+        "{table}"
     );
     assert!(
         !table.contains("temp_feature"),

@@ -39,7 +39,7 @@ struct Boltz2Inference {
     sym_id: Tensor,
     #[featshard(axes(tokens), dtype = int64)]
     mol_type: Tensor,
-    #[featshard(axes(tokens, 33), dtype = int64)]
+    #[featshard(axes(tokens, 33), dtype = int64, one_hot = 1)]
     res_type: Tensor,
     #[featshard(axes(tokens, 3), dtype = float32)]
     disto_center: Tensor,
@@ -69,11 +69,11 @@ struct Boltz2Inference {
     type_bonds: Tensor,
     #[featshard(axes(tokens, tokens), dtype = float32, mask(tokens), derive(outer(token_pad_mask)))]
     token_pair_pad_mask: Option<Tensor>,
-    #[featshard(axes(tokens, tokens, 5), dtype = int64)]
+    #[featshard(axes(tokens, tokens, 5), dtype = int64, one_hot = 2)]
     contact_conditioning: Tensor,
     #[featshard(axes(tokens, tokens), dtype = float32)]
     contact_threshold: Tensor,
-    #[featshard(axes(tokens, tokens, disto_ensemble, 64), dtype = float32)]
+    #[featshard(axes(tokens, tokens, disto_ensemble, 64), dtype = float32, one_hot = 3)]
     disto_target: Tensor,
     #[featshard(axes(msa, tokens), dtype = int64, pad = 1)]
     msa: Tensor,
@@ -97,15 +97,15 @@ struct Boltz2Inference {
     atom_resolved_mask: Tensor,
     #[featshard(axes(atoms), dtype = float32, mask(atoms))]
     atom_pad_mask: Tensor,
-    #[featshard(axes(atoms, 128), dtype = int64)]
+    #[featshard(axes(atoms, 128), dtype = int64, one_hot = 1)]
     ref_element: Tensor,
-    #[featshard(axes(atoms, 4, 64), dtype = int64)]
+    #[featshard(axes(atoms, 4, 64), dtype = int64, one_hot = 2)]
     ref_atom_name_chars: Tensor,
     #[featshard(axes(atoms), dtype = int64)]
     ref_space_uid: Tensor,
     #[featshard(axes(atoms), dtype = int64)]
     ref_chirality: Tensor,
-    #[featshard(axes(atoms, 17), dtype = int64)]
+    #[featshard(axes(atoms, 17), dtype = int64, one_hot = 1)]
     atom_backbone_feat: Tensor,
     #[featshard(axes(atoms, atoms), dtype = float32, mask(atoms))]
     pair_mask: Option<Tensor>,
@@ -123,7 +123,7 @@ struct Boltz2Inference {
     frame_resolved_mask: Tensor,
     #[featshard(axes(ensemble, tokens, 3), dtype = float32)]
     disto_coords_ensemble: Tensor,
-    #[featshard(axes(templates, tokens, 33), dtype = int64)]
+    #[featshard(axes(templates, tokens, 33), dtype = int64, one_hot = 2)]
     template_restype: Tensor,
     #[featshard(axes(templates, tokens, 3, 3), dtype = float32)]
     template_frame_rot: Tensor,

@@ -632,3 +632,54 @@ fn too_many_features() {
     }
     assert_error(&text, &["features declared, more than the limit of 10000"]);
 }
+
+#[test]
+fn one_hot_axis_out_of_range() {
+    assert_error(
+        &with_features("  x: {axes: [tokens, 3], dtype: int64, one_hot: 2}\n"),
+        &[
+            "spec.yaml:13:49",
+            "feature `x`",
+            "one-hot axis 2 is out of range (2 axes)",
+        ],
+    );
+}
+
+#[test]
+fn one_hot_axis_of_a_semantic() {
+    assert_error(
+        &with_features("  x: {axes: [tokens, 3], dtype: int64, one_hot: 0}\n"),
+        &[
+            "spec.yaml:13:49",
+            "feature `x`",
+            "axis 0 (tokens)",
+            "must be a channel axis",
+        ],
+    );
+}
+
+#[test]
+fn one_hot_mask() {
+    assert_error(
+        &with_features("  x: {axes: [tokens, 3], dtype: float32, mask: tokens, one_hot: 1}\n"),
+        &[
+            "spec.yaml:13:65",
+            "feature `x`",
+            "axis 1 (3)",
+            "a one-hot feature is plain data",
+        ],
+    );
+}
+
+#[test]
+fn one_hot_with_a_nonzero_pad() {
+    assert_error(
+        &with_features("  x: {axes: [tokens, 3], dtype: int64, pad: 1, one_hot: 1}\n"),
+        &[
+            "spec.yaml:13:57",
+            "feature `x`",
+            "axis 1 (3)",
+            "pads with zero rows (no class); pad 1 would be a class",
+        ],
+    );
+}

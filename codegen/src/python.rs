@@ -83,6 +83,7 @@ struct Ctx {
     tensors: Vec<TensorRow>,
     masks: Vec<MaskRow>,
     indices: Vec<IndexRow>,
+    one_hot: Vec<MaskRow>,
     cosharded: Vec<CoshardRow>,
     shard_local: Vec<ShardLocalRow>,
     repad: Vec<MaskRow>,
@@ -177,6 +178,7 @@ fn context(plan: &Plan) -> Ctx {
         tensors: rows.tensors,
         masks: rows.masks,
         indices: rows.indices,
+        one_hot: rows.one_hot,
         cosharded: rows.cosharded,
         shard_local: rows.shard_local,
         repad: rows.repad,
@@ -266,6 +268,7 @@ struct FeatureRows {
     tensors: Vec<TensorRow>,
     masks: Vec<MaskRow>,
     indices: Vec<IndexRow>,
+    one_hot: Vec<MaskRow>,
     cosharded: Vec<CoshardRow>,
     metadata: Vec<String>,
     shard_local: Vec<ShardLocalRow>,
@@ -302,6 +305,12 @@ impl FeatureRows {
             });
         }
         self.tensors.push(tensor_row(name, t));
+        if let Some(axis) = t.one_hot {
+            self.one_hot.push(MaskRow {
+                name: name.to_owned(),
+                of: axis.to_string(),
+            });
+        }
         match &t.role {
             Role::Data => {}
             Role::Mask { of } => self.masks.push(MaskRow {

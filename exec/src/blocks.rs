@@ -8,6 +8,7 @@ use featshard_spec::ir::DType;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use crate::array::Array;
+use crate::compact::OneHot;
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::place::{axis_maps, AxisMap, Placed};
@@ -29,6 +30,8 @@ pub struct FeatureBlocks<'p, 'a> {
     pad: Vec<u8>,
     plan: &'p Plan,
     layout: &'p SampleLayout,
+    /// A one-hot feature's compact form and its indices at the serial shape.
+    compact: Option<(OneHot, &'p Array<'static>)>,
 }
 
 /// Every feature of `placed`, placed ones then passthrough ones, each sorted by name.
@@ -44,13 +47,8 @@ pub fn feature_blocks<'p, 'a>(
             .ok_or_else(|| RuntimeError::Missing {
                 feature: name.clone(),
             })?;
-        out.push(FeatureBlocks::placed(
-            plan,
-            name,
-            x,
-            shapes,
-            &placed.layout,
-        )?);
+        let blocks = FeatureBlocks::placed(plan, name, x, shapes, &placed.layout)?;
+        out.push(blocks.with_compact(placed.compact.get(name)));
     }
     for (name, x) in &placed.passthrough {
         out.push(FeatureBlocks {
@@ -62,6 +60,7 @@ pub fn feature_blocks<'p, 'a>(
             pad: Vec::new(),
             plan,
             layout: &placed.layout,
+            compact: None,
         });
     }
     Ok(out)
@@ -87,7 +86,48 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
             pad: dtype::pad_bytes(x.dtype(), t.pad_value),
             plan,
             layout,
+            compact: None,
         })
+    }
+
+    /// The same, able to write compact blocks of a one-hot feature from its `indices`
+    /// (as [`Placed::compact`] holds them); other features ignore them.
+    pub fn with_compact(mut self, indices: Option<&'p Array<'static>>) -> Self {
+        let one_hot = self.placed.as_ref().and_then(|(t, _)| OneHot::of(t));
+        self.compact = one_hot.zip(indices);
+        self
+    }
+
+    /// The feature's compact form, when it has one and its indices were given.
+    pub fn one_hot(&self) -> Option<OneHot> {
+        self.compact.map(|(oh, _)| oh)
+    }
+
+    /// The shape of a rank's compact block (`None` without a compact form).
+    pub fn compact_shape(&self) -> Option<Vec<usize>> {
+        self.compact.map(|(oh, _)| oh.compact_shape(&self.shape))
+    }
+
+    /// Writes the compact block (indices; see [`crate::compact`]) of the rank at
+    /// `coord` into `sink`, row-major: the indices land in the window of the dense
+    /// block, the one-hot axis left out, pads the index of no class.
+    pub fn write_compact(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
+        let (Some((oh, idx)), Some((_, axes))) = (&self.compact, &self.placed) else {
+            return Err(io::Error::other(format!(
+                "feature `{}` has no compact form",
+                self.name
+            )));
+        };
+        let mut window = self.window(coord).ok_or_else(|| {
+            io::Error::other(format!(
+                "feature `{}`: no block at coordinate {coord:?} of mesh {:?}",
+                self.name, self.layout.mesh
+            ))
+        })?;
+        let mut axes = axes.clone();
+        window.remove(oh.axis);
+        axes.remove(oh.axis);
+        write_window(idx, &oh.none_bytes(), &axes, &window, sink)
     }
 }
 
@@ -102,11 +142,28 @@ impl FeatureBlocks<'_, '_> {
         self.shape.iter().product::<usize>() * dtype::size(self.dtype)
     }
 
+    /// The dtype of `part` of the feature: its compact form's indices, or its own.
+    pub fn dtype_of(&self, part: Part) -> DType {
+        match (part, self.compact) {
+            (Part::Compact(_), Some((oh, _))) => oh.index,
+            _ => self.dtype,
+        }
+    }
+
+    /// Bytes of `part` of the feature.
+    pub fn nbytes_of(&self, placed: &Placed, part: Part) -> usize {
+        self.shape_of(placed, part).iter().product::<usize>() * dtype::size(self.dtype_of(part))
+    }
+
     /// The shape of `part` of the feature: a rank's block (on a domain plan, that
     /// rank's window: empty off the mesh), the whole padded layout, or the serial
     /// sample after intake.
     pub fn shape_of(&self, placed: &Placed, part: Part) -> Vec<usize> {
         match (part, &self.placed) {
+            (Part::Compact(coord), _) => match self.compact_shape() {
+                Some(shape) => shape,
+                None => self.shape_of(placed, Part::Block(coord)),
+            },
             (Part::Block(coord), Some(_)) if self.plan.mesh.is_domain() => self
                 .window(coord)
                 .map_or_else(Vec::new, |w| w.iter().map(|&(_, n)| n).collect()),
@@ -120,6 +177,8 @@ impl FeatureBlocks<'_, '_> {
     /// whole is written whole whatever the part.
     pub fn write_part(&self, placed: &Placed, part: Part, sink: &mut impl Sink) -> io::Result<()> {
         match (part, &self.placed) {
+            (Part::Compact(coord), _) if self.compact.is_some() => self.write_compact(coord, sink),
+            (Part::Compact(coord), _) => self.write_part(placed, Part::Block(coord), sink),
             (_, None) => write_whole(self.x, sink),
             (Part::Block(coord), Some(_)) => self.write(coord, sink),
             (Part::Padded, Some((_, axes))) => {
@@ -203,6 +262,9 @@ pub enum Part {
     Padded,
     /// The sample as intake made it: real items only, index values serial.
     Serial,
+    /// The block of the rank at this CP coordinate in its compact form: a one-hot
+    /// feature's indices ([`crate::compact`]); any other feature its block.
+    Compact([usize; 2]),
 }
 
 /// All of `x`, as it is.

@@ -16,6 +16,7 @@
 pub mod array;
 pub mod assemble;
 pub mod blocks;
+pub mod compact;
 pub mod dtype;
 pub mod error;
 pub mod files;

@@ -40,6 +40,8 @@ pub struct Placed<'a> {
     pub taken: BTreeMap<String, Array<'a>>,
     /// Features carried along untouched.
     pub passthrough: BTreeMap<String, Array<'a>>,
+    /// Every one-hot feature's indices at its serial shape (see [`crate::compact`]).
+    pub compact: BTreeMap<String, Array<'static>>,
     /// What intake did to the sample as emitted.
     pub intake: IntakeReport,
 }
@@ -103,6 +105,7 @@ fn place_taken<'a>(
         arrays,
         taken: kept,
         passthrough,
+        compact: checked.compact,
         intake: IntakeReport {
             dropped: taken.dropped,
             arrived: taken.arrived,

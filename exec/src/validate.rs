@@ -10,6 +10,7 @@ use featshard_spec::layout::count_total;
 use featshard_spec::plan::{Ownership, Padding, Plan, ResolveError, TensorPlan};
 
 use crate::array::{Array, RELEASE_BYTES};
+use crate::compact::{indices, OneHot};
 use crate::error::RuntimeError;
 use crate::files::Sample;
 use crate::intake::Intake;
@@ -25,6 +26,9 @@ pub struct Checked {
     pub sizes: BTreeMap<String, usize>,
     /// The ownership data of every owner-partitioned semantic present.
     pub owners: BTreeMap<String, Ownership>,
+    /// Every one-hot feature's indices (see [`crate::compact`]), made by the pass that
+    /// checks it.
+    pub compact: BTreeMap<String, Array<'static>>,
 }
 
 /// The tensor plan of a feature; metadata and unknown names are `Missing`.
@@ -78,15 +82,20 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
         check_shape(plan, name, x.dtype(), &x.shape(), &mut sizes, &mut first)?;
     }
     let owners = ownership(plan, features, &sizes)?;
+    let mut compact = BTreeMap::new();
     for name in &names {
         check_index(plan, name, &features[name], &sizes)?;
         check_mask(plan, name, &features[name])?;
+        if let Some(oh) = OneHot::of(tensor_plan(plan, name)?) {
+            compact.insert(name.clone(), indices(name, &features[name], &oh)?);
+        }
     }
     Ok(Checked {
         names,
         passthrough,
         sizes,
         owners,
+        compact,
     })
 }
 

@@ -9,6 +9,7 @@
 //!         | other_keys = refuse | drop | pass | drop(KEY, ...)
 //! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
 //!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS])
+//!         | one_hot = AXIS
 //!         | coshard(axis = A, follows = L) | replicate_axes(A, ...) | replicated
 //!         | placement("Shard(0)", "Replicate()") | only(WORKFLOW, ...) | name = "feature"
 //!         | derive(outer(FEATURE [, FEATURE]))
@@ -78,6 +79,7 @@ pub struct FieldAttrs {
     pub pad: Option<At<PadLit>>,
     pub mask: Option<At<Vec<String>>>,
     pub index: Option<At<IndexAttr>>,
+    pub one_hot: Option<At<usize>>,
     pub coshard: Vec<At<(usize, usize)>>,
     pub replicate_axes: Vec<At<usize>>,
     /// Where `replicated` was written, if it was.
@@ -336,6 +338,9 @@ fn field_key(out: &mut FieldAttrs, meta: &ParseNestedMeta) -> syn::Result<()> {
         once(&mut out.mask, At::new(names, span), meta)?;
     } else if p.is_ident("index") {
         once(&mut out.index, At::new(index(meta)?, span), meta)?;
+    } else if p.is_ident("one_hot") {
+        let n: LitInt = meta.value()?.parse()?;
+        once(&mut out.one_hot, At::new(n.base10_parse()?, n.span()), meta)?;
     } else if p.is_ident("coshard") {
         out.coshard.push(At::new(coshard(meta)?, span));
     } else if p.is_ident("replicate_axes") {
@@ -365,7 +370,7 @@ fn field_key(out: &mut FieldAttrs, meta: &ParseNestedMeta) -> syn::Result<()> {
         return Err(unknown(
             meta,
             "field",
-            "`axes`, `dtype`, `pad`, `mask`, `index`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`, `derive`",
+            "`axes`, `dtype`, `pad`, `mask`, `index`, `one_hot`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`, `derive`",
         ));
     }
     Ok(())

@@ -168,6 +168,22 @@ const CASES: &[Case] = &[
         derive_struct: "",
         derive_fields: "#[featshard(axes(tokens), dtype = bool, mask(residues))] f: Tensor,",
     },
+    Case {
+        name: "a one-hot axis of a semantic",
+        yaml_semantics: "",
+        yaml_features: "  f: {axes: [tokens, 5], dtype: int64, one_hot: 0}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens, 5), dtype = int64, one_hot = 0)] f: Tensor,",
+    },
+    Case {
+        name: "a one-hot axis out of range",
+        yaml_semantics: "",
+        yaml_features: "  f: {axes: [tokens, 5], dtype: int64, one_hot: 4}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens, 5), dtype = int64, one_hot = 4)] f: Tensor,",
+    },
 ];
 
 fn yaml(c: &Case) -> String {

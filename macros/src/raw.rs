@@ -151,6 +151,7 @@ fn feature(f: &TensorField, a: &FieldAttrs, t: &mut Tokens) -> RawFeature {
             };
             t.at(raw, i.span)
         }),
+        one_hot: a.one_hot.as_ref().map(|n| t.at(n.value, n.span)),
         coshard: list(&a.coshard, t, |&(axis, follows)| RawCoShard {
             axis,
             follows,

@@ -21,7 +21,7 @@ from torch.utils.dlpack import from_dlpack
 
 from featshard import Layout, Plan, _native
 
-__all__ = ["Placement", "buffer_views", "place", "rank_blocks"]
+__all__ = ["Placement", "Wire", "buffer_views", "expand", "place", "rank_blocks"]
 
 # The spec's dtypes, by the names the spec and the executor use.
 _DTYPES: dict[torch.dtype, str] = {
@@ -37,6 +37,10 @@ _DTYPES: dict[torch.dtype, str] = {
     torch.float64: "float64",
 }
 _BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+
+# One block in a rank's buffer: name, dtype, shape, byte offset and, for a one-hot
+# feature sent compact, its dense form `(one-hot axis, classes, dense dtype)`.
+Wire = list[tuple[str, str, tuple[int, ...], int, tuple[int, int, str] | None]]
 
 
 def _value(x: Any) -> Any:
@@ -118,36 +122,74 @@ class Placement:
         the last of them goes."""
         return self.views(self.rank_buffer(coord, threads))
 
-    def rank_buffer(self, coord: tuple[int, int], threads: int = 1) -> torch.Tensor:
+    def rank_buffer(self, coord: tuple[int, int], threads: int = 1, *, compact: bool = False) -> torch.Tensor:
         """The blocks of the rank at ``coord`` in one uint8 tensor (``buffer_offsets``
-        tells where each lies): what a source sends that rank."""
-        capsule, _ = self._native.rank_buffer(coord, threads)
+        tells where each lies): what a source sends that rank. With ``compact``, each
+        one-hot feature's block is its indices (:func:`expand` makes it dense)."""
+        capsule, _ = self._native.rank_buffer(coord, threads, compact)
         return from_dlpack(capsule)
 
-    def buffer_offsets(self) -> tuple[list[tuple[str, int]], int]:
+    def buffer_offsets(self, *, compact: bool = False) -> tuple[list[tuple[str, int]], int]:
         """Each placed feature's byte offset in a rank's buffer, and the buffer's length."""
-        return self._native.buffer_offsets()
+        return self._native.buffer_offsets(compact)
 
-    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The blocks in a rank's buffer, by name (views of it)."""
-        return buffer_views(buffer, self.wire())
+    def views(self, buffer: torch.Tensor, *, compact: bool = False) -> dict[str, torch.Tensor]:
+        """The blocks in a rank's buffer, by name, dense: views of it (and, with
+        ``compact``, one-hot features expanded from their indices)."""
+        wire = self.wire(compact=compact)
+        return expand(buffer_views(buffer, wire), wire)
 
-    def wire(self) -> list[tuple[str, str, tuple[int, ...], int]]:
+    def wire(self, *, compact: bool = False) -> Wire:
         """What a receiver needs to read a rank's buffer: per feature its name, dtype,
-        block shape and byte offset."""
-        offsets, _ = self.buffer_offsets()
-        return [(n, _DTYPES[self._features[n][0]], self._features[n][1], at) for n, at in offsets]
+        block shape and byte offset, and for a compact one-hot block its dense form."""
+        offsets, _ = self.buffer_offsets(compact=compact)
+        forms = {n: (axis, classes, index, dense) for n, axis, classes, index, dense in self._native.compact_forms()}
+        out: Wire = []
+        for n, at in offsets:
+            dtype, shape = _DTYPES[self._features[n][0]], self._features[n][1]
+            if compact and n in forms:
+                axis, classes, index, dense = forms[n]
+                out.append((n, index, shape[:axis] + shape[axis + 1 :], at, (axis, classes, dense)))
+            else:
+                out.append((n, dtype, shape, at, None))
+        return out
 
 
-def buffer_views(
-    buffer: torch.Tensor, wire: list[tuple[str, str, tuple[int, ...], int]]
-) -> dict[str, torch.Tensor]:
-    """The blocks in a rank's buffer (``Placement.wire`` tells where), views of it."""
+def buffer_views(buffer: torch.Tensor, wire: Wire) -> dict[str, torch.Tensor]:
+    """The blocks in a rank's buffer (``Placement.wire`` tells where), views of it: a
+    compact one-hot block as its indices."""
     out: dict[str, torch.Tensor] = {}
-    for name, dtype_name, shape, at in wire:
+    for name, dtype_name, shape, at, _ in wire:
         dtype = _BY_NAME[dtype_name]
         nbytes = math.prod(shape) * dtype.itemsize
         out[name] = buffer[at : at + nbytes].view(dtype).view(shape)
+    return out
+
+
+def expand(blocks: Mapping[str, torch.Tensor], wire: Wire, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """The dense blocks of ``blocks`` (as :func:`buffer_views` gives them): each compact
+    one-hot block expanded from its indices on ``device`` (its own when None), the
+    others as they are. Only the indices cross to the device; the dense block is made
+    there, byte for byte what the dense path sends."""
+    out = dict(blocks)
+    for name, _, _, _, dense in wire:
+        if dense is not None:
+            axis, classes, dtype = dense
+            out[name] = expand_one_hot(blocks[name], axis, classes, _BY_NAME[dtype], device)
+    return out
+
+
+def expand_one_hot(
+    indices: torch.Tensor, axis: int, classes: int, dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
+    """A one-hot block from its indices: a 1 at each row's class along ``axis``, 0
+    elsewhere; an index of ``classes`` (no class: a pad row) gives a row of 0."""
+    idx = indices.to(device) if device is not None else indices
+    shape = list(idx.shape)
+    out = torch.zeros(shape[:axis] + [classes] + shape[axis:], dtype=dtype, device=idx.device)
+    real = idx < classes
+    at = torch.where(real, idx, 0).long().unsqueeze(axis)
+    out.scatter_(axis, at, real.unsqueeze(axis).to(dtype))
     return out
 
 

@@ -5,8 +5,10 @@ The source rank of each CP group validates and places the sample, broadcasts the
 metadata (or its error, so that every rank raises it and nobody is left waiting), then
 sends each other rank of the group its blocks in one buffer, one rank at a time, and
 makes its own last: beyond the sample, the source holds one rank's blocks at a time.
-Every other rank receives only its own. Every rank ends with DTensors built with the
-plan's placements and explicit global shape and stride.
+Every other rank receives only its own. A feature the spec declares one-hot travels as
+its indices (``compact``, the default) and is expanded on the receiving rank, on the
+mesh's device. Every rank ends with DTensors built with the plan's placements and
+explicit global shape and stride.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from featshard import Plan, _native
-from featshard.blocks import buffer_views, place
+from featshard.blocks import buffer_views, expand, place
 from featshard.errors import (
     FeatureDistributionError,
     Status,
@@ -82,6 +84,7 @@ def distribute_features(
     threads: int = 1,
     check: Callable[[Mapping[str, torch.Tensor]], None] | None = None,
     group: CpGroup | None = None,
+    compact: bool = True,
 ) -> dict[str, Any]:
     """Distributes one serial sample from the source rank of each CP group.
 
@@ -89,7 +92,8 @@ def distribute_features(
     global rank (default: the group's rank at CP coordinate (0, 0)). ``check``, if given,
     runs on every rank on its local blocks. An error on any rank is raised on every rank
     of the group with the same type and message. ``group`` is what ``cp_group(mesh)``
-    returned (by default it is looked up again).
+    returned (by default it is looked up again). With ``compact``, one-hot features
+    travel as indices; the DTensors are the same either way.
     """
     pg, ranks, cp_mesh = group if group is not None else cp_group(mesh)
     sizes = (cp_mesh.size(0), cp_mesh.size(1))
@@ -103,19 +107,21 @@ def distribute_features(
             if features is None:
                 raise ValueError("the source rank was given no sample")
             placed = place(plan, features, sizes, workflow=workflow, threads=threads)
-            header = (placed.wire(), placed.buffer_offsets()[1], placed.global_shapes, placed.passthrough)
+            header = (placed.wire(compact=compact), placed.buffer_offsets(compact=compact)[1],
+                      placed.global_shapes, placed.passthrough)
         except Exception as e:  # noqa: BLE001 - every error is sent to every rank
             failed = status_of(e)
     wire, length, global_shapes, passthrough = broadcast_outcome(header, failed, source, pg)
     if placed is not None:
         for k, r in enumerate(ranks):
             if r != source:
-                dist.send(placed.rank_buffer(_native.coords(sizes, k), threads), dst=r, group=pg)
-        mine = placed.rank_buffer(_native.coords(sizes, ranks.index(source)), threads)
+                buffer = placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact)
+                dist.send(buffer, dst=r, group=pg)
+        mine = placed.rank_buffer(_native.coords(sizes, ranks.index(source)), threads, compact=compact)
     else:
         mine = torch.empty(length, dtype=torch.uint8)
         dist.recv(mine, src=source, group=pg)
-    local = buffer_views(mine, wire)
+    local = expand(buffer_views(mine, wire), wire, _device_of(cp_mesh))
     if check is not None:
         try:
             check(local)
@@ -129,3 +135,11 @@ def distribute_features(
         result[name] = DTensor.from_local(x, cp_mesh, on_mesh[name], run_check=False,
                                           shape=shape, stride=tuple(_native.contiguous_stride(list(shape))))
     return result
+
+
+def _device_of(mesh: DeviceMesh) -> torch.device | None:
+    """Where a compact block is expanded: this rank's GPU on a CUDA mesh (only the
+    indices cross to it), else where it was received."""
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None

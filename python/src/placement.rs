@@ -129,12 +129,34 @@ impl Placement {
             .collect()
     }
 
-    /// Where each placed feature's block lies in a rank's buffer (`rank_buffer`): byte
-    /// offsets in `features()` order, and the buffer's length.
-    fn buffer_offsets(&self) -> PyResult<(Offsets, usize)> {
+    /// Where each placed feature's block lies in a rank's buffer (`rank_buffer`, with
+    /// one-hot features compact when `compact`): byte offsets in `features()` order, and
+    /// the buffer's length.
+    #[pyo3(signature = (compact = false))]
+    fn buffer_offsets(&self, compact: bool) -> PyResult<(Offsets, usize)> {
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
-        Ok(offsets(&placed))
+        Ok(offsets(&self.placed, &placed, part_at([0, 0], compact)))
+    }
+
+    /// Every one-hot feature's compact form: `(name, one-hot axis, classes, index dtype,
+    /// dense dtype)`, sorted by name.
+    #[allow(clippy::type_complexity)]
+    fn compact_forms(&self) -> PyResult<Vec<(String, usize, usize, &'static str, &'static str)>> {
+        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
+        Ok(all
+            .iter()
+            .filter_map(|f| {
+                let oh = f.one_hot()?;
+                Some((
+                    f.name.clone(),
+                    oh.axis,
+                    oh.classes,
+                    oh.index.name(),
+                    oh.dense.name(),
+                ))
+            })
+            .collect())
     }
 
     /// Sample keys carried along untouched, sorted.
@@ -231,13 +253,15 @@ impl Placement {
     /// Every placed feature's block of the rank at CP coordinate `coord`, in one buffer
     /// allocated here (huge pages advised) on `threads` threads: the buffer as a
     /// one-dimensional uint8 DLPack capsule, and each feature's byte offset in it
-    /// (64-byte aligned), in `features()` order.
-    #[pyo3(signature = (coord, threads = 1))]
+    /// (64-byte aligned), in `features()` order. With `compact`, one-hot features'
+    /// blocks are their indices (`compact_forms`).
+    #[pyo3(signature = (coord, threads = 1, compact = false))]
     fn rank_buffer<'py>(
         &self,
         py: Python<'py>,
         coord: (usize, usize),
         threads: usize,
+        compact: bool,
     ) -> PyResult<(Bound<'py, PyAny>, Offsets)> {
         if self.plan.mesh.is_domain() {
             return Err(PyValueError::new_err(format!(
@@ -245,10 +269,10 @@ impl Placement {
                 self.plan.module
             )));
         }
-        let coord = self.on_mesh(coord)?;
+        let part = part_at(self.on_mesh(coord)?, compact);
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
-        let (offsets, end) = offsets(&placed);
+        let (offsets, end) = offsets(&self.placed, &placed, part);
         let mut buffer = Buffer::new(end).map_err(|e| PyValueError::new_err(e.to_string()))?;
         self.inputs_alive(py)?;
         // The lock stays held while the inputs are read (see `inputs_alive`).
@@ -257,12 +281,13 @@ impl Placement {
         let mut at = 0;
         for (f, (_, offset)) in placed.iter().zip(&offsets) {
             let (_, tail) = rest.split_at_mut(offset - at);
-            let (mine, tail) = tail.split_at_mut(f.nbytes());
+            let n = f.nbytes_of(&self.placed, part);
+            let (mine, tail) = tail.split_at_mut(n);
             slices.push((*f, mine));
             rest = tail;
-            at = offset + f.nbytes();
+            at = offset + n;
         }
-        write_all(&self.placed, Part::Block(coord), slices, threads)
+        write_all(&self.placed, part, slices, threads)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok((buffer.into_capsule(py)?, offsets))
     }
@@ -336,14 +361,22 @@ type Offsets = Vec<(String, usize)>;
 /// One block to write: its feature and the memory it goes to.
 type Job<'f, 'b> = (&'f FeatureBlocks<'f, 'f>, &'b mut [u8]);
 
-/// Each block's offset in a rank's buffer, aligned, and the buffer's length.
-fn offsets(placed: &[&FeatureBlocks]) -> (Offsets, usize) {
+/// A rank's block, dense or in its compact form.
+fn part_at(coord: [usize; 2], compact: bool) -> Part {
+    match compact {
+        true => Part::Compact(coord),
+        false => Part::Block(coord),
+    }
+}
+
+/// Each block's offset in a rank's buffer (of `part`), aligned, and the buffer's length.
+fn offsets(placement: &Placed, placed: &[&FeatureBlocks], part: Part) -> (Offsets, usize) {
     let mut offsets = Vec::with_capacity(placed.len());
     let mut end = 0usize;
     for f in placed {
         let at = end.next_multiple_of(ALIGN);
         offsets.push((f.name.clone(), at));
-        end = at + f.nbytes();
+        end = at + f.nbytes_of(placement, part);
     }
     (offsets, end)
 }
@@ -359,7 +392,7 @@ fn check_out<'m>(
     out: &Memory,
     others: impl IntoIterator<Item = &'m Memory>,
 ) -> PyResult<()> {
-    if out.dtype != f.dtype || out.shape != shape {
+    if out.dtype != f.dtype_of(part) || out.shape != shape {
         return Err(PyValueError::new_err(format!(
             "feature `{}`: {} is {} {:?}, the output given is {} {:?}",
             f.name,
@@ -367,8 +400,9 @@ fn check_out<'m>(
                 Part::Block(_) => "its block",
                 Part::Padded => "its padded layout",
                 Part::Serial => "its taken form",
+                Part::Compact(_) => "its compact block",
             },
-            f.dtype.name(),
+            f.dtype_of(part).name(),
             shape,
             out.dtype.name(),
             out.shape

@@ -116,9 +116,13 @@ pub fn sample(
             })
             .collect();
         let kind = kind_of(t.dtype);
-        let x = match structured(plan, name, &dims, &owner_of, &sizes, kind)? {
-            Some(x) => x,
-            None => random(name, &t.role, &dims, kind, &sizes)?,
+        let x = match (
+            structured(plan, name, &dims, &owner_of, &sizes, kind)?,
+            t.one_hot,
+        ) {
+            (Some(x), _) => x,
+            (None, Some(axis)) => one_hot_classes(name, &dims, axis, kind)?,
+            (None, None) => random(name, &t.role, &dims, kind, &sizes)?,
         };
         out.insert(name.to_owned(), x);
     }
@@ -231,6 +235,26 @@ fn one_hot(
         let _ = m.f_index_put_(&idx, &ones, false).feature(name)?;
     }
     Ok(m)
+}
+
+/// A one-hot feature along `axis`: each row one random class, or none (a pad row) about
+/// once in as many rows as there are classes.
+fn one_hot_classes(
+    name: &str,
+    dims: &[i64],
+    axis: usize,
+    kind: Kind,
+) -> Result<Tensor, RuntimeError> {
+    let classes = dims[axis];
+    let mut rows = dims.to_vec();
+    rows.remove(axis);
+    Tensor::f_randint_low(0, classes + 1, rows.as_slice(), (Kind::Int64, Device::Cpu))
+        .and_then(|i| i.f_one_hot(classes + 1))
+        .and_then(|h| h.f_narrow(-1, 0, classes))
+        .and_then(|h| h.f_movedim(&[-1i64][..], &[axis as i64][..]))
+        .and_then(|h| h.f_to_kind(kind))
+        .and_then(|h| h.f_contiguous())
+        .feature(name)
 }
 
 fn random(

@@ -702,6 +702,7 @@ impl<'a> Checker<'a> {
         self.role(name, t);
         self.coshard(name, t);
         self.replicate_axes(name, t);
+        self.one_hot_channel(name, t);
     }
 
     fn axis_label(t: &TensorFeature, i: usize) -> String {
@@ -1012,6 +1013,34 @@ impl<'a> Checker<'a> {
                     .axis(*axis, &a.kind),
                 );
             }
+        }
+    }
+
+    /// `one_hot: AXIS`: a channel axis with a size (its classes), on plain data whose
+    /// pads are zero rows (no class).
+    fn one_hot_channel(&mut self, name: &str, t: &TensorFeature) {
+        let Some((axis, loc)) = t.one_hot else { return };
+        let fault = match t.axes.get(axis).map(|a| &a.kind) {
+            None => Some(format!("one-hot axis {axis} is out of range ({} axes)", t.axes.len())),
+            Some(AxisKind::Semantic(s)) => Some(format!(
+                "one-hot axis {axis} is an axis of `{s}`; it must be a channel axis (its size the class count)"
+            )),
+            Some(AxisKind::Channel(0)) => Some(format!("one-hot axis {axis} has no classes")),
+            Some(AxisKind::Channel(_)) if t.role != Role::Data => Some(
+                "a one-hot feature is plain data: not a mask, and an index's one-hot map is `index: {one_hot: AXIS}`".to_owned(),
+            ),
+            Some(AxisKind::Channel(_)) if !t.pad.is_zero() => Some(format!(
+                "a one-hot feature pads with zero rows (no class); pad {} would be a class",
+                t.pad
+            )),
+            Some(AxisKind::Channel(_)) => None,
+        };
+        if let Some(message) = fault {
+            let e = SpecError::new(message, loc).feature(name);
+            self.err(match t.axes.get(axis) {
+                Some(a) => e.axis(axis, &a.kind),
+                None => e,
+            });
         }
     }
 

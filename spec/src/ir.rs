@@ -330,6 +330,9 @@ pub struct TensorFeature {
     pub role: Role,
     /// Where `role` was written.
     pub role_loc: Loc,
+    /// A channel axis holding a one-hot encoding over its size's classes, and where
+    /// it was written.
+    pub one_hot: Option<(usize, Loc)>,
     /// Co-sharded axis pairs: the follower takes the leader's shard (block diagonal).
     pub coshard: Vec<CoShard>,
     /// Axes of a sharded semantic declared to stay whole (the resolution when a

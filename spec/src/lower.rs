@@ -689,6 +689,7 @@ impl Lower {
                 pad_loc,
                 role,
                 role_loc,
+                one_hot: raw.one_hot.as_ref().map(|a| (a.value, loc(a))),
                 coshard: raw
                     .coshard
                     .map(|c| {
@@ -728,6 +729,7 @@ impl Lower {
             raw.pad.as_ref().map(|a| ("pad", loc(a))),
             raw.mask.as_ref().map(|a| ("mask", loc(a))),
             raw.index.as_ref().map(|a| ("index", loc(a))),
+            raw.one_hot.as_ref().map(|a| ("one_hot", loc(a))),
             raw.placement.as_ref().map(|a| ("placement", loc(a))),
             raw.coshard.as_ref().map(|a| ("coshard", loc(a))),
             raw.parameter.as_ref().map(|a| ("parameter", loc(a))),

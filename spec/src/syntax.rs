@@ -206,6 +206,11 @@ pub struct RawFeature {
     #[serde(default)]
     #[schemars(with = "Option<RawIndex>")]
     pub index: Option<Spanned<RawIndex>>,
+    /// A channel axis holding a one-hot encoding over its size's classes: each row
+    /// along it holds one 1 (or none, a pad row), so it travels and rests as indices.
+    #[serde(default)]
+    #[schemars(with = "Option<usize>")]
+    pub one_hot: Option<Spanned<usize>>,
     /// Co-sharded axes: `{axis: 1, follows: 0}` makes axis 1 take axis 0's shard.
     #[serde(default)]
     #[schemars(with = "Option<Vec<RawCoShard>>")]

@@ -49,6 +49,8 @@ def random_sample(
             x = torch.ones(shape, dtype=dtype)  # every item is real
         elif role is not None and role.one_hot is None and role.of == "atoms":
             x = torch.randint(0, max(n_atoms, 1), shape, generator=g, dtype=dtype)
+        elif name in placements.ONE_HOT:
+            x = one_hot_rows(shape, placements.ONE_HOT[name], dtype, g)
         elif dtype == torch.bool or name in placements.MASKS:
             x = (torch.rand(shape, generator=g) > 0.5).to(dtype)
         elif dtype.is_floating_point:
@@ -70,6 +72,14 @@ def random_sample(
     sample["r_set_to_rep_atom"] = r
     sample["frames_idx"] = torch.randint(0, max(n_atoms, 1), (ensemble, n_tokens, 3), generator=g)
     return sample
+
+
+def one_hot_rows(shape: list[int], axis: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """A one-hot feature along `axis`: each row one random class, or none (a pad row)."""
+    classes = shape[axis]
+    rows = shape[:axis] + shape[axis + 1 :]
+    idx = torch.randint(0, classes + 1, rows, generator=g)
+    return torch.nn.functional.one_hot(idx, classes + 1)[..., :classes].movedim(-1, axis).to(dtype).contiguous()
 
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"

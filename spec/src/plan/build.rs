@@ -107,6 +107,7 @@ fn tensor_plan(
         // check() proved the pad value fits the dtype.
         pad_value: t.pad.coerce(t.dtype).unwrap_or(t.pad),
         role: t.role.clone(),
+        one_hot: t.one_hot.map(|(axis, _)| axis),
         remap: remap(spec, t, &inferred.splits),
         workflows,
         optional: f.optional.is_some(),

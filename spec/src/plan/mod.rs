@@ -297,6 +297,10 @@ pub struct TensorPlan {
     pub pad_value: PadValue,
     /// Plain data, a mask or an index.
     pub role: Role,
+    /// A channel axis holding a one-hot encoding over its size's classes (each row
+    /// along it one 1, or none in a pad row): it travels and rests as indices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_hot: Option<usize>,
     /// How index values change when padded and sharded.
     pub remap: Remap,
     /// The workflows it belongs to.

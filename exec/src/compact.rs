@@ -1,0 +1,268 @@
+//! Compact one-hot features. A feature declared `one_hot: AXIS` is held as the index
+//! of each row's 1 along that axis, in the smallest integer type that holds the class
+//! count, the class count itself standing for a row with no 1 (a pad row). The indices
+//! are made once from the serial sample, by the pass that validates it; a rank's
+//! compact block is then written through the same windows as any block (the one-hot
+//! axis is a channel axis, never split), and expanded back to exactly the dense bytes
+//! wherever a dense block is needed.
+
+use featshard_spec::ir::DType;
+use featshard_spec::plan::TensorPlan;
+
+use crate::array::Array;
+use crate::dtype;
+use crate::error::RuntimeError;
+
+/// How one one-hot feature is held compact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OneHot {
+    /// The one-hot axis of the dense feature.
+    pub axis: usize,
+    /// Its size: the class count.
+    pub classes: usize,
+    /// The indices' dtype.
+    pub index: DType,
+    /// The dense feature's dtype.
+    pub dense: DType,
+}
+
+impl OneHot {
+    /// The compact form of a feature, if it is declared one-hot.
+    pub fn of(t: &TensorPlan) -> Option<OneHot> {
+        let axis = t.one_hot?;
+        let classes = usize::try_from(t.axes.get(axis)?.size?).ok()?;
+        Some(OneHot {
+            axis,
+            classes,
+            index: index_dtype(classes),
+            dense: t.dtype,
+        })
+    }
+
+    /// The index of a row with no 1 (a pad row).
+    pub fn none(&self) -> usize {
+        self.classes
+    }
+
+    /// One index element holding [`OneHot::none`].
+    pub fn none_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        dtype::encode_i64(self.index, self.classes as i64, &mut out);
+        out
+    }
+
+    /// The compact shape of a dense shape: the one-hot axis removed.
+    pub fn compact_shape(&self, dense: &[usize]) -> Vec<usize> {
+        let mut s = dense.to_vec();
+        if self.axis < s.len() {
+            s.remove(self.axis);
+        }
+        s
+    }
+
+    /// The dense shape of a compact shape: the class axis put back.
+    pub fn dense_shape(&self, compact: &[usize]) -> Vec<usize> {
+        let mut s = compact.to_vec();
+        s.insert(self.axis.min(s.len()), self.classes);
+        s
+    }
+
+    /// Bytes of the compact form of a dense feature of `shape`.
+    pub fn compact_bytes(&self, dense: &[usize]) -> usize {
+        self.compact_shape(dense).iter().product::<usize>() * dtype::size(self.index)
+    }
+
+    /// `(outer, inner)` element counts around the one-hot axis of `dense`.
+    fn around(&self, dense: &[usize]) -> (usize, usize) {
+        let outer = dense[..self.axis].iter().product();
+        let inner = dense[self.axis + 1..].iter().product();
+        (outer, inner)
+    }
+}
+
+/// The smallest integer dtype holding `0..=classes`.
+pub fn index_dtype(classes: usize) -> DType {
+    if classes <= u8::MAX as usize {
+        DType::Uint8
+    } else if classes <= i16::MAX as usize {
+        DType::Int16
+    } else if classes <= i32::MAX as usize {
+        DType::Int32
+    } else {
+        DType::Int64
+    }
+}
+
+/// An element's bits, little-endian, widened.
+fn bits(e: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a[..e.len()].copy_from_slice(e);
+    u64::from_le_bytes(a)
+}
+
+/// The bits of 1 and of the float zero with its sign set (`None` for integers), in `d`.
+fn one_and_negative_zero(d: DType) -> (u64, Option<u64>) {
+    let mut one = Vec::new();
+    dtype::encode_i64(d, 1, &mut one);
+    let sign = match d {
+        DType::Float16 | DType::Bfloat16 => Some(0x8000),
+        DType::Float32 => Some(0x8000_0000),
+        DType::Float64 => Some(0x8000_0000_0000_0000),
+        _ => None,
+    };
+    (bits(&one), sign)
+}
+
+/// The indices of one-hot feature `name` (`x` at its serial shape), validating it: every
+/// value is 0 or 1, and every row along the one-hot axis holds at most one 1. A fault
+/// names the feature, the axis and the first bad position.
+pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, RuntimeError> {
+    let dense = x.contiguous();
+    let shape = dense.shape();
+    let bytes = dense.base_bytes();
+    let es = dtype::size(oh.dense);
+    let (outer, inner) = oh.around(&shape);
+    let (one, negative_zero) = one_and_negative_zero(oh.dense);
+    let fault = |flat: usize, message: String| RuntimeError::OneHot {
+        feature: name.to_owned(),
+        axis: oh.axis,
+        message: format!("{message} at {:?}", unravel(flat, &shape)),
+    };
+    let mut out: Vec<u8> = Vec::with_capacity(outer * inner * dtype::size(oh.index));
+    let mut found = vec![oh.none(); inner];
+    for o in 0..outer {
+        found.fill(oh.none());
+        let block = o * oh.classes * inner;
+        for k in 0..oh.classes {
+            let row = &bytes[(block + k * inner) * es..(block + (k + 1) * inner) * es];
+            for (i, e) in row.chunks_exact(es).enumerate() {
+                let v = bits(e);
+                if v == 0 || Some(v) == negative_zero {
+                    continue;
+                }
+                let flat = block + k * inner + i;
+                if v != one {
+                    let mut value = Vec::new();
+                    dtype::decode_into(oh.dense, e, &mut value);
+                    let shown = value.first().copied().unwrap_or(f64::NAN);
+                    return Err(fault(
+                        flat,
+                        format!("a one-hot row holds only 0 and 1, found {shown}"),
+                    ));
+                }
+                if found[i] != oh.none() {
+                    let first = found[i];
+                    return Err(fault(
+                        flat,
+                        format!("a one-hot row holds one 1 (or none, a pad row), found a second 1 (classes {first} and {k})"),
+                    ));
+                }
+                found[i] = k;
+            }
+        }
+        for &k in &found {
+            dtype::encode_i64(oh.index, k as i64, &mut out);
+        }
+    }
+    Ok(Array::owned(oh.index, oh.compact_shape(&shape), out))
+}
+
+/// The dense bytes of compact indices `idx` (row-major, of `compact` shape): a 1 at
+/// each row's class, 0 elsewhere; a row of index `none` (or any index past the classes)
+/// all 0.
+pub fn expand(oh: &OneHot, idx: &[u8], compact: &[usize]) -> Vec<u8> {
+    let dense_shape = oh.dense_shape(compact);
+    let (outer, inner) = oh.around(&dense_shape);
+    let (es, ies) = (dtype::size(oh.dense), dtype::size(oh.index));
+    let mut one = Vec::new();
+    dtype::encode_i64(oh.dense, 1, &mut one);
+    let mut out = vec![0u8; outer * oh.classes * inner * es];
+    for (r, e) in idx.chunks_exact(ies).enumerate().take(outer * inner) {
+        let k = dtype::read_i64(oh.index, e);
+        if k < 0 || k as usize >= oh.classes {
+            continue;
+        }
+        let (o, i) = (r / inner.max(1), r % inner.max(1));
+        let at = ((o * oh.classes + k as usize) * inner + i) * es;
+        out[at..at + es].copy_from_slice(&one);
+    }
+    out
+}
+
+/// The index of flat position `flat` in a row-major `shape`.
+fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        let n = shape[d].max(1);
+        idx[d] = flat % n;
+        flat /= n;
+    }
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oh(axis: usize, classes: usize, dense: DType) -> OneHot {
+        OneHot {
+            axis,
+            classes,
+            index: index_dtype(classes),
+            dense,
+        }
+    }
+
+    fn encode(d: DType, values: &[i64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        values
+            .iter()
+            .for_each(|&v| dtype::encode_i64(d, v, &mut out));
+        out
+    }
+
+    #[test]
+    fn indices_then_expand_give_back_the_dense_bytes_on_any_axis() {
+        // [2, 3, 2] one-hot along axis 1 (3 classes); (1, *, 1) is a pad row.
+        let dense = [0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        for d in [DType::Int64, DType::Float32, DType::Uint8, DType::Bfloat16] {
+            let o = oh(1, 3, d);
+            let x = Array::owned(d, vec![2, 3, 2], encode(d, &dense));
+            let idx = indices("f", &x, &o).expect("valid");
+            assert_eq!(idx.shape(), vec![2, 2]);
+            assert_eq!(idx.to_bytes(), vec![1, 0, 2, 3]);
+            assert_eq!(expand(&o, &idx.to_bytes(), &[2, 2]), encode(d, &dense));
+        }
+    }
+
+    #[test]
+    fn a_second_one_or_another_value_is_named_at_its_position() {
+        let o = oh(1, 3, DType::Int64);
+        let two = Array::owned(
+            DType::Int64,
+            vec![2, 3],
+            encode(DType::Int64, &[0, 0, 1, 1, 0, 1]),
+        );
+        let e = indices("res", &two, &o).expect_err("two ones").to_string();
+        assert!(
+            e.contains("feature `res`, axis 1 (one-hot)")
+                && e.contains("(classes 0 and 2) at [1, 2]"),
+            "{e}"
+        );
+        let other = Array::owned(
+            DType::Int64,
+            vec![2, 3],
+            encode(DType::Int64, &[0, 2, 0, 1, 0, 0]),
+        );
+        let e = indices("res", &other, &o).expect_err("a 2").to_string();
+        assert!(e.contains("found 2 at [0, 1]"), "{e}");
+    }
+
+    #[test]
+    fn the_index_type_is_the_smallest_holding_every_class_and_none() {
+        assert_eq!(index_dtype(33), DType::Uint8);
+        assert_eq!(index_dtype(255), DType::Uint8);
+        assert_eq!(index_dtype(256), DType::Int16);
+        assert_eq!(index_dtype(40_000), DType::Int32);
+    }
+}
