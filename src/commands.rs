@@ -375,10 +375,10 @@ fn explain_table(
 }
 
 /// A feature's bytes at its padded global shape, dense and in its compact form (a
-/// one-hot feature as indices; the others as they are).
+/// one-hot feature or map as indices; the others as they are).
 fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (usize, usize) {
     let dense = global.iter().product::<usize>() * featshard_exec::dtype::size(t.dtype);
-    let compact = OneHot::of(t).map_or(dense, |oh| oh.compact_bytes(global));
+    let compact = OneHot::of(t, global).map_or(dense, |oh| oh.compact_bytes(global));
     (dense, compact)
 }
 

@@ -93,7 +93,10 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
     /// The same, able to write compact blocks of a one-hot feature from its `indices`
     /// (as [`Placed::compact`] holds them); other features ignore them.
     pub fn with_compact(mut self, indices: Option<&'p Array<'static>>) -> Self {
-        let one_hot = self.placed.as_ref().and_then(|(t, _)| OneHot::of(t));
+        let one_hot = self
+            .placed
+            .as_ref()
+            .and_then(|(t, _)| OneHot::of(t, &self.shape));
         self.compact = one_hot.zip(indices);
         self
     }
@@ -125,9 +128,18 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
             ))
         })?;
         let mut axes = axes.clone();
-        window.remove(oh.axis);
+        let (start, len) = window.remove(oh.axis);
         axes.remove(oh.axis);
-        write_window(idx, &oh.none_bytes(), &axes, &window, sink)
+        if !oh.map {
+            return write_window(idx, &oh.none_bytes(), &axes, &window, sink);
+        }
+        let mut local = InWindow {
+            out: sink,
+            start: start as i64,
+            len: len as i64,
+            buf: Vec::new(),
+        };
+        write_window(idx, &oh.none_bytes(), &axes, &window, &mut local)
     }
 }
 
@@ -300,6 +312,36 @@ impl<S: Sink> Sink for Shift<'_, S> {
                 dtype::read_i64(self.dtype, v) - self.by,
                 &mut self.buf,
             );
+        }
+        self.out.copy(&self.buf)
+    }
+
+    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
+        self.out.fill(pad, count)
+    }
+}
+
+/// A one-hot map's positions (int32) made local to a window `start..start + len` of its
+/// one-hot axis; a position outside it (or none, -1) is none.
+struct InWindow<'o, S> {
+    out: &'o mut S,
+    start: i64,
+    len: i64,
+    buf: Vec<u8>,
+}
+
+impl<S: Sink> Sink for InWindow<'_, S> {
+    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.buf.clear();
+        for v in bytes.chunks_exact(4) {
+            let p = i64::from(i32::from_le_bytes([v[0], v[1], v[2], v[3]]));
+            let local = p - self.start;
+            let at = if p >= 0 && (0..self.len).contains(&local) {
+                local
+            } else {
+                -1
+            };
+            self.buf.extend((at as i32).to_le_bytes());
         }
         self.out.copy(&self.buf)
     }

@@ -5,8 +5,14 @@
 //! compact block is then written through the same windows as any block (the one-hot
 //! axis is a channel axis, never split), and expanded back to exactly the dense bytes
 //! wherever a dense block is needed.
+//!
+//! A one-hot map (`index: {one_hot: AXIS}` on its last axis, `atom_to_token`) is held
+//! the same way: each row's 1 as its position in the padded layout of the indexed
+//! semantic (int32, -1 for none), and a rank's compact block as the position within
+//! its block's window of that axis (the map's one lies in its diagonal block), so its
+//! classes are the block's length of that axis.
 
-use featshard_spec::ir::DType;
+use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;
 
 use crate::array::Array;
@@ -24,30 +30,51 @@ pub struct OneHot {
     pub index: DType,
     /// The dense feature's dtype.
     pub dense: DType,
+    /// A one-hot map: `classes` is its block's length of the one-hot axis, indices are
+    /// positions, and none is -1.
+    pub map: bool,
 }
 
 impl OneHot {
-    /// The compact form of a feature, if it is declared one-hot.
-    pub fn of(t: &TensorPlan) -> Option<OneHot> {
-        let axis = t.one_hot?;
-        let classes = usize::try_from(t.axes.get(axis)?.size?).ok()?;
+    /// The compact form of a feature declared one-hot, or of a one-hot map on its last
+    /// axis whose blocks are `local` long.
+    pub fn of(t: &TensorPlan, local: &[usize]) -> Option<OneHot> {
+        if let Some(axis) = t.one_hot {
+            let classes = usize::try_from(t.axes.get(axis)?.size?).ok()?;
+            return Some(OneHot {
+                axis,
+                classes,
+                index: index_dtype(classes),
+                dense: t.dtype,
+                map: false,
+            });
+        }
+        let Role::Index(ix) = &t.role else {
+            return None;
+        };
+        let axis = ix.one_hot.filter(|&a| a + 1 == t.axes.len())?;
         Some(OneHot {
             axis,
-            classes,
-            index: index_dtype(classes),
+            classes: *local.get(axis)?,
+            index: DType::Int32,
             dense: t.dtype,
+            map: true,
         })
     }
 
     /// The index of a row with no 1 (a pad row).
-    pub fn none(&self) -> usize {
-        self.classes
+    pub fn none(&self) -> i64 {
+        if self.map {
+            -1
+        } else {
+            self.classes as i64
+        }
     }
 
     /// One index element holding [`OneHot::none`].
     pub fn none_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        dtype::encode_i64(self.index, self.classes as i64, &mut out);
+        dtype::encode_i64(self.index, self.none(), &mut out);
         out
     }
 
@@ -128,10 +155,11 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Run
         axis: oh.axis,
         message: format!("{message} at {:?}", unravel(flat, &shape)),
     };
+    let none = oh.classes;
     let mut out: Vec<u8> = Vec::with_capacity(outer * inner * dtype::size(oh.index));
-    let mut found = vec![oh.none(); inner];
+    let mut found = vec![none; inner];
     for o in 0..outer {
-        found.fill(oh.none());
+        found.fill(none);
         let block = o * oh.classes * inner;
         for k in 0..oh.classes {
             let row = &bytes[(block + k * inner) * es..(block + (k + 1) * inner) * es];
@@ -150,7 +178,7 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Run
                         format!("a one-hot row holds only 0 and 1, found {shown}"),
                     ));
                 }
-                if found[i] != oh.none() {
+                if found[i] != none {
                     let first = found[i];
                     return Err(fault(
                         flat,
@@ -165,6 +193,26 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Run
         }
     }
     Ok(Array::owned(oh.index, oh.compact_shape(&shape), out))
+}
+
+/// A one-hot map's indices (`x` at its serial shape, already checked): each row's 1 as
+/// the padded position of its column (`positions`, or the column itself on an
+/// end-padded semantic), -1 for a row with none.
+pub fn map_indices(x: &Array, positions: Option<&[usize]>) -> Array<'static> {
+    let shape = x.shape();
+    let mut out = Vec::with_capacity(x.numel() / shape.last().copied().unwrap_or(1).max(1) * 4);
+    let _ = x.for_each_row_nonzero(|_, nz| {
+        let at = nz
+            .first()
+            .map_or(-1, |&(c, _)| positions.map_or(c, |p| p[c]) as i64);
+        dtype::encode_i64(DType::Int32, at, &mut out);
+        Ok::<(), ()>(())
+    });
+    Array::owned(
+        DType::Int32,
+        shape[..shape.len().saturating_sub(1)].to_vec(),
+        out,
+    )
 }
 
 /// The dense bytes of compact indices `idx` (row-major, of `compact` shape): a 1 at
@@ -210,6 +258,7 @@ mod tests {
             classes,
             index: index_dtype(classes),
             dense,
+            map: false,
         }
     }
 

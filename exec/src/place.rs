@@ -9,6 +9,7 @@ use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan}
 use featshard_spec::plan::{Split, CP_AXES};
 
 use crate::array::Array;
+use crate::compact::{map_indices, OneHot};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
@@ -99,19 +100,37 @@ fn place_taken<'a>(
         .iter()
         .map(|n| (n.clone(), taken.features[n].clone()))
         .collect();
+    let mut compact = checked.compact;
+    for name in &checked.names {
+        compact.extend(map_indices_of(plan, name, &kept[name], &layout));
+    }
     Ok(Placed {
         layout,
         shapes,
         arrays,
         taken: kept,
         passthrough,
-        compact: checked.compact,
+        compact,
         intake: IntakeReport {
             dropped: taken.dropped,
             arrived: taken.arrived,
             unowned: taken.unowned,
         },
     })
+}
+
+/// A one-hot map's compact indices (see [`crate::compact`]), if it has a compact form.
+fn map_indices_of(
+    plan: &Plan,
+    name: &str,
+    x: &Array,
+    layout: &SampleLayout,
+) -> Option<(String, Array<'static>)> {
+    let t = plan.tensor(name)?;
+    let oh = OneHot::of(t, &x.shape()).filter(|o| o.map)?;
+    let semantic = t.axes.get(oh.axis)?.semantic.as_deref()?;
+    let positions = layout.positions.get(semantic).map(Vec::as_slice);
+    Some((name.to_owned(), map_indices(x, positions)))
 }
 
 /// One validated feature ready to write: index values remapped to the padded layout,

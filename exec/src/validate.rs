@@ -86,7 +86,8 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
     for name in &names {
         check_index(plan, name, &features[name], &sizes)?;
         check_mask(plan, name, &features[name])?;
-        if let Some(oh) = OneHot::of(tensor_plan(plan, name)?) {
+        // A one-hot map's compact form needs the layout: `place` makes it.
+        if let Some(oh) = OneHot::of(tensor_plan(plan, name)?, &[]).filter(|o| !o.map) {
             compact.insert(name.clone(), indices(name, &features[name], &oh)?);
         }
     }

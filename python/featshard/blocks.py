@@ -183,11 +183,11 @@ def expand_one_hot(
     indices: torch.Tensor, axis: int, classes: int, dtype: torch.dtype, device: torch.device | None = None
 ) -> torch.Tensor:
     """A one-hot block from its indices: a 1 at each row's class along ``axis``, 0
-    elsewhere; an index of ``classes`` (no class: a pad row) gives a row of 0."""
+    elsewhere; an index outside ``0..classes`` (no class: a pad row) gives a row of 0."""
     idx = indices.to(device) if device is not None else indices
     shape = list(idx.shape)
     out = torch.zeros(shape[:axis] + [classes] + shape[axis:], dtype=dtype, device=idx.device)
-    real = idx < classes
+    real = (idx >= 0) & (idx < classes)
     at = torch.where(real, idx, 0).long().unsqueeze(axis)
     out.scatter_(axis, at, real.unsqueeze(axis).to(dtype))
     return out

@@ -235,3 +235,71 @@ def test_native_entry_points_refuse_bad_arguments_by_name(
     for read in (lambda: placed.blocks_at((5, 5)), lambda: placed.rank_blocks((3, 0))):
         with pytest.raises(ValueError, match=r"^coord: \(\d, \d\) is not on the 3x3 mesh"):
             read()
+
+
+COMPACT_MESHES = [(1, 1), (2, 2), (3, 3), (2, 3)]
+
+
+@pytest.mark.parametrize("mesh", COMPACT_MESHES, ids=[f"{a}x{b}" for a, b in COMPACT_MESHES])
+def test_compact_rank_buffers_expand_to_the_dense_blocks_of_real_samples(
+    plan: featshard.Plan, mesh: tuple[int, int]
+) -> None:
+    """Every rank's buffer with one-hot features as indices, expanded, is byte for byte
+    the dense rank's blocks (masks, pads and remapped ids untouched), on every real
+    sample; and it is smaller."""
+    for i, sample in enumerate(real_samples()):
+        placed = blocks.place(plan, sample, mesh, workflow="inference")
+        wire = placed.wire(compact=True)
+        assert {n for n, *_, dense in wire if dense is not None} >= {"res_type", "disto_target", "ref_element"}
+        for rank in range(mesh[0] * mesh[1]):
+            coord = featshard.coords(mesh, rank)
+            dense = placed.rank_blocks(coord)
+            compact = placed.rank_buffer(coord, compact=True)
+            assert compact.numel() < placed.rank_buffer(coord).numel()
+            got = blocks.expand(blocks.buffer_views(compact, wire), wire)
+            assert_same_blocks(dense, got, f"real sample {i} mesh {mesh} rank {rank}")
+
+
+def test_compact_indices_are_the_executors_and_pads_are_no_class(plan: featshard.Plan) -> None:
+    """A compact block holds each row's class (uint8 for 33 classes), and the index of no
+    class (33) on pad rows; expanding it on its own gives the dense block. The 73-token
+    sample pads to 74 on 2x2: rank (1, 0) holds the pad row."""
+    sample = real_samples()[1]
+    placed = blocks.place(plan, sample, (2, 2), workflow="inference")
+    wire = placed.wire(compact=True)
+    views = blocks.buffer_views(placed.rank_buffer((1, 0), compact=True), wire)
+    idx = views["res_type"]
+    assert idx.dtype == torch.uint8 and idx.dim() == 1
+    dense = placed.rank_blocks((1, 0))["res_type"]
+    want = torch.where(dense.sum(1) == 1, dense.argmax(1), 33).to(torch.uint8)
+    assert torch.equal(idx, want)
+    assert int((idx == 33).sum()) == int((dense.sum(1) == 0).sum()) > 0
+    assert torch.equal(blocks.expand_one_hot(idx, 1, 33, torch.int64), dense)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda x: x["res_type"].__setitem__((3, (int(x["res_type"][3].argmax()) + 1) % 33), 1),
+         "feature `res_type`, axis 1 (one-hot): a one-hot row holds one 1 (or none, a pad row), found a second 1"),
+        (lambda x: x["disto_target"].__setitem__((2, 7, 0, 9), 2.0),
+         "feature `disto_target`, axis 3 (one-hot): a one-hot row holds only 0 and 1, found 2 at [2, 7, 0, 9]"),
+    ],
+    ids=["two_ones", "a_two"],
+)
+def test_a_bad_one_hot_row_is_refused_as_featshard_shard_refuses_it(
+    plan: featshard.Plan, tmp_path: Path, change, message: str  # type: ignore[no-untyped-def]
+) -> None:
+    sample = {n: x.clone() for n, x in real_samples()[0].items()}
+    change(sample)
+    with pytest.raises(ValueError) as raised:
+        blocks.place(plan, sample, (2, 2), workflow="inference")
+    assert message in str(raised.value)
+    save_file(sample, str(tmp_path / "bad.safetensors"))
+    shard = subprocess.run(
+        [str(featshard_bin()), "shard", str(SPEC), "--features", str(tmp_path / "bad.safetensors"),
+         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )
+    assert shard.returncode != 0 and str(raised.value) in shard.stderr
+    assert not (tmp_path / "out").exists()
