@@ -1,7 +1,9 @@
-"""Benchmark: peak memory of every rank while one Boltz-2-shaped sample (1024 tokens,
-2048 MSA rows) is distributed over a 3x3 CP mesh of 9 gloo ranks, in fresh processes,
-by the package (`featshard.distribute`, which the generated `<module>_data.py` calls:
-the source sends each rank its blocks in one buffer, one rank at a time).
+"""Benchmark: peak memory and time of every rank while one Boltz-2-shaped sample (1024
+tokens, 2048 MSA rows) is distributed over a 3x3 CP mesh of 9 gloo ranks, in fresh
+processes, by the package (`featshard.distribute`, which the generated
+`<module>_data.py` calls: the source sends each rank its blocks in one buffer, one rank
+at a time), with one-hot features and maps sent dense and sent compact (as indices,
+expanded on the receiving rank), in the same run.
 
     . scripts/env.sh && cargo build --release
     maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
@@ -57,7 +59,8 @@ def _worker(rank: int, folder: str, how: str) -> None:
     plan, group = featshard.Plan(SPEC), cp_group(mesh)
 
     def run(x: object) -> dict[str, object]:
-        return distribute_features(plan, x, mesh, workflow="inference", group=group)
+        return distribute_features(plan, x, mesh, workflow="inference", group=group,
+                                   compact=how == "compact")
     # One small sample first: what the first call costs once (lazy imports, DTensor's
     # first use, gloo's buffers) is not what a sample costs.
     from boltz_samples import random_sample
@@ -74,8 +77,14 @@ def _worker(rank: int, folder: str, how: str) -> None:
     blocks = sum(x.to_local().numel() * x.to_local().element_size()
                  for x in out.values() if hasattr(x, "to_local"))
     peak = status("VmHWM") - before
+    sent = 0
+    if rank == 0:
+        from featshard.blocks import place
+
+        placed = place(plan, sample, MESH, workflow="inference")
+        sent = placed.buffer_offsets(compact=how == "compact")[1] * RANKS
     Path(folder, f"{how}-{rank}.json").write_text(json.dumps({"peak": peak, "block": blocks,
-                                                              "s": seconds}))
+                                                              "s": seconds, "sent": sent}))
     del out
     dist.barrier()
     dist.destroy_process_group()
@@ -92,15 +101,19 @@ def bench(folder: Path) -> None:
           f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)")
     print("| path | rank | its blocks | peak above start | beyond its blocks | / its blocks | / sample | wall |")
     print("|---|---|---|---|---|---|---|---|")
-    for how in ("package",):
+    walls, sent = {}, {}
+    for how in ("dense", "compact"):
         spawn(_worker, args=(str(folder), how), nprocs=RANKS, join=True)  # type: ignore[no-untyped-call]
         rows = [json.loads((folder / f"{how}-{r}.json").read_text()) for r in range(RANKS)]
-        wall = max(r["s"] for r in rows)
+        walls[how], sent[how] = max(r["s"] for r in rows), rows[0]["sent"]
         others = rows[1:]
         for label, row in (("0 (source)", rows[0]), ("1-8 (largest)", max(others, key=lambda r: r["peak"]))):
             print(f"| {how} | {label} | {row['block'] / 1e6:.1f} MB | {row['peak'] / 1e6:.1f} MB | "
                   f"{(row['peak'] - row['block']) / 1e6:+.1f} MB | {row['peak'] / row['block']:.3f} | "
-                  f"{row['peak'] / size:.2f} | {wall:.2f} s |")
+                  f"{row['peak'] / size:.2f} | {walls[how]:.2f} s |")
+    print(f"\nbytes of all ranks' buffers: dense {sent['dense'] / 1e6:.1f} MB, compact "
+          f"{sent['compact'] / 1e6:.1f} MB (1/{sent['dense'] / max(sent['compact'], 1):.1f}); time compact / dense "
+          f"{walls['compact'] / walls['dense']:.2f} ({walls['dense'] / walls['compact']:.2f}x faster)")
 
 
 if __name__ == "__main__":
