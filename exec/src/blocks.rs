@@ -4,11 +4,11 @@
 
 use std::io;
 
-use featshard_spec::ir::DType;
+use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::OneHot;
+use crate::compact::{bits_len, Bits, OneHot};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::place::{axis_maps, AxisMap, Placed};
@@ -106,9 +106,19 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
         self.compact.map(|(oh, _)| oh)
     }
 
-    /// The shape of a rank's compact block (`None` without a compact form).
+    /// Whether the feature is a mask, which travels compact as bits.
+    pub fn is_mask(&self) -> bool {
+        matches!(&self.placed, Some((t, _)) if matches!(t.role, Role::Mask { .. }))
+    }
+
+    /// The shape of a rank's compact block (`None` without a compact form): a one-hot
+    /// feature's indices, or a mask's bytes of bits.
     pub fn compact_shape(&self) -> Option<Vec<usize>> {
-        self.compact.map(|(oh, _)| oh.compact_shape(&self.shape))
+        match self.compact {
+            Some((oh, _)) => Some(oh.compact_shape(&self.shape)),
+            None if self.is_mask() => Some(vec![bits_len(self.shape.iter().product())]),
+            None => None,
+        }
     }
 
     /// Writes the compact block (indices; see [`crate::compact`]) of the rank at
@@ -158,6 +168,7 @@ impl FeatureBlocks<'_, '_> {
     pub fn dtype_of(&self, part: Part) -> DType {
         match (part, self.compact) {
             (Part::Compact(_), Some((oh, _))) => oh.index,
+            (Part::Compact(_), None) if self.is_mask() => DType::Uint8,
             _ => self.dtype,
         }
     }
@@ -190,6 +201,11 @@ impl FeatureBlocks<'_, '_> {
     pub fn write_part(&self, placed: &Placed, part: Part, sink: &mut impl Sink) -> io::Result<()> {
         match (part, &self.placed) {
             (Part::Compact(coord), _) if self.compact.is_some() => self.write_compact(coord, sink),
+            (Part::Compact(coord), _) if self.is_mask() => {
+                let mut bits = Bits::new(sink, self.dtype);
+                self.write(coord, &mut bits)?;
+                bits.finish()
+            }
             (Part::Compact(coord), _) => self.write_part(placed, Part::Block(coord), sink),
             (_, None) => write_whole(self.x, sink),
             (Part::Block(coord), Some(_)) => self.write(coord, sink),

@@ -11,13 +11,19 @@
 //! semantic (int32, -1 for none), and a rank's compact block as the position within
 //! its block's window of that axis (the map's one lies in its diagonal block), so its
 //! classes are the block's length of that axis.
+//!
+//! A mask (validated 0 or 1) travels as bits: a rank's block written through the same
+//! window, eight elements to a byte ([`Bits`]), expanded back by [`unpack_bits`].
 
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;
 
+use std::io;
+
 use crate::array::Array;
 use crate::dtype;
 use crate::error::RuntimeError;
+use crate::window::Sink;
 
 /// How one one-hot feature is held compact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +243,127 @@ pub fn expand(oh: &OneHot, idx: &[u8], compact: &[usize]) -> Vec<u8> {
     out
 }
 
+/// A sink packing a mask's elements into bits as its block is written: bit `i % 8` of
+/// byte `i / 8` is element `i` (1 for any value but zero, either sign). Call
+/// [`Bits::finish`] after the block to write the last, partial byte.
+pub struct Bits<'o, S> {
+    out: &'o mut S,
+    es: usize,
+    /// The bits that make an element nonzero (a float's sign bit left out).
+    value: u64,
+    byte: u8,
+    filled: u32,
+    buf: Vec<u8>,
+}
+
+impl<'o, S: Sink> Bits<'o, S> {
+    /// Packs elements of `dtype` into `out`.
+    pub fn new(out: &'o mut S, dtype: DType) -> Self {
+        let es = dtype::size(dtype);
+        let all = if es == 8 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * es)) - 1
+        };
+        Bits {
+            out,
+            es,
+            value: all & !one_and_negative_zero(dtype).1.unwrap_or(0),
+            byte: 0,
+            filled: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, bit: bool) {
+        self.byte |= u8::from(bit) << self.filled;
+        self.filled += 1;
+        if self.filled == 8 {
+            self.buf.push(self.byte);
+            (self.byte, self.filled) = (0, 0);
+        }
+    }
+
+    fn set(&self, e: &[u8]) -> bool {
+        let v = match *e {
+            [a] => u64::from(a),
+            [a, b] => u64::from(u16::from_le_bytes([a, b])),
+            [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+            _ => bits(e),
+        };
+        v & self.value != 0
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.copy(&self.buf)?;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Writes the last, partial byte (its unused bits 0).
+    pub fn finish(mut self) -> io::Result<()> {
+        if self.filled > 0 {
+            self.buf.push(self.byte);
+        }
+        self.flush()
+    }
+}
+
+impl<S: Sink> Sink for Bits<'_, S> {
+    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
+        // The partial byte first, then whole bytes of eight elements at a time.
+        let lead = (((8 - self.filled) % 8) as usize * self.es).min(bytes.len());
+        for e in bytes[..lead].chunks_exact(self.es) {
+            let bit = self.set(e);
+            self.push(bit);
+        }
+        let mut octets = bytes[lead..].chunks_exact(8 * self.es);
+        for octet in octets.by_ref() {
+            let byte = octet
+                .chunks_exact(self.es)
+                .enumerate()
+                .fold(0u8, |b, (j, e)| b | u8::from(self.set(e)) << j);
+            self.buf.push(byte);
+        }
+        for e in octets.remainder().chunks_exact(self.es) {
+            let bit = self.set(e);
+            self.push(bit);
+        }
+        self.flush()
+    }
+
+    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
+        let bit = self.set(pad);
+        let mut left = count;
+        while left > 0 && self.filled != 0 {
+            self.push(bit);
+            left -= 1;
+        }
+        let whole = left / 8;
+        self.buf
+            .extend(std::iter::repeat_n(if bit { 0xff } else { 0 }, whole));
+        (0..left % 8).for_each(|_| self.push(bit));
+        self.flush()
+    }
+}
+
+/// Bytes of a mask of `numel` elements packed into bits.
+pub fn bits_len(numel: usize) -> usize {
+    numel.div_ceil(8)
+}
+
+/// The dense bytes (`numel` elements of `dtype`, 0 or 1) of a mask packed by [`Bits`].
+pub fn unpack_bits(packed: &[u8], numel: usize, dtype: DType) -> Vec<u8> {
+    let es = dtype::size(dtype);
+    let mut one = Vec::new();
+    dtype::encode_i64(dtype, 1, &mut one);
+    let mut out = vec![0u8; numel * es];
+    for i in (0..numel).filter(|i| packed.get(i / 8).is_some_and(|b| b >> (i % 8) & 1 == 1)) {
+        out[i * es..(i + 1) * es].copy_from_slice(&one);
+    }
+    out
+}
+
 /// The index of flat position `flat` in a row-major `shape`.
 fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; shape.len()];
@@ -305,6 +432,27 @@ mod tests {
         );
         let e = indices("res", &other, &o).expect_err("a 2").to_string();
         assert!(e.contains("found 2 at [0, 1]"), "{e}");
+    }
+
+    #[test]
+    fn a_mask_packed_into_bits_unpacks_to_its_bytes() {
+        for d in [DType::Float32, DType::Bool, DType::Int64, DType::Bfloat16] {
+            // Copied runs and filled pads of every alignment, 21 elements in all.
+            let values = [1, 0, 1, 1, 0, 0, 0, 1, 1, 1];
+            let mut packed = Vec::new();
+            let mut bits = Bits::new(&mut packed, d);
+            bits.copy(&encode(d, &values[..3])).expect("copy");
+            bits.fill(&encode(d, &[1]), 9).expect("fill");
+            bits.copy(&encode(d, &values[3..])).expect("copy");
+            bits.fill(&encode(d, &[0]), 2).expect("fill");
+            bits.finish().expect("finish");
+            let mut want = values[..3].to_vec();
+            want.extend([1; 9]);
+            want.extend(&values[3..]);
+            want.extend([0, 0]);
+            assert_eq!(packed.len(), bits_len(want.len()));
+            assert_eq!(unpack_bits(&packed, want.len(), d), encode(d, &want), "{d}");
+        }
     }
 
     #[test]

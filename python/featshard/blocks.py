@@ -38,9 +38,12 @@ _DTYPES: dict[torch.dtype, str] = {
 }
 _BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
 
-# One block in a rank's buffer: name, dtype, shape, byte offset and, for a one-hot
-# feature sent compact, its dense form `(one-hot axis, classes, dense dtype)`.
-Wire = list[tuple[str, str, tuple[int, ...], int, tuple[int, int, str] | None]]
+# How a compact block expands: `("one_hot", axis, classes, dense dtype)` for a one-hot
+# feature or map sent as indices, `("bits", dense shape, None, dense dtype)` for a mask
+# sent as bits.
+Form = tuple[str, Any, Any, str]
+# One block in a rank's buffer: name, dtype, shape, byte offset, and its form when compact.
+Wire = list[tuple[str, str, tuple[int, ...], int, Form | None]]
 
 
 def _value(x: Any) -> Any:
@@ -143,15 +146,18 @@ class Placement:
         """What a receiver needs to read a rank's buffer: per feature its name, dtype,
         block shape and byte offset, and for a compact one-hot block its dense form."""
         offsets, _ = self.buffer_offsets(compact=compact)
-        forms = {n: (axis, classes, index, dense) for n, axis, classes, index, dense in self._native.compact_forms()}
+        forms = {f[0]: f[1:] for f in self._native.compact_forms()}
         out: Wire = []
         for n, at in offsets:
             dtype, shape = _DTYPES[self._features[n][0]], self._features[n][1]
-            if compact and n in forms:
-                axis, classes, index, dense = forms[n]
-                out.append((n, index, shape[:axis] + shape[axis + 1 :], at, (axis, classes, dense)))
-            else:
+            if not compact or n not in forms:
                 out.append((n, dtype, shape, at, None))
+                continue
+            kind, axis, classes, stored, dense = forms[n]
+            if kind == "bits":
+                out.append((n, stored, ((math.prod(shape) + 7) // 8,), at, ("bits", shape, None, dense)))
+            else:
+                out.append((n, stored, shape[:axis] + shape[axis + 1 :], at, ("one_hot", axis, classes, dense)))
         return out
 
 
@@ -172,11 +178,29 @@ def expand(blocks: Mapping[str, torch.Tensor], wire: Wire, device: torch.device 
     others as they are. Only the indices cross to the device; the dense block is made
     there, byte for byte what the dense path sends."""
     out = dict(blocks)
-    for name, _, _, _, dense in wire:
-        if dense is not None:
-            axis, classes, dtype = dense
-            out[name] = expand_one_hot(blocks[name], axis, classes, _BY_NAME[dtype], device)
+    for name, _, _, _, form in wire:
+        if form is None:
+            continue
+        kind, a, b, dtype = form
+        if kind == "bits":
+            out[name] = unpack_bits(blocks[name], a, _BY_NAME[dtype], device)
+        else:
+            out[name] = expand_one_hot(blocks[name], a, b, _BY_NAME[dtype], device)
     return out
+
+
+def unpack_bits(
+    packed: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
+    """A mask from its bits (bit ``i % 8`` of byte ``i // 8`` is element ``i``), on
+    ``device`` (the bits' own when None), one bit position at a time: beyond the mask it
+    holds about twice the bits."""
+    bits = packed.to(device) if device is not None else packed
+    numel = math.prod(shape)
+    out = torch.empty(len(bits) * 8, dtype=dtype, device=bits.device)
+    for i in range(8):
+        out[i::8] = (bits >> i) & 1
+    return out[:numel].view(shape)
 
 
 def expand_one_hot(

@@ -115,8 +115,8 @@ def distribute_features(
     if placed is not None:
         for k, r in enumerate(ranks):
             if r != source:
-                buffer = placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact)
-                dist.send(buffer, dst=r, group=pg)
+                # No name holds the buffer: it is freed before the next one is made.
+                dist.send(placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact), dst=r, group=pg)
         mine = placed.rank_buffer(_native.coords(sizes, ranks.index(source)), threads, compact=compact)
     else:
         mine = torch.empty(length, dtype=torch.uint8)

@@ -139,22 +139,39 @@ impl Placement {
         Ok(offsets(&self.placed, &placed, part_at([0, 0], compact)))
     }
 
-    /// Every one-hot feature's compact form: `(name, one-hot axis, classes, index dtype,
-    /// dense dtype)`, sorted by name.
+    /// Every compact form but a plain block: `(name, "one_hot", one-hot axis, classes,
+    /// index dtype, dense dtype)` for a one-hot feature or map, `(name, "bits", 0, 0,
+    /// "uint8", dense dtype)` for a mask; sorted by name.
     #[allow(clippy::type_complexity)]
-    fn compact_forms(&self) -> PyResult<Vec<(String, usize, usize, &'static str, &'static str)>> {
+    fn compact_forms(
+        &self,
+    ) -> PyResult<
+        Vec<(
+            String,
+            &'static str,
+            usize,
+            usize,
+            &'static str,
+            &'static str,
+        )>,
+    > {
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         Ok(all
             .iter()
-            .filter_map(|f| {
-                let oh = f.one_hot()?;
-                Some((
+            .filter(|f| f.is_placed())
+            .filter_map(|f| match f.one_hot() {
+                Some(oh) => Some((
                     f.name.clone(),
+                    "one_hot",
                     oh.axis,
                     oh.classes,
                     oh.index.name(),
                     oh.dense.name(),
-                ))
+                )),
+                None if f.is_mask() => {
+                    Some((f.name.clone(), "bits", 0, 0, "uint8", f.dtype.name()))
+                }
+                None => None,
             })
             .collect())
     }
@@ -254,7 +271,7 @@ impl Placement {
     /// allocated here (huge pages advised) on `threads` threads: the buffer as a
     /// one-dimensional uint8 DLPack capsule, and each feature's byte offset in it
     /// (64-byte aligned), in `features()` order. With `compact`, one-hot features'
-    /// blocks are their indices (`compact_forms`).
+    /// blocks are their indices and masks' their bits (`compact_forms`).
     #[pyo3(signature = (coord, threads = 1, compact = false))]
     fn rank_buffer<'py>(
         &self,
