@@ -8,7 +8,7 @@ use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::{bits_len, Bits, OneHot};
+use crate::compact::{bits_len, Bits, Form, OneHot};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::place::{axis_maps, AxisMap, Placed};
@@ -106,6 +106,15 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
         self.compact.map(|(oh, _)| oh)
     }
 
+    /// How the feature's compact block expands (`None`: it travels as its block).
+    pub fn form(&self) -> Option<Form> {
+        match self.compact {
+            Some((oh, _)) => Some(oh.form()),
+            None if self.is_mask() => Some(Form::Bits),
+            None => None,
+        }
+    }
+
     /// Whether the feature is a mask, which travels compact as bits.
     pub fn is_mask(&self) -> bool {
         matches!(&self.placed, Some((t, _)) if matches!(t.role, Role::Mask { .. }))
@@ -121,10 +130,24 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
         }
     }
 
-    /// Writes the compact block (indices; see [`crate::compact`]) of the rank at
-    /// `coord` into `sink`, row-major: the indices land in the window of the dense
-    /// block, the one-hot axis left out, pads the index of no class.
+    /// Writes the compact block of the rank at `coord` into `sink` (see
+    /// [`crate::compact`]): a one-hot feature's indices, a mask's bits, any other
+    /// feature's block.
     pub fn write_compact(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
+        if self.compact.is_some() {
+            return self.write_indices(coord, sink);
+        }
+        if !self.is_mask() {
+            return self.write(coord, sink);
+        }
+        let mut bits = Bits::new(sink, self.dtype);
+        self.write(coord, &mut bits)?;
+        bits.finish()
+    }
+
+    /// A one-hot feature's compact block, row-major: the indices land in the window of
+    /// the dense block, the one-hot axis left out, pads the index of no class.
+    fn write_indices(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
         let (Some((oh, idx)), Some((_, axes))) = (&self.compact, &self.placed) else {
             return Err(io::Error::other(format!(
                 "feature `{}` has no compact form",
@@ -200,13 +223,7 @@ impl FeatureBlocks<'_, '_> {
     /// whole is written whole whatever the part.
     pub fn write_part(&self, placed: &Placed, part: Part, sink: &mut impl Sink) -> io::Result<()> {
         match (part, &self.placed) {
-            (Part::Compact(coord), _) if self.compact.is_some() => self.write_compact(coord, sink),
-            (Part::Compact(coord), _) if self.is_mask() => {
-                let mut bits = Bits::new(sink, self.dtype);
-                self.write(coord, &mut bits)?;
-                bits.finish()
-            }
-            (Part::Compact(coord), _) => self.write_part(placed, Part::Block(coord), sink),
+            (Part::Compact(coord), _) => self.write_compact(coord, sink),
             (_, None) => write_whole(self.x, sink),
             (Part::Block(coord), Some(_)) => self.write(coord, sink),
             (Part::Padded, Some((_, axes))) => {

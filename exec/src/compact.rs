@@ -17,6 +17,7 @@
 
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;
+use serde::{Deserialize, Serialize};
 
 use std::io;
 
@@ -24,6 +25,51 @@ use crate::array::Array;
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::window::Sink;
+
+/// How a compact block expands to its dense block (what a receiver is told).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Form {
+    /// A one-hot feature or map as indices along `axis` (of `classes`), of dtype `index`.
+    OneHot {
+        /// The one-hot axis of the dense block.
+        axis: usize,
+        /// Its length in the dense block.
+        classes: usize,
+        /// The indices' dtype.
+        index: DType,
+        /// Whether it is a map (none is -1) or a one-hot feature (none is `classes`).
+        map: bool,
+    },
+    /// A mask as bits, eight elements to a byte.
+    Bits,
+}
+
+impl Form {
+    /// The dense bytes of `packed` (a compact block of this form) into `out`, which
+    /// holds exactly the dense block of `dense` shape and `dtype` (zeroed here first).
+    pub fn expand_into(&self, packed: &[u8], dtype: DType, dense: &[usize], out: &mut [u8]) {
+        out.fill(0);
+        match *self {
+            Form::OneHot {
+                axis,
+                classes,
+                index,
+                map,
+            } => {
+                let oh = OneHot {
+                    axis,
+                    classes,
+                    index,
+                    dense: dtype,
+                    map,
+                };
+                expand_into(&oh, packed, &oh.compact_shape(dense), out);
+            }
+            Form::Bits => unpack_bits_into(packed, dense.iter().product(), dtype, out),
+        }
+    }
+}
 
 /// How one one-hot feature is held compact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +112,16 @@ impl OneHot {
             dense: t.dtype,
             map: true,
         })
+    }
+
+    /// The wire form of this compact form.
+    pub fn form(&self) -> Form {
+        Form::OneHot {
+            axis: self.axis,
+            classes: self.classes,
+            index: self.index,
+            map: self.map,
+        }
     }
 
     /// The index of a row with no 1 (a pad row).
@@ -225,12 +281,19 @@ pub fn map_indices(x: &Array, positions: Option<&[usize]>) -> Array<'static> {
 /// each row's class, 0 elsewhere; a row of index `none` (or any index past the classes)
 /// all 0.
 pub fn expand(oh: &OneHot, idx: &[u8], compact: &[usize]) -> Vec<u8> {
+    let n: usize = oh.dense_shape(compact).iter().product();
+    let mut out = vec![0u8; n * dtype::size(oh.dense)];
+    expand_into(oh, idx, compact, &mut out);
+    out
+}
+
+/// [`expand`] into `out` (zeroed, exactly the dense block's bytes).
+fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
     let dense_shape = oh.dense_shape(compact);
     let (outer, inner) = oh.around(&dense_shape);
     let (es, ies) = (dtype::size(oh.dense), dtype::size(oh.index));
     let mut one = Vec::new();
     dtype::encode_i64(oh.dense, 1, &mut one);
-    let mut out = vec![0u8; outer * oh.classes * inner * es];
     for (r, e) in idx.chunks_exact(ies).enumerate().take(outer * inner) {
         let k = dtype::read_i64(oh.index, e);
         if k < 0 || k as usize >= oh.classes {
@@ -240,7 +303,6 @@ pub fn expand(oh: &OneHot, idx: &[u8], compact: &[usize]) -> Vec<u8> {
         let at = ((o * oh.classes + k as usize) * inner + i) * es;
         out[at..at + es].copy_from_slice(&one);
     }
-    out
 }
 
 /// A sink packing a mask's elements into bits as its block is written: bit `i % 8` of
@@ -354,14 +416,19 @@ pub fn bits_len(numel: usize) -> usize {
 
 /// The dense bytes (`numel` elements of `dtype`, 0 or 1) of a mask packed by [`Bits`].
 pub fn unpack_bits(packed: &[u8], numel: usize, dtype: DType) -> Vec<u8> {
+    let mut out = vec![0u8; numel * dtype::size(dtype)];
+    unpack_bits_into(packed, numel, dtype, &mut out);
+    out
+}
+
+/// [`unpack_bits`] into `out` (zeroed, exactly the mask's bytes).
+fn unpack_bits_into(packed: &[u8], numel: usize, dtype: DType, out: &mut [u8]) {
     let es = dtype::size(dtype);
     let mut one = Vec::new();
     dtype::encode_i64(dtype, 1, &mut one);
-    let mut out = vec![0u8; numel * es];
     for i in (0..numel).filter(|i| packed.get(i / 8).is_some_and(|b| b >> (i % 8) & 1 == 1)) {
         out[i * es..(i + 1) * es].copy_from_slice(&one);
     }
-    out
 }
 
 /// The index of flat position `flat` in a row-major `shape`.

@@ -7,12 +7,16 @@
 
 use std::collections::BTreeMap;
 
-use featshard_exec::blocks::FeatureBlocks;
+use featshard_exec::array::Array;
+use featshard_exec::blocks::{FeatureBlocks, Part};
+use featshard_exec::compact::Form;
+use featshard_spec::ir::DType;
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{FeatureShapes, Plan, SampleLayout};
 use tch::Tensor;
 
 use crate::error::{RuntimeError, TorchContext};
+use crate::kind::kind_of;
 use crate::sample::{handles, Features, Options};
 use crate::views::{new_written, tensor, view, views, write_into};
 
@@ -45,6 +49,9 @@ pub struct Placed {
     pub passthrough: BTreeMap<String, Tensor>,
     /// What intake did to the sample as emitted (incoming pads, dropped keys).
     pub intake: IntakeReport,
+    /// Every one-hot feature's and map's indices, as the executor made them
+    /// (`featshard_exec::compact`).
+    pub compact: BTreeMap<String, Array<'static>>,
 }
 
 pub use featshard_exec::IntakeReport;
@@ -90,6 +97,7 @@ pub fn place(
         tensors,
         passthrough,
         intake: placed.intake,
+        compact: placed.compact,
     })
 }
 
@@ -103,6 +111,7 @@ impl Placed {
             tensors: handles(&self.tensors),
             passthrough: handles(&self.passthrough),
             intake: self.intake.clone(),
+            compact: self.compact.clone(),
         }
     }
 
@@ -119,7 +128,8 @@ impl Placed {
             });
         };
         let seen = view(plan, name, x)?;
-        let blocks = FeatureBlocks::placed(plan, name, &seen, shapes, &self.layout)?;
+        let blocks = FeatureBlocks::placed(plan, name, &seen, shapes, &self.layout)?
+            .with_compact(self.compact.get(name));
         f(&blocks, x, shapes)
     }
 
@@ -164,6 +174,49 @@ impl Placed {
                     ),
                 }),
             }
+        })
+    }
+
+    /// How one feature's compact block expands, its dtype and shape (`None`: it
+    /// travels as its block).
+    pub fn compact_form(
+        &self,
+        plan: &Plan,
+        name: &str,
+    ) -> Result<Option<(Form, DType, Vec<usize>)>, RuntimeError> {
+        self.with_blocks(plan, name, |blocks, _, _| {
+            let at = Part::Compact([0, 0]);
+            Ok(blocks
+                .form()
+                .zip(blocks.compact_shape())
+                .map(|(form, shape)| (form, blocks.dtype_of(at), shape)))
+        })
+    }
+
+    /// One feature's compact block on the rank at `coord` (see
+    /// [`Placed::compact_form`]) written into `out`, a tensor of its dtype and shape.
+    pub fn write_compact_block(
+        &self,
+        plan: &Plan,
+        name: &str,
+        coord: [usize; CP_AXES],
+        out: &Tensor,
+    ) -> Result<(), RuntimeError> {
+        self.with_blocks(plan, name, |blocks, _, _| {
+            let at = Part::Compact(coord);
+            let shape = blocks.compact_shape().unwrap_or_else(|| blocks.shape.clone());
+            if out.size() != dims(&shape) || out.kind() != kind_of(blocks.dtype_of(at)) {
+                return Err(RuntimeError::Blocks {
+                    feature: name.to_owned(),
+                    message: format!(
+                        "a compact block of shape {shape:?} ({}) written into a {:?} tensor of shape {:?}",
+                        blocks.dtype_of(at),
+                        out.kind(),
+                        out.size()
+                    ),
+                });
+            }
+            write_into(name, out, |sink| blocks.write_compact(coord, sink))
         })
     }
 

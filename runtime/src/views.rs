@@ -159,3 +159,25 @@ pub(crate) fn new_written(
         d => cpu.f_to_device(d).feature(name),
     }
 }
+
+/// A new contiguous CPU tensor of `shape` and `kind` whose bytes `fill` writes, all of
+/// them (it is handed exactly the tensor's bytes).
+pub(crate) fn new_filled(
+    name: &str,
+    shape: &[usize],
+    kind: Kind,
+    fill: impl FnOnce(&mut [u8]),
+) -> Result<Tensor, RuntimeError> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let out = Tensor::f_empty(dims.as_slice(), (kind, Device::Cpu)).feature(name)?;
+    let bytes = out.numel() * kind.elt_size_in_bytes();
+    if bytes == 0 {
+        fill(&mut []);
+        return Ok(out);
+    }
+    // SAFETY: a new contiguous CPU tensor of `numel` elements holds `bytes` bytes at
+    // `data_ptr`; no other handle on it exists yet.
+    let data = unsafe { std::slice::from_raw_parts_mut(out.data_ptr() as *mut u8, bytes) };
+    fill(data);
+    Ok(out)
+}

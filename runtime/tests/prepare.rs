@@ -1,6 +1,7 @@
 //! A source's prepared sample: every rank's send buffer holds exactly the runtime's
-//! blocks for that rank, however many threads wrote it, and whether written at once or
-//! deferred to the distribution step.
+//! blocks for that rank, however many threads wrote it, whether written at once or
+//! deferred to the distribution step, and whether one-hot features and masks travel
+//! compact (expanded by the receiving rank) or dense.
 
 mod common;
 
@@ -20,18 +21,19 @@ fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads_written_now_or_
     };
     let padded = pad(&plan, cp, &features, &opts).expect("pad");
     let plan = Arc::new(plan);
-    for (threads, write) in [
-        (1, Write::Now),
-        (3, Write::Now),
-        (1, Write::InStep),
-        (2, Write::InStep),
+    for (threads, write, compact) in [
+        (1, Write::Now, true),
+        (3, Write::Now, false),
+        (1, Write::InStep, false),
+        (2, Write::InStep, true),
     ] {
         opts.threads = threads;
         let pool = BufferPool::new(cp[0] * cp[1]);
         let preparer = Preparer::new(Arc::clone(&plan), cp)
             .options(opts.clone())
             .pool(pool.clone())
-            .write(write);
+            .write(write)
+            .compact(compact);
         // Twice from one pool: the second sample is written over the first one's bytes,
         // which dropping (or distributing) the first frees.
         for round in 0..2 {
@@ -50,7 +52,7 @@ fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads_written_now_or_
                 for (name, b) in &local.blocks {
                     assert!(
                         b.tensor.equal(&want[name].tensor),
-                        "{threads} threads, written {write:?}, rank {rank}, {name}"
+                        "{threads} threads, written {write:?}, compact {compact}, rank {rank}, {name}"
                     );
                     assert_eq!(b.meta, want[name].meta, "{name}");
                 }

@@ -40,6 +40,7 @@ pub struct Preparer {
     opts: Options,
     pool: Option<BufferPool>,
     write: Write,
+    compact: bool,
 }
 
 impl Preparer {
@@ -52,7 +53,15 @@ impl Preparer {
             opts: Options::default(),
             pool: None,
             write: Write::Now,
+            compact: true,
         }
+    }
+
+    /// One-hot features and maps sent as indices and masks as bits, expanded by each
+    /// receiving rank into the same blocks (`true` by default), or every block dense.
+    pub fn compact(mut self, compact: bool) -> Self {
+        self.compact = compact;
+        self
     }
 
     /// With these sample options (workflow, key policy, threads).
@@ -88,7 +97,7 @@ impl Preparer {
     /// blocks are written now or in the step, as [`Preparer::write`] said.
     pub fn prepare(&self, sample: usize, features: &Features) -> Result<Prepared, RuntimeError> {
         let placed = place(&self.plan, self.cp, features, &self.opts)?;
-        let mut slots = block_slots(&self.plan, &placed)?;
+        let mut slots = block_slots(&self.plan, &placed, self.compact)?;
         slots.extend(passthrough_slots(&placed)?);
         let bytes = wire::lay_out(&mut slots);
         let world: usize = self.cp.iter().product();
@@ -121,21 +130,36 @@ impl Preparer {
     }
 }
 
-/// The slots of the placed tensors, in name order, with their DTensor metadata.
-fn block_slots(plan: &Plan, placed: &Placed) -> Result<Vec<Slot>, RuntimeError> {
+/// The slots of the placed tensors, in name order, with their DTensor metadata; with
+/// `compact`, those with a compact form hold it.
+fn block_slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, RuntimeError> {
     placed
         .tensors
         .keys()
         .map(|name| {
             let t = tensor_plan(plan, name)?;
             let s = &placed.shapes[name];
-            Ok(Slot {
+            let mut slot = Slot {
                 name: name.clone(),
                 dtype: t.dtype,
                 local_shape: s.local_shape.clone(),
                 offset: 0,
                 dtensor: Some((s.global_shape.clone(), t.placements.clone())),
-            })
+                compact: None,
+            };
+            if let Some((form, dtype, shape)) = compact
+                .then(|| placed.compact_form(plan, name))
+                .transpose()?
+                .flatten()
+            {
+                slot.compact = Some((
+                    form,
+                    slot.dtype,
+                    std::mem::replace(&mut slot.local_shape, shape),
+                ));
+                slot.dtype = dtype;
+            }
+            Ok(slot)
         })
         .collect()
 }
@@ -152,6 +176,7 @@ fn passthrough_slots(placed: &Placed) -> Result<Vec<Slot>, RuntimeError> {
                 local_shape: x.size().iter().map(|&n| n as usize).collect(),
                 offset: 0,
                 dtensor: None,
+                compact: None,
             })
         })
         .collect()
@@ -250,10 +275,12 @@ fn write_ranks(p: &Pending, slots: &[Slot], buffers: &[Tensor]) -> Result<(), Ru
         },
         |(placed, buffers), &(rank, slot)| {
             let mut dst = wire::view(&buffers[rank], slot).feature(&slot.name)?;
-            match placed.passthrough.get(&slot.name) {
-                Some(x) => dst.f_copy_(x).feature(&slot.name),
-                None => placed
-                    .write_block(plan, &slot.name, coords(cp, rank), &mut dst)
+            let coord = coords(cp, rank);
+            match (placed.passthrough.get(&slot.name), &slot.compact) {
+                (Some(x), _) => dst.f_copy_(x).feature(&slot.name),
+                (None, Some(_)) => placed.write_compact_block(plan, &slot.name, coord, &dst),
+                (None, None) => placed
+                    .write_block(plan, &slot.name, coord, &mut dst)
                     .map(|_| ()),
             }
         },

@@ -11,6 +11,7 @@ use tch::{Kind, Tensor};
 
 use crate::kind::kind_of;
 use crate::shard::{DTensorMeta, LocalBlock};
+use featshard_exec::compact::Form;
 
 /// Byte alignment of every tensor in a rank buffer (so views of any dtype are legal).
 const ALIGN: usize = 16;
@@ -24,6 +25,10 @@ pub struct Slot {
     pub offset: usize,
     /// DTensor metadata; `None` for a passed-through feature (replicated as is).
     pub dtensor: Option<(Vec<usize>, Vec<Placement>)>,
+    /// A compact block (`dtype` and `local_shape` are then the compact block's): how it
+    /// expands, and the dense block's dtype and shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact: Option<(Form, DType, Vec<usize>)>,
 }
 
 impl Slot {
@@ -94,12 +99,17 @@ pub type Unpacked = (BTreeMap<String, LocalBlock>, BTreeMap<String, Tensor>);
 pub type SlotError = (String, tch::TchError);
 
 /// Splits a received buffer into blocks (with DTensor metadata) and passed-through
-/// features; every tensor is a view of `buf`.
+/// features; every tensor is a view of `buf` but a compact block's, expanded into a
+/// new one by the executor (`featshard_exec::compact`).
 pub fn unpack(buf: &Tensor, slots: &[Slot]) -> Result<Unpacked, SlotError> {
     let mut blocks = BTreeMap::new();
     let mut passthrough = BTreeMap::new();
     for slot in slots {
         let t = view(buf, slot).map_err(|e| (slot.name.clone(), e))?;
+        let t = match &slot.compact {
+            Some(c) => expand(&slot.name, &t, c).map_err(|e| (slot.name.clone(), e))?,
+            None => t,
+        };
         match &slot.dtensor {
             Some((global_shape, placements)) => {
                 blocks.insert(
@@ -120,6 +130,22 @@ pub fn unpack(buf: &Tensor, slots: &[Slot]) -> Result<Unpacked, SlotError> {
         }
     }
     Ok((blocks, passthrough))
+}
+
+/// A compact block's dense block, in a new CPU tensor.
+fn expand(
+    name: &str,
+    packed: &Tensor,
+    (form, dtype, shape): &(Form, DType, Vec<usize>),
+) -> Result<Tensor, tch::TchError> {
+    let mut bytes = vec![0u8; packed.numel() * packed.kind().elt_size_in_bytes()];
+    packed
+        .f_contiguous()?
+        .f_copy_data_u8(&mut bytes, packed.numel())?;
+    crate::views::new_filled(name, shape, kind_of(*dtype), |out| {
+        form.expand_into(&bytes, *dtype, shape, out);
+    })
+    .map_err(|e| tch::TchError::Torch(e.to_string()))
 }
 
 /// Bytes of the fixed-size status every rank contributes at the end of a step.
