@@ -320,6 +320,23 @@ fn a_draft_from_real_featurizer_output_once_answered_shards_that_sample() {
     ] {
         assert!(draft.contains(proposal), "no `{proposal}` in:\n{draft}");
     }
+    // One-hot rows are proposed one-hot along their channel axis; other values are not.
+    let line = |name: &str| {
+        let start = format!("  {name}: {{");
+        let found = draft.lines().find(|l| l.starts_with(&start));
+        found.unwrap_or_else(|| panic!("no {name} in:\n{draft}"))
+    };
+    assert!(
+        line("ref_atom_name_chars").ends_with("dtype: int64, one_hot: 2}"),
+        "{draft}"
+    );
+    assert!(
+        line("disto_target").ends_with("dtype: float32, one_hot: 3}"),
+        "{draft}"
+    );
+    for plain in ["ref_pos", "ref_charge", "frames_idx"] {
+        assert!(!line(plain).contains("one_hot"), "{}", line(plain));
+    }
     assert!(featshard::spec::compile_str("draft.yaml", &draft).is_err());
     let answered = answer_real(&draft, &plan);
     assert!(

@@ -313,6 +313,8 @@ pub struct Bits<'o, S> {
     es: usize,
     /// The bits that make an element nonzero (a float's sign bit left out).
     value: u64,
+    /// Eight elements holding 1.
+    ones: Vec<u8>,
     byte: u8,
     filled: u32,
     buf: Vec<u8>,
@@ -327,9 +329,12 @@ impl<'o, S: Sink> Bits<'o, S> {
         } else {
             (1u64 << (8 * es)) - 1
         };
+        let mut one = Vec::new();
+        dtype::encode_i64(dtype, 1, &mut one);
         Bits {
             out,
             es,
+            ones: one.repeat(8),
             value: all & !one_and_negative_zero(dtype).1.unwrap_or(0),
             byte: 0,
             filled: 0,
@@ -381,10 +386,17 @@ impl<S: Sink> Sink for Bits<'_, S> {
         }
         let mut octets = bytes[lead..].chunks_exact(8 * self.es);
         for octet in octets.by_ref() {
-            let byte = octet
-                .chunks_exact(self.es)
-                .enumerate()
-                .fold(0u8, |b, (j, e)| b | u8::from(self.set(e)) << j);
+            // Masks are mostly long runs of 0 or of one value: those compare whole.
+            let byte = if octet.iter().all(|&b| b == 0) {
+                0
+            } else if octet == self.ones.as_slice() {
+                0xff
+            } else {
+                octet
+                    .chunks_exact(self.es)
+                    .enumerate()
+                    .fold(0u8, |b, (j, e)| b | u8::from(self.set(e)) << j)
+            };
             self.buf.push(byte);
         }
         for e in octets.remainder().chunks_exact(self.es) {
@@ -426,8 +438,19 @@ fn unpack_bits_into(packed: &[u8], numel: usize, dtype: DType, out: &mut [u8]) {
     let es = dtype::size(dtype);
     let mut one = Vec::new();
     dtype::encode_i64(dtype, 1, &mut one);
-    for i in (0..numel).filter(|i| packed.get(i / 8).is_some_and(|b| b >> (i % 8) & 1 == 1)) {
-        out[i * es..(i + 1) * es].copy_from_slice(&one);
+    let ones = one.repeat(8);
+    // Eight elements per packed byte: a byte of no bits is left zero, one of all bits
+    // copied whole (masks are mostly long runs of either).
+    for (octet, &b) in out[..numel * es].chunks_mut(8 * es).zip(packed) {
+        match b {
+            0 => {}
+            0xff if octet.len() == ones.len() => octet.copy_from_slice(&ones),
+            _ => octet
+                .chunks_exact_mut(es)
+                .enumerate()
+                .filter(|(k, _)| b >> k & 1 == 1)
+                .for_each(|(_, e)| e.copy_from_slice(&one)),
+        }
     }
 }
 

@@ -69,6 +69,8 @@ struct Times {
     serial: Vec<Duration>,
     /// From the serial sample, into new receive buffers.
     serial_new: Vec<Duration>,
+    /// From the serial sample with every block dense (no compact one-hot or masks).
+    serial_dense: Vec<Duration>,
     raw_loader: Vec<Duration>,
     loader: Vec<Duration>,
     bytes_per_rank: usize,
@@ -191,11 +193,11 @@ impl Rank {
             .expect("prepare")
     }
 
-    /// The source's blocks written once the header is out.
-    fn deferred(&self, threads: usize) -> Option<Prepared> {
+    /// The source's blocks written once the header is out, compact or dense.
+    fn deferred(&self, threads: usize, compact: bool) -> Option<Prepared> {
         self.mesh.is_source().then(|| {
             let s = self.dataset.get(0).expect("sample");
-            let p = self.preparer(threads, Write::InStep);
+            let p = self.preparer(threads, Write::InStep).compact(compact);
             p.prepare(0, &s).expect("prepare")
         })
     }
@@ -290,8 +292,13 @@ impl Rank {
                     times.prepare[k].push(start.elapsed());
                 }
             }
-            times.serial.push(self.timed(self.deferred(2), true));
-            times.serial_new.push(self.timed(self.deferred(2), false));
+            times.serial.push(self.timed(self.deferred(2, true), true));
+            times
+                .serial_new
+                .push(self.timed(self.deferred(2, true), false));
+            times
+                .serial_dense
+                .push(self.timed(self.deferred(2, false), true));
         }
         times
     }
@@ -370,6 +377,7 @@ fn report(times: &Times, serial_bytes: usize) {
     }
     line("distribute from serial, 2 threads", &times.serial);
     line("  the same, new receive buffers", &times.serial_new);
+    line("  the same, every block dense", &times.serial_dense);
     // Epoch 0 touches the loader's buffers for the first time; epoch 1 reuses them.
     for (epoch, (raw4, loader)) in times.raw_loader.iter().zip(&times.loader).enumerate() {
         let (raw4, loader) = (raw4.as_secs_f64(), loader.as_secs_f64());

@@ -48,6 +48,7 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
     let real = incoming(sample, lengths, &mut semantics, &mut features);
     owners(sample, lengths, &real, &mut semantics);
     one_hot_maps(sample, &mut features);
+    one_hot_channels(sample, &mut features);
     list_roles(
         sample,
         lengths,
@@ -357,6 +358,38 @@ fn one_hot_maps(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) 
             f.keys.push(format!(
                 "coshard: [{{axis: 1, follows: 0}}], index: {{of: {b}, scope: shard_local, one_hot: 1}}"
             ));
+        }
+    }
+}
+
+/// A feature whose last axis is a channel axis holding one 1 per row, or none (a pad
+/// row), is proposed one-hot along it. A distribution that happens to be one-hot in
+/// this sample (a profile without MSA) would be proposed too: the note says to check.
+fn one_hot_channels(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) {
+    for (name, f) in features.iter_mut() {
+        let t = &sample.tensors[name];
+        let (Some(last), true) = (t.shape.last().copied(), f.keys.is_empty()) else {
+            continue;
+        };
+        let channel = f
+            .axes
+            .last()
+            .is_some_and(|a| a.parse::<usize>() == Ok(last));
+        let Some(v) = t
+            .zero_one()
+            .filter(|_| channel && last > 1 && t.shape.len() > 1)
+        else {
+            continue;
+        };
+        let rows_ok = v
+            .chunks_exact(last)
+            .all(|row| row.iter().filter(|&&x| x == 1.0).count() <= 1);
+        if rows_ok && v.contains(&1.0) {
+            let axis = t.shape.len() - 1;
+            f.notes.push(format!(
+                "# proposed: {name} is one-hot over {last} classes along axis {axis} (every row one 1, or none); check that it is not a distribution"
+            ));
+            f.keys.push(format!("one_hot: {axis}"));
         }
     }
 }
