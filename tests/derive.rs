@@ -441,9 +441,9 @@ fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
                             mesh.rank()
                         );
                     }
-                    // A plain block is a view of the receive buffer (a mask or one-hot
-                    // block is expanded from its compact form into a tensor of its own).
-                    let at = g["ref_pos"].data_ptr();
+                    // A plain block is a view of the receive buffer, and a mask's (sent
+                    // compact) is expanded into the same pooled buffer's tail.
+                    let at = (g["ref_pos"].data_ptr(), g["token_pair_pad_mask"].data_ptr());
                     if step == 2 {
                         let rank = mesh.rank();
                         assert_eq!(Some(at), prev, "rank {rank}: the receive buffer is reused");

@@ -181,3 +181,28 @@ pub(crate) fn new_filled(
     fill(data);
     Ok(out)
 }
+
+/// Runs `fill` on all of `out`'s bytes: in place for a contiguous CPU tensor, else
+/// through a buffer copied into `out` after.
+pub(crate) fn fill_into(
+    name: &str,
+    out: &Tensor,
+    fill: impl FnOnce(&mut [u8]),
+) -> Result<(), RuntimeError> {
+    let bytes = out.numel() * out.kind().elt_size_in_bytes();
+    if bytes == 0 {
+        fill(&mut []);
+        return Ok(());
+    }
+    if out.device() == Device::Cpu && out.is_contiguous() {
+        // SAFETY: a contiguous CPU tensor of `numel` elements holds `bytes` bytes at
+        // `data_ptr`, alive while `out` is; the caller hands in memory it owns.
+        let data = unsafe { std::slice::from_raw_parts_mut(out.data_ptr() as *mut u8, bytes) };
+        fill(data);
+        return Ok(());
+    }
+    let mut data = vec![0u8; bytes];
+    fill(&mut data);
+    let made = Tensor::f_from_data_size(&data, &out.size(), out.kind()).feature(name)?;
+    out.shallow_clone().f_copy_(&made).feature(name)
+}

@@ -155,7 +155,20 @@ impl<'m> Distributor<'m> {
         local: impl FnOnce(LocalSample) -> Result<T, E>,
     ) -> Result<(Status, Option<T>), DistError> {
         let cp = self.mesh.cp();
-        let mut buf = self.receive_buffer(&a, prepared.is_none())?;
+        // One pooled buffer: the bytes received, then room for compact blocks' dense
+        // blocks, so that both reuse memory from step to step.
+        let whole = self.receive_buffer(&a, prepared.is_none())?;
+        let narrow = |at: usize, n: usize| {
+            whole
+                .f_narrow(0, at as i64, n as i64)
+                .map_err(|e| DistError::Protocol {
+                    message: format!("a {}-byte buffer: {e}", a.bytes),
+                })
+        };
+        let (mut buf, room) = (
+            narrow(0, a.bytes)?,
+            narrow(a.bytes, wire::expanded_bytes(&a.slots))?,
+        );
         // A source that fails to write after its header still takes part in the
         // scatter; the status agreement then fails the step everywhere.
         let unwritten = prepared
@@ -167,7 +180,7 @@ impl<'m> Distributor<'m> {
         drop(buffers);
         // Frees the send buffers for the pool's next sample.
         drop(prepared);
-        let outcome = wire::unpack(&buf, &a.slots)
+        let outcome = wire::unpack_into(&buf, Some(&room), &a.slots)
             .map_err(|(feature, e)| format!("feature `{feature}`: {e}"))
             .and_then(|(blocks, passthrough)| {
                 let sample = LocalSample {
@@ -201,8 +214,9 @@ impl<'m> Distributor<'m> {
         let failed = |e: tch::TchError| DistError::Protocol {
             message: format!("a {}-byte buffer: {e}", a.bytes),
         };
+        let bytes = a.bytes + wire::expanded_bytes(&a.slots);
         let (mut buf, fresh) =
-            buffer(self.recv.as_ref(), a.bytes, self.mesh.cp().device()).map_err(failed)?;
+            buffer(self.recv.as_ref(), bytes, self.mesh.cp().device()).map_err(failed)?;
         if fresh && a.deferred && receiver {
             drop(buf.f_zero_().map_err(failed)?);
         }

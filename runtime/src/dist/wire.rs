@@ -98,17 +98,46 @@ pub type Unpacked = (BTreeMap<String, LocalBlock>, BTreeMap<String, Tensor>);
 /// The feature whose slot failed, and why.
 pub type SlotError = (String, tch::TchError);
 
+/// Bytes past a received buffer that its compact blocks expand into (each dense block
+/// aligned), in slot order.
+pub fn expanded_bytes(slots: &[Slot]) -> usize {
+    slots
+        .iter()
+        .filter_map(|s| s.compact.as_ref())
+        .map(|(_, dtype, shape)| {
+            let n = shape.iter().product::<usize>() * kind_of(*dtype).elt_size_in_bytes();
+            n.div_ceil(ALIGN) * ALIGN
+        })
+        .sum()
+}
+
 /// Splits a received buffer into blocks (with DTensor metadata) and passed-through
 /// features; every tensor is a view of `buf` but a compact block's, expanded into a
 /// new one by the executor (`featshard_exec::compact`).
 pub fn unpack(buf: &Tensor, slots: &[Slot]) -> Result<Unpacked, SlotError> {
+    unpack_into(buf, None, slots)
+}
+
+/// [`unpack`], compact blocks expanded into `room` ([`expanded_bytes`] of memory, a
+/// pooled buffer's tail) when given: every tensor is then a view of `buf` or `room`.
+pub fn unpack_into(
+    buf: &Tensor,
+    room: Option<&Tensor>,
+    slots: &[Slot],
+) -> Result<Unpacked, SlotError> {
     let mut blocks = BTreeMap::new();
     let mut passthrough = BTreeMap::new();
+    let mut at = 0;
     for slot in slots {
         let t = view(buf, slot).map_err(|e| (slot.name.clone(), e))?;
-        let t = match &slot.compact {
-            Some(c) => expand(&slot.name, &t, c).map_err(|e| (slot.name.clone(), e))?,
-            None => t,
+        let t = match (&slot.compact, room) {
+            (Some(c), Some(room)) => {
+                let dense = dense_view(room, &mut at, c).map_err(|e| (slot.name.clone(), e))?;
+                expand_into(&slot.name, &t, c, &dense).map_err(|e| (slot.name.clone(), e))?;
+                dense
+            }
+            (Some(c), None) => expand(&slot.name, &t, c).map_err(|e| (slot.name.clone(), e))?,
+            (None, _) => t,
         };
         match &slot.dtensor {
             Some((global_shape, placements)) => {
@@ -132,20 +161,63 @@ pub fn unpack(buf: &Tensor, slots: &[Slot]) -> Result<Unpacked, SlotError> {
     Ok((blocks, passthrough))
 }
 
+/// A compact block's bytes.
+fn bytes_of(packed: &Tensor) -> Result<Vec<u8>, tch::TchError> {
+    let mut bytes = vec![0u8; packed.numel() * packed.kind().elt_size_in_bytes()];
+    packed
+        .f_contiguous()?
+        .f_copy_data_u8(&mut bytes, packed.numel())?;
+    Ok(bytes)
+}
+
+fn torch_error(e: crate::error::RuntimeError) -> tch::TchError {
+    tch::TchError::Torch(e.to_string())
+}
+
 /// A compact block's dense block, in a new CPU tensor.
 fn expand(
     name: &str,
     packed: &Tensor,
     (form, dtype, shape): &(Form, DType, Vec<usize>),
 ) -> Result<Tensor, tch::TchError> {
-    let mut bytes = vec![0u8; packed.numel() * packed.kind().elt_size_in_bytes()];
-    packed
-        .f_contiguous()?
-        .f_copy_data_u8(&mut bytes, packed.numel())?;
+    let bytes = bytes_of(packed)?;
     crate::views::new_filled(name, shape, kind_of(*dtype), |out| {
         form.expand_into(&bytes, *dtype, shape, out);
     })
-    .map_err(|e| tch::TchError::Torch(e.to_string()))
+    .map_err(torch_error)
+}
+
+/// The next dense block's view of `room`, at byte `at` (moved past it, aligned).
+fn dense_view(
+    room: &Tensor,
+    at: &mut usize,
+    (_, dtype, shape): &(Form, DType, Vec<usize>),
+) -> Result<Tensor, tch::TchError> {
+    let kind = kind_of(*dtype);
+    let n = shape.iter().product::<usize>() * kind.elt_size_in_bytes();
+    let bytes = room.f_narrow(0, *at as i64, n as i64)?;
+    *at += n.div_ceil(ALIGN) * ALIGN;
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let typed = if kind == Kind::Uint8 {
+        bytes
+    } else {
+        bytes.f_view_dtype(kind)?
+    };
+    typed.f_view(dims.as_slice())
+}
+
+/// A compact block expanded into `out`, a view of its dense block's memory.
+fn expand_into(
+    name: &str,
+    packed: &Tensor,
+    (form, dtype, shape): &(Form, DType, Vec<usize>),
+    out: &Tensor,
+) -> Result<(), tch::TchError> {
+    let bytes = bytes_of(packed)?;
+    crate::views::fill_into(name, out, |dense| {
+        form.expand_into(&bytes, *dtype, shape, dense)
+    })
+    .map_err(torch_error)
 }
 
 /// Bytes of the fixed-size status every rank contributes at the end of a step.
