@@ -301,7 +301,12 @@ impl Plan {
         coord: (usize, usize),
     ) -> PyResult<Vec<(usize, usize)>> {
         let t = tensor(&self.plan, feature, local.len())?;
-        Ok(t.block_window(&local, [coord.0, coord.1]))
+        t.checked_block_window(&local, [coord.0, coord.1])
+            .ok_or_else(|| {
+                value_error(format!(
+                    "coord: {coord:?} puts a block of {local:?} past the largest layout"
+                ))
+            })
     }
 }
 

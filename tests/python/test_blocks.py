@@ -227,6 +227,7 @@ def test_native_entry_points_refuse_bad_arguments_by_name(
         (lambda: _native.replica_indices(2**64 - 1, 2, 0), "n"),
         (lambda: plan.layout((2, 2), {"tokens": 2**40}), "sizes"),
         (lambda: plan.layout((2, 2), {"not_a_semantic": 3}), "sizes"),
+        (lambda: plan.block_window("res_type", [2**40, 33], (2**40, 0)), "coord"),
     ]:
         with pytest.raises(ValueError, match=f"^{name}: "):
             call()

@@ -444,3 +444,23 @@ def test_setup_on_gpus_makes_the_local_gpu_current(weather: ModuleType, monkeypa
 def test_setup_checks_the_mesh_against_the_spec(weather: ModuleType) -> None:
     with pytest.raises(weather.FeatureDistributionError, match=r"domain sizes \(2, 2\)"):
         weather.setup((2, 2))
+
+
+def test_a_one_axis_domain_plan_refuses_a_two_axis_mesh_by_name() -> None:
+    """A mesh with more sizes than the plan's domain axes is refused by the spec's own
+    check (`Plan::check_mesh`), as `featshard explain --mesh 3x2` refuses it, never
+    read as a two-axis layout."""
+    import featshard
+    from featshard import blocks
+
+    plan = featshard.Plan(ROOT / "examples" / "weather.yaml")
+    want = "mesh sizes [3, 2]: the plan's domain mesh has 1 axis [\"domain\"]"
+    with pytest.raises(ValueError) as placed:
+        blocks.place(plan, weather_inputs(), (3, 2))
+    assert want in str(placed.value)
+    with pytest.raises(ValueError) as laid_out:
+        plan.layout((3, 2), {"batch": 1, "lat": 7, "lon": 12})
+    assert want in str(laid_out.value)
+    r = subprocess.run([str(featshard_bin()), "explain", str(ROOT / "examples" / "weather.yaml"), "--mesh", "3x2"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode != 0 and want in r.stderr, r.stderr

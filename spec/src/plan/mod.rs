@@ -335,6 +335,26 @@ impl TensorPlan {
             .collect()
     }
 
+    /// [`TensorPlan::block_window`], `None` when a window's end would not fit a `usize`
+    /// (a coordinate no mesh has).
+    pub fn checked_block_window(
+        &self,
+        local: &[usize],
+        coord: [usize; CP_AXES],
+    ) -> Option<Vec<(usize, usize)>> {
+        self.axes
+            .iter()
+            .zip(local)
+            .map(|(a, &n)| match a.split.mesh_axis() {
+                Some(m) => coord[m]
+                    .checked_mul(n)
+                    .filter(|s| s.checked_add(n).is_some())
+                    .map(|s| (s, n)),
+                None => Some((0, n)),
+            })
+            .collect()
+    }
+
     /// The DTensor global shape of a DP batch of `batch` samples per replica on `dp`
     /// replicas, whose local blocks were padded to `local`: the batch axis first, then
     /// every split axis `cp` times its local length (a co-sharded axis keeps its
