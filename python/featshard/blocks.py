@@ -102,10 +102,13 @@ class Placement:
         self.write_blocks(coord, out, threads)
         return out
 
-    def padded(self, threads: int = 1) -> dict[str, torch.Tensor]:
-        """Every placed feature's whole padded layout: what all ranks' blocks make
-        together, index values in the padded layout, shard-local ids not yet shifted."""
-        out = self._empty({n: padded for n, padded, _ in self._native.whole_shapes()})
+    def padded(self, threads: int = 1, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        """Every placed feature's whole padded layout (or the named ones'): what all
+        ranks' blocks make together, index values in the padded layout, shard-local ids
+        not yet shifted."""
+        chosen = None if names is None else set(names)
+        shapes = self._native.whole_shapes()
+        out = self._empty({n: padded for n, padded, _ in shapes if chosen is None or n in chosen})
         self._native.write_padded([(n, t.__dlpack__()) for n, t in out.items()], threads)
         return out
 

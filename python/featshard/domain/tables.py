@@ -179,8 +179,15 @@ class DomainTables:
     def _padded(
         self, placed: blocks.Placement, inputs: Mapping[str, torch.Tensor], device: torch.device | None
     ) -> dict[str, torch.Tensor]:
-        padded = placed.padded()
-        return {n: padded[n].to(device if device is not None else inputs[n].device) for n in self.features}
+        # An input already at its global shape is its padded layout (a domain plan moves
+        # no item and remaps no value): only the others are written, so that a sample
+        # that needs no padding is not copied.
+        shapes = placed.global_shapes
+        padded = placed.padded(names=[n for n in self.features if tuple(inputs[n].shape) != shapes[n]])
+        return {
+            n: padded.get(n, inputs[n]).to(device if device is not None else inputs[n].device)
+            for n in self.features
+        }
 
     def rank_blocks(
         self, inputs: Mapping[str, Any], mesh_sizes: Sequence[int], threads: int = 1
