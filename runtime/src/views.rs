@@ -104,36 +104,21 @@ fn select(name: &str, x: &Tensor, a: &Array) -> Result<Tensor, RuntimeError> {
     Ok(y)
 }
 
-/// Runs `write` on the memory of `out`, which it must fill exactly: in place for a
-/// contiguous CPU tensor, else through a buffer copied into `out` after.
-pub(crate) fn write_into(
+/// Runs `fill` on all of `out`'s bytes: in place for a contiguous CPU tensor, else
+/// through a buffer copied into `out` after. The one place tensor memory is written.
+pub(crate) fn fill_into(
     name: &str,
     out: &Tensor,
-    write: impl FnOnce(&mut SliceSink) -> io::Result<()>,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), RuntimeError>,
 ) -> Result<(), RuntimeError> {
     let bytes = out.numel() * out.kind().elt_size_in_bytes();
-    let fill = |data: &mut [u8]| {
-        let mut sink = SliceSink::new(data);
-        write(&mut sink)
-            .and_then(|()| match sink.written() == bytes {
-                true => Ok(()),
-                false => Err(io::Error::other(format!(
-                    "{} bytes written into a block of {bytes}",
-                    sink.written()
-                ))),
-            })
-            .map_err(|e| RuntimeError::Blocks {
-                feature: name.to_owned(),
-                message: e.to_string(),
-            })
-    };
     if bytes == 0 {
         return fill(&mut []);
     }
     if out.device() == Device::Cpu && out.is_contiguous() {
         // SAFETY: a contiguous CPU tensor of `numel` elements holds `bytes` bytes at
-        // `data_ptr`, alive while `out` is; nothing else reads or writes them while the
-        // block is written (callers own the tensor they hand in).
+        // `data_ptr`, alive while `out` is; nothing else reads or writes them while they
+        // are filled (callers own the tensor they hand in).
         let data = unsafe { std::slice::from_raw_parts_mut(out.data_ptr() as *mut u8, bytes) };
         return fill(data);
     }
@@ -141,6 +126,36 @@ pub(crate) fn write_into(
     fill(&mut data)?;
     let made = Tensor::f_from_data_size(&data, &out.size(), out.kind()).feature(name)?;
     out.shallow_clone().f_copy_(&made).feature(name)
+}
+
+/// Runs `write` on the memory of `out`, which it must fill exactly (see [`fill_into`]).
+pub(crate) fn write_into(
+    name: &str,
+    out: &Tensor,
+    write: impl FnOnce(&mut SliceSink) -> io::Result<()>,
+) -> Result<(), RuntimeError> {
+    fill_into(name, out, |data| {
+        let want = data.len();
+        let mut sink = SliceSink::new(data);
+        write(&mut sink)
+            .and_then(|()| match sink.written() == want {
+                true => Ok(()),
+                false => Err(io::Error::other(format!(
+                    "{} bytes written into a block of {want}",
+                    sink.written()
+                ))),
+            })
+            .map_err(|e| RuntimeError::Blocks {
+                feature: name.to_owned(),
+                message: e.to_string(),
+            })
+    })
+}
+
+/// A new contiguous CPU tensor of `shape` and `kind`.
+fn new_cpu(name: &str, shape: &[usize], kind: Kind) -> Result<Tensor, RuntimeError> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    Tensor::f_empty(dims.as_slice(), (kind, Device::Cpu)).feature(name)
 }
 
 /// A new tensor of `shape` and `kind` on `device`, filled by `write` (see [`write_into`]).
@@ -151,8 +166,7 @@ pub(crate) fn new_written(
     device: Device,
     write: impl FnOnce(&mut SliceSink) -> io::Result<()>,
 ) -> Result<Tensor, RuntimeError> {
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    let cpu = Tensor::f_empty(dims.as_slice(), (kind, Device::Cpu)).feature(name)?;
+    let cpu = new_cpu(name, shape, kind)?;
     write_into(name, &cpu, write)?;
     match device {
         Device::Cpu => Ok(cpu),
@@ -161,48 +175,17 @@ pub(crate) fn new_written(
 }
 
 /// A new contiguous CPU tensor of `shape` and `kind` whose bytes `fill` writes, all of
-/// them (it is handed exactly the tensor's bytes).
+/// them (see [`fill_into`]).
 pub(crate) fn new_filled(
     name: &str,
     shape: &[usize],
     kind: Kind,
     fill: impl FnOnce(&mut [u8]),
 ) -> Result<Tensor, RuntimeError> {
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    let out = Tensor::f_empty(dims.as_slice(), (kind, Device::Cpu)).feature(name)?;
-    let bytes = out.numel() * kind.elt_size_in_bytes();
-    if bytes == 0 {
-        fill(&mut []);
-        return Ok(out);
-    }
-    // SAFETY: a new contiguous CPU tensor of `numel` elements holds `bytes` bytes at
-    // `data_ptr`; no other handle on it exists yet.
-    let data = unsafe { std::slice::from_raw_parts_mut(out.data_ptr() as *mut u8, bytes) };
-    fill(data);
-    Ok(out)
-}
-
-/// Runs `fill` on all of `out`'s bytes: in place for a contiguous CPU tensor, else
-/// through a buffer copied into `out` after.
-pub(crate) fn fill_into(
-    name: &str,
-    out: &Tensor,
-    fill: impl FnOnce(&mut [u8]),
-) -> Result<(), RuntimeError> {
-    let bytes = out.numel() * out.kind().elt_size_in_bytes();
-    if bytes == 0 {
-        fill(&mut []);
-        return Ok(());
-    }
-    if out.device() == Device::Cpu && out.is_contiguous() {
-        // SAFETY: a contiguous CPU tensor of `numel` elements holds `bytes` bytes at
-        // `data_ptr`, alive while `out` is; the caller hands in memory it owns.
-        let data = unsafe { std::slice::from_raw_parts_mut(out.data_ptr() as *mut u8, bytes) };
+    let out = new_cpu(name, shape, kind)?;
+    fill_into(name, &out, |data| {
         fill(data);
-        return Ok(());
-    }
-    let mut data = vec![0u8; bytes];
-    fill(&mut data);
-    let made = Tensor::f_from_data_size(&data, &out.size(), out.kind()).feature(name)?;
-    out.shallow_clone().f_copy_(&made).feature(name)
+        Ok(())
+    })?;
+    Ok(out)
 }

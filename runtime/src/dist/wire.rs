@@ -215,7 +215,8 @@ fn expand_into(
 ) -> Result<(), tch::TchError> {
     let bytes = bytes_of(packed)?;
     crate::views::fill_into(name, out, |dense| {
-        form.expand_into(&bytes, *dtype, shape, dense)
+        form.expand_into(&bytes, *dtype, shape, dense);
+        Ok(())
     })
     .map_err(torch_error)
 }
