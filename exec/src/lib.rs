@@ -13,6 +13,7 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod agree;
 pub mod array;
 pub mod assemble;
 pub mod blocks;

@@ -12,10 +12,14 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 from featshard import _native
 from featshard._native import (
+    Feature,
+    Layout,
+    Semantic,
+    Shapes,
     __version__,
     chunk_sizes,
     coords,
@@ -25,9 +29,10 @@ from featshard._native import (
 )
 
 __all__ = [
-    "BlockLayout",
+    "Feature",
     "Layout",
     "Plan",
+    "Semantic",
     "Shapes",
     "__version__",
     "chunk_sizes",
@@ -46,33 +51,6 @@ def plan(spec: str | os.PathLike[str]) -> dict[str, Any]:
     """
     result: dict[str, Any] = _native.plan_ir(os.fspath(spec))
     return result
-
-
-class BlockLayout(TypedDict):
-    """The owner blocks of an owner-partitioned semantic."""
-
-    blocks: int
-    per_block: int
-    block_counts: list[int]
-
-
-class Layout(TypedDict):
-    """One sample laid out on one mesh."""
-
-    mesh: tuple[int, int]
-    sizes: dict[str, int]
-    padded: dict[str, int]
-    positions: dict[str, list[int]]
-    blocks: dict[str, BlockLayout]
-
-
-class Shapes(TypedDict):
-    """One feature's shapes under a layout."""
-
-    serial: list[int]
-    padded: list[int]
-    global_: list[int]
-    local: list[int]
 
 
 class Plan:
@@ -115,9 +93,45 @@ class Plan:
 
     @functools.cached_property
     def ir(self) -> dict[str, Any]:
-        """The Plan IR (what ``<module>.plan.json`` holds), read once."""
+        """The Plan IR as plain data (what ``<module>.plan.json`` holds), for printing and
+        serializing; the typed tables below are what code reads."""
         result: dict[str, Any] = self._native.ir()
         return result
+
+    @functools.cached_property
+    def features(self) -> dict[str, Feature]:
+        """Every tensor feature's table (placements, axes, dtype, pad value, role)."""
+        return self._native.features
+
+    @functools.cached_property
+    def tensor_names(self) -> list[str]:
+        """The tensor features' names, sorted."""
+        return sorted(self.features)
+
+    @functools.cached_property
+    def metadata(self) -> list[str]:
+        """The features passed through untouched, sorted."""
+        return self._native.metadata
+
+    @functools.cached_property
+    def semantics(self) -> dict[str, Semantic]:
+        """Every axis semantic's table."""
+        return self._native.semantics
+
+    @property
+    def mesh_axes(self) -> list[str]:
+        """The mesh axes that split a sample: ``(cp0, cp1)``, or a domain mesh's axes."""
+        return self._native.mesh_axes
+
+    @property
+    def dp_axis(self) -> str | None:
+        """The data-parallel axis's name, if the spec names one."""
+        return self._native.dp_axis
+
+    @property
+    def uneven(self) -> list[bool] | None:
+        """A domain plan's per-axis flags (shards may be uneven); ``None`` for CP."""
+        return self._native.uneven
 
     @property
     def module(self) -> str:
@@ -134,15 +148,11 @@ class Plan:
         """One sample's layout on ``mesh``: every semantic's length in ``sizes``; for each
         owner-partitioned one, its items per direct owner (``counts``) or the direct owner
         of every item (``owners``). ``ValueError`` when they do not fit the plan."""
-        result: Layout = self._native.layout(list(mesh), sizes, counts or {}, owners or {})
-        return result
+        return self._native.layout(list(mesh), sizes, counts or {}, owners or {})
 
     def shapes(self, layout: Layout, names: list[str]) -> dict[str, Shapes]:
         """The shapes of the named features under ``layout``."""
-        return {
-            n: Shapes(serial=serial, padded=padded, global_=global_, local=local)
-            for n, (serial, padded, global_, local) in self._native.shapes(layout, names).items()
-        }
+        return self._native.shapes(layout, names)
 
     def block_window(
         self, feature: str, local: list[int], coord: tuple[int, int]

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, Sampler
 
 from featshard import Plan, _native
 from featshard.distribute import cp_group, distribute_features, placements
+from featshard.errors import FeatureDistributionError
 
 __all__ = [
     "DistributedFeatureDataset",
@@ -48,16 +49,23 @@ def _stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(_native.contiguous_stride(list(shape)))
 
 
-def _agree_on_names(names: list[str], dp_group: dist.ProcessGroup, dp_size: int) -> None:
+def _agree_on_names(plan: Plan, names: list[str], dp_group: dist.ProcessGroup) -> None:
     """Replicas must stack the same features (optional ones may be absent from a
-    sample): agree before the one all-reduce that depends on them."""
-    everyone: list[Any] = [None] * dp_size
-    dist.all_gather_object(everyone, names, group=dp_group)
-    if any(other != names for other in everyone):
-        union = sorted(set().union(*everyone))
-        missing = {n: [r for r, o in enumerate(everyone) if n not in o] for n in union}
-        lacking = ", ".join(f"`{n}` (replicas {r})" for n, r in missing.items() if r)
-        raise ValueError(f"collate: DP replicas hold different features: {lacking} lack them")
+    sample): agree before the all-reduce whose length depends on them. One all-reduce
+    of max over presence and absence per tensor feature of the plan; every rank raises
+    the same error (the Rust runtime's collate message)."""
+    every = plan.tensor_names
+    here = set(names)
+    present = [int(n in here) for n in every]
+    flags = torch.tensor(present + [1 - p for p in present] or [0], dtype=torch.int64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=dp_group)
+    some, lacking = flags[: len(every)].tolist(), flags[len(every):].tolist()
+    differ = [f"`{n}`" for n, s, a in zip(every, some, lacking) if s and a]
+    if differ:
+        raise FeatureDistributionError(
+            f"collate: DP replicas hold different features: {', '.join(differ)} absent on"
+            " some replicas"
+        )
 
 
 def _agreed_shapes(
@@ -77,7 +85,7 @@ def _agreed_shapes(
 
 
 def _pad_to(plan: Plan, name: str, x: torch.Tensor, target: list[int]) -> torch.Tensor:
-    y = torch.full(target, plan.ir["features"][name]["pad_value"], dtype=x.dtype)
+    y = torch.full(target, plan.features[name].pad_value, dtype=x.dtype)
     y[tuple(slice(0, length) for length in x.shape)] = x
     return y
 
@@ -101,7 +109,7 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     for s in batch:
         if sorted(n for n in s if isinstance(s[n], DTensor)) != names:
             raise ValueError("collate: the samples of a batch hold different features")
-    _agree_on_names(names, dp_group, dp_size)
+    _agree_on_names(plan, names, dp_group)
     locals_ = {n: [s[n].to_local() for s in batch] for n in names}
     target = _agreed_shapes(locals_, dp_group)
     on_mesh = placements(plan, dp=True)

@@ -37,14 +37,13 @@ __all__ = ["FeatureDistributionError", "cp_group", "distribute_features", "place
 def placements(plan: Plan, *, dp: bool = False) -> dict[str, tuple[Placement, ...]]:
     """Every tensor feature's DTensor placements on the (cp0, cp1) mesh, or with ``dp``
     on (dp, cp0, cp1) after collate, from the plan."""
-    key = "placements_dp" if dp else "placements"
-    out: dict[str, tuple[Placement, ...]] = {}
-    for name, f in plan.ir["features"].items():
-        if f.get("kind") == "tensor":
-            out[name] = tuple(
-                Replicate() if p == "replicate" else Shard(int(p["shard"])) for p in f[key]
-            )
-    return out
+    return {
+        name: tuple(
+            Replicate() if d is None else Shard(d)
+            for d in (f.placements_dp if dp else f.placements)
+        )
+        for name, f in plan.features.items()
+    }
 
 
 CpGroup = tuple[dist.ProcessGroup, list[int], DeviceMesh]

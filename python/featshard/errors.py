@@ -1,7 +1,8 @@
 """The package's one error class for a sample that cannot reach every rank, and the one
-way its ranks agree on an error: a status per rank (``None``, or the failing rank's
-error type name, message and rank), exchanged once, and the same exception raised on
-every rank from the first failure."""
+way its ranks agree on an error: a status frame per rank (success, or the failing
+rank's error type name, message and rank; the frame ``featshard_exec::agree`` defines
+and the Rust runtime's ranks exchange), exchanged once, and the same exception raised
+on every rank from the first failure."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import builtins
 from typing import Any
 
 import torch.distributed as dist
+
+from featshard import _native
 
 __all__ = ["FeatureDistributionError", "agree", "broadcast_outcome", "same_error", "status_of"]
 
@@ -30,15 +33,20 @@ class FeatureDistributionError(ValueError):
         self.rank = rank
 
 
-# One rank's failure as it crosses ranks: the error's type name, message, and rank.
-Status = tuple[str, str, int]
+# One rank's failure as it crosses ranks: the status frame ``featshard_exec::agree``
+# defines (the Rust runtime's ranks exchange the same bytes).
+Status = bytes
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def status_of(e: BaseException) -> Status:
     """What this rank's failure ``e`` sends to the others."""
     kind = "FeatureDistributionError" if isinstance(e, FeatureDistributionError) else type(e).__name__
     message = e.message if isinstance(e, FeatureDistributionError) else str(e)
-    return (kind, message, dist.get_rank() if dist.is_initialized() else 0)
+    return _native.status_frame(_rank(), kind, message)
 
 
 def same_error(kind: str, message: str, rank: int) -> Exception:
@@ -56,22 +64,26 @@ def same_error(kind: str, message: str, rank: int) -> Exception:
     return FeatureDistributionError(message, kind=kind, rank=rank)
 
 
+def _raise_failure(frame: Status) -> None:
+    failure = _native.read_status(frame)
+    if failure is not None:
+        raise same_error(*failure)
+
+
 def agree(failed: Status | None, group: Any, size: int) -> None:
-    """Every rank of ``group`` (``size`` ranks) passes its status; all raise the first
-    failure's :func:`same_error`, or all return."""
-    statuses: list[Any] = [None] * size
-    dist.all_gather_object(statuses, failed, group=group)
-    first = next((s for s in statuses if s is not None), None)
-    if first is not None:
-        raise same_error(*first)
+    """Every rank of ``group`` (``size`` ranks) passes its status (``None``: success);
+    all raise the first failure's :func:`same_error`, or all return."""
+    frames: list[Any] = [None] * size
+    dist.all_gather_object(frames, failed or _native.status_frame(_rank()), group=group)
+    for frame in frames:
+        _raise_failure(frame)
 
 
 def broadcast_outcome(outcome: Any, failed: Status | None, src: int, group: Any) -> Any:
     """The source rank ``src`` decides for the group: its ``outcome`` reaches every rank,
     or its failure is raised on every rank (:func:`same_error`). Other ranks pass None."""
-    box: list[Any] = [("error", failed) if failed is not None else ("ok", outcome)]
+    box: list[Any] = [(failed or _native.status_frame(_rank()), None if failed else outcome)]
     dist.broadcast_object_list(box, src=src, group=group)
-    kind, payload = box[0]
-    if kind == "error":
-        raise same_error(*payload)
+    frame, payload = box[0]
+    _raise_failure(frame)
     return payload

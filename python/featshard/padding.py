@@ -54,14 +54,15 @@ def layouts(
 ) -> dict[str, SemanticLayout]:
     """The padded layout on ``mesh`` of every semantic present in a serial sample."""
     lay = place(plan, features, mesh, workflow=workflow).layout
+    positions, per_block, sizes = lay.positions, lay.per_block, lay.sizes
     return {
         sem: SemanticLayout(
             padded,
-            torch.tensor(lay["positions"][sem]) if sem in lay["positions"] else None,
-            lay["blocks"][sem]["per_block"] if sem in lay["blocks"] else None,
-            lay["sizes"][sem],
+            torch.tensor(positions[sem]) if sem in positions else None,
+            per_block.get(sem),
+            sizes[sem],
         )
-        for sem, padded in lay["padded"].items()
+        for sem, padded in lay.padded.items()
     }
 
 
@@ -100,4 +101,4 @@ def padded_lengths(
     owner-partitioned one needs its items per direct owner in ``owner_counts`` (a
     sequence or a tensor, e.g. atoms per token)."""
     counts = {s: [int(c) for c in v] for s, v in (owner_counts or {}).items()}
-    return plan.layout(mesh, dict(lengths), counts)["padded"]
+    return plan.layout(mesh, dict(lengths), counts).padded

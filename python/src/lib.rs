@@ -7,19 +7,21 @@
 
 #![deny(unsafe_code)]
 
+mod agree;
 mod dlpack;
 mod manifest;
 mod placement;
+mod tables;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use featshard_spec::ir::DType;
-use featshard_spec::plan::{Ownership, SampleLayout};
+use featshard_spec::plan::Ownership;
 use featshard_spec::replicas::Order;
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
-use pythonize::{depythonize, pythonize};
+use pythonize::pythonize;
 
 fn value_error(e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(e.to_string())
@@ -130,8 +132,7 @@ impl Plan {
     /// domain mesh of one or two axes): a multiple of `pad_multiple`, long enough that
     /// every shard holds its halo; `len` itself where the semantic is never padded.
     fn padded_length(&self, semantic: &str, len: usize, mesh: Vec<usize>) -> PyResult<usize> {
-        let mesh = mesh_of(&mesh, 1)?;
-        featshard_spec::limits::check_mesh(&mesh).map_err(value_error)?;
+        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
         self.semantic(semantic)?;
         Ok(self.plan.padded_length(semantic, len, mesh))
     }
@@ -147,8 +148,8 @@ impl Plan {
         coord: Vec<usize>,
     ) -> PyResult<Vec<(usize, usize)>> {
         let t = tensor(&self.plan, feature, global.len())?;
-        let (sizes, at) = (mesh_of(&mesh, 1)?, mesh_of(&coord, 0)?);
-        featshard_spec::limits::check_mesh(&sizes).map_err(value_error)?;
+        let sizes = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
+        let at = coord_of(&coord)?;
         self.plan
             .domain_window(t, &global, sizes, at)
             .ok_or_else(|| {
@@ -235,14 +236,13 @@ impl Plan {
     /// length of every semantic present and, for each owner-partitioned one, its items
     /// per direct owner (`counts`) or the direct owner of every item (`owners`).
     #[pyo3(signature = (mesh, sizes, counts = BTreeMap::new(), owners = BTreeMap::new()))]
-    fn layout<'py>(
+    fn layout(
         &self,
-        py: Python<'py>,
         mesh: Vec<usize>,
         sizes: BTreeMap<String, usize>,
         counts: BTreeMap<String, Vec<usize>>,
         owners: BTreeMap<String, Vec<usize>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<tables::Layout> {
         for (semantic, &n) in &sizes {
             featshard_spec::limits::check_length(semantic, n)
                 .map_err(|e| value_error(format!("sizes: {e}")))?;
@@ -259,37 +259,77 @@ impl Plan {
         ownership.extend(owners.into_iter().map(|(s, o)| (s, Ownership::Owners(o))));
         let layout = self
             .plan
-            .layout(mesh_of(&mesh, 1)?, &sizes, &ownership)
+            .layout(
+                self.plan.mesh_sizes(&mesh).map_err(value_error)?,
+                &sizes,
+                &ownership,
+            )
             .map_err(value_error)?;
-        pythonize(py, &layout).map_err(value_error)
+        Ok(tables::Layout { layout })
     }
 
-    /// Every named feature's shapes `(serial, padded, global, local)` under `layout`
-    /// (as `layout` gives it).
-    #[allow(clippy::type_complexity)]
+    /// Every named feature's shapes under `layout`.
     fn shapes(
         &self,
-        layout: &Bound<'_, PyAny>,
+        layout: &tables::Layout,
         names: Vec<String>,
-    ) -> PyResult<BTreeMap<String, (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>)>> {
-        let layout: SampleLayout =
-            depythonize(layout).map_err(|e| value_error(format!("layout: {e}")))?;
+    ) -> PyResult<BTreeMap<String, tables::Shapes>> {
         let shapes = self
             .plan
-            .shapes_of(&layout, names.iter().map(String::as_str))
+            .shapes_of(&layout.layout, names.iter().map(String::as_str))
             .map_err(value_error)?;
         Ok(shapes
             .into_iter()
-            .map(|(n, s)| {
-                let all = (
-                    s.serial_shape,
-                    s.padded_shape,
-                    s.global_shape,
-                    s.local_shape,
-                );
-                (n, all)
-            })
+            .map(|(n, s)| (n, tables::Shapes::of(s)))
             .collect())
+    }
+
+    /// Every tensor feature, by name.
+    #[getter]
+    fn features(&self) -> BTreeMap<String, tables::Feature> {
+        let t = self.plan.tensors();
+        t.map(|(n, t)| (n.to_owned(), tables::Feature::of(n, t)))
+            .collect()
+    }
+
+    /// Every feature passed through untouched (metadata), sorted.
+    #[getter]
+    fn metadata(&self) -> Vec<String> {
+        let f = &self.plan.features;
+        f.iter()
+            .filter(|(_, f)| matches!(f, featshard_spec::plan::FeaturePlan::Metadata { .. }))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Every axis semantic, by name.
+    #[getter]
+    fn semantics(&self) -> BTreeMap<String, tables::Semantic> {
+        let s = &self.plan.semantics;
+        s.iter()
+            .map(|(n, s)| (n.clone(), tables::Semantic::of(s)))
+            .collect()
+    }
+
+    /// The names of the mesh axes that split a sample (`(cp0, cp1)`, or the domain
+    /// mesh's one or two axes).
+    #[getter]
+    fn mesh_axes(&self) -> Vec<String> {
+        self.plan.mesh.axes().to_vec()
+    }
+
+    /// The data-parallel axis's name, if the spec names one.
+    #[getter]
+    fn dp_axis(&self) -> Option<String> {
+        self.plan.mesh.dp.clone()
+    }
+
+    /// A domain plan's per-axis flags (shards may be uneven); `None` for a CP plan.
+    #[getter]
+    fn uneven(&self) -> Option<Vec<bool>> {
+        let m = &self.plan.mesh;
+        m.is_domain()
+            .then(|| (0..m.axes().len()).map(|a| m.uneven(a)).collect())
     }
 
     /// The `(start, len)` per axis of `feature`'s padded layout that the rank at CP
@@ -333,13 +373,15 @@ fn dtype_named(feature: &str, name: &str) -> PyResult<DType> {
         })
 }
 
-/// A mesh (or coordinate) of one or two axes as the spec crate takes it: a missing
-/// second axis is `fill` (size 1, coordinate 0).
-fn mesh_of(v: &[usize], fill: usize) -> PyResult<[usize; 2]> {
+/// A mesh coordinate of one or two axes as the spec crate takes it (a missing second
+/// axis is 0), for a mesh given to [`featshard_spec::Plan::mesh_sizes`].
+fn coord_of(v: &[usize]) -> PyResult<[usize; 2]> {
     match *v {
-        [a] => Ok([a, fill]),
+        [a] => Ok([a, 0]),
         [a, b] => Ok([a, b]),
-        _ => Err(value_error(format!("a mesh of one or two axes, got {v:?}"))),
+        _ => Err(value_error(format!(
+            "coord {v:?}: a mesh coordinate has one or two axes"
+        ))),
     }
 }
 
@@ -479,7 +521,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Plan>()?;
     m.add_class::<placement::Placement>()?;
     m.add_class::<manifest::ShardManifest>()?;
+    m.add_class::<tables::Feature>()?;
+    m.add_class::<tables::Semantic>()?;
+    m.add_class::<tables::Layout>()?;
+    m.add_class::<tables::Shapes>()?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
+    m.add_function(wrap_pyfunction!(agree::status_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(agree::read_status, m)?)?;
     m.add_function(wrap_pyfunction!(plan_json, m)?)?;
     m.add_function(wrap_pyfunction!(plan_ir, m)?)?;
     m.add_function(wrap_pyfunction!(read_header, m)?)?;

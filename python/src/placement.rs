@@ -105,10 +105,11 @@ pub(crate) fn place(
 
 #[pymethods]
 impl Placement {
-    /// The sample's layout (`SampleLayout`) as Python dicts and lists.
-    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        pythonize::pythonize(py, &self.placed.layout)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+    /// The sample's layout.
+    fn layout(&self) -> crate::tables::Layout {
+        crate::tables::Layout {
+            layout: self.placed.layout.clone(),
+        }
     }
 
     /// Every placed feature: `(name, dtype, block shape, global shape)`, sorted by name.

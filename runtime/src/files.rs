@@ -101,19 +101,7 @@ impl View for &Bytes {
 }
 
 fn dtype_of(kind: Kind) -> Option<Dtype> {
-    Some(match kind {
-        Kind::Bool => Dtype::BOOL,
-        Kind::Uint8 => Dtype::U8,
-        Kind::Int8 => Dtype::I8,
-        Kind::Int16 => Dtype::I16,
-        Kind::Int => Dtype::I32,
-        Kind::Int64 => Dtype::I64,
-        Kind::Half => Dtype::F16,
-        Kind::BFloat16 => Dtype::BF16,
-        Kind::Float => Dtype::F32,
-        Kind::Double => Dtype::F64,
-        _ => return None,
-    })
+    crate::kind::dtype_of(kind).map(featshard_exec::dtype::to_safetensors)
 }
 
 fn bytes_of(name: &str, t: &Tensor) -> Result<Bytes, RuntimeError> {
@@ -182,10 +170,7 @@ mod tests {
         let entries: Vec<(&str, DType, Vec<usize>)> = tensors
             .iter()
             .map(|(n, t)| {
-                let d = DType::ALL
-                    .into_iter()
-                    .find(|d| kind_of(*d) == t.kind())
-                    .unwrap();
+                let d = crate::kind::dtype_of(t.kind()).unwrap();
                 (
                     n.as_str(),
                     d,

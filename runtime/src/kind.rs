@@ -19,11 +19,14 @@ pub fn kind_of(d: DType) -> Kind {
     }
 }
 
+/// The spec dtype of a tch kind, if a spec can declare it.
+pub fn dtype_of(k: Kind) -> Option<DType> {
+    DType::ALL.into_iter().find(|d| kind_of(*d) == k)
+}
+
 /// The spec's name of a tch kind, for messages.
 pub fn kind_name(k: Kind) -> String {
-    DType::ALL
-        .into_iter()
-        .find(|d| kind_of(*d) == k)
+    dtype_of(k)
         .map(|d| d.name().to_owned())
         .unwrap_or_else(|| format!("{k:?}"))
 }

@@ -18,7 +18,7 @@ use featshard_spec::plan::Plan;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
-use crate::kind::{kind_name, kind_of};
+use crate::kind::{dtype_of, kind_name, kind_of};
 use crate::sample::Features;
 
 /// Every feature as a view (or, off the CPU or not contiguous, a copy).
@@ -27,10 +27,6 @@ pub(crate) fn views<'t>(plan: &Plan, features: &'t Features) -> Result<Sample<'t
         .iter()
         .map(|(name, x)| Ok((name.clone(), view(plan, name, x)?)))
         .collect()
-}
-
-fn dtype_of(kind: Kind) -> Option<DType> {
-    DType::ALL.into_iter().find(|d| kind_of(*d) == kind)
 }
 
 /// One feature as a view (or a copy; see [`views`]).

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use featshard_spec::ir::DType;
 use safetensors::{Dtype, SafeTensors};
 
 use super::Anchors;
@@ -31,10 +32,7 @@ pub struct Tensor {
 
 impl Tensor {
     pub fn is_integer(&self) -> bool {
-        matches!(
-            self.dtype,
-            Dtype::U8 | Dtype::I8 | Dtype::I16 | Dtype::I32 | Dtype::I64
-        )
+        spec_dtype(self.dtype).is_some_and(DType::is_integer)
     }
 
     /// Values that are all 0 or 1.
@@ -59,45 +57,17 @@ pub struct Anchor {
     pub key: String,
 }
 
-pub fn dtype_name(d: Dtype) -> Option<&'static str> {
-    Some(match d {
-        Dtype::BOOL => "bool",
-        Dtype::U8 => "uint8",
-        Dtype::I8 => "int8",
-        Dtype::I16 => "int16",
-        Dtype::I32 => "int32",
-        Dtype::I64 => "int64",
-        Dtype::F16 => "float16",
-        Dtype::BF16 => "bfloat16",
-        Dtype::F32 => "float32",
-        Dtype::F64 => "float64",
-        _ => return None,
-    })
+/// The spec dtype of a safetensors dtype, if a spec can declare it.
+pub fn spec_dtype(d: Dtype) -> Option<DType> {
+    featshard_exec::dtype::from_safetensors(d)
 }
 
 /// Values of a tensor (little-endian, as safetensors stores them) as f64.
 fn values(d: Dtype, data: &[u8]) -> Option<Vec<f64>> {
-    let c = |n: usize| data.chunks_exact(n);
-    Some(match d {
-        Dtype::BOOL | Dtype::U8 => data.iter().map(|&b| f64::from(b)).collect(),
-        Dtype::I8 => data.iter().map(|&b| f64::from(b as i8)).collect(),
-        Dtype::I16 => c(2)
-            .map(|b| f64::from(i16::from_le_bytes([b[0], b[1]])))
-            .collect(),
-        Dtype::I32 => c(4)
-            .map(|b| f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect(),
-        Dtype::I64 => c(8)
-            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64)
-            .collect(),
-        Dtype::F32 => c(4)
-            .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-            .collect(),
-        Dtype::F64 => c(8)
-            .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-            .collect(),
-        _ => return None,
-    })
+    let d = spec_dtype(d)?;
+    let mut out = Vec::with_capacity(data.len() / featshard_exec::dtype::size(d));
+    featshard_exec::dtype::decode_into(d, data, &mut out);
+    Some(out)
 }
 
 pub fn sample(path: &Path) -> Result<Sample, Failure> {

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::propose::Proposals;
-use super::read::{dtype_name, Anchor, Sample};
+use super::read::{spec_dtype, Anchor, Sample};
 use crate::commands::Failure;
 use featshard_spec::names::is_snake_case;
 
@@ -61,7 +61,7 @@ pub fn spec(
         );
     }
     for (name, t) in sample.tensors.iter().filter(|(n, _)| is_snake_case(n)) {
-        let Some(dtype) = dtype_name(t.dtype) else {
+        let Some(dtype) = spec_dtype(t.dtype).map(|d| d.name()) else {
             return Err(Failure::Other(format!(
                 "feature `{name}`: dtype {:?} has no featshard equivalent",
                 t.dtype

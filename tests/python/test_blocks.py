@@ -107,10 +107,10 @@ def test_a_placement_reports_its_layout_and_carries_metadata(
                           passthrough={"extra"})
     assert placed.passthrough["extra"] == [1, 2]
     lay = placed.layout
-    assert lay["mesh"] == (2, 2) and lay["sizes"]["tokens"] == 11
-    assert lay["padded"]["tokens"] % 2 == 0
+    assert lay.mesh == (2, 2) and lay.sizes["tokens"] == 11
+    assert lay.padded["tokens"] % 2 == 0
     dtype, shape = placed.features["token_pad_mask"]
-    assert dtype == sample["token_pad_mask"].dtype and shape == (lay["padded"]["tokens"] // 2,)
+    assert dtype == sample["token_pad_mask"].dtype and shape == (lay.padded["tokens"] // 2,)
 
 
 def test_bad_samples_are_refused_as_featshard_shard_refuses_them(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -464,3 +465,10 @@ def test_a_one_axis_domain_plan_refuses_a_two_axis_mesh_by_name() -> None:
     r = subprocess.run([str(featshard_bin()), "explain", str(ROOT / "examples" / "weather.yaml"), "--mesh", "3x2"],
                        capture_output=True, text=True, check=False)
     assert r.returncode != 0 and want in r.stderr, r.stderr
+    # Every native geometry call takes its mesh through the same check.
+    for call in (lambda: plan.padded_length("lat", 7, [3, 2]),
+                 lambda: plan.domain_window("state", [1, 26, 7, 12], [3, 2], [0, 0])):
+        with pytest.raises(ValueError, match=re.escape(want)):
+            call()
+    with pytest.raises(ValueError, match=r"mesh sizes \[2, 2, 2\]: a mesh has one or two axes"):
+        plan.padded_length("lat", 7, [2, 2, 2])

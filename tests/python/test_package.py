@@ -228,23 +228,23 @@ for mesh in [(1, 1), (2, 2), (3, 3), (2, 3), (4, 1)]:
                 owners[sem] = taken[info.owner_map].argmax(1).tolist()
         native = plan.layout(mesh, lengths, counts, owners)
         python = oracle.layouts(m, s, mesh)
-        assert sorted(python) == sorted(native["padded"]), (mesh, seed)
+        assert sorted(python) == sorted(native.padded), (mesh, seed)
         for sem, lay in python.items():
-            assert native["padded"][sem] == lay.padded, (mesh, seed, sem)
+            assert native.padded[sem] == lay.padded, (mesh, seed, sem)
             if lay.positions is None:
-                assert sem not in native["positions"], (mesh, seed, sem)
+                assert sem not in native.positions, (mesh, seed, sem)
             else:
-                assert native["positions"][sem] == lay.positions.tolist(), (mesh, seed, sem)
-                assert native["blocks"][sem]["per_block"] == lay.per_block, (mesh, seed, sem)
+                assert native.positions[sem] == lay.positions.tolist(), (mesh, seed, sem)
+                assert native.per_block[sem] == lay.per_block, (mesh, seed, sem)
         padded = oracle.pad_features(m, s, mesh)
         names = sorted(n for n in padded if n in m.PLACEMENTS)
         for n, sh in plan.shapes(native, names).items():
-            assert list(padded[n].shape) == sh["padded"], (mesh, seed, n)
-            local = sh["local"]
+            assert list(padded[n].shape) == sh.padded, (mesh, seed, n)
+            local = sh.local
             for rank in range(mesh[0] * mesh[1]):
                 window = plan.block_window(n, local, featshard.coords(mesh, rank))
                 assert [w[1] for w in window] == local and all(
-                    a + b <= p for (a, b), p in zip(window, sh["padded"])), (n, rank)
+                    a + b <= p for (a, b), p in zip(window, sh.padded)), (n, rank)
         checked += 1
 print(checked)
 """

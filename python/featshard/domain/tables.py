@@ -11,7 +11,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate
 
-from featshard import Plan, blocks
+from featshard import Feature, Plan, Semantic, blocks
 from featshard.blocks import _DTYPES, place
 from featshard.distribute import placements
 from featshard.errors import FeatureDistributionError
@@ -48,31 +48,25 @@ class DomainTables:
     """A domain-parallel plan's tables and the geometry of a sample on its mesh."""
 
     def __init__(self, plan: Plan) -> None:
-        ir = plan.ir
-        mesh = ir["mesh"]
-        if "domain" not in mesh:
-            raise ValueError(f"`{plan.module}`: not a domain-parallel plan (its mesh has CP axes {mesh['cp']})")
+        if plan.uneven is None:
+            raise ValueError(f"`{plan.module}`: not a domain-parallel plan (its mesh has CP axes {plan.mesh_axes})")
         self.plan = plan
-        self.domain_axes: tuple[str, ...] = tuple(mesh["cp"])
-        self.dp_axis: str | None = mesh.get("dp")
+        self.domain_axes: tuple[str, ...] = tuple(plan.mesh_axes)
+        self.dp_axis: str | None = plan.dp_axis
         # Per domain axis: shards may be uneven (torch.chunk sizes) rather than padded.
-        self.uneven: tuple[bool, ...] = tuple(mesh["domain"]["uneven"])
-        self.semantics = {name: _semantic_info(s) for name, s in ir["semantics"].items()}
+        self.uneven: tuple[bool, ...] = tuple(plan.uneven)
+        self.semantics = {name: _semantic_info(s) for name, s in plan.semantics.items()}
         self.features: dict[str, FeatureInfo] = {}
         self.parameters: dict[str, FeatureInfo] = {}
         self.outputs: dict[str, FeatureInfo] = {}
-        metadata = []
         on_mesh = placements(plan)
-        for name, f in ir["features"].items():
-            if f["kind"] != "tensor":
-                metadata.append(name)
-                continue
-            to = self.parameters if f.get("parameter") else self.outputs if f.get("output") else self.features
+        for name, f in plan.features.items():
+            to = self.parameters if f.parameter else self.outputs if f.output else self.features
             to[name] = _feature_info(f, on_mesh[name])
-        self.metadata: tuple[str, ...] = tuple(metadata)
+        self.metadata: tuple[str, ...] = tuple(plan.metadata)
         # Inputs whose role is a mask (0 or 1 only: the executor checks them).
         self.masks: tuple[str, ...] = tuple(
-            n for n in self.features if ir["features"][n]["role"]["kind"] == "mask"
+            n for n in self.features if plan.features[n].role == "mask"
         )
         self.placements = {n: f.placements for n, f in self.features.items()}
 
@@ -94,7 +88,7 @@ class DomainTables:
             placed = place(self.plan, inputs, mesh)
         except (ValueError, TypeError) as e:
             raise FeatureDistributionError(str(e)) from None
-        return placed, dict(placed.layout["sizes"])
+        return placed, placed.layout.sizes
 
     def _mesh(self, mesh_sizes: Sequence[int]) -> tuple[int, int]:
         """A domain mesh of this plan's axes, as the executor takes it (a second axis of 1)."""
@@ -132,7 +126,7 @@ class DomainTables:
             shapes = p.shapes(p.layout(tuple(mesh_sizes), dict(lengths)), list(self.features))
         except ValueError as e:
             raise FeatureDistributionError(str(e)) from None
-        return {name: tuple(shapes[name]["global_"]) for name in self.features}
+        return {name: tuple(shapes[name].global_) for name in self.features}
 
     def global_shape(self, name: str, lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> tuple[int, ...]:
         """The ShardTensor's global shape of one input (padded on even-shard axes)."""
@@ -214,20 +208,16 @@ class DomainTables:
         return mesh[self.domain_axes]
 
 
-def _semantic_info(s: Mapping[str, Any]) -> SemanticInfo:
-    padding = s["padding"]
-    pad_axes = tuple(padding["mesh_axes"]) if padding["kind"] == "multiple" else ()
-    return SemanticInfo(bool(s["sharded"]), bool(s.get("batch", False)), pad_axes,
-                        max(1, int(s.get("stride", 1))), int(s.get("halo", 0)))
+def _semantic_info(s: Semantic) -> SemanticInfo:
+    return SemanticInfo(s.sharded, s.batch, tuple(s.pad_mesh_axes), s.stride, s.halo)
 
 
-def _feature_info(f: Mapping[str, Any], placements: tuple[Placement, ...]) -> FeatureInfo:
-    axes = f["axes"]
+def _feature_info(f: Feature, placements: tuple[Placement, ...]) -> FeatureInfo:
     return FeatureInfo(
         placements,
-        tuple(a["split"]["mesh_axis"] if a["split"]["kind"] != "whole" else None for a in axes),
-        tuple(a["semantic"] for a in axes),
-        tuple(a["size"] for a in axes),
-        getattr(torch, f["dtype"]),
-        f["pad_value"],
+        tuple(f.splits),
+        tuple(f.semantics),
+        tuple(f.sizes),
+        getattr(torch, f.dtype),
+        f.pad_value,
     )

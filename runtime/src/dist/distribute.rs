@@ -12,10 +12,11 @@ use super::error::DistError;
 use super::mesh::Mesh;
 use super::pool::{buffer, BufferPool};
 use super::prepare::{Prepared, Preparer, Write};
-use super::wire::{self, Announced, Header, Status, STATUS_BYTES};
+use super::wire::{self, Announced, Header};
 use super::LocalSample;
 use crate::error::RuntimeError;
 use crate::sample::{Features, Options};
+use featshard_exec::agree::{Status, STATUS_BYTES};
 
 /// Why the source has no sample for this step.
 #[derive(Clone, Debug, PartialEq)]
@@ -201,6 +202,7 @@ impl<'m> Distributor<'m> {
             (None, Ok(v)) => return Ok((Status::Ok, Some(v))),
             (None, Err(message)) => Status::Rank {
                 rank: self.mesh.rank(),
+                kind: None,
                 message,
             },
         };
@@ -290,7 +292,9 @@ fn agree(mesh: &Mesh, status: Status) -> Result<(), DistError> {
                     message,
                 })
             }
-            Some(Status::Rank { rank, message }) => return Err(DistError::Rank { rank, message }),
+            Some(Status::Rank { rank, message, .. }) => {
+                return Err(DistError::Rank { rank, message })
+            }
             None => {
                 return Err(DistError::Protocol {
                     message: format!("unreadable status from rank {rank}"),
@@ -310,6 +314,7 @@ pub fn agree_on(mesh: &Mesh, local: Result<(), String>) -> Result<(), DistError>
             Ok(()) => Status::Ok,
             Err(message) => Status::Rank {
                 rank: mesh.rank(),
+                kind: None,
                 message,
             },
         },

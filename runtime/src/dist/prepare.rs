@@ -12,7 +12,6 @@ use super::pool::{buffer, BufferPool};
 use super::wire::{self, Announced, Slot};
 use super::LocalSample;
 use crate::error::{torch, RuntimeError, TorchContext};
-use crate::kind::kind_of;
 use crate::pad::{place, Placed};
 use crate::par::try_map;
 use crate::sample::{tensor_plan, Features, Options};
@@ -183,13 +182,10 @@ fn passthrough_slots(placed: &Placed) -> Result<Vec<Slot>, RuntimeError> {
 }
 
 fn dtype_of(name: &str, k: Kind) -> Result<DType, RuntimeError> {
-    DType::ALL
-        .into_iter()
-        .find(|d| kind_of(*d) == k)
-        .ok_or_else(|| RuntimeError::Torch {
-            feature: name.to_owned(),
-            message: format!("dtype {k:?} cannot be passed through"),
-        })
+    crate::kind::dtype_of(k).ok_or_else(|| RuntimeError::Torch {
+        feature: name.to_owned(),
+        message: format!("dtype {k:?} cannot be passed through"),
+    })
 }
 
 /// A sample prepared by the source rank: what it announces and every CP rank's buffer.

@@ -51,6 +51,11 @@ pub enum ResolveError {
         /// The sizes given.
         mesh: Vec<usize>,
     },
+    /// Mesh sizes of neither one nor two axes.
+    MeshRank {
+        /// The sizes given.
+        mesh: Vec<usize>,
+    },
     /// A mesh with more axes than the plan's domain mesh: a one-axis domain plan
     /// given a second axis larger than 1.
     MeshAxes {
@@ -143,6 +148,10 @@ impl fmt::Display for ResolveError {
                 "mesh sizes {mesh:?}: the plan's domain mesh has {} axis {axes:?}; give one size per axis (e.g. --mesh {})",
                 axes.len(),
                 mesh[0]
+            ),
+            ResolveError::MeshRank { mesh } => write!(
+                f,
+                "mesh sizes {mesh:?}: a mesh has one or two axes (a CP mesh two, a domain mesh one per axis)"
             ),
             ResolveError::BadMesh { mesh } => write!(f, "mesh sizes {mesh:?}: every CP mesh axis needs size at least 1, and the mesh at most {} ranks", crate::limits::MAX_RANKS),
             ResolveError::MissingLength { semantic, feature, axis } => write!(
@@ -404,6 +413,23 @@ impl Plan {
             roots.insert(name.to_owned(), root_of_items);
         }
         self.layout_from_roots(mesh, sizes, roots)
+    }
+
+    /// The sizes of a mesh given with one size per axis (a CP mesh two, a domain mesh
+    /// one or two) as the two axes every geometry function takes (a missing second axis
+    /// has size 1), checked by [`Plan::check_mesh`].
+    pub fn mesh_sizes(&self, sizes: &[usize]) -> Result<[usize; CP_AXES], ResolveError> {
+        let mesh = match *sizes {
+            [a] => [a, 1],
+            [a, b] => [a, b],
+            _ => {
+                return Err(ResolveError::MeshRank {
+                    mesh: sizes.to_vec(),
+                })
+            }
+        };
+        self.check_mesh(mesh)?;
+        Ok(mesh)
     }
 
     /// `mesh` fits this plan: every axis at least 1, at most the limit of ranks, and
