@@ -1,6 +1,7 @@
 """Benchmark: `featshard shard` as a whole process against the disk's floor and a plain
 PyTorch pad-and-save script, on one Boltz-2-shaped sample (1024 tokens, 2048 MSA rows),
-mesh 3x3, in one run; then a dataset of small samples at --jobs 1 and --jobs 2.
+mesh 3x3, in one run, rank files dense and compact (`--encoding`); then a dataset of
+small samples at --jobs 1 and --jobs 2.
 
     cargo build --release   # no features: `featshard shard` links no libtorch
     ~/.cache/featshard/venv/bin/python benches/shard_disk.py
@@ -74,6 +75,9 @@ def make_samples(work: Path) -> tuple[Path, Path]:
     return big, small
 
 
+DENSE = ("--encoding", "dense")
+
+
 def shard_cmd(inputs: Path, out: Path, *extra: str) -> list[str]:
     return [str(BIN), "shard", str(SPEC), "--features", str(inputs), "--mesh", MESH,
             "--workflow", "inference", "--out", str(out), *extra]
@@ -85,19 +89,21 @@ def main() -> None:
         big, small = make_samples(work)
         size = big.stat().st_size
         subprocess.run(["cat", str(big)], stdout=subprocess.DEVNULL, check=True)
-        ref = work / "ref"
-        subprocess.run(shard_cmd(big, ref), check=True, capture_output=True)
+        ref, packed = work / "ref", work / "packed"
+        subprocess.run(shard_cmd(big, ref, *DENSE), check=True, capture_output=True)
+        subprocess.run(shard_cmd(big, packed), check=True, capture_output=True)
         written = sum(f.stat().st_size for f in ref.iterdir())
+        compact = sum(f.stat().st_size for f in packed.iterdir())
         files = len(list(ref.glob("rank-*.safetensors")))
-        rows: dict[str, list[tuple[float, int]]] = {"featshard": [], "featshard2": [], "floor": [],
-                                                    "torch": [], "start": []}
+        rows: dict[str, list[tuple[float, int]]] = {"featshard": [], "featshard2": [], "compact": [],
+                                                    "compact2": [], "floor": [], "torch": [], "start": []}
         for i in range(RUNS):
             rows["start"].append(timed([str(BIN), "--version"]))
             out = work / f"out{i}"
-            rows["featshard"].append(timed(shard_cmd(big, out)))
-            shutil.rmtree(out)
-            rows["featshard2"].append(timed(shard_cmd(big, out, "--threads", "2")))
-            shutil.rmtree(out)
+            for key, extra in (("featshard", DENSE), ("featshard2", (*DENSE, "--threads", "2")),
+                               ("compact", ()), ("compact2", ("--threads", "2"))):
+                rows[key].append(timed(shard_cmd(big, out, *extra)))
+                shutil.rmtree(out)
             rows["floor"].append(timed(f"cat {big} > /dev/null && cp -r {ref} {out}"))
             shutil.rmtree(out)
             rows["torch"].append(timed([PY, str(ROOT / "benches" / "torch_pad_save.py"), str(big),
@@ -105,18 +111,21 @@ def main() -> None:
             shutil.rmtree(out)
         t = {k: median([w for w, _ in v]) for k, v in rows.items()}
         rss = {k: max(r for _, r in v) for k, v in rows.items()}
-        print(f"sample: {size / 1e6:.0f} MB; {files} rank files, {written / 1e6:.0f} MB written; "
-              f"mesh {MESH}; median of {RUNS} whole processes")
+        print(f"sample: {size / 1e6:.0f} MB; {files} rank files, {written / 1e6:.0f} MB written dense, "
+              f"{compact / 1e6:.1f} MB compact (1/{written / compact:.1f}); mesh {MESH}; "
+              f"median of {RUNS} whole processes")
         print("| process | wall | / floor | featshard / it | peak RSS | RSS / sample |")
         print("|---|---|---|---|---|---|")
-        for k, label in [("featshard", "`featshard shard`"),
-                         ("featshard2", "`featshard shard --threads 2`"),
+        for k, label in [("featshard", "`featshard shard --encoding dense`"),
+                         ("featshard2", "`featshard shard --encoding dense --threads 2`"),
+                         ("compact", "`featshard shard` (compact)"),
+                         ("compact2", "`featshard shard --threads 2` (compact)"),
                          ("floor", "floor: `cat` the sample + `cp -r` the rank files"),
                          ("torch", "plain PyTorch pad + split + `save_file`"),
                          ("start", "`featshard --version` (process start)")]:
             print(f"| {label} | {t[k]:.3f} s | {t[k] / t['floor']:.2f} | {t['featshard'] / t[k]:.2f} | "
                   f"{rss[k] / 1e6:.0f} MB | {rss[k] / size:.2f} |")
-        print("runs (featshard, --threads 2, floor, torch): "
+        print("runs (dense, dense --threads 2, compact, compact --threads 2, floor, torch, start): "
               + "; ".join(" ".join(f"{w:.2f}" for w, _ in rows[k]) for k in rows))
         data_rows = []
         for jobs in ("1", "2") * 3:

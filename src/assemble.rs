@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use featshard_exec::assemble::{assemble, unpad, Dense};
+use featshard_exec::assemble::{assemble, dense_blocks, unpad, Dense};
 use featshard_exec::files::{self, Mapped};
 
 use crate::commands::{load, Failure};
@@ -81,6 +81,7 @@ pub fn assemble_files(
         }
     }
     let layout = &manifest.layout;
+    let ranks = dense_blocks(&plan, layout, manifest.encoding, ranks).map_err(other)?;
     let padded = assemble(&plan, layout, manifest.workflow.as_deref(), &ranks).map_err(other)?;
     let mut result = if padded_output {
         padded

@@ -84,6 +84,11 @@ enum Command {
         /// (and over 1 GB): a guard against a mistyped mesh.
         #[arg(long, default_value_t = crate::room::MAX_GROWTH, value_name = "RATIO", value_parser = crate::room::parse_growth)]
         max_growth: f64,
+        /// How rank files store one-hot features and masks: `compact` (indices and bits,
+        /// a tenth to a thirtieth of the bytes; featshard's readers expand them) or
+        /// `dense` (the blocks as the model takes them, for any safetensors reader).
+        #[arg(long, default_value = "compact", value_name = "ENCODING", value_parser = parse_encoding)]
+        encoding: crate::manifest::Encoding,
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
@@ -271,6 +276,7 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             workflow,
             passthrough,
             max_growth,
+            encoding,
             out,
         } => shard(
             &spec,
@@ -282,6 +288,7 @@ fn dispatch(command: Command) -> Result<String, Failure> {
                 jobs,
                 threads,
                 max_growth,
+                encoding,
             },
             &out,
         ),
@@ -293,6 +300,14 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             no_verify,
         } => assemble(&spec, &shards, &out, padded, !no_verify),
     }
+}
+
+fn parse_encoding(s: &str) -> Result<crate::manifest::Encoding, String> {
+    use crate::manifest::Encoding;
+    [Encoding::Compact, Encoding::Dense]
+        .into_iter()
+        .find(|e| e.name() == s)
+        .ok_or_else(|| format!("encoding `{s}`: expected `compact` or `dense`"))
 }
 
 /// Runs the command line `args` (the program name first) and returns its exit status:

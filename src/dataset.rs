@@ -105,6 +105,8 @@ pub struct Run<'a> {
     pub threads: usize,
     /// A sample's rank files at most this many times its bytes (`--max-growth`).
     pub max_growth: f64,
+    /// How rank files store blocks with a compact form (`--encoding`).
+    pub encoding: crate::manifest::Encoding,
 }
 
 /// Shards every sample into `out/<name>/`, `jobs` samples at a time. A sample already
@@ -160,7 +162,7 @@ fn one(req: &Request, name: &str, source: &Path, target: &Path) -> SampleEntry {
         error,
     };
     if target.join("manifest.json").exists() {
-        if let Ok(bytes) = shards::verify(req.plan, req.mesh, req.workflow, source, target) {
+        if let Ok(bytes) = shards::verify(req, source, target) {
             return entry(Status::Verified, bytes, None);
         }
     }

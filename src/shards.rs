@@ -12,8 +12,8 @@ use featshard_spec::plan::{FeaturePlan, Plan};
 use crate::commands::{load, Failure};
 use crate::dataset::Run;
 use crate::manifest::{
-    self, layout_digest, new_run_id, FeatureEntry, FileSum, Incoming, Manifest, RankIdentity,
-    RANK_KEY,
+    self, layout_digest, new_run_id, Encoding, FeatureEntry, FileSum, Incoming, Manifest,
+    RankIdentity, RANK_KEY,
 };
 use crate::room;
 use crate::staging::{self, StagingDir};
@@ -74,6 +74,8 @@ pub struct Request<'a> {
     pub verbose: bool,
     /// Rank files at most this many times the sample's bytes (see [`room::check`]).
     pub max_growth: f64,
+    /// How rank files store blocks with a compact form.
+    pub encoding: Encoding,
 }
 
 impl<'a> Request<'a> {
@@ -87,6 +89,7 @@ impl<'a> Request<'a> {
             threads: run.threads,
             verbose,
             max_growth: run.max_growth,
+            encoding: run.encoding,
         }
     }
 }
@@ -160,6 +163,7 @@ fn write_shards(
                 rank,
                 mesh,
                 layout_sha256: layout_sha256.clone(),
+                encoding: req.encoding,
             };
             let mut header = metadata.clone();
             header.insert(
@@ -176,9 +180,10 @@ fn write_shards(
     let (layout, shapes) = (placed.layout.clone(), &placed.shapes);
     let intake = placed.intake.clone();
     let passthrough: Vec<String> = placed.passthrough.keys().cloned().collect();
-    let sizes = rank_file_sizes(plan, placed, &headers).map_err(other)?;
+    let sizes = rank_file_sizes(plan, placed, &headers, req.encoding).map_err(other)?;
     room::check(dir, sizes.iter().sum(), input_bytes, req.max_growth)?;
-    let written = write_rank_files(plan, placed, &headers, &paths, req.threads).map_err(other)?;
+    let written = write_rank_files(plan, placed, &headers, &paths, req.threads, req.encoding)
+        .map_err(other)?;
     if req.verbose {
         eprintln!(
             "{world} rank files written ({} x {} mesh)",
@@ -197,6 +202,7 @@ fn write_shards(
         version: manifest::MANIFEST_VERSION,
         spec: plan.source.clone(),
         mesh,
+        encoding: req.encoding,
         workflow: req.workflow.map(str::to_owned),
         layout,
         features,
@@ -221,19 +227,16 @@ fn write_shards(
 /// `source` as it is now: its manifest reads, records the sample file's size,
 /// modification time and header as they are, and every rank file has the size and
 /// checksum it was written with.
-pub fn verify(
-    plan: &Plan,
-    mesh: [usize; 2],
-    workflow: Option<&str>,
-    source: &Path,
-    dir: &Path,
-) -> Result<u64, String> {
+pub fn verify(req: &Request, source: &Path, dir: &Path) -> Result<u64, String> {
+    let (mesh, workflow) = (req.mesh, req.workflow);
     let text = manifest::read_text(&dir.join("manifest.json")).map_err(|e| e.to_string())?;
-    let m = manifest::parse(&text, plan)?;
-    if m.mesh != mesh || m.workflow.as_deref() != workflow {
+    let m = manifest::parse(&text, req.plan)?;
+    if m.mesh != mesh || m.workflow.as_deref() != workflow || m.encoding != req.encoding {
         return Err(format!(
-            "sharded for mesh {:?}, workflow {:?}",
-            m.mesh, m.workflow
+            "sharded for mesh {:?}, workflow {:?}, encoding {}",
+            m.mesh,
+            m.workflow,
+            m.encoding.name()
         ));
     }
     if m.source != Some(manifest::stamp_now(source)?) {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::cli::{featshard, root, shard, shard_command, spec};
+use support::cli::{featshard, root, shard, shard_command, shard_encoded, spec};
 
 fn real(name: &str) -> PathBuf {
     root().join("tests/data/real").join(name)
@@ -585,8 +585,8 @@ fn resume_reads_only_the_rank_files_of_a_manifest_s_own_folder() {
 fn metadata_too_large_for_a_rank_file_header_is_refused_before_writing() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("big_record.safetensors");
-    // The sample's header fits safetensors' 100 MB, a few bytes short; every rank
-    // file's, with its identity added, would not.
+    // The sample's header fits safetensors' 100 MB, a few bytes short; every dense
+    // rank file's, with its identity added, would not.
     let bytes = std::fs::read(real("prot60_smiles.safetensors")).unwrap();
     let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let record = "x".repeat(100_000_000 - header - 64);
@@ -596,7 +596,10 @@ fn metadata_too_large_for_a_rank_file_header_is_refused_before_writing() {
         &input,
     );
     let out = dir.path().join("shards");
-    refused(&shard(&input, "2x2", &out), &["past safetensors' limit"]);
+    refused(
+        &shard_encoded(&input, "2x2", &out, "dense"),
+        &["past safetensors' limit"],
+    );
     assert!(!out.exists());
     assert!(staging_left(dir.path()).is_empty());
 }
@@ -741,4 +744,67 @@ fn headers_that_safetensors_refuses_are_refused_too() {
         );
         assert!(!out.exists());
     }
+}
+
+/// `featshard assemble` of `shards` into `out`, checksums skipped with `no_verify`.
+fn assemble_run(shards: &Path, out: &Path, no_verify: bool) -> Output {
+    let (shards, out) = (shards.display().to_string(), out.display().to_string());
+    let mut args = vec![
+        "assemble",
+        "examples/boltz2.yaml",
+        "--shards",
+        &shards,
+        "--out",
+        &out,
+    ];
+    if no_verify {
+        args.push("--no-verify");
+    }
+    featshard(&args)
+}
+
+#[test]
+fn compact_rank_files_with_a_bad_index_or_an_edited_encoding_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    let run = shard(&real("prot60_smiles.safetensors"), "2x2", &shards);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // The manifest says dense, the rank files say compact.
+    let manifest = shards.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let edited = text.replace("\"encoding\": \"compact\"", "\"encoding\": \"dense\"");
+    assert_ne!(edited, text);
+    std::fs::write(&manifest, &edited).unwrap();
+    refused(
+        &assemble_run(&shards, &dir.path().join("a.safetensors"), false),
+        &[
+            "rank-0.safetensors",
+            "stores its blocks compact, the manifest says dense",
+        ],
+    );
+    std::fs::write(&manifest, &text).unwrap();
+    // A residue index past the 33 classes, the checksum not checked.
+    let rank0 = shards.join("rank-0.safetensors");
+    let mut bytes = std::fs::read(&rank0).unwrap();
+    let (n, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let (start, _) = header.info("res_type").unwrap().data_offsets;
+    bytes[8 + n + start] = 200;
+    std::fs::write(&rank0, &bytes).unwrap();
+    let out = dir.path().join("b.safetensors");
+    refused(
+        &assemble_run(&shards, &out, true),
+        &[
+            "feature `res_type`",
+            "a stored index 200 names no class of 33",
+        ],
+    );
+    assert!(!out.exists());
+    refused(
+        &assemble_run(&shards, &out, false),
+        &["rank-0.safetensors", "CRC-32"],
+    );
 }

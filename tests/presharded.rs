@@ -36,8 +36,9 @@ fn inference() -> Options {
     }
 }
 
-/// The four real samples as s0..s3 in a folder, sharded for `mesh` into `out`.
-fn presharded(dir: &Path, mesh: &str) -> (PathBuf, Vec<Features>) {
+/// The four real samples as s0..s3 in a folder, sharded for `mesh` into `out`, rank
+/// files stored `encoding` (`compact` or `dense`).
+fn presharded(dir: &Path, mesh: &str, encoding: &str) -> (PathBuf, Vec<Features>) {
     let data = dir.join("data");
     std::fs::create_dir_all(&data).unwrap();
     let mut samples = Vec::new();
@@ -50,7 +51,15 @@ fn presharded(dir: &Path, mesh: &str) -> (PathBuf, Vec<Features>) {
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_featshard"))
         .args(["shard", "examples/boltz2.yaml", "--features"])
         .arg(&data)
-        .args(["--mesh", mesh, "--workflow", "inference", "--out"])
+        .args([
+            "--mesh",
+            mesh,
+            "--workflow",
+            "inference",
+            "--encoding",
+            encoding,
+        ])
+        .arg("--out")
         .arg(&out)
         .current_dir(root())
         .output()
@@ -139,21 +148,21 @@ fn on_ranks(world: usize, dp: usize, cp: [usize; 2], out: &Path, samples: &[Feat
 #[test]
 fn each_of_nine_ranks_reads_its_own_files_and_gets_the_online_blocks() {
     let dir = tempfile::tempdir().unwrap();
-    let (out, samples) = presharded(dir.path(), "3x3");
+    let (out, samples) = presharded(dir.path(), "3x3", "compact");
     on_ranks(9, 1, [3, 3], &out, &samples);
 }
 
 #[test]
 fn dp_replicas_read_their_samples_and_collate_as_online() {
     let dir = tempfile::tempdir().unwrap();
-    let (out, samples) = presharded(dir.path(), "2x2");
+    let (out, samples) = presharded(dir.path(), "2x2", "dense");
     on_ranks(8, 2, [2, 2], &out, &samples);
 }
 
 #[test]
 fn a_folder_of_another_mesh_or_a_swapped_rank_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (out, _) = presharded(dir.path(), "2x2");
+    let (out, _) = presharded(dir.path(), "2x2", "compact");
     let plan = plan();
     let e = PreshardedDataset::open(&out, &plan, [3, 3])
         .unwrap_err()

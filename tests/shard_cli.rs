@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 mod support;
 
 use featshard_runtime::synthetic::{self, Shape};
-use support::cli::{featshard, root, shard, spec};
+use support::cli::{featshard, root, shard, shard_encoded, spec};
 use tch::Tensor;
 
 fn write_sample(path: &Path, drop: Option<&str>) -> BTreeMap<String, Tensor> {
@@ -76,9 +76,17 @@ fn shard_then_assemble_gives_back_the_input_tensors() {
     assert_eq!(pair["global_shape"], serde_json::json!([12, 12]));
     assert_eq!(pair["local_shape"], serde_json::json!([4, 4]));
     assert_eq!(manifest["layout"]["sizes"]["atoms"], 24);
-    // Each rank file holds exactly its block.
+    // Each rank file holds exactly its block, compact by default: the 4x4 mask block
+    // as 16 bits, a one-hot feature as its indices.
+    assert_eq!(manifest["encoding"], "compact");
     let rank4 = read(&shards.join("rank-4.safetensors"));
-    assert_eq!(rank4["token_pair_pad_mask"].size(), vec![4, 4]);
+    assert_eq!(rank4["token_pair_pad_mask"].size(), vec![2]);
+    assert_eq!(rank4["token_pair_pad_mask"].kind(), tch::Kind::Uint8);
+    let res_type = &manifest["features"]["res_type"]["local_shape"];
+    assert_eq!(
+        rank4["res_type"].size(),
+        vec![res_type[0].as_i64().unwrap()]
+    );
 
     let back = dir.path().join("back.safetensors");
     let out = featshard(&[
@@ -271,6 +279,34 @@ fn assert_same_as_tch(shards: &Path, serial_out: &Path, padded: bool, what: &str
     );
 }
 
+/// `featshard assemble` of a shard folder (`--padded` with `padded`): the file's bytes.
+fn assembled(shards: &Path, padded: bool) -> Vec<u8> {
+    let out = shards.with_extension(format!("assembled-{padded}.safetensors"));
+    let (shards, file) = (shards.display().to_string(), out.display().to_string());
+    let spec_path = spec();
+    let mut args = vec!["assemble", &spec_path, "--shards", &shards, "--out", &file];
+    if padded {
+        args.push("--padded");
+    }
+    let run = featshard(&args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    std::fs::read(out).unwrap()
+}
+
+/// Bytes of the rank files in a shard folder.
+fn folder_bytes(shards: &Path) -> u64 {
+    std::fs::read_dir(shards)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rank-"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
 /// Each real sample, unchanged, through `shard` and `assemble`: the round trip gives
 /// the sample's real items (incoming atom pads dropped, as the manifest records), the
 /// dropped keys gone and the derived pair mask made.
@@ -291,7 +327,14 @@ fn real_featurizer_samples_shard_and_assemble_back() {
             let shards = dir
                 .path()
                 .join(format!("{}-{mesh}", name.replace('/', "_")));
-            let out = shard(&real(name), mesh, &shards);
+            let out = shard_encoded(&real(name), mesh, &shards, "dense");
+            assert!(
+                out.status.success(),
+                "{name} {mesh}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let compact = shards.with_extension("compact");
+            let out = shard(&real(name), mesh, &compact);
             assert!(
                 out.status.success(),
                 "{name} {mesh}: {}",
@@ -326,6 +369,20 @@ fn real_featurizer_samples_shard_and_assemble_back() {
             for padded in [false, true] {
                 assert_same_as_tch(&shards, &back, padded, &format!("{name} {mesh}"));
             }
+            // Compact rank files assemble to the same bytes, serial and padded: every
+            // block expands to the dense one (masks, pads and remapped ids included).
+            for padded in [false, true] {
+                let what = format!("{name} {mesh} padded {padded}");
+                assert_eq!(
+                    assembled(&compact, padded),
+                    assembled(&shards, padded),
+                    "{what}: compact and dense rank files assemble differently"
+                );
+            }
+            assert!(
+                folder_bytes(&compact) * 10 < folder_bytes(&shards),
+                "{name} {mesh}: compact rank files are not a tenth of the dense ones"
+            );
             let back = read(&back);
             assert!(!back.contains_key("token_to_center_atom"));
             assert!(back.contains_key("token_pair_pad_mask"));

@@ -476,6 +476,14 @@ impl<'a> Array<'a> {
         pages.release(&bytes[a..b]);
     }
 
+    /// Gives back the pages of base bytes `from..to` of a mapped base.
+    pub fn release_bytes(&self, from: usize, to: usize) {
+        if let Base::Mapped(bytes, Some(pages)) = &self.base {
+            let (a, b) = (from.min(bytes.len()), to.min(bytes.len()));
+            pages.release(&bytes[a..b]);
+        }
+    }
+
     /// Gives back every page of a mapped base.
     pub fn release_all(&self) {
         if let Base::Mapped(bytes, Some(pages)) = &self.base {

@@ -10,7 +10,10 @@ use featshard_spec::ir::DType;
 use featshard_spec::layout::coords;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
+use featshard_spec::shards::Encoding;
+
 use crate::array::Array;
+use crate::compact::{expand_stored, stored_form};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
@@ -59,6 +62,39 @@ pub fn assemble(
                 name.clone(),
                 assemble_feature(plan, layout, name, s, ranks)?,
             ))
+        })
+        .collect()
+}
+
+/// Rank blocks as rank files store them (`encoding`) made the dense blocks [`assemble`]
+/// takes: a compact block expanded (see [`crate::compact::stored_form`]), others as
+/// they are. A stored block that is not its feature's compact form is refused by name.
+pub fn dense_blocks<'a>(
+    plan: &Plan,
+    layout: &SampleLayout,
+    encoding: Encoding,
+    ranks: Vec<Sample<'a>>,
+) -> Result<Vec<Sample<'a>>, RuntimeError> {
+    if encoding == Encoding::Dense {
+        return Ok(ranks);
+    }
+    let names: Vec<&str> = plan.tensors().map(|(n, _)| n).collect();
+    let present = names
+        .into_iter()
+        .filter(|n| ranks.iter().any(|r| r.contains_key(*n)));
+    let shapes = plan.shapes_of(layout, present)?;
+    ranks
+        .into_iter()
+        .map(|mut blocks| {
+            for (name, s) in &shapes {
+                let t = tensor_plan(plan, name)?;
+                let Some(x) = blocks.get(name) else { continue };
+                if stored_form(t, &s.local_shape).is_some() {
+                    let dense = expand_stored(name, t, &s.local_shape, x)?;
+                    blocks.insert(name.clone(), dense);
+                }
+            }
+            Ok(blocks)
         })
         .collect()
 }

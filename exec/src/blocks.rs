@@ -8,7 +8,7 @@ use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::{bits_len, Bits, Form, OneHot};
+use crate::compact::{stored_form, Bits, Form, OneHot};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::place::{axis_maps, AxisMap, Placed};
@@ -108,11 +108,16 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
 
     /// How the feature's compact block expands (`None`: it travels as its block).
     pub fn form(&self) -> Option<Form> {
-        match self.compact {
-            Some((oh, _)) => Some(oh.form()),
-            None if self.is_mask() => Some(Form::Bits),
-            None => None,
-        }
+        self.stored().map(|(form, _, _)| form)
+    }
+
+    /// The compact form, dtype and shape of the feature's blocks, where it has one and
+    /// can write it (a one-hot feature's indices were given, or a mask).
+    fn stored(&self) -> Option<(Form, DType, Vec<usize>)> {
+        let (t, _) = self.placed.as_ref()?;
+        (self.compact.is_some() || self.is_mask())
+            .then(|| stored_form(t, &self.shape))
+            .flatten()
     }
 
     /// Whether the feature is a mask, which travels compact as bits.
@@ -123,11 +128,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
     /// The shape of a rank's compact block (`None` without a compact form): a one-hot
     /// feature's indices, or a mask's bytes of bits.
     pub fn compact_shape(&self) -> Option<Vec<usize>> {
-        match self.compact {
-            Some((oh, _)) => Some(oh.compact_shape(&self.shape)),
-            None if self.is_mask() => Some(vec![bits_len(self.shape.iter().product())]),
-            None => None,
-        }
+        self.stored().map(|(_, _, shape)| shape)
     }
 
     /// Writes the compact block of the rank at `coord` into `sink` (see
@@ -189,9 +190,8 @@ impl FeatureBlocks<'_, '_> {
 
     /// The dtype of `part` of the feature: its compact form's indices, or its own.
     pub fn dtype_of(&self, part: Part) -> DType {
-        match (part, self.compact) {
-            (Part::Compact(_), Some((oh, _))) => oh.index,
-            (Part::Compact(_), None) if self.is_mask() => DType::Uint8,
+        match (part, self.stored()) {
+            (Part::Compact(_), Some((_, dtype, _))) => dtype,
             _ => self.dtype,
         }
     }

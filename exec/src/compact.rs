@@ -218,43 +218,67 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Run
         message: format!("{message} at {:?}", unravel(flat, &shape)),
     };
     let none = oh.classes;
-    let mut out: Vec<u8> = Vec::with_capacity(outer * inner * dtype::size(oh.index));
-    let mut found = vec![none; inner];
-    for o in 0..outer {
-        found.fill(none);
-        let block = o * oh.classes * inner;
-        for k in 0..oh.classes {
-            let row = &bytes[(block + k * inner) * es..(block + (k + 1) * inner) * es];
-            for (i, e) in row.chunks_exact(es).enumerate() {
-                let v = bits(e);
-                if v == 0 || Some(v) == negative_zero {
-                    continue;
-                }
-                let flat = block + k * inner + i;
-                if v != one {
-                    let mut value = Vec::new();
-                    dtype::decode_into(oh.dense, e, &mut value);
-                    let shown = value.first().copied().unwrap_or(f64::NAN);
-                    return Err(fault(
-                        flat,
-                        format!("a one-hot row holds only 0 and 1, found {shown}"),
-                    ));
-                }
-                if found[i] != none {
-                    let first = found[i];
-                    return Err(fault(
-                        flat,
-                        format!("a one-hot row holds one 1 (or none, a pad row), found a second 1 (classes {first} and {k})"),
-                    ));
-                }
-                found[i] = k;
-            }
+    let mut found = vec![none; outer * inner];
+    let per_outer = oh.classes * inner;
+    let mut visit = |flat: usize, v: u64| -> Result<(), RuntimeError> {
+        if v != one {
+            let mut value = Vec::new();
+            dtype::decode_into(oh.dense, &bytes[flat * es..(flat + 1) * es], &mut value);
+            let shown = value.first().copied().unwrap_or(f64::NAN);
+            let message = format!("a one-hot row holds only 0 and 1, found {shown}");
+            return Err(fault(flat, message));
         }
-        for &k in &found {
-            dtype::encode_i64(oh.index, k as i64, &mut out);
+        let (o, k, i) = (flat / per_outer, flat % per_outer / inner, flat % inner);
+        let row = &mut found[o * inner + i];
+        if *row != none {
+            let first = *row;
+            return Err(fault(
+                flat,
+                format!("a one-hot row holds one 1 (or none, a pad row), found a second 1 (classes {first} and {k})"),
+            ));
         }
+        *row = k;
+        Ok(())
+    };
+    // Pages of a mapped sample are given back as the scan passes them.
+    for (c, chunk) in bytes.chunks(SCAN_CHUNK).enumerate() {
+        let first = c * SCAN_CHUNK / es;
+        for_each_nonzero(chunk, es, negative_zero, |p, v| visit(first + p, v))?;
+        dense.release_bytes(c * SCAN_CHUNK, c * SCAN_CHUNK + chunk.len());
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(found.len() * dtype::size(oh.index));
+    for &k in &found {
+        dtype::encode_i64(oh.index, k as i64, &mut out);
     }
     Ok(Array::owned(oh.index, oh.compact_shape(&shape), out))
+}
+
+/// Bytes of a sample scanned before its pages are given back (a multiple of every
+/// element size and of a scan block).
+const SCAN_CHUNK: usize = 8 << 20;
+
+/// Calls `f` with the index and bits of every element of `bytes` (elements of `es`
+/// bytes, at most 8) that is neither 0 nor `negative_zero`. Blocks of 64 zero bytes
+/// (most of a one-hot feature) are passed over with one vectorised test.
+fn for_each_nonzero<E>(
+    bytes: &[u8],
+    es: usize,
+    negative_zero: Option<u64>,
+    mut f: impl FnMut(usize, u64) -> Result<(), E>,
+) -> Result<(), E> {
+    const BLOCK: usize = 64;
+    for (b, block) in bytes.chunks(BLOCK).enumerate() {
+        if block.iter().fold(0u8, |a, &x| a | x) == 0 {
+            continue;
+        }
+        for (j, e) in block.chunks_exact(es).enumerate() {
+            let v = bits(e);
+            if v != 0 && Some(v) != negative_zero {
+                f(b * BLOCK / es + j, v)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A one-hot map's indices (`x` at its serial shape, already checked): each row's 1 as
@@ -275,6 +299,76 @@ pub fn map_indices(x: &Array, positions: Option<&[usize]>) -> Array<'static> {
         shape[..shape.len().saturating_sub(1)].to_vec(),
         out,
     )
+}
+
+/// How a block of feature `t` (block shape `block`) is stored and sent compact: its
+/// form, and the compact block's dtype and shape; `None` for a feature kept as its
+/// block. Every writer and reader of compact blocks asks this.
+pub fn stored_form(t: &TensorPlan, block: &[usize]) -> Option<(Form, DType, Vec<usize>)> {
+    if let Some(oh) = OneHot::of(t, block) {
+        return Some((oh.form(), oh.index, oh.compact_shape(block)));
+    }
+    let numel = block.iter().product();
+    matches!(t.role, Role::Mask { .. }).then(|| (Form::Bits, DType::Uint8, vec![bits_len(numel)]))
+}
+
+/// A block of feature `name` stored compact (`stored`, as [`stored_form`] describes it)
+/// expanded to its dense block of shape `block`. A stored block of another dtype or
+/// shape, or an index that names no class, is refused by name.
+pub fn expand_stored(
+    name: &str,
+    t: &TensorPlan,
+    block: &[usize],
+    stored: &Array,
+) -> Result<Array<'static>, RuntimeError> {
+    let form = check_stored(name, t, block, stored)?;
+    let mut out = vec![0u8; block.iter().product::<usize>() * dtype::size(t.dtype)];
+    form.expand_into(stored.contiguous().base_bytes(), t.dtype, block, &mut out);
+    Ok(Array::owned(t.dtype, block.to_vec(), out))
+}
+
+/// The form of a block of feature `name` stored compact, once `stored` is shown to be
+/// one ([`expand_stored`]'s checks), for a caller that expands it into its own memory.
+pub fn check_stored(
+    name: &str,
+    t: &TensorPlan,
+    block: &[usize],
+    stored: &Array,
+) -> Result<Form, RuntimeError> {
+    let fault = |message: String| RuntimeError::Blocks {
+        feature: name.to_owned(),
+        message,
+    };
+    let (form, dtype, shape) =
+        stored_form(t, block).ok_or_else(|| fault("the spec gives it no compact form".into()))?;
+    if stored.dtype() != dtype || stored.shape() != shape {
+        return Err(fault(format!(
+            "stored compact as {:?} {}, its compact form is {shape:?} {dtype}",
+            stored.shape(),
+            stored.dtype()
+        )));
+    }
+    if let Form::OneHot {
+        classes,
+        index,
+        map,
+        ..
+    } = form
+    {
+        let none = if map { -1 } else { classes as i64 };
+        let packed = stored.contiguous();
+        let bad = packed
+            .base_bytes()
+            .chunks_exact(dtype::size(index))
+            .map(|e| dtype::read_i64(index, e))
+            .find(|&k| k != none && !(0..classes as i64).contains(&k));
+        if let Some(k) = bad {
+            return Err(fault(format!(
+                "a stored index {k} names no class of {classes} (the file is corrupt)"
+            )));
+        }
+    }
+    Ok(form)
 }
 
 /// The dense bytes of compact indices `idx` (row-major, of `compact` shape): a 1 at

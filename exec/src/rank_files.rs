@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use featshard_spec::ir::DType;
 use featshard_spec::plan::Plan;
-pub use featshard_spec::shards::FileSum;
+pub use featshard_spec::shards::{Encoding, FileSum};
 
-use crate::blocks::{feature_blocks, FeatureBlocks};
+use crate::blocks::{feature_blocks, FeatureBlocks, Part};
 use crate::error::RuntimeError;
 use crate::files::{self, Metadata};
 use crate::place::Placed;
@@ -21,13 +21,15 @@ use crate::window::Sink;
 pub use featshard_spec::layout::coords;
 
 /// Writes `paths[r]` (created new) for every rank `r`, with `headers[r]` as its
-/// `__metadata__`; `threads` (at least 1) share the ranks. Returns each file's sum.
+/// `__metadata__`, blocks stored as `encoding` says; `threads` (at least 1) share the
+/// ranks. Returns each file's sum.
 pub fn write_rank_files(
     plan: &Plan,
     placed: &Placed,
     headers: &[Metadata],
     paths: &[PathBuf],
     threads: usize,
+    encoding: Encoding,
 ) -> Result<Vec<FileSum>, RuntimeError> {
     let world = placed.layout.mesh.iter().product::<usize>();
     for (what, given) in [("headers", headers.len()), ("paths", paths.len())] {
@@ -36,12 +38,13 @@ pub fn write_rank_files(
             return Err(RuntimeError::RankCount { what, given, mesh });
         }
     }
-    let entries = entries(plan, placed)?;
+    let entries = entries(plan, placed, encoding)?;
     let threads = threads.clamp(1, world.max(1));
     let write = |rank: usize| {
         let file = RankFile {
             entries: &entries,
             coord: coords(placed.layout.mesh, rank),
+            encoding,
         };
         file.write(&paths[rank], &headers[rank])
     };
@@ -74,17 +77,14 @@ pub fn rank_file_sizes(
     plan: &Plan,
     placed: &Placed,
     headers: &[Metadata],
+    encoding: Encoding,
 ) -> Result<Vec<u64>, RuntimeError> {
-    let entries = entries(plan, placed)?;
-    let keyed: Vec<(&str, DType, Vec<usize>)> = entries
-        .iter()
-        .map(|e| (e.name.as_str(), e.dtype, e.shape.clone()))
-        .collect();
-    let data = entries.iter().fold(0u64, |sum, e| {
-        let n = e
-            .shape
+    let entries = entries(plan, placed, encoding)?;
+    let keyed = keyed(&entries, encoding);
+    let data = keyed.iter().fold(0u64, |sum, (_, dtype, shape)| {
+        let n = shape
             .iter()
-            .fold(crate::dtype::size(e.dtype) as u64, |n, &d| {
+            .fold(crate::dtype::size(*dtype) as u64, |n, &d| {
                 n.saturating_mul(d as u64)
             });
         sum.saturating_add(n)
@@ -99,36 +99,51 @@ pub fn rank_file_sizes(
 fn entries<'p, 'a>(
     plan: &'p Plan,
     placed: &'p Placed<'a>,
+    encoding: Encoding,
 ) -> Result<Vec<FeatureBlocks<'p, 'a>>, RuntimeError> {
     let out = feature_blocks(plan, placed)?;
-    let keyed: Vec<(&str, DType, Vec<usize>)> = out
-        .iter()
-        .map(|e| (e.name.as_str(), e.dtype, e.shape.clone()))
-        .collect();
-    let order = files::data_order(&keyed);
+    let order = files::data_order(&keyed(&out, encoding));
     let mut slots: Vec<Option<FeatureBlocks>> = out.into_iter().map(Some).collect();
     Ok(order.into_iter().filter_map(|i| slots[i].take()).collect())
+}
+
+/// Every entry's name, and the dtype and shape a rank file stores it as (the same for
+/// every rank: blocks of a CP plan are all one shape).
+fn keyed<'e>(
+    entries: &'e [FeatureBlocks],
+    encoding: Encoding,
+) -> Vec<(&'e str, DType, Vec<usize>)> {
+    let stored = |e: &FeatureBlocks| match (encoding, e.compact_shape()) {
+        (Encoding::Compact, Some(shape)) => (e.dtype_of(Part::Compact([0, 0])), shape),
+        _ => (e.dtype, e.shape.clone()),
+    };
+    entries
+        .iter()
+        .map(|e| {
+            let (dtype, shape) = stored(e);
+            (e.name.as_str(), dtype, shape)
+        })
+        .collect()
 }
 
 /// One rank's file.
 struct RankFile<'r, 'p, 'a> {
     entries: &'r [FeatureBlocks<'p, 'a>],
     coord: [usize; 2],
+    encoding: Encoding,
 }
 
 impl RankFile<'_, '_, '_> {
     fn write(&self, path: &Path, header: &Metadata) -> Result<FileSum, RuntimeError> {
-        let keyed: Vec<(&str, DType, Vec<usize>)> = self
-            .entries
-            .iter()
-            .map(|e| (e.name.as_str(), e.dtype, e.shape.clone()))
-            .collect();
         let mut out = Out::create(path)?;
-        out.copy(&files::header(&keyed, header)?)
+        out.copy(&files::header(&keyed(self.entries, self.encoding), header)?)
             .map_err(|e| write_error(path, e))?;
         for e in self.entries {
-            e.write(self.coord, &mut out)
-                .map_err(|err| write_error(path, err))?;
+            match self.encoding {
+                Encoding::Compact => e.write_compact(self.coord, &mut out),
+                Encoding::Dense => e.write(self.coord, &mut out),
+            }
+            .map_err(|err| write_error(path, err))?;
         }
         out.finish()
     }

@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, Sampler
 
 from featshard import Plan, _native
+from featshard.blocks import _BY_NAME, _DTYPES, expand_one_hot, unpack_bits
 from featshard.distribute import cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -243,7 +244,7 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
             if self.verify:
                 manifest.verify_file(name, str(path))
             for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                x = f.get_tensor(key)
+                x = _dense(manifest, key, f.get_tensor(key), path)
                 dtensor = manifest.dtensor_shape(key)
                 if dtensor is None:
                     out[key] = x
@@ -255,6 +256,28 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
                 )
         out.update(header)
         return out
+
+
+def _dense(manifest: Any, name: str, x: torch.Tensor, path: Path) -> torch.Tensor:
+    """A rank file's tensor ``name`` as the model takes it: a block stored compact
+    (``featshard shard --encoding compact``) checked and expanded, the rest as read."""
+    form = manifest.stored_form(name)
+    if form is None:
+        return x
+    kind, axis, classes, none, dtype, shape = form
+    if _DTYPES.get(x.dtype) != dtype or list(x.shape) != shape:
+        raise ValueError(f"{path}: feature `{name}` is stored as {list(x.shape)} {x.dtype}, "
+                         f"its compact form is {shape} {dtype}")
+    dense_shape, dense_dtype = manifest.block_of(name) or ([], "")
+    if kind == "bits":
+        return unpack_bits(x, tuple(dense_shape), _BY_NAME[dense_dtype])
+    idx = x.long()
+    bad = (idx != none) & ((idx < 0) | (idx >= classes))
+    if bool(bad.any()):
+        k = int(idx[bad][0])
+        raise ValueError(f"{path}: feature `{name}`: a stored index {k} names no class of "
+                         f"{classes} (the file is corrupt)")
+    return expand_one_hot(x, axis, classes, _BY_NAME[dense_dtype])
 
 
 class DpSampler(Sampler[int]):

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use featshard::manifest::{self, Manifest};
+use featshard_exec::compact::Form;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -79,6 +80,43 @@ impl ShardManifest {
     fn dtensor_shape(&self, name: &str) -> Option<(Vec<usize>, Vec<usize>)> {
         let f = self.m.features.get(name)?;
         Some((f.global_shape.clone(), f.global_stride.clone()))
+    }
+
+    /// How the rank files store blocks with a compact form: `"dense"` or `"compact"`.
+    #[getter]
+    fn encoding(&self) -> &'static str {
+        self.m.encoding.name()
+    }
+
+    /// How the rank files store feature `name`'s block when it is stored compact:
+    /// `(kind, axis, classes, none, dtype, shape)`, `kind` `"one_hot"` (indices along
+    /// `axis` of `classes`, `none` the index of a pad row) or `"bits"`, `dtype` and
+    /// `shape` the stored block's; `None` when it is stored as its block.
+    #[allow(clippy::type_complexity)]
+    fn stored_form(
+        &self,
+        name: &str,
+    ) -> Option<(&'static str, usize, usize, i64, &'static str, Vec<usize>)> {
+        if self.m.encoding != featshard::manifest::Encoding::Compact {
+            return None;
+        }
+        let (t, entry) = (self.plan.tensor(name)?, self.m.features.get(name)?);
+        let (form, dtype, shape) = featshard_exec::compact::stored_form(t, &entry.local_shape)?;
+        Some(match form {
+            Form::OneHot {
+                axis, classes, map, ..
+            } => {
+                let none = if map { -1 } else { classes as i64 };
+                ("one_hot", axis, classes, none, dtype.name(), shape)
+            }
+            Form::Bits => ("bits", 0, 0, 0, dtype.name(), shape),
+        })
+    }
+
+    /// Tensor feature `name`'s block on every rank: its local shape and dtype name.
+    fn block_of(&self, name: &str) -> Option<(Vec<usize>, String)> {
+        let f = self.m.features.get(name)?;
+        Some((f.local_shape.clone(), f.dtype.clone()))
     }
 
     /// `ValueError` naming `path` unless `entry` (its `featshard.rank` header entry)

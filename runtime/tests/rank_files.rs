@@ -5,8 +5,9 @@
 
 mod common;
 
+use featshard_exec::assemble::dense_blocks;
 use featshard_exec::files::Mapped;
-use featshard_exec::rank_files::write_rank_files;
+use featshard_exec::rank_files::{write_rank_files, Encoding};
 use featshard_runtime::files::{self, Metadata};
 use featshard_runtime::{pad, Options};
 use proptest::prelude::*;
@@ -68,7 +69,20 @@ fn check_rank_files(
     let paths: Vec<_> = (0..world)
         .map(|r| dir.path().join(format!("rank-{r}.safetensors")))
         .collect();
-    let sums = write_rank_files(&plan, &placed, &headers, &paths, threads).unwrap();
+    let sums =
+        write_rank_files(&plan, &placed, &headers, &paths, threads, Encoding::Dense).unwrap();
+    let compact: Vec<_> = (0..world)
+        .map(|r| dir.path().join(format!("compact-{r}.safetensors")))
+        .collect();
+    write_rank_files(
+        &plan,
+        &placed,
+        &headers,
+        &compact,
+        threads,
+        Encoding::Compact,
+    )
+    .unwrap();
 
     for (rank, path) in paths.iter().enumerate() {
         let bytes = std::fs::read(path).unwrap();
@@ -93,6 +107,28 @@ fn check_rank_files(
             prop_assert!(
                 x.equal(&block.tensor),
                 "rank {} {}: values differ",
+                rank,
+                name
+            );
+        }
+        // Compact rank files expand to the same blocks, byte for byte.
+        let stored = Mapped::open(&compact[rank]).unwrap();
+        let expanded = dense_blocks(
+            &plan,
+            &placed.layout,
+            Encoding::Compact,
+            vec![stored.sample()],
+        )
+        .unwrap();
+        for (name, x) in &got {
+            let y = &expanded[0][name];
+            prop_assert_eq!(
+                y.shape(),
+                x.size().iter().map(|&d| d as usize).collect::<Vec<_>>()
+            );
+            prop_assert!(
+                y.to_bytes() == files::tensor_bytes(name, x).unwrap(),
+                "rank {} {}: the compact file expands to other bytes",
                 rank,
                 name
             );

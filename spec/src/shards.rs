@@ -10,8 +10,31 @@ use crate::limits::{check_length, check_mesh};
 use crate::plan::{FeatureShapes, Plan, SampleLayout, TensorPlan};
 use serde::{Deserialize, Serialize};
 
-/// Version of manifest.json.
-pub const MANIFEST_VERSION: u32 = 2;
+/// Version of manifest.json: 3 records the rank files' [`Encoding`]; version 2 (dense
+/// rank files) is read too.
+pub const MANIFEST_VERSION: u32 = 3;
+
+/// How rank files store the blocks of features with a compact form (one-hot features
+/// and maps, masks); every other block is stored as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// Each block as the model takes it: any safetensors reader loads it as is.
+    #[default]
+    Dense,
+    /// One-hot blocks as indices, masks as bits: featshard's readers expand them.
+    Compact,
+}
+
+impl Encoding {
+    /// The name the command line and the manifest use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Dense => "dense",
+            Encoding::Compact => "compact",
+        }
+    }
+}
 
 /// `DIR/manifest.json`: what the rank files hold and how to put them back together.
 #[derive(Debug, Serialize, Deserialize)]
@@ -22,6 +45,9 @@ pub struct Manifest {
     pub spec: Source,
     /// Mesh sizes `(cp0, cp1)`.
     pub mesh: [usize; 2],
+    /// How the rank files store blocks with a compact form (dense in version 2).
+    #[serde(default)]
+    pub encoding: Encoding,
     /// The workflow sharded, if one was chosen.
     pub workflow: Option<String>,
     /// Run-time lengths, padded lengths and owner-block positions of the sample.
@@ -80,6 +106,9 @@ pub struct RankIdentity {
     pub mesh: [usize; 2],
     /// SHA-256 of the manifest's layout.
     pub layout_sha256: String,
+    /// How the file stores blocks with a compact form.
+    #[serde(default)]
+    pub encoding: Encoding,
 }
 
 impl Manifest {
@@ -148,6 +177,12 @@ impl Manifest {
             )
         } else if found.layout_sha256 != layout_sha256 {
             "was written for another layout: the manifest's lengths or positions were edited".into()
+        } else if found.encoding != self.encoding {
+            format!(
+                "stores its blocks {}, the manifest says {} (edited after the run?)",
+                found.encoding.name(),
+                self.encoding.name()
+            )
         } else {
             return Ok(());
         })
@@ -219,7 +254,7 @@ impl FeatureEntry {
 /// layout's shapes resolvable, so nothing later indexes out of range.
 pub fn parse(text: &str, plan: &Plan) -> Result<Manifest, String> {
     let m: Manifest = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    if m.version != MANIFEST_VERSION {
+    if m.version != MANIFEST_VERSION && !(m.version == 2 && m.encoding == Encoding::Dense) {
         return Err(format!(
             "manifest version {} (this featshard reads {MANIFEST_VERSION})",
             m.version

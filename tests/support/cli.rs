@@ -42,3 +42,12 @@ pub fn shard(features: &Path, mesh: &str, out: &Path) -> Output {
         .output()
         .expect("run featshard")
 }
+
+/// [`shard`] with the rank files' encoding (`compact` or `dense`).
+#[allow(dead_code)]
+pub fn shard_encoded(features: &Path, mesh: &str, out: &Path, encoding: &str) -> Output {
+    shard_command(&features.display().to_string(), mesh, out)
+        .args(["--encoding", encoding])
+        .output()
+        .expect("run featshard")
+}

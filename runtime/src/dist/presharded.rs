@@ -5,9 +5,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use featshard_exec::array::Array;
+use featshard_exec::compact::{check_stored, stored_form};
 use featshard_exec::files::{sum_of, Mapped};
 use featshard_spec::plan::Plan;
-use featshard_spec::shards::{self, layout_digest, Manifest, RANK_KEY};
+use featshard_spec::plan::TensorPlan;
+use featshard_spec::shards::{self, layout_digest, Encoding, Manifest, RANK_KEY};
+use tch::Tensor;
 
 use super::error::DistError;
 use super::local::LocalSample;
@@ -154,9 +158,15 @@ fn blocks_of(
         let Some(t) = plan.tensor(name) else {
             continue;
         };
-        let tensor = tensors.remove(name).ok_or_else(|| DistError::Protocol {
+        let stored = tensors.remove(name).ok_or_else(|| DistError::Protocol {
             message: format!("feature `{name}`: in the manifest, not in the rank file"),
         })?;
+        let tensor = match m.encoding {
+            Encoding::Compact if stored_form(t, &entry.local_shape).is_some() => {
+                expand_block(name, t, &entry.local_shape, &stored)?
+            }
+            _ => stored,
+        };
         let local: Vec<i64> = entry.local_shape.iter().map(|&d| d as i64).collect();
         if tensor.size() != local {
             return Err(DistError::Protocol {
@@ -175,4 +185,24 @@ fn blocks_of(
         blocks.insert(name.clone(), LocalBlock { tensor, meta });
     }
     Ok(blocks)
+}
+
+/// A block a rank file stores compact, expanded to its dense block of shape `local`
+/// (see [`featshard_exec::compact::expand_stored`]).
+fn expand_block(
+    name: &str,
+    t: &TensorPlan,
+    local: &[usize],
+    stored: &Tensor,
+) -> Result<Tensor, DistError> {
+    let dtype = crate::kind::dtype_of(stored.kind()).ok_or_else(|| DistError::Protocol {
+        message: format!("feature `{name}`: stored as {:?}", stored.kind()),
+    })?;
+    let shape = stored.size().iter().map(|&d| d as usize).collect();
+    let packed = Array::owned(dtype, shape, files::tensor_bytes(name, stored)?);
+    let form = check_stored(name, t, local, &packed)?;
+    crate::views::new_filled(name, local, crate::kind::kind_of(t.dtype), |out| {
+        form.expand_into(packed.base_bytes(), t.dtype, local, out)
+    })
+    .map_err(DistError::from)
 }
