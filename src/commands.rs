@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use featshard_codegen::GeneratedFile;
-use featshard_exec::compact::OneHot;
+use featshard_exec::compact::stored_form;
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{
     chunk_sizes, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, ResolveError, Resolved,
@@ -375,10 +375,11 @@ fn explain_table(
 }
 
 /// A feature's bytes at its padded global shape, dense and in its compact form (a
-/// one-hot feature or map as indices; the others as they are).
+/// one-hot feature or map as indices, a mask as bits; the others as they are).
 fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (usize, usize) {
-    let dense = global.iter().product::<usize>() * featshard_exec::dtype::size(t.dtype);
-    let compact = OneHot::of(t, global).map_or(dense, |oh| oh.compact_bytes(global));
+    let bytes = |shape: &[usize], d| shape.iter().product::<usize>() * featshard_exec::dtype::size(d);
+    let dense = bytes(global, t.dtype);
+    let compact = stored_form(t, global).map_or(dense, |(_, d, shape)| bytes(&shape, d));
     (dense, compact)
 }
 

@@ -195,10 +195,10 @@ fn explain_prints_placements_and_shapes() {
             .join(" ")
     };
     // tokens 100 -> 102 (multiple of 3); pair tiles are 34 x 34 on 3x3. Bytes are the
-    // padded global shape's: 102 * 102 float32 = 41,616 B.
+    // padded global shape's: 102 * 102 float32 = 41,616 B; a mask as bits, 1,301 B.
     assert_eq!(
         row("token_pair_pad_mask"),
-        "token_pair_pad_mask [tokens, tokens] Shard(0), Shard(1) [102, 102] [34, 34] 41.62 KB 41.62 KB"
+        "token_pair_pad_mask [tokens, tokens] Shard(0), Shard(1) [102, 102] [34, 34] 41.62 KB 1.30 KB"
     );
     assert_eq!(
         row("frames_idx"),
