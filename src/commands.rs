@@ -377,7 +377,8 @@ fn explain_table(
 /// A feature's bytes at its padded global shape, dense and in its compact form (a
 /// one-hot feature or map as indices, a mask as bits; the others as they are).
 fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (usize, usize) {
-    let bytes = |shape: &[usize], d| shape.iter().product::<usize>() * featshard_exec::dtype::size(d);
+    let bytes =
+        |shape: &[usize], d| shape.iter().product::<usize>() * featshard_exec::dtype::size(d);
     let dense = bytes(global, t.dtype);
     let compact = stored_form(t, global).map_or(dense, |(_, d, shape)| bytes(&shape, d));
     (dense, compact)

@@ -123,21 +123,14 @@ impl<'m> Distributor<'m> {
     ) -> Result<T, DistError> {
         let cp = self.mesh.cp();
         let source_rank = cp.ranks()[0];
-        let (prepared, header) = source_header(self.mesh.is_source(), source);
+        let (prepared, header) = source_header(self.mesh.is_source(), source_rank, source);
         let received = cp.broadcast_bytes(header.as_deref(), 0)?;
         let header: Header =
             serde_json::from_slice(&received).map_err(|e| DistError::Protocol {
                 message: format!("unreadable header from rank {source_rank}: {e}"),
             })?;
         let (status, value) = match header {
-            Header::Error { sample, message } => (
-                Status::Source {
-                    rank: source_rank,
-                    sample,
-                    message,
-                },
-                None,
-            ),
+            Header::Failed(status) => (status, None),
             Header::Ok(announced) => self.receive(prepared, announced, local)?,
         };
         agree(self.mesh, status)?;
@@ -243,7 +236,11 @@ fn send_buffers(p: &Prepared, device: Device) -> Vec<Tensor> {
 
 /// What the source rank sends first: its prepared sample's header, or its failure.
 /// Other ranks send nothing.
-fn source_header(is_source: bool, source: Option<Source>) -> (Option<Prepared>, Option<Vec<u8>>) {
+fn source_header(
+    is_source: bool,
+    rank: usize,
+    source: Option<Source>,
+) -> (Option<Prepared>, Option<Vec<u8>>) {
     let encode = |h: &Header| serde_json::to_vec(h).unwrap_or_default();
     match (is_source, source) {
         (true, Some(Ok(p))) => {
@@ -251,17 +248,16 @@ fn source_header(is_source: bool, source: Option<Source>) -> (Option<Prepared>, 
             (Some(p), Some(header))
         }
         (true, failure) => {
-            let header = match failure {
-                Some(Err(f)) => Header::Error {
-                    sample: f.sample,
-                    message: f.message,
-                },
-                _ => Header::Error {
-                    sample: None,
-                    message: "no sample was given to the source rank".into(),
-                },
+            let (sample, message) = match failure {
+                Some(Err(f)) => (f.sample, f.message),
+                _ => (None, "no sample was given to the source rank".into()),
             };
-            (None, Some(encode(&header)))
+            let status = Status::Source {
+                rank,
+                sample,
+                message,
+            };
+            (None, Some(encode(&Header::Failed(status))))
         }
         (false, _) => (None, None),
     }

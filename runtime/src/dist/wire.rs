@@ -43,13 +43,11 @@ impl Slot {
 
 /// The first message of a step, from the source to its CP group.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
+#[serde(tag = "header", rename_all = "snake_case")]
 pub enum Header {
     Ok(Announced),
-    Error {
-        sample: Option<usize>,
-        message: String,
-    },
+    /// The source failed: its status, as every rank then agrees on it.
+    Failed(featshard_exec::agree::Status),
 }
 
 /// A sample the source announces: what every rank's buffer will hold.
@@ -219,4 +217,21 @@ fn expand_into(
         Ok(())
     })
     .map_err(torch_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use featshard_exec::agree::Status;
+
+    #[test]
+    fn a_failed_header_carries_the_agreement_status_whole() {
+        let h = Header::Failed(Status::Source {
+            rank: 4,
+            sample: Some(2),
+            message: "feature `x`: bad".into(),
+        });
+        let text = serde_json::to_vec(&h).unwrap();
+        assert_eq!(serde_json::from_slice::<Header>(&text).unwrap(), h);
+    }
 }
