@@ -547,3 +547,71 @@ fn a_sample_of_one_workflow_sharded_without_workflow_names_the_flag() {
     );
     assert!(!out.exists());
 }
+
+const ONE_HOT: [&str; 7] = [
+    "res_type",
+    "disto_target",
+    "contact_conditioning",
+    "ref_element",
+    "ref_atom_name_chars",
+    "atom_backbone_feat",
+    "template_restype",
+];
+
+/// `sample` as a featurizer that skips its final one-hot call writes it: each declared
+/// one-hot feature as its rows' classes (int16), -1 for a row with none.
+fn as_indices(sample: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
+    let mut out: BTreeMap<String, Tensor> = sample
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    for name in ONE_HOT {
+        let x = &sample[name];
+        let real = x.sum_dim_intlist(-1, false, tch::Kind::Int64).eq(1);
+        let none = Tensor::from(-1i64);
+        let idx = x.argmax(-1, false).where_self(&real, &none);
+        out.insert(name.to_owned(), idx.to_kind(tch::Kind::Int16));
+    }
+    out
+}
+
+/// A real sample with its one-hot features given as indices shards, on every mesh and
+/// in both encodings, to rank files that assemble to the same bytes as the dense
+/// sample's: the dense form is never needed at the source.
+#[test]
+fn one_hot_features_given_as_indices_shard_as_the_dense_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["prot60_nomsa", "prot60_smiles"] {
+        let path = real(name);
+        let metadata = featshard_runtime::files::read_metadata(&path).unwrap();
+        let given = dir.path().join(format!("{name}-indices.safetensors"));
+        featshard_runtime::files::write(&given, &as_indices(&read(&path)), &metadata).unwrap();
+        assert!(
+            std::fs::metadata(&given).unwrap().len() * 3 < std::fs::metadata(&path).unwrap().len()
+        );
+        for mesh in ["1x1", "2x2", "3x3", "2x3"] {
+            for encoding in ["compact", "dense"] {
+                let what = format!("{name} {mesh} {encoding}");
+                let (a, b) = (
+                    dir.path().join(format!("{what}-a")),
+                    dir.path().join(format!("{what}-b")),
+                );
+                for (input, out) in [(&path, &a), (&given, &b)] {
+                    let run = shard_encoded(input, mesh, out, encoding);
+                    assert!(
+                        run.status.success(),
+                        "{what}: {}",
+                        String::from_utf8_lossy(&run.stderr)
+                    );
+                }
+                for padded in [false, true] {
+                    assert_eq!(
+                        assembled(&a, padded),
+                        assembled(&b, padded),
+                        "{what} padded {padded}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -8,7 +8,7 @@ use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::{stored_form, Bits, Form, OneHot};
+use crate::compact::{expand, given_as_indices, stored_form, Bits, Form, OneHot};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::place::{axis_maps, AxisMap, Placed};
@@ -32,6 +32,9 @@ pub struct FeatureBlocks<'p, 'a> {
     layout: &'p SampleLayout,
     /// A one-hot feature's compact form and its indices at the serial shape.
     compact: Option<(OneHot, &'p Array<'static>)>,
+    /// The sample gave the feature as its one-hot indices: `x` holds them, and dense
+    /// blocks are expanded from them window by window.
+    given: bool,
 }
 
 /// Every feature of `placed`, placed ones then passthrough ones, each sorted by name.
@@ -61,6 +64,7 @@ pub fn feature_blocks<'p, 'a>(
             plan,
             layout: &placed.layout,
             compact: None,
+            given: false,
         });
     }
     Ok(out)
@@ -79,14 +83,15 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
         let t = tensor_plan(plan, name)?;
         Ok(FeatureBlocks {
             name: name.to_owned(),
-            dtype: x.dtype(),
+            dtype: t.dtype,
             shape: shapes.local_shape.clone(),
             x,
             placed: Some((t, axis_maps(t, shapes, layout))),
-            pad: dtype::pad_bytes(x.dtype(), t.pad_value),
+            pad: dtype::pad_bytes(t.dtype, t.pad_value),
             plan,
             layout,
             compact: None,
+            given: given_as_indices(t, x.dtype(), &x.shape()),
         })
     }
 
@@ -215,7 +220,10 @@ impl FeatureBlocks<'_, '_> {
                 .map_or_else(Vec::new, |w| w.iter().map(|&(_, n)| n).collect()),
             (Part::Block(_), _) | (_, None) => self.shape.clone(),
             (Part::Padded, Some((_, axes))) => axes.iter().map(|a| a.padded).collect(),
-            (Part::Serial, Some(_)) => placed.taken[&self.name].shape(),
+            (Part::Serial, Some(_)) => match (self.given, self.compact) {
+                (true, Some((oh, idx))) => oh.dense_shape(&idx.shape()),
+                _ => placed.taken[&self.name].shape(),
+            },
         }
     }
 
@@ -228,8 +236,9 @@ impl FeatureBlocks<'_, '_> {
             (Part::Block(coord), Some(_)) => self.write(coord, sink),
             (Part::Padded, Some((_, axes))) => {
                 let window: Vec<(usize, usize)> = axes.iter().map(|a| (0, a.padded)).collect();
-                write_window(self.x, &self.pad, axes, &window, sink)
+                self.write_dense(axes, &window, sink)
             }
+            (Part::Serial, Some(_)) if self.given => self.write_serial_given(sink),
             (Part::Serial, Some(_)) => write_whole(&placed.taken[&self.name], sink),
         }
     }
@@ -254,10 +263,49 @@ impl FeatureBlocks<'_, '_> {
                     by: start as i64,
                     buf: Vec::new(),
                 };
-                write_window(self.x, &self.pad, axes, &window, &mut shifted)
+                self.write_dense(axes, &window, &mut shifted)
             }
-            _ => write_window(self.x, &self.pad, axes, &window, sink),
+            _ => self.write_dense(axes, &window, sink),
         }
+    }
+
+    /// Writes `window` of the padded layout from `x`; for a feature given as its
+    /// indices, from its indices, expanded one window at a time.
+    fn write_dense(
+        &self,
+        axes: &[AxisMap],
+        window: &[(usize, usize)],
+        sink: &mut impl Sink,
+    ) -> io::Result<()> {
+        if !self.given {
+            return write_window(self.x, &self.pad, axes, window, sink);
+        }
+        let Some((oh, idx)) = self.compact else {
+            let name = &self.name;
+            return Err(io::Error::other(format!(
+                "feature `{name}`: given as indices, none made"
+            )));
+        };
+        let (mut a, mut w) = (axes.to_vec(), window.to_vec());
+        a.remove(oh.axis);
+        w.remove(oh.axis);
+        let mut packed = Vec::new();
+        write_window(idx, &oh.none_bytes(), &a, &w, &mut packed)?;
+        let dense: Vec<usize> = window.iter().map(|&(_, n)| n).collect();
+        let mut out = vec![0u8; dense.iter().product::<usize>() * dtype::size(self.dtype)];
+        oh.form().expand_into(&packed, self.dtype, &dense, &mut out);
+        sink.copy(&out)
+    }
+
+    /// The serial form of a feature given as its indices: its dense expansion.
+    fn write_serial_given(&self, sink: &mut impl Sink) -> io::Result<()> {
+        let Some((oh, idx)) = self.compact else {
+            let name = &self.name;
+            return Err(io::Error::other(format!(
+                "feature `{name}`: given as indices, none made"
+            )));
+        };
+        sink.copy(&expand(&oh, &idx.contiguous().to_bytes(), &idx.shape()))
     }
 
     /// Writes the region `window` (`(start, len)` per axis) of the feature's padded
@@ -282,7 +330,7 @@ impl FeatureBlocks<'_, '_> {
                 self.name
             )));
         }
-        write_window(self.x, &self.pad, axes, window, sink)
+        self.write_dense(axes, window, sink)
     }
 
     /// The window of the padded layout the rank at `coord` holds: its equal block on a

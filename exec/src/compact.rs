@@ -281,6 +281,47 @@ fn for_each_nonzero<E>(
     Ok(())
 }
 
+/// Whether feature `t`, given with `dtype` and `shape`, arrives as its one-hot
+/// indices: a feature declared `one_hot` on its last axis, given with that axis left
+/// out, as integers (each row's class, -1 for a row with none).
+pub fn given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bool {
+    t.one_hot.is_some_and(|a| a + 1 == t.axes.len())
+        && shape.len() + 1 == t.axes.len()
+        && dtype.is_integer()
+}
+
+/// The indices of one-hot feature `name` given as its indices (`x`, see
+/// [`given_as_indices`]), in the form [`indices`] makes: every value names a class or
+/// is -1 (no class), else it is refused naming the feature, the axis and the position.
+pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, RuntimeError> {
+    let shape = x.shape();
+    let mut out: Vec<u8> = Vec::with_capacity(x.numel() * dtype::size(oh.index));
+    let mut at = 0usize;
+    x.for_each_row(|_, row| {
+        for &v in row {
+            let class = match v {
+                -1.0 => oh.classes,
+                v if v >= 0.0 && v < oh.classes as f64 && v.fract() == 0.0 => v as usize,
+                v => {
+                    return Err(RuntimeError::OneHot {
+                        feature: name.to_owned(),
+                        axis: oh.axis,
+                        message: format!(
+                            "given as indices, {v} names no class of {} (-1: none) at {:?}",
+                            oh.classes,
+                            unravel(at, &shape)
+                        ),
+                    })
+                }
+            };
+            dtype::encode_i64(oh.index, class as i64, &mut out);
+            at += 1;
+        }
+        Ok(())
+    })?;
+    Ok(Array::owned(oh.index, shape, out))
+}
+
 /// A one-hot map's indices (`x` at its serial shape, already checked): each row's 1 as
 /// the padded position of its column (`positions`, or the column itself on an
 /// end-padded semantic), -1 for a row with none.

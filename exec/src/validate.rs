@@ -10,7 +10,7 @@ use featshard_spec::layout::count_total;
 use featshard_spec::plan::{Ownership, Padding, Plan, ResolveError, TensorPlan};
 
 use crate::array::{Array, RELEASE_BYTES};
-use crate::compact::{indices, OneHot};
+use crate::compact::{given_as_indices, indices, indices_given, OneHot};
 use crate::error::RuntimeError;
 use crate::files::Sample;
 use crate::intake::Intake;
@@ -79,7 +79,8 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
     let mut first: BTreeMap<String, String> = BTreeMap::new();
     for name in &names {
         let x = &features[name];
-        check_shape(plan, name, x.dtype(), &x.shape(), &mut sizes, &mut first)?;
+        let (dtype, shape) = declared(plan, name, x.dtype(), x.shape())?;
+        check_shape(plan, name, dtype, &shape, &mut sizes, &mut first)?;
     }
     let owners = ownership(plan, features, &sizes)?;
     let mut compact = BTreeMap::new();
@@ -87,8 +88,14 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
         check_index(plan, name, &features[name], &sizes)?;
         check_mask(plan, name, &features[name])?;
         // A one-hot map's compact form needs the layout: `place` makes it.
-        if let Some(oh) = OneHot::of(tensor_plan(plan, name)?, &[]).filter(|o| !o.map) {
-            compact.insert(name.clone(), indices(name, &features[name], &oh)?);
+        let (t, x) = (tensor_plan(plan, name)?, &features[name]);
+        if let Some(oh) = OneHot::of(t, &[]).filter(|o| !o.map) {
+            let made = if given_as_indices(t, x.dtype(), &x.shape()) {
+                indices_given(name, x, &oh)?
+            } else {
+                indices(name, x, &oh)?
+            };
+            compact.insert(name.clone(), made);
         }
     }
     Ok(Checked {
@@ -114,9 +121,27 @@ pub fn check_shapes(
         let (dtype, shape) = shapes.get(name).ok_or_else(|| RuntimeError::Missing {
             feature: name.to_owned(),
         })?;
-        check_shape(plan, name, *dtype, shape, &mut sizes, &mut first)?;
+        let (dtype, shape) = declared(plan, name, *dtype, shape.clone())?;
+        check_shape(plan, name, dtype, &shape, &mut sizes, &mut first)?;
     }
     Ok(sizes)
+}
+
+/// The dtype and shape a feature given as `dtype` and `shape` stands for: a one-hot
+/// feature given as its indices stands for its dense form (the class axis put back).
+fn declared(
+    plan: &Plan,
+    name: &str,
+    dtype: DType,
+    mut shape: Vec<usize>,
+) -> Result<(DType, Vec<usize>), RuntimeError> {
+    let t = tensor_plan(plan, name)?;
+    if !given_as_indices(t, dtype, &shape) {
+        return Ok((dtype, shape));
+    }
+    let classes = t.axes.last().and_then(|a| a.size).unwrap_or(0);
+    shape.push(usize::try_from(classes).unwrap_or(usize::MAX));
+    Ok((t.dtype, shape))
 }
 
 /// Rank, dtype, channel sizes, and the length of each semantic (the first feature

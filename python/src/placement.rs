@@ -117,12 +117,12 @@ impl Placement {
     fn features(&self) -> Vec<(String, &'static str, Vec<usize>, Vec<usize>)> {
         self.placed
             .arrays
-            .iter()
-            .filter_map(|(n, x)| {
+            .keys()
+            .filter_map(|n| {
                 let s = self.placed.shapes.get(n)?;
                 Some((
                     n.clone(),
-                    x.dtype().name(),
+                    self.plan.tensor(n)?.dtype.name(),
                     s.local_shape.clone(),
                     s.global_shape.clone(),
                 ))

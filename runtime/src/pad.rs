@@ -137,7 +137,8 @@ impl Placed {
     pub fn padded(&self, plan: &Plan, name: &str) -> Result<Tensor, RuntimeError> {
         self.with_blocks(plan, name, |blocks, x, shapes| {
             let whole: Vec<(usize, usize)> = shapes.padded_shape.iter().map(|&n| (0, n)).collect();
-            new_written(name, &shapes.padded_shape, x.kind(), x.device(), |sink| {
+            let kind = kind_of(blocks.dtype);
+            new_written(name, &shapes.padded_shape, kind, x.device(), |sink| {
                 blocks.write_region(&whole, sink)
             })
         })
@@ -153,14 +154,14 @@ impl Placed {
         window: &[(i64, i64)],
         out: &Tensor,
     ) -> Result<(), RuntimeError> {
-        self.with_blocks(plan, name, |blocks, x, shapes| {
+        self.with_blocks(plan, name, |blocks, _, shapes| {
             let region: Option<Vec<(usize, usize)>> = window
                 .iter()
                 .map(|&(a, n)| Some((usize::try_from(a).ok()?, usize::try_from(n).ok()?)))
                 .collect();
             let want: Vec<i64> = window.iter().map(|w| w.1).collect();
             match region {
-                Some(region) if out.size() == want && out.kind() == x.kind() => {
+                Some(region) if out.size() == want && out.kind() == kind_of(blocks.dtype) => {
                     write_into(name, out, |sink| blocks.write_region(&region, sink))
                 }
                 _ => Err(RuntimeError::Blocks {
@@ -168,7 +169,7 @@ impl Placed {
                     message: format!(
                         "window {window:?} of padded shape {:?} ({:?}) written into a {:?} tensor of shape {:?}",
                         shapes.padded_shape,
-                        x.kind(),
+                        kind_of(blocks.dtype),
                         out.kind(),
                         out.size()
                     ),
@@ -254,7 +255,8 @@ pub(crate) fn pad_feature(
     let placed = featshard_exec::place::place_feature(plan, name, &seen, layout, shapes)?;
     let blocks = FeatureBlocks::placed(plan, name, &placed, shapes, layout)?;
     let whole: Vec<(usize, usize)> = shapes.padded_shape.iter().map(|&n| (0, n)).collect();
-    new_written(name, &shapes.padded_shape, x.kind(), x.device(), |sink| {
+    let kind = kind_of(blocks.dtype);
+    new_written(name, &shapes.padded_shape, kind, x.device(), |sink| {
         blocks.write_region(&whole, sink)
     })
 }

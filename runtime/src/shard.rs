@@ -113,14 +113,15 @@ impl Placed {
         out: &mut Tensor,
     ) -> Result<DTensorMeta, RuntimeError> {
         let t = tensor_plan(plan, name)?;
-        self.with_blocks(plan, name, |blocks, x, shapes| {
-            if out.size() != dims(&shapes.local_shape) || out.kind() != x.kind() {
+        self.with_blocks(plan, name, |blocks, _, shapes| {
+            let kind = kind_of(blocks.dtype);
+            if out.size() != dims(&shapes.local_shape) || out.kind() != kind {
                 return Err(RuntimeError::Blocks {
                     feature: name.to_owned(),
                     message: format!(
                         "a block of shape {:?} ({:?}) written into a {:?} tensor of shape {:?}",
                         shapes.local_shape,
-                        x.kind(),
+                        kind,
                         out.kind(),
                         out.size()
                     ),

@@ -5,6 +5,7 @@ by name."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from types import ModuleType
@@ -303,4 +304,55 @@ def test_a_bad_one_hot_row_is_refused_as_featshard_shard_refuses_it(
         capture_output=True, text=True, check=False,
     )
     assert shard.returncode != 0 and str(raised.value) in shard.stderr
+    assert not (tmp_path / "out").exists()
+
+
+ONE_HOT = ("res_type", "disto_target", "contact_conditioning", "ref_element", "ref_atom_name_chars",
+           "atom_backbone_feat", "template_restype")
+
+
+def as_indices(sample: dict[str, torch.Tensor], dtype: torch.dtype = torch.int16) -> dict[str, torch.Tensor]:
+    """The sample as a featurizer that skips its final one-hot call emits it: each
+    declared one-hot feature as each row's class, -1 for a row with none."""
+    out = dict(sample)
+    for name in ONE_HOT:
+        x = sample[name]
+        out[name] = torch.where(x.sum(-1) == 1, x.argmax(-1), -1).to(dtype)
+    return out
+
+
+@pytest.mark.parametrize("mesh", COMPACT_MESHES, ids=[f"{a}x{b}" for a, b in COMPACT_MESHES])
+def test_one_hot_features_given_as_indices_give_the_dense_inputs_blocks(
+    plan: featshard.Plan, mesh: tuple[int, int]
+) -> None:
+    """A sample whose one-hot features arrive as their indices (any integer dtype)
+    places to the same dense blocks, compact buffers and padded layout as the sample
+    with them dense, on every real sample."""
+    for i, sample in enumerate(real_samples()):
+        dense = blocks.place(plan, sample, mesh, workflow="inference")
+        given = blocks.place(plan, as_indices(sample, [torch.int16, torch.int64][i % 2]), mesh,
+                             workflow="inference")
+        assert given.features == dense.features
+        for rank in range(mesh[0] * mesh[1]):
+            coord = featshard.coords(mesh, rank)
+            what = f"real sample {i} mesh {mesh} rank {rank}"
+            assert_same_blocks(dense.rank_blocks(coord), given.rank_blocks(coord), what)
+            assert torch.equal(dense.rank_buffer(coord, compact=True), given.rank_buffer(coord, compact=True)), what
+        assert_same_blocks(dense.padded(), given.padded(), f"real sample {i} padded")
+        assert_same_blocks(dense.serial(), given.serial(), f"real sample {i} serial")
+
+
+def test_indices_that_name_no_class_are_refused_by_name(plan: featshard.Plan, tmp_path: Path) -> None:
+    sample = as_indices(real_samples()[0])
+    sample["res_type"][5] = 40
+    message = "feature `res_type`, axis 1 (one-hot): given as indices, 40 names no class of 33 (-1: none) at [5]"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        blocks.place(plan, sample, (2, 2), workflow="inference")
+    save_file(sample, str(tmp_path / "bad.safetensors"))
+    shard = subprocess.run(
+        [str(featshard_bin()), "shard", str(SPEC), "--features", str(tmp_path / "bad.safetensors"),
+         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )
+    assert shard.returncode != 0 and message in shard.stderr
     assert not (tmp_path / "out").exists()
