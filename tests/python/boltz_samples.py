@@ -91,3 +91,17 @@ def real_samples() -> list[dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
     return [load_file(str(REAL / f"{name}.safetensors")) for name in REAL_NAMES]
+
+
+ONE_HOT = ("res_type", "disto_target", "contact_conditioning", "ref_element", "ref_atom_name_chars",
+           "atom_backbone_feat", "template_restype")
+
+
+def as_indices(sample: dict[str, torch.Tensor], dtype: torch.dtype = torch.int16) -> dict[str, torch.Tensor]:
+    """The sample as a featurizer that skips its final one-hot call emits it: each
+    declared one-hot feature as each row's class, -1 for a row with none."""
+    out = dict(sample)
+    for name in ONE_HOT:
+        x = sample[name]
+        out[name] = torch.where(x.sum(-1) == 1, x.argmax(-1), -1).to(dtype)
+    return out

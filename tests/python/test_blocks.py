@@ -14,7 +14,7 @@ import featshard
 import oracle
 import pytest
 import torch
-from boltz_samples import random_sample, real_samples
+from boltz_samples import as_indices, random_sample, real_samples
 from conftest import ROOT, featshard_bin
 from featshard import blocks
 from safetensors.torch import save_file
@@ -305,20 +305,6 @@ def test_a_bad_one_hot_row_is_refused_as_featshard_shard_refuses_it(
     )
     assert shard.returncode != 0 and str(raised.value) in shard.stderr
     assert not (tmp_path / "out").exists()
-
-
-ONE_HOT = ("res_type", "disto_target", "contact_conditioning", "ref_element", "ref_atom_name_chars",
-           "atom_backbone_feat", "template_restype")
-
-
-def as_indices(sample: dict[str, torch.Tensor], dtype: torch.dtype = torch.int16) -> dict[str, torch.Tensor]:
-    """The sample as a featurizer that skips its final one-hot call emits it: each
-    declared one-hot feature as each row's class, -1 for a row with none."""
-    out = dict(sample)
-    for name in ONE_HOT:
-        x = sample[name]
-        out[name] = torch.where(x.sum(-1) == 1, x.argmax(-1), -1).to(dtype)
-    return out
 
 
 @pytest.mark.parametrize("mesh", COMPACT_MESHES, ids=[f"{a}x{b}" for a, b in COMPACT_MESHES])
