@@ -38,7 +38,8 @@ def load_resident(path: Path) -> dict[str, Any]:
     return sample
 
 
-def boltz_sample_file(folder: Path, tokens: int, msa_rows: int) -> tuple[int, int]:
+def boltz_sample_file(folder: Path, tokens: int, msa_rows: int,
+                      atoms_per_token: tuple[int, int] = (0, 20)) -> tuple[int, int]:
     """Generates the boltz2 modules into `folder` and writes a random sample of `tokens`
     tokens and `msa_rows` MSA rows to `folder/sample.safetensors`; returns its atom count
     and serial bytes."""
@@ -50,7 +51,7 @@ def boltz_sample_file(folder: Path, tokens: int, msa_rows: int) -> tuple[int, in
     placements = importlib.import_module("boltz2_placements")
     from boltz_samples import random_sample
 
-    sample = random_sample(placements, tokens, seed=1, atoms_per_token=(0, 20),
+    sample = random_sample(placements, tokens, seed=1, atoms_per_token=atoms_per_token,
                            msa_rows=msa_rows, templates=4, ensemble=1)
     n_atoms = int(sample["atom_counts_per_token"].sum())
     serial = sum(t.numel() * t.element_size() for t in sample.values())

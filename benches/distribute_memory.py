@@ -3,11 +3,14 @@ tokens, 2048 MSA rows) is distributed over a 3x3 CP mesh of 9 gloo ranks, in fre
 processes, by the package (`featshard.distribute`, which the generated
 `<module>_data.py` calls: the source sends each rank its blocks in one buffer, one rank
 at a time), with one-hot features and maps sent dense and sent compact (as indices,
-expanded on the receiving rank), in the same run.
+expanded on the receiving rank), and compact from a sample whose one-hot features
+arrive as indices (as a featurizer that skips its final one-hot call writes it), in the
+same run.
 
     . scripts/env.sh && cargo build --release
     maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
-    python benches/distribute_memory.py
+    python benches/distribute_memory.py            # 1024 tokens, up to 19 atoms a token
+    python benches/distribute_memory.py 768 12     # 768 tokens, up to 11 atoms a token
 
 Each rank distributes one small sample first (what a first call costs once: lazy imports,
 DTensor's first use, gloo's buffers), resets its peak resident set with the sample
@@ -52,7 +55,8 @@ def _worker(rank: int, folder: str, how: str) -> None:
     mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("cp0", "cp1"))
     sample = None
     if rank == 0:
-        sample = load_resident(Path(folder) / "sample.safetensors")
+        name = "sample-indices" if how == "indices" else "sample"
+        sample = load_resident(Path(folder) / f"{name}.safetensors")
     import featshard
     from featshard.distribute import cp_group, distribute_features
 
@@ -60,7 +64,7 @@ def _worker(rank: int, folder: str, how: str) -> None:
 
     def run(x: object) -> dict[str, object]:
         return distribute_features(plan, x, mesh, workflow="inference", group=group,
-                                   compact=how == "compact")
+                                   compact=how != "dense")
     # One small sample first: what the first call costs once (lazy imports, DTensor's
     # first use, gloo's buffers) is not what a sample costs.
     from boltz_samples import random_sample
@@ -82,7 +86,7 @@ def _worker(rank: int, folder: str, how: str) -> None:
         from featshard.blocks import place
 
         placed = place(plan, sample, MESH, workflow="inference")
-        sent = placed.buffer_offsets(compact=how == "compact")[1] * RANKS
+        sent = placed.buffer_offsets(compact=how != "dense")[1] * RANKS
     Path(folder, f"{how}-{rank}.json").write_text(json.dumps({"peak": peak, "block": blocks,
                                                               "s": seconds, "sent": sent}))
     del out
@@ -96,24 +100,39 @@ def main() -> None:
 
 
 def bench(folder: Path) -> None:
-    _, size = boltz_sample_file(folder, 1024, 2048)
-    print(f"sample: 1024 tokens, 2048 MSA rows, {size / 1e6:.0f} MB; mesh {MESH[0]}x{MESH[1]}, "
+    tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
+    most = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    atoms, size = boltz_sample_file(folder, tokens, 2048, (0, most))
+    from boltz_samples import as_indices
+    from safetensors.torch import load_file, save_file
+
+    save_file(as_indices(load_file(str(folder / "sample.safetensors"))), str(folder / "sample-indices.safetensors"))
+    given = (folder / "sample-indices.safetensors").stat().st_size
+    print(f"sample: {tokens} tokens, {atoms} atoms (the optional pair_mask included), 2048 MSA rows, "
+          f"{size / 1e6:.0f} MB; mesh {MESH[0]}x{MESH[1]}, "
           f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)")
     print("| path | rank | its blocks | peak above start | beyond its blocks | / its blocks | / sample | wall |")
     print("|---|---|---|---|---|---|---|---|")
-    walls, sent = {}, {}
-    for how in ("dense", "compact"):
+    walls, sent, peaks = {}, {}, {}
+    for how in ("dense", "compact", "indices"):
         spawn(_worker, args=(str(folder), how), nprocs=RANKS, join=True)  # type: ignore[no-untyped-call]
         rows = [json.loads((folder / f"{how}-{r}.json").read_text()) for r in range(RANKS)]
         walls[how], sent[how] = max(r["s"] for r in rows), rows[0]["sent"]
+        peaks[how] = rows[0]["peak"]
         others = rows[1:]
         for label, row in (("0 (source)", rows[0]), ("1-8 (largest)", max(others, key=lambda r: r["peak"]))):
             print(f"| {how} | {label} | {row['block'] / 1e6:.1f} MB | {row['peak'] / 1e6:.1f} MB | "
                   f"{(row['peak'] - row['block']) / 1e6:+.1f} MB | {row['peak'] / row['block']:.3f} | "
                   f"{row['peak'] / size:.2f} | {walls[how]:.2f} s |")
+    for how, held in (("dense", size), ("compact", size), ("indices", given)):
+        total = held + peaks[how]
+        print(f"source, {how}: its sample {held / 1e6:.1f} MB + peak above it {peaks[how] / 1e6:.1f} MB = "
+              f"{total / 1e6:.1f} MB, {total / size:.2f} of the dense sample")
     print(f"\nbytes of all ranks' buffers: dense {sent['dense'] / 1e6:.1f} MB, compact "
           f"{sent['compact'] / 1e6:.1f} MB (1/{sent['dense'] / max(sent['compact'], 1):.1f}); time compact / dense "
           f"{walls['compact'] / walls['dense']:.2f} ({walls['dense'] / walls['compact']:.2f}x faster)")
+    print(f"one-hot features given as indices: the sample file {given / 1e6:.1f} MB "
+          f"({given / size:.2f} of the dense sample; the one-hot maps are still dense)")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ freed memory. Every number
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -196,14 +197,19 @@ def unpack_bits(
     packed: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None
 ) -> torch.Tensor:
     """A mask from its bits (bit ``i % 8`` of byte ``i // 8`` is element ``i``), on
-    ``device`` (the bits' own when None), one bit position at a time: beyond the mask it
-    holds about twice the bits."""
+    ``device`` (the bits' own when None): each byte looks up its eight elements in a
+    256-row table, one gather over the output."""
     bits = packed.to(device) if device is not None else packed
     numel = math.prod(shape)
-    out = torch.empty(len(bits) * 8, dtype=dtype, device=bits.device)
-    for i in range(8):
-        out[i::8] = (bits >> i) & 1
-    return out[:numel].view(shape)
+    table = _bit_table(dtype, bits.device)
+    return torch.index_select(table, 0, bits.long()).view(-1)[:numel].view(shape)
+
+
+@functools.cache
+def _bit_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Row ``b``: the eight elements byte ``b`` packs, as ``dtype``."""
+    shifts = torch.arange(8, device=device)
+    return ((torch.arange(256, device=device).unsqueeze(1) >> shifts) & 1).to(dtype)
 
 
 def expand_one_hot(

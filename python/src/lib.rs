@@ -57,18 +57,7 @@ impl Plan {
     /// (its `$comment` header ignored); a `ValueError` names what does not fit.
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Plan> {
-        let mut doc: serde_json::Value = serde_json::from_str(text).map_err(value_error)?;
-        if let Some(object) = doc.as_object_mut() {
-            object.remove("$comment");
-        }
-        let plan: featshard_spec::Plan = serde_json::from_value(doc).map_err(value_error)?;
-        if plan.version != featshard_spec::plan::PLAN_VERSION {
-            return Err(value_error(format!(
-                "plan format version {} (this featshard reads version {})",
-                plan.version,
-                featshard_spec::plan::PLAN_VERSION
-            )));
-        }
+        let plan = featshard_spec::plan::integrity::from_json(text).map_err(value_error)?;
         Ok(Plan {
             plan: Arc::new(plan),
         })

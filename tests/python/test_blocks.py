@@ -239,6 +239,30 @@ def test_native_entry_points_refuse_bad_arguments_by_name(
             read()
 
 
+def test_a_corrupt_plan_file_is_refused_by_name_not_a_panic(plan: featshard.Plan, tmp_path: Path) -> None:
+    """A plan file edited by hand (an axis on mesh axis 5, a shard past the tensor's
+    axes, an unknown semantic) is refused when read, naming the file and what is
+    wrong; before, it was read and panicked (index out of bounds) at the first use."""
+    import json
+
+    good = json.loads(plan._native.json())
+    for edit, want in [
+        (lambda p: p["features"]["res_type"]["axes"][0]["split"].__setitem__("mesh_axis", 5),
+         "feature `res_type`: axis 0: mesh axis 5"),
+        (lambda p: p["features"]["res_type"]["placements"].__setitem__(0, {"shard": 9}),
+         "feature `res_type`: placements"),
+        (lambda p: p["semantics"]["atoms"]["padding"].__setitem__("owner", "gone"),
+         "semantic `atoms`: `gone` is not a semantic"),
+    ]:
+        doc = json.loads(json.dumps(good))
+        edit(doc)
+        path = tmp_path / "edited.plan.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ValueError) as raised:
+            featshard.Plan.from_plan_file(path)
+        assert str(path) in str(raised.value) and want in str(raised.value), str(raised.value)
+
+
 COMPACT_MESHES = [(1, 1), (2, 2), (3, 3), (2, 3)]
 
 

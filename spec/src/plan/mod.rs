@@ -15,6 +15,7 @@ use crate::layout::BlockLayout;
 use crate::ownership::chain;
 
 mod build;
+pub mod integrity;
 mod resolve;
 mod symbolic;
 
