@@ -557,14 +557,11 @@ fn explain_lengths(
         let Padding::OwnerBlocks { root, .. } = &s.padding else {
             continue;
         };
-        let (Some(&n), Some(&owners)) = (l.sizes.get(name), l.sizes.get(root)) else {
-            continue;
-        };
-        if owners == 0 {
+        if !l.sizes.contains_key(name) || l.sizes.get(root).is_none_or(|&owners| owners == 0) {
             continue;
         }
         l.counts
-            .insert(name.clone(), featshard_spec::plan::spread_evenly(n, owners));
+            .insert(name.clone(), featshard_spec::plan::RootCounts::Even);
         notes.push(format!(
             "{name} assumed spread evenly over {root}; real samples pad to their largest block"
         ));

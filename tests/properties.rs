@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use featshard::spec::compile_str;
 use featshard::spec::plan::Split;
-use featshard::spec::plan::{FeaturePlan, Lengths, Padding};
+use featshard::spec::plan::{spread_evenly, FeaturePlan, Lengths, Ownership, Padding, RootCounts};
 use proptest::prelude::*;
 
 /// A random spec: sharded and unsharded semantics, an owner tree (`items` owned by
@@ -96,13 +96,48 @@ fn lengths_for(spec: &RandomSpec, base: &[usize], counts_seed: &[usize]) -> Leng
             .map(|i| counts_seed[i % counts_seed.len()])
             .collect();
         l.sizes.insert("items".into(), counts.iter().sum());
-        l.counts.insert("items".into(), counts);
+        l.counts.insert("items".into(), RootCounts::Each(counts));
     }
     l
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// `resolve` (what `explain` prints) counts owner blocks from per-owner counts, not
+    /// from every item's position: the same padded lengths and blocks as the sample
+    /// layout; and an even spread, which needs no list, the same as its list.
+    #[test]
+    fn resolved_blocks_equal_the_layouts_and_an_even_spread_needs_no_list(
+        spec in random_spec(),
+        mesh in (1usize..6, 1usize..6),
+        base in prop::collection::vec(0usize..40, 3),
+        counts_seed in prop::collection::vec(0usize..7, 1..8),
+    ) {
+        let (_, plan) = compile_str("random.yaml", &spec.yaml)
+            .map_err(|d| TestCaseError::fail(format!("{}\n{}", d.render_plain(), spec.yaml)))?;
+        let mesh = [mesh.0, mesh.1];
+        let mut lengths = lengths_for(&spec, &base, &counts_seed);
+        let resolved = plan.resolve(mesh, &lengths, None)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let ownership: BTreeMap<String, Ownership> = lengths.counts.iter().map(|(s, c)| match c {
+            RootCounts::Each(c) => (s.clone(), Ownership::Counts(c.clone())),
+            RootCounts::Even => unreachable!("lengths_for lists counts"),
+        }).collect();
+        let layout = plan.layout(mesh, &lengths.sizes, &ownership)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&resolved.padded, &layout.padded);
+        prop_assert_eq!(&resolved.blocks, &layout.blocks);
+        if let (Some(&n), Some(&owners)) = (lengths.sizes.get("items"), lengths.sizes.get("s0")) {
+            lengths.counts.insert("items".into(), RootCounts::Even);
+            let even = plan.resolve(mesh, &lengths, None)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            lengths.counts.insert("items".into(), RootCounts::Each(spread_evenly(n, owners)));
+            let listed = plan.resolve(mesh, &lengths, None)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(even, listed);
+        }
+    }
 
     #[test]
     fn padded_shapes_divide_by_their_mesh_axes_and_agree_across_features(

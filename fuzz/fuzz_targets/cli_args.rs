@@ -13,16 +13,22 @@ fn plan() -> &'static Plan {
     static PLAN: OnceLock<Plan> = OnceLock::new();
     PLAN.get_or_init(|| {
         let text = include_str!("../../examples/boltz2.yaml");
-        featshard::spec::compile_str("boltz2.yaml", text).expect("example").1
+        featshard::spec::compile_str("boltz2.yaml", text)
+            .expect("example")
+            .1
     })
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     let (mesh, lengths) = text.split_once(';').unwrap_or((text, ""));
     let Ok(mesh) = parse_mesh(mesh) else { return };
     let _ = plan().pad_multiple("tokens", mesh);
-    let Ok(given) = parse_lengths(lengths) else { return };
+    let Ok(given) = parse_lengths(lengths) else {
+        return;
+    };
     // As explain does: owned items spread evenly over their owners (bounded by the
     // length limit, which parse_lengths enforced).
     let mut l = Lengths::default();

@@ -5,8 +5,12 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok((_, plan)) = featshard_spec::compile_str("fuzz.yaml", text) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok((_, plan)) = featshard_spec::compile_str("fuzz.yaml", text) else {
+        return;
+    };
     let mut lengths = featshard_spec::Lengths::default();
     for (i, name) in plan.semantics.keys().enumerate() {
         lengths.sizes.insert(name.clone(), 3 + i % 5);

@@ -232,29 +232,15 @@ impl Plan {
         counts: BTreeMap<String, Vec<usize>>,
         owners: BTreeMap<String, Vec<usize>>,
     ) -> PyResult<tables::Layout> {
-        for (semantic, &n) in &sizes {
-            featshard_spec::limits::check_length(semantic, n)
-                .map_err(|e| value_error(format!("sizes: {e}")))?;
-            if !self.plan.semantics.contains_key(semantic) {
-                return Err(value_error(format!(
-                    "sizes: `{semantic}` is not a semantic of the spec"
-                )));
-            }
-        }
         let mut ownership: BTreeMap<String, Ownership> = counts
             .into_iter()
             .map(|(s, c)| (s, Ownership::Counts(c)))
             .collect();
         ownership.extend(owners.into_iter().map(|(s, o)| (s, Ownership::Owners(o))));
-        let layout = self
-            .plan
-            .layout(
-                self.plan.mesh_sizes(&mesh).map_err(value_error)?,
-                &sizes,
-                &ownership,
-            )
-            .map_err(value_error)?;
-        Ok(tables::Layout { layout })
+        let layout = self.plan.checked_layout(&mesh, &sizes, &ownership);
+        Ok(tables::Layout {
+            layout: layout.map_err(value_error)?,
+        })
     }
 
     /// Every named feature's shapes under `layout`.
@@ -395,15 +381,8 @@ fn tensor<'p>(
 /// The CP mesh coordinate `(i, j)` of rank `i * cp1 + j`.
 #[pyfunction]
 fn coords(mesh: (usize, usize), rank: usize) -> PyResult<(usize, usize)> {
-    let mesh = [mesh.0, mesh.1];
-    featshard_spec::limits::check_mesh(&mesh).map_err(|e| value_error(format!("mesh: {e}")))?;
-    if rank >= mesh[0] * mesh[1] {
-        return Err(value_error(format!(
-            "rank: {rank} is not a rank of a {}x{} mesh",
-            mesh[0], mesh[1]
-        )));
-    }
-    let [i, j] = featshard_spec::layout::coords(mesh, rank);
+    let [i, j] =
+        featshard_spec::layout::checked_coords([mesh.0, mesh.1], rank).map_err(value_error)?;
     Ok((i, j))
 }
 
@@ -430,10 +409,6 @@ fn repad_indices(mut values: Vec<i64>, old: usize, new: usize) -> PyResult<Vec<i
     Ok(values)
 }
 
-/// The most samples (or replicas) a dataset is split over: each gets a position in
-/// memory, and the tail's wrap-around must not overflow.
-const MAX_SAMPLES: usize = 1 << 32;
-
 /// The samples DP replica `replica` of `dp` reads in `epoch`, in order: dataset order,
 /// or shuffled by `seed` and the epoch; the tail wraps around (or is dropped with
 /// `drop_last`) so that every replica reads as many.
@@ -447,20 +422,9 @@ fn replica_indices(
     seed: Option<u64>,
     drop_last: bool,
 ) -> PyResult<Vec<usize>> {
-    if replica >= dp.max(1) {
-        return Err(value_error(format!(
-            "replica {replica} of {dp}: expected a replica below the DP size"
-        )));
-    }
-    if n > MAX_SAMPLES || dp > MAX_SAMPLES {
-        return Err(value_error(format!(
-            "n: {n} samples over {dp} replicas; at most {MAX_SAMPLES} of either"
-        )));
-    }
     let order = seed.map_or(Order::Sequential, |seed| Order::Shuffled { seed });
-    Ok(featshard_spec::replicas::replica_indices(
-        n, order, epoch, dp, replica, drop_last,
-    ))
+    featshard_spec::replicas::checked_replica_indices(n, order, epoch, dp, replica, drop_last)
+        .map_err(value_error)
 }
 
 /// Row-major strides (in elements) of a tensor of `shape`.

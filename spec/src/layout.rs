@@ -165,6 +165,19 @@ pub fn coords(mesh: [usize; 2], rank: usize) -> [usize; 2] {
     [rank / mesh[1].max(1), rank % mesh[1].max(1)]
 }
 
+/// [`coords`] of arguments from outside: `Err` naming the argument unless `mesh` is
+/// within the limits and `rank` one of its ranks.
+pub fn checked_coords(mesh: [usize; 2], rank: usize) -> Result<[usize; 2], String> {
+    crate::limits::check_mesh(&mesh).map_err(|e| format!("mesh: {e}"))?;
+    if rank >= mesh[0] * mesh[1] {
+        return Err(format!(
+            "rank: {rank} is not a rank of a {}x{} mesh",
+            mesh[0], mesh[1]
+        ));
+    }
+    Ok(coords(mesh, rank))
+}
+
 /// The strides (in elements) of a row-major tensor of `shape`: what a DTensor's
 /// global stride is.
 pub fn contiguous_stride(shape: &[usize]) -> Vec<usize> {

@@ -54,6 +54,33 @@ fn epoch_order(n: usize, order: Order, epoch: u64) -> Vec<usize> {
     out
 }
 
+/// The most samples (or replicas) a dataset is split over: each gets a position in
+/// memory, and the tail's wrap-around must not overflow.
+pub const MAX_SAMPLES: usize = 1 << 32;
+
+/// [`replica_indices`] of arguments from outside: `Err` naming the argument unless
+/// `replica` is below `dp` and neither `n` nor `dp` is past [`MAX_SAMPLES`].
+pub fn checked_replica_indices(
+    n: usize,
+    order: Order,
+    epoch: u64,
+    dp: usize,
+    replica: usize,
+    drop_last: bool,
+) -> Result<Vec<usize>, String> {
+    if replica >= dp.max(1) {
+        return Err(format!(
+            "replica {replica} of {dp}: expected a replica below the DP size"
+        ));
+    }
+    if n > MAX_SAMPLES || dp > MAX_SAMPLES {
+        return Err(format!(
+            "n: {n} samples over {dp} replicas; at most {MAX_SAMPLES} of either"
+        ));
+    }
+    Ok(replica_indices(n, order, epoch, dp, replica, drop_last))
+}
+
 /// The samples replica `replica` of `dp` reads in `epoch`, in order: the epoch's order
 /// dealt round-robin over the replicas. With `drop_last` the tail that does not fill
 /// every replica is dropped; otherwise the order wraps around to its start, so every

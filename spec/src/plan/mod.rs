@@ -21,7 +21,8 @@ mod symbolic;
 
 pub use build::plan;
 pub use resolve::{
-    FeatureShapes, Lengths, Ownership, ResolveError, Resolved, SampleLayout, ShardBreach,
+    FeatureShapes, Lengths, Ownership, ResolveError, Resolved, RootCounts, SampleLayout,
+    ShardBreach,
 };
 pub use symbolic::{spread_evenly, Extent, SymbolicShapes};
 
@@ -599,7 +600,7 @@ features:
         };
         let lengths = super::Lengths {
             sizes: [("atoms".to_owned(), 4)].into(),
-            counts: [("atoms".to_owned(), vec![2, 2])].into(),
+            counts: [("atoms".to_owned(), super::RootCounts::Each(vec![2, 2]))].into(),
         };
         assert_eq!(plan.resolve([2, 1], &lengths, None), Err(expected.clone()));
         let owners = [(

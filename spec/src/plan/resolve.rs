@@ -11,8 +11,32 @@ use crate::layout::{lcm_of, owner_block, round_up};
 pub struct Lengths {
     /// Length of every semantic's axes (unpadded).
     pub sizes: BTreeMap<String, usize>,
-    /// For each owner-partitioned semantic: its item count per root owner, in order.
-    pub counts: BTreeMap<String, Vec<usize>>,
+    /// For each owner-partitioned semantic: its item count per root owner.
+    pub counts: BTreeMap<String, RootCounts>,
+}
+
+/// How many items each root owner of an owner-partitioned semantic holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RootCounts {
+    /// Per root owner, in order.
+    Each(Vec<usize>),
+    /// Spread evenly ([`super::spread_evenly`]), as `explain` assumes: no list to
+    /// hold, so the layout costs as much at 2^27 items as at 10.
+    Even,
+}
+
+impl RootCounts {
+    /// Items held by root owners `from..to` of `owners`, the semantic holding `n`.
+    fn items(&self, n: usize, owners: usize, from: usize, to: usize) -> usize {
+        match self {
+            RootCounts::Each(c) => c[from.min(c.len())..to.min(c.len())].iter().sum(),
+            RootCounts::Even if owners == 0 => 0,
+            RootCounts::Even => {
+                let (each, extra) = (n / owners, n % owners);
+                (to - from) * each + extra.min(to).saturating_sub(from)
+            }
+        }
+    }
 }
 
 /// A plan evaluated for one mesh and one sample's lengths.
@@ -308,7 +332,7 @@ impl Plan {
         lengths: &Lengths,
         workflow: Option<&str>,
     ) -> Result<Resolved, ResolveError> {
-        let mut roots = BTreeMap::new();
+        let mut layout = self.unowned_layout(mesh, &lengths.sizes)?;
         for (name, s) in &self.semantics {
             let Padding::OwnerBlocks { root, .. } = &s.padding else {
                 continue;
@@ -328,15 +352,31 @@ impl Plan {
                     owner: root.clone(),
                 }
             })?;
-            check_counts(name, root, counts, root_len, len)?;
-            let of_items: Vec<usize> = counts
-                .iter()
-                .enumerate()
-                .flat_map(|(owner, &c)| std::iter::repeat_n(owner, c))
+            if let RootCounts::Each(c) = counts {
+                check_counts(name, root, c, root_len, len)?;
+            }
+            let root_padded = layout.padded.get(root).copied().unwrap_or(root_len);
+            let blocks = self.pad_multiple(name, mesh).max(1);
+            let per = (root_padded / blocks).max(1);
+            let block_counts: Vec<usize> = (0..blocks)
+                .map(|b| {
+                    let from = (b * per).min(root_len);
+                    let to = if b + 1 == blocks {
+                        root_len
+                    } else {
+                        ((b + 1) * per).min(root_len)
+                    };
+                    counts.items(len, root_len, from, to)
+                })
                 .collect();
-            roots.insert(name.clone(), of_items);
+            let l = BlockLayout {
+                blocks,
+                per_block: block_counts.iter().copied().max().unwrap_or(0),
+                block_counts,
+            };
+            layout.padded.insert(name.clone(), l.padded());
+            layout.blocks.insert(name.clone(), l);
         }
-        let layout = self.layout_from_roots(mesh, &lengths.sizes, roots)?;
         let features = self.shapes(&layout, workflow)?;
         Ok(Resolved {
             mesh,
@@ -432,6 +472,26 @@ impl Plan {
         Ok(mesh)
     }
 
+    /// [`Plan::layout`] of arguments from outside (the Python package's): `Err` naming
+    /// the argument unless every length in `sizes` is a semantic of the plan within the
+    /// limits and `mesh` fits ([`Plan::mesh_sizes`]).
+    pub fn checked_layout(
+        &self,
+        mesh: &[usize],
+        sizes: &BTreeMap<String, usize>,
+        ownership: &BTreeMap<String, Ownership>,
+    ) -> Result<SampleLayout, String> {
+        for (semantic, &n) in sizes {
+            crate::limits::check_length(semantic, n).map_err(|e| format!("sizes: {e}"))?;
+            if !self.semantics.contains_key(semantic) {
+                return Err(format!("sizes: `{semantic}` is not a semantic of the spec"));
+            }
+        }
+        let mesh = self.mesh_sizes(mesh).map_err(|e| e.to_string())?;
+        self.layout(mesh, sizes, ownership)
+            .map_err(|e| e.to_string())
+    }
+
     /// `mesh` fits this plan: every axis at least 1, at most the limit of ranks, and
     /// no second axis past 1 for a one-axis domain mesh.
     pub fn check_mesh(&self, mesh: [usize; CP_AXES]) -> Result<(), ResolveError> {
@@ -450,11 +510,11 @@ impl Plan {
         Ok(())
     }
 
-    fn layout_from_roots(
+    /// The layout of every semantic that is not owner-partitioned: padded lengths.
+    fn unowned_layout(
         &self,
         mesh: [usize; CP_AXES],
         sizes: &BTreeMap<String, usize>,
-        roots: BTreeMap<String, Vec<usize>>,
     ) -> Result<SampleLayout, ResolveError> {
         self.check_mesh(mesh)?;
         let mut layout = SampleLayout {
@@ -474,6 +534,16 @@ impl Plan {
                     .insert(name.clone(), self.padded_length(name, len, mesh));
             }
         }
+        Ok(layout)
+    }
+
+    fn layout_from_roots(
+        &self,
+        mesh: [usize; CP_AXES],
+        sizes: &BTreeMap<String, usize>,
+        roots: BTreeMap<String, Vec<usize>>,
+    ) -> Result<SampleLayout, ResolveError> {
+        let mut layout = self.unowned_layout(mesh, sizes)?;
         for (name, of_items) in roots {
             let Some(Padding::OwnerBlocks { root, .. }) =
                 self.semantics.get(&name).map(|s| &s.padding)
