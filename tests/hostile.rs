@@ -736,3 +736,29 @@ fn a_one_axis_domain_spec_refuses_a_two_axis_mesh() {
     let ok = featshard(&["explain", "examples/weather.yaml", "--mesh", "3"]);
     assert!(ok.status.success(), "{}", stderr(&ok));
 }
+
+/// A spec written on one long line (here 3 MB of docs before the error) reports the
+/// error's line and column with the snippet around it, not the whole line: before,
+/// the message held the line whole (30 MB of spec, 30 to 135 MB of message).
+#[test]
+fn an_error_on_a_very_long_line_shows_a_snippet() {
+    let doc = "x".repeat(3000);
+    let features: Vec<String> = (0..1000)
+        .map(|i| format!("f{i}: {{axes: [tokens], dtype: float32, doc: {doc}}}"))
+        .collect();
+    let spec = format!(
+        "version: 1\nmodule: demo\nmesh: {{cp: [cp0, cp1]}}\nsemantics: {{tokens: {{shard: true}}}}\nfeatures: {{{}, bad: {{axes: [nowhere], dtype: float32}}}}\n",
+        features.join(", ")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.yaml");
+    std::fs::write(&path, &spec).unwrap();
+    let out = featshard(&["explain", &path.display().to_string(), "--mesh", "2x2"]);
+    refused(&out, &["long.yaml:5:", "`nowhere`"]);
+    assert!(
+        out.stderr.len() < 4096,
+        "{} bytes of error for a {} byte line",
+        out.stderr.len(),
+        spec.len()
+    );
+}

@@ -53,6 +53,10 @@ def _value(x: Any) -> Any:
         return type(x).__name__
     if x.dtype not in _DTYPES:
         return str(x.dtype).removeprefix("torch.")
+    if x.is_meta:
+        return "a meta tensor (no data)"
+    if x.layout != torch.strided:
+        return f"a {str(x.layout).removeprefix('torch.')} tensor (make it dense: .to_dense())"
     y = x.detach().cpu().contiguous()
     # The storage goes along: the executor checks it still holds the tensor before
     # every read (a tensor resized or freed since would otherwise be freed memory).

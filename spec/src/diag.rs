@@ -113,8 +113,9 @@ impl Diagnostic for SpecError {
         if !self.loc.is_known() {
             return None;
         }
-        let label =
-            LabeledSpan::new_with_span(Some("here".into()), (self.loc.offset, self.loc.len));
+        // A span longer than a snippet is shown by its start.
+        let len = self.loc.len.min(SNIPPET);
+        let label = LabeledSpan::new_with_span(Some("here".into()), (self.loc.offset, len));
         Some(Box::new(std::iter::once(label)))
     }
 }
@@ -216,13 +217,45 @@ impl SourceCode for Diagnostics {
             self.source
                 .as_str()
                 .read_span(span, context_lines_before, context_lines_after)?;
+        let (data, at) = (contents.data(), contents.span().offset());
+        if data.len() <= 4 * SNIPPET {
+            return Ok(Box::new(miette::MietteSpanContents::new_named(
+                self.source_name.clone(),
+                data,
+                *contents.span(),
+                contents.line(),
+                contents.column(),
+                contents.line_count(),
+            )));
+        }
+        // A long line (a spec written on one line, a huge flow mapping) is shown as
+        // the snippet around the error, never whole.
+        let text = std::str::from_utf8(data).map_err(|_| miette::MietteError::OutOfBounds)?;
+        let start = span.offset().saturating_sub(at).min(text.len());
+        let from = floor_boundary(text, start.saturating_sub(SNIPPET));
+        let to = floor_boundary(text, (start + 2 * SNIPPET).min(text.len()));
+        let before = &text[..from];
+        let line = contents.line() + before.matches('\n').count();
+        let column = from - before.rfind('\n').map_or(0, |n| n + 1);
+        let window = &text[from..to];
         Ok(Box::new(miette::MietteSpanContents::new_named(
             self.source_name.clone(),
-            contents.data(),
-            *contents.span(),
-            contents.line(),
-            contents.column(),
-            contents.line_count(),
+            window.as_bytes(),
+            miette::SourceSpan::new((at + from).into(), window.len()),
+            line,
+            column,
+            window.matches('\n').count() + 1,
         )))
     }
+}
+
+/// Bytes of source shown on each side of an error (and of an error's span).
+const SNIPPET: usize = 160;
+
+/// The largest char boundary of `s` at or before `i`.
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
 }

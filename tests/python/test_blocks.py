@@ -366,3 +366,15 @@ def test_indices_that_name_no_class_are_refused_by_name(plan: featshard.Plan, tm
     )
     assert shard.returncode != 0 and message in shard.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_meta_and_sparse_tensors_are_refused_naming_the_feature(plan: featshard.Plan) -> None:
+    """A meta tensor (no data) or a sparse one is refused naming the feature and what it
+    is; before, torch's own message named neither."""
+    sample = real_samples()[0]
+    for value, what in [(torch.empty(sample["res_type"].shape, dtype=torch.int64, device="meta"),
+                         "a meta tensor (no data)"),
+                        (sample["res_type"].to_sparse(), "a sparse_coo tensor (make it dense: .to_dense())")]:
+        with pytest.raises(TypeError) as raised:
+            blocks.place(plan, dict(sample, res_type=value), (2, 2), workflow="inference")
+        assert str(raised.value) == f"feature `res_type`: expected a int64 tensor, got {what}"
