@@ -548,7 +548,7 @@ fn a_sample_of_one_workflow_sharded_without_workflow_names_the_flag() {
     assert!(!out.exists());
 }
 
-const ONE_HOT: [&str; 7] = [
+const ONE_HOT: [&str; 10] = [
     "res_type",
     "disto_target",
     "contact_conditioning",
@@ -556,10 +556,14 @@ const ONE_HOT: [&str; 7] = [
     "ref_atom_name_chars",
     "atom_backbone_feat",
     "template_restype",
+    "atom_to_token",
+    "token_to_rep_atom",
+    "r_set_to_rep_atom",
 ];
 
-/// `sample` as a featurizer that skips its final one-hot call writes it: each declared
-/// one-hot feature as its rows' classes (int16), -1 for a row with none.
+/// `sample` as a featurizer that skips its final one-hot calls writes it: each declared
+/// one-hot feature as its rows' classes and each one-hot map as its rows' items (int16),
+/// -1 for a row with none.
 fn as_indices(sample: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
     let mut out: BTreeMap<String, Tensor> = sample
         .iter()
@@ -575,7 +579,7 @@ fn as_indices(sample: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
     out
 }
 
-/// A real sample with its one-hot features given as indices shards, on every mesh and
+/// A real sample with its one-hot features and maps given as indices shards, on every mesh and
 /// in both encodings, to rank files that assemble to the same bytes as the dense
 /// sample's: the dense form is never needed at the source.
 #[test]

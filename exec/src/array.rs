@@ -68,6 +68,10 @@ pub struct Array<'a> {
     sel: Vec<Sel>,
     /// The base's nonzero entries, once a check asked for them (`None`: not sparse).
     sparse: Arc<OnceLock<Option<Sparse>>>,
+    /// The base has no bytes, only `sparse` ([`Array::one_hot_rows`]).
+    rows_only: bool,
+    /// A rows-only base's dense bytes, made only if something reads bytes.
+    dense: Arc<OnceLock<Vec<u8>>>,
 }
 
 impl<'a> Array<'a> {
@@ -87,6 +91,24 @@ impl<'a> Array<'a> {
         Array::new(dtype, shape, Base::Owned(Arc::new(bytes)))
     }
 
+    /// A one-hot map known by the column of each row's 1 (`None`: a row of zeros),
+    /// `cols` columns wide, whose dense bytes are never made: its rows are read through
+    /// [`Array::for_each_row_nonzero`], and it is written from its indices (see
+    /// [`Array::is_rows_only`]).
+    pub fn one_hot_rows(dtype: DType, rows: &[Option<usize>], cols: usize) -> Array<'static> {
+        let mut a = Array::new(dtype, vec![rows.len(), cols], Base::Owned(Arc::default()));
+        let sparse = Sparse::from_rows(rows);
+        a.sparse = Arc::new(OnceLock::from(Some(sparse)));
+        a.rows_only = true;
+        a
+    }
+
+    /// Whether the array has no bytes, only its rows' nonzero entries
+    /// ([`Array::one_hot_rows`]): read it by its nonzero entries only.
+    pub fn is_rows_only(&self) -> bool {
+        self.rows_only
+    }
+
     fn new(dtype: DType, shape: Vec<usize>, base: Base<'a>) -> Self {
         let sel = shape
             .iter()
@@ -98,6 +120,8 @@ impl<'a> Array<'a> {
             base_shape: shape,
             sel,
             sparse: Arc::default(),
+            rows_only: false,
+            dense: Arc::default(),
         }
     }
 
@@ -131,12 +155,35 @@ impl<'a> Array<'a> {
         &self.base_shape
     }
 
-    /// The base's bytes.
+    /// The base's bytes. A rows-only base ([`Array::one_hot_rows`]) makes its dense
+    /// bytes the first time they are asked for: the executor's own paths read such a
+    /// map by its rows and write it from its indices, so only a caller that wants the
+    /// dense values (a tensor of it) pays for them.
     pub fn base_bytes(&self) -> &[u8] {
+        if self.rows_only {
+            return self.dense.get_or_init(|| self.dense_of_rows());
+        }
         match &self.base {
             Base::Mapped(b, _) => b,
             Base::Owned(v) => v,
         }
+    }
+
+    /// The dense row-major bytes of a rows-only base.
+    fn dense_of_rows(&self) -> Vec<u8> {
+        let (rows, cols) = (self.base_shape[0], self.base_shape[1]);
+        let es = size(self.dtype);
+        let mut one = Vec::with_capacity(es);
+        crate::dtype::encode_i64(self.dtype, 1, &mut one);
+        let mut out = vec![0u8; rows * cols * es];
+        if let Some(Some(sparse)) = self.sparse.get() {
+            for r in 0..rows {
+                for (c, _) in sparse.row(r) {
+                    out[(r * cols + c) * es..][..es].copy_from_slice(&one);
+                }
+            }
+        }
+        out
     }
 
     /// Bytes between consecutive items of every base axis.

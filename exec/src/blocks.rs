@@ -154,23 +154,35 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
     /// A one-hot feature's compact block, row-major: the indices land in the window of
     /// the dense block, the one-hot axis left out, pads the index of no class.
     fn write_indices(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
+        let window = self.window(coord).ok_or_else(|| {
+            io::Error::other(format!(
+                "feature `{}`: no block at coordinate {coord:?} of mesh {:?}",
+                self.name, self.layout.mesh
+            ))
+        })?;
+        self.write_indices_window(&window, sink).map(|_| ())
+    }
+
+    /// The indices of `window` (of the dense padded layout) into `sink`, a map's as
+    /// positions within the window; returns the one-hot form they expand by (a map's
+    /// classes are the window's length of its one-hot axis).
+    fn write_indices_window(
+        &self,
+        window: &[(usize, usize)],
+        sink: &mut impl Sink,
+    ) -> io::Result<Form> {
         let (Some((oh, idx)), Some((_, axes))) = (&self.compact, &self.placed) else {
             return Err(io::Error::other(format!(
                 "feature `{}` has no compact form",
                 self.name
             )));
         };
-        let mut window = self.window(coord).ok_or_else(|| {
-            io::Error::other(format!(
-                "feature `{}`: no block at coordinate {coord:?} of mesh {:?}",
-                self.name, self.layout.mesh
-            ))
-        })?;
-        let mut axes = axes.clone();
+        let (mut axes, mut window) = (axes.clone(), window.to_vec());
         let (start, len) = window.remove(oh.axis);
         axes.remove(oh.axis);
         if !oh.map {
-            return write_window(idx, &oh.none_bytes(), &axes, &window, sink);
+            write_window(idx, &oh.none_bytes(), &axes, &window, sink)?;
+            return Ok(oh.form());
         }
         let mut local = InWindow {
             out: sink,
@@ -178,7 +190,12 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
             len: len as i64,
             buf: Vec::new(),
         };
-        write_window(idx, &oh.none_bytes(), &axes, &window, &mut local)
+        write_window(idx, &oh.none_bytes(), &axes, &window, &mut local)?;
+        Ok(OneHot {
+            classes: len,
+            ..*oh
+        }
+        .form())
     }
 }
 
@@ -270,30 +287,22 @@ impl FeatureBlocks<'_, '_> {
     }
 
     /// Writes `window` of the padded layout from `x`; for a feature given as its
-    /// indices, from its indices, expanded one window at a time.
+    /// indices (or a map known by its rows), from its indices, expanded one window at a
+    /// time.
     fn write_dense(
         &self,
         axes: &[AxisMap],
         window: &[(usize, usize)],
         sink: &mut impl Sink,
     ) -> io::Result<()> {
-        if !self.given {
+        if !self.given && !self.x.is_rows_only() {
             return write_window(self.x, &self.pad, axes, window, sink);
         }
-        let Some((oh, idx)) = self.compact else {
-            let name = &self.name;
-            return Err(io::Error::other(format!(
-                "feature `{name}`: given as indices, none made"
-            )));
-        };
-        let (mut a, mut w) = (axes.to_vec(), window.to_vec());
-        a.remove(oh.axis);
-        w.remove(oh.axis);
         let mut packed = Vec::new();
-        write_window(idx, &oh.none_bytes(), &a, &w, &mut packed)?;
+        let form = self.write_indices_window(window, &mut packed)?;
         let dense: Vec<usize> = window.iter().map(|&(_, n)| n).collect();
         let mut out = vec![0u8; dense.iter().product::<usize>() * dtype::size(self.dtype)];
-        oh.form().expand_into(&packed, self.dtype, &dense, &mut out);
+        form.expand_into(&packed, self.dtype, &dense, &mut out);
         sink.copy(&out)
     }
 

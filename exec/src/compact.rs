@@ -290,6 +290,16 @@ pub fn given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bool {
         && dtype.is_integer()
 }
 
+/// Whether feature `t`, given with `dtype` and `shape`, is a one-hot map (`[rows,
+/// items]`, as `atom_to_token`) given as its indices: the column of each row's 1 as
+/// integers, -1 for a row with none.
+pub fn map_given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bool {
+    matches!(&t.role, Role::Index(ix) if ix.one_hot == Some(1))
+        && t.axes.len() == 2
+        && shape.len() == 1
+        && dtype.is_integer()
+}
+
 /// The indices of one-hot feature `name` given as its indices (`x`, see
 /// [`given_as_indices`]), in the form [`indices`] makes: every value names a class or
 /// is -1 (no class), else it is refused naming the feature, the axis and the position.

@@ -19,6 +19,7 @@ use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
 use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
 
 use crate::array::Array;
+use crate::compact::map_given_as_indices;
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
@@ -79,6 +80,7 @@ pub(crate) fn intake_any<'a>(
     opts: &Options,
 ) -> Result<Intake<'a>, RuntimeError> {
     let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
+    maps_from_indices(plan, &mut kept)?;
     let real = real_lengths(plan, &kept)?;
     let mut arrived = BTreeMap::new();
     for (sem, &n) in &real {
@@ -101,6 +103,72 @@ pub(crate) fn intake_any<'a>(
 }
 
 type Sorted<'a> = (Sample<'a>, Vec<String>, Vec<String>);
+
+/// One-hot maps given as their indices become maps known by their rows
+/// ([`Array::one_hot_rows`]), as wide as the other features say their items' semantic
+/// is: every later check reads them as it reads a dense map, and none is ever made.
+fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), RuntimeError> {
+    let given: Vec<String> = kept
+        .iter()
+        .filter(|(n, x)| {
+            plan.tensor(n)
+                .is_some_and(|t| map_given_as_indices(t, x.dtype(), &x.shape()))
+        })
+        .map(|(n, _)| n.clone())
+        .collect();
+    for name in given {
+        let t = tensor_plan(plan, &name)?;
+        let semantic = t.axes[1].semantic.clone().unwrap_or_default();
+        let width = kept
+            .iter()
+            .filter(|(n, _)| **n != name)
+            .find_map(|(n, x)| axis_length(plan, n, x, &semantic))
+            .ok_or_else(|| RuntimeError::OneHot {
+                feature: name.clone(),
+                axis: 1,
+                message: format!(
+                    "given as indices, but no other feature gives the length of `{semantic}`"
+                ),
+            })?;
+        let x = &kept[&name];
+        let mut rows = Vec::with_capacity(x.numel());
+        x.for_each_row(|_, row| {
+            for &v in row {
+                rows.push(match v {
+                    -1.0 => None,
+                    v if v >= 0.0 && v < width as f64 && v.fract() == 0.0 => Some(v as usize),
+                    v => {
+                        return Err(RuntimeError::OneHot {
+                            feature: name.clone(),
+                            axis: 1,
+                            message: format!(
+                                "given as indices, {v} names no item of the {width} `{semantic}` (-1: none) at [{}]",
+                                rows.len()
+                            ),
+                        })
+                    }
+                });
+            }
+            Ok(())
+        })?;
+        kept.insert(name, Array::one_hot_rows(t.dtype, &rows, width));
+    }
+    Ok(())
+}
+
+/// The length of feature `name`'s axis of `semantic`, when it has one of its declared
+/// rank (a map given as indices has no axis for its items).
+fn axis_length(plan: &Plan, name: &str, x: &Array, semantic: &str) -> Option<usize> {
+    let t = plan.tensor(name)?;
+    if t.axes.len() != x.dim() {
+        return None;
+    }
+    let d = t
+        .axes
+        .iter()
+        .position(|a| a.semantic.as_deref() == Some(semantic))?;
+    Some(x.shape()[d])
+}
 
 /// The tensor features to lay out, the names passed through, the names dropped.
 fn sort_keys<'a>(

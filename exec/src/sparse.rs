@@ -58,6 +58,26 @@ impl Sparse {
         Some(s)
     }
 
+    /// The entries of a one-hot map known by the column of each row's 1.
+    pub(crate) fn from_rows(rows: &[Option<usize>]) -> Sparse {
+        let mut s = Sparse {
+            starts: Vec::with_capacity(rows.len() + 1),
+            cols: Vec::with_capacity(rows.len()),
+            vals: Vec::with_capacity(rows.len()),
+        };
+        s.starts.push(0);
+        for c in rows.iter().flatten() {
+            s.cols.push(*c);
+            s.vals.push(1.0);
+        }
+        let mut at = 0;
+        for r in rows {
+            at += usize::from(r.is_some());
+            s.starts.push(at);
+        }
+        s
+    }
+
     /// The entries (base column, value) of base row `r`.
     pub(crate) fn row(&self, r: usize) -> impl Iterator<Item = (usize, f64)> + '_ {
         let (a, b) = (self.starts[r], self.starts[r + 1]);

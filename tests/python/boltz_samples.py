@@ -95,13 +95,16 @@ def real_samples() -> list[dict[str, torch.Tensor]]:
 
 ONE_HOT = ("res_type", "disto_target", "contact_conditioning", "ref_element", "ref_atom_name_chars",
            "atom_backbone_feat", "template_restype")
+# One-hot maps: each row's 1 marks the item it points at.
+ONE_HOT_MAPS = ("atom_to_token", "token_to_rep_atom", "r_set_to_rep_atom")
 
 
 def as_indices(sample: dict[str, torch.Tensor], dtype: torch.dtype = torch.int16) -> dict[str, torch.Tensor]:
-    """The sample as a featurizer that skips its final one-hot call emits it: each
-    declared one-hot feature as each row's class, -1 for a row with none."""
+    """The sample as a featurizer that skips its final one-hot calls emits it: each
+    declared one-hot feature as each row's class, each one-hot map as each row's item,
+    -1 for a row with none."""
     out = dict(sample)
-    for name in ONE_HOT:
+    for name in ONE_HOT + ONE_HOT_MAPS:
         x = sample[name]
         out[name] = torch.where(x.sum(-1) == 1, x.argmax(-1), -1).to(dtype)
     return out

@@ -352,10 +352,17 @@ def test_one_hot_features_given_as_indices_give_the_dense_inputs_blocks(
         assert_same_blocks(dense.serial(), given.serial(), f"real sample {i} serial")
 
 
-def test_indices_that_name_no_class_are_refused_by_name(plan: featshard.Plan, tmp_path: Path) -> None:
-    sample = as_indices(real_samples()[0])
-    sample["res_type"][5] = 40
-    message = "feature `res_type`, axis 1 (one-hot): given as indices, 40 names no class of 33 (-1: none) at [5]"
+@pytest.mark.parametrize(
+    ("feature", "value", "message"),
+    [("res_type", 40, "feature `res_type`, axis 1 (one-hot): given as indices, 40 names no class of 33 (-1: none) at [5]"),
+     ("atom_to_token", 999, "feature `atom_to_token`, axis 1 (one-hot): given as indices, 999 names no item of the 73 `tokens` (-1: none) at [5]")],
+    ids=["class", "map"],
+)
+def test_indices_that_name_no_class_are_refused_by_name(
+    plan: featshard.Plan, tmp_path: Path, feature: str, value: int, message: str
+) -> None:
+    sample = as_indices(real_samples()[1])
+    sample[feature][5] = value
     with pytest.raises(ValueError, match=re.escape(message)):
         blocks.place(plan, sample, (2, 2), workflow="inference")
     save_file(sample, str(tmp_path / "bad.safetensors"))
