@@ -41,7 +41,17 @@ fuzz_target!(|data: &[u8]| {
         env!("CARGO_MANIFEST_DIR"),
         "/../tests/data/real/prot60_nomsa.safetensors"
     ));
-    if let Ok(bytes) = featshard::shards::verify(plan(), [2, 2], Some("inference"), source, &dir) {
+    let req = featshard::shards::Request {
+        plan: plan(),
+        mesh: [2, 2],
+        workflow: Some("inference"),
+        passthrough: &[],
+        threads: 1,
+        verbose: false,
+        max_growth: 64.0,
+        encoding: featshard::manifest::Encoding::Compact,
+    };
+    if let Ok(bytes) = featshard::shards::verify(&req, source, &dir) {
         // Only a manifest whose rank files are all here, as written, verifies.
         assert!(bytes > 0);
     }
