@@ -19,7 +19,7 @@ use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
 use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::map_given_as_indices;
+use crate::compact::{given_as_indices, map_given_as_indices};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
@@ -347,8 +347,10 @@ fn cut_to_real(
                 continue;
             }
             let len = x.shape()[d];
-            // A feature of the wrong rank is left to validation, which names it so.
-            let reference = reference.as_ref().filter(|_| x.dim() == t.axes.len());
+            // A feature of the wrong rank is left to validation, which names it so; a
+            // one-hot feature given as its indices has its axes but the last.
+            let declared = x.dim() == t.axes.len() || given_as_indices(t, x.dtype(), &x.shape());
+            let reference = reference.as_ref().filter(|_| declared);
             if len < n {
                 return Err(RuntimeError::Incoming {
                     feature: name.clone(),

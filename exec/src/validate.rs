@@ -9,7 +9,7 @@ use featshard_spec::ir::Role;
 use featshard_spec::layout::count_total;
 use featshard_spec::plan::{Ownership, Padding, Plan, ResolveError, TensorPlan};
 
-use crate::array::{Array, RELEASE_BYTES};
+use crate::array::Array;
 use crate::compact::{given_as_indices, indices, indices_given, OneHot};
 use crate::error::RuntimeError;
 use crate::files::Sample;
@@ -344,24 +344,24 @@ fn check_map_counts(
             by_counts.len()
         )));
     }
-    // One read per row faults in the pages around it: give them back as rows go by.
-    let rows_per_release = (RELEASE_BYTES / x.base_strides()[0].max(1)).max(1);
-    let item = by_counts.iter().enumerate().position(|(i, &o)| {
-        if i % rows_per_release == 0 && i > 0 {
-            let (a, b) = (x.sel(0).get(i - rows_per_release), x.sel(0).get(i - 1));
-            x.release_rows(a.min(b), a.max(b) + 1);
+    // Each row's one 1 must be in its owner's column. The map's nonzero entries are
+    // read once and kept (the one-hot check reads them too); a map given as its
+    // indices has nothing else.
+    let mut found = None;
+    let mut i = 0;
+    let _ = x.for_each_row_nonzero(|_, nz| {
+        let owned = matches!(nz, [(o, v)] if *o == by_counts[i] && *v == 1.0);
+        if !owned {
+            found = Some((i, nz.first().map(|e| e.0)));
+            return Err(());
         }
-        o >= shape[1] || x.value_at(&[i, o]) != 1.0
+        i += 1;
+        Ok(())
     });
-    x.release_all();
-    let Some(item) = item else {
+    let Some((item, got)) = found else {
         return Ok(());
     };
-    let row = x.narrow(0, item, 1).values();
-    let got = row
-        .iter()
-        .position(|&v| v != 0.0)
-        .map_or("no".to_owned(), |o| o.to_string());
+    let got = got.map_or("no".to_owned(), |o| o.to_string());
     Err(bad(format!(
         "`{sem}` item {item} belongs to `{owner}` {got} here, but to {} by `{cname}`",
         by_counts[item]

@@ -102,10 +102,25 @@ fn a_feature_of_another_workflow() {
 #[test]
 fn a_wrong_rank() {
     let (plan, mut s) = sample();
-    s.insert("res_type".into(), s["res_type"].flatten(0, -1));
+    s.insert("res_type".into(), s["res_type"].unsqueeze(-1));
     let e = error(&plan, &s);
     assert!(
         matches!(&e, RuntimeError::Rank { feature, expected: 2, .. } if feature == "res_type"),
+        "{e}"
+    );
+}
+
+/// A one-hot feature flattened to one axis of integers reads as its indices (a
+/// featurizer may give them so): its length is then not the tokens', and it is refused
+/// by name, never cut to fit.
+#[test]
+fn a_flattened_one_hot_feature_is_refused_by_its_length() {
+    let (plan, mut s) = sample();
+    s.insert("res_type".into(), s["res_type"].flatten(0, -1));
+    let e = error(&plan, &s).to_string();
+    assert!(e.contains("feature `res_type`, axis 0 (tokens"), "{e}");
+    assert!(
+        e.contains("every axis of `tokens` arrives with the same length"),
         "{e}"
     );
 }
