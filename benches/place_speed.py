@@ -21,10 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+
 from bench_common import ROOT, SPEC
 
 RUNS = 5
