@@ -746,23 +746,6 @@ fn headers_that_safetensors_refuses_are_refused_too() {
     }
 }
 
-/// `featshard assemble` of `shards` into `out`, checksums skipped with `no_verify`.
-fn assemble_run(shards: &Path, out: &Path, no_verify: bool) -> Output {
-    let (shards, out) = (shards.display().to_string(), out.display().to_string());
-    let mut args = vec![
-        "assemble",
-        "examples/boltz2.yaml",
-        "--shards",
-        &shards,
-        "--out",
-        &out,
-    ];
-    if no_verify {
-        args.push("--no-verify");
-    }
-    featshard(&args)
-}
-
 #[test]
 fn compact_rank_files_with_a_bad_index_or_an_edited_encoding_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
@@ -780,7 +763,7 @@ fn compact_rank_files_with_a_bad_index_or_an_edited_encoding_are_refused_by_name
     assert_ne!(edited, text);
     std::fs::write(&manifest, &edited).unwrap();
     refused(
-        &assemble_run(&shards, &dir.path().join("a.safetensors"), false),
+        &assemble(&shards, &dir.path().join("a.safetensors"), &[]),
         &[
             "rank-0.safetensors",
             "stores its blocks compact, the manifest says dense",
@@ -796,7 +779,7 @@ fn compact_rank_files_with_a_bad_index_or_an_edited_encoding_are_refused_by_name
     std::fs::write(&rank0, &bytes).unwrap();
     let out = dir.path().join("b.safetensors");
     refused(
-        &assemble_run(&shards, &out, true),
+        &assemble(&shards, &out, &["--no-verify"]),
         &[
             "feature `res_type`",
             "a stored index 200 names no class of 33",
@@ -804,7 +787,7 @@ fn compact_rank_files_with_a_bad_index_or_an_edited_encoding_are_refused_by_name
     );
     assert!(!out.exists());
     refused(
-        &assemble_run(&shards, &out, false),
+        &assemble(&shards, &out, &[]),
         &["rank-0.safetensors", "CRC-32"],
     );
 }

@@ -548,28 +548,22 @@ fn a_sample_of_one_workflow_sharded_without_workflow_names_the_flag() {
     assert!(!out.exists());
 }
 
-const ONE_HOT: [&str; 10] = [
-    "res_type",
-    "disto_target",
-    "contact_conditioning",
-    "ref_element",
-    "ref_atom_name_chars",
-    "atom_backbone_feat",
-    "template_restype",
-    "atom_to_token",
-    "token_to_rep_atom",
-    "r_set_to_rep_atom",
-];
-
 /// `sample` as a featurizer that skips its final one-hot calls writes it: each declared
 /// one-hot feature as its rows' classes and each one-hot map as its rows' items (int16),
 /// -1 for a row with none.
 fn as_indices(sample: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
+    let (_, plan) = featshard::spec::compile_file(&root().join("examples/boltz2.yaml")).unwrap();
     let mut out: BTreeMap<String, Tensor> = sample
         .iter()
         .map(|(n, t)| (n.clone(), t.shallow_clone()))
         .collect();
-    for name in ONE_HOT {
+    // A feature declared one-hot on its last axis, a map one-hot on its last.
+    let given = plan.tensors().filter(|(n, t)| {
+        let last = t.axes.len() - 1;
+        let map = matches!(&t.role, featshard::spec::ir::Role::Index(ix) if ix.one_hot == Some(1));
+        sample.contains_key(*n) && (t.one_hot == Some(last) || map && last == 1)
+    });
+    for (name, _) in given {
         let x = &sample[name];
         let real = x.sum_dim_intlist(-1, false, tch::Kind::Int64).eq(1);
         let none = Tensor::from(-1i64);

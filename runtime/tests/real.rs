@@ -301,19 +301,18 @@ fn a_sample_padded_to_max_tokens_and_atoms_gives_the_same_blocks() {
     }
 }
 
-/// The one-hot features and maps a featurizer can skip expanding.
-const GIVEN_AS_INDICES: [&str; 10] = [
-    "res_type",
-    "disto_target",
-    "contact_conditioning",
-    "ref_element",
-    "ref_atom_name_chars",
-    "atom_backbone_feat",
-    "template_restype",
-    "atom_to_token",
-    "token_to_rep_atom",
-    "r_set_to_rep_atom",
-];
+/// The one-hot features and maps a featurizer can skip expanding, by the plan: a
+/// feature declared one-hot on its last axis, a map one-hot on its last.
+fn given_as_indices(plan: &Plan) -> Vec<String> {
+    plan.tensors()
+        .filter(|(_, t)| {
+            let last = t.axes.len() - 1;
+            t.one_hot == Some(last)
+                || matches!(&t.role, Role::Index(ix) if ix.one_hot == Some(last) && last == 1)
+        })
+        .map(|(n, _)| n.to_owned())
+        .collect()
+}
 
 /// The tch runtime, an adapter over the executor's intake, takes one-hot features and
 /// maps given as their indices (int32, -1 for no 1) to the same layout and blocks.
@@ -326,11 +325,14 @@ fn one_hot_features_and_maps_given_as_indices_give_the_same_blocks() {
             .iter()
             .map(|(n, t)| (n.clone(), t.shallow_clone()))
             .collect::<Features>();
-        for f in GIVEN_AS_INDICES {
+        for f in given_as_indices(&plan)
+            .iter()
+            .filter(|f| sample.contains_key(*f))
+        {
             let x = &sample[f];
             let real = x.sum_dim_intlist(-1, false, Kind::Int64).eq(1);
             let idx = x.argmax(-1, false).where_self(&real, &Tensor::from(-1i64));
-            given.insert(f.to_owned(), idx.to_kind(Kind::Int));
+            given.insert(f.clone(), idx.to_kind(Kind::Int));
         }
         for mesh in MESHES {
             let want = pad(&plan, mesh, &sample, &inference()).unwrap();
