@@ -39,7 +39,9 @@ import numpy as np
 from bench_common import ROOT, SPEC, reset_peak, status
 
 MESH = (8, 8)
-POLYMER, LIGANDS, LIGAND_ATOMS, ATOMS_PER_TOKEN = 29_880, 3, 40, 8
+# FEATSHARD_CP_POLYMER sets a smaller sample (for profiling); 29,880 by default.
+POLYMER = int(os.environ.get("FEATSHARD_CP_POLYMER", "29880"))
+LIGANDS, LIGAND_ATOMS, ATOMS_PER_TOKEN = 3, 40, 8
 MSA_ROWS, TEMPLATES = 256, 1
 RANKS = [(0, 0), (3, 5), (7, 7), (4, 2)]
 SPARSE = ("token_bonds", "type_bonds", "contact_threshold")

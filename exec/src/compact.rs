@@ -304,14 +304,17 @@ pub fn map_given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bo
 /// [`given_as_indices`]), in the form [`indices`] makes: every value names a class or
 /// is -1 (no class), else it is refused naming the feature, the axis and the position.
 pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, RuntimeError> {
-    let shape = x.shape();
-    let mut out: Vec<u8> = Vec::with_capacity(x.numel() * dtype::size(oh.index));
-    let mut at = 0usize;
-    x.for_each_row(|_, row| {
-        for &v in row {
-            let class = match v {
-                -1.0 => oh.classes,
-                v if v >= 0.0 && v < oh.classes as f64 && v.fract() == 0.0 => v as usize,
+    let given = x.contiguous();
+    let shape = given.shape();
+    let (d, es) = (given.dtype(), dtype::size(given.dtype()));
+    let bytes = given.base_bytes();
+    let mut out: Vec<u8> = Vec::with_capacity(given.numel() * dtype::size(oh.index));
+    for (c, chunk) in bytes.chunks(SCAN_CHUNK).enumerate() {
+        let first = c * SCAN_CHUNK / es;
+        for (k, e) in chunk.chunks_exact(es).enumerate() {
+            let class = match dtype::read_i64(d, e) {
+                -1 => oh.classes,
+                v if (0..oh.classes as i64).contains(&v) => v as usize,
                 v => {
                     return Err(RuntimeError::OneHot {
                         feature: name.to_owned(),
@@ -319,16 +322,15 @@ pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static
                         message: format!(
                             "given as indices, {v} names no class of {} (-1: none) at {:?}",
                             oh.classes,
-                            unravel(at, &shape)
+                            unravel(first + k, &shape)
                         ),
                     })
                 }
             };
             dtype::encode_i64(oh.index, class as i64, &mut out);
-            at += 1;
         }
-        Ok(())
-    })?;
+        given.release_bytes(c * SCAN_CHUNK, c * SCAN_CHUNK + chunk.len());
+    }
     Ok(Array::owned(oh.index, shape, out))
 }
 

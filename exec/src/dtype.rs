@@ -74,18 +74,25 @@ pub fn decode_into(d: DType, bytes: &[u8], out: &mut Vec<f64>) {
 
 /// One element read as `i64` (integers exactly; floats truncated toward zero).
 pub fn read_i64(d: DType, bytes: &[u8]) -> i64 {
-    let mut v = Vec::with_capacity(1);
-    match d {
-        DType::Int64 => {
-            let a: [u8; 8] = bytes
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .unwrap_or([0; 8]);
-            return i64::from_le_bytes(a);
-        }
-        _ => decode_into(d, bytes.get(..size(d)).unwrap_or(&[]), &mut v),
+    fn le<const N: usize>(bytes: &[u8]) -> [u8; N] {
+        bytes
+            .get(..N)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or([0; N])
     }
-    v.first().map_or(0, |&x| x as i64)
+    // Integers read directly: this runs once per index of every compact block.
+    match d {
+        DType::Bool | DType::Uint8 => i64::from(bytes.first().copied().unwrap_or(0)),
+        DType::Int8 => i64::from(bytes.first().copied().unwrap_or(0) as i8),
+        DType::Int16 => i64::from(i16::from_le_bytes(le(bytes))),
+        DType::Int32 => i64::from(i32::from_le_bytes(le(bytes))),
+        DType::Int64 => i64::from_le_bytes(le(bytes)),
+        _ => {
+            let mut v = Vec::with_capacity(1);
+            decode_into(d, bytes.get(..size(d)).unwrap_or(&[]), &mut v);
+            v.first().map_or(0, |&x| x as i64)
+        }
+    }
 }
 
 /// `v` as one element of `d`, appended to `out` (integers wrap as a C cast does; a
