@@ -39,7 +39,7 @@ def load_resident(path: Path) -> dict[str, Any]:
 
 
 def boltz_sample_file(folder: Path, tokens: int, msa_rows: int,
-                      atoms_per_token: tuple[int, int] = (0, 20)) -> tuple[int, int]:
+                      atoms_per_token: tuple[int, int] = (0, 20), pair_mask: bool = True) -> tuple[int, int]:
     """Generates the boltz2 modules into `folder` and writes a random sample of `tokens`
     tokens and `msa_rows` MSA rows to `folder/sample.safetensors`; returns its atom count
     and serial bytes."""
@@ -53,6 +53,8 @@ def boltz_sample_file(folder: Path, tokens: int, msa_rows: int,
 
     sample = random_sample(placements, tokens, seed=1, atoms_per_token=atoms_per_token,
                            msa_rows=msa_rows, templates=4, ensemble=1)
+    if not pair_mask:
+        sample.pop("pair_mask")  # optional, [atoms, atoms]; the Boltz-2 featurizer does not emit it
     n_atoms = int(sample["atom_counts_per_token"].sum())
     serial = sum(t.numel() * t.element_size() for t in sample.values())
     save_file(sample, str(folder / "sample.safetensors"))

@@ -11,6 +11,7 @@ same run.
     maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
     python benches/distribute_memory.py            # 1024 tokens, up to 19 atoms a token
     python benches/distribute_memory.py 768 12     # 768 tokens, up to 11 atoms a token
+    python benches/distribute_memory.py 1024 20 boltz2   # without the optional pair_mask
 
 Each rank distributes one small sample first (what a first call costs once: lazy imports,
 DTensor's first use, gloo's buffers), resets its peak resident set with the sample
@@ -102,13 +103,16 @@ def main() -> None:
 def bench(folder: Path) -> None:
     tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
     most = int(sys.argv[2]) if len(sys.argv) > 2 else 20
-    atoms, size = boltz_sample_file(folder, tokens, 2048, (0, most))
+    # `boltz2`: as the Boltz-2 featurizer emits a sample, without the optional pair_mask.
+    with_pair_mask = not (len(sys.argv) > 3 and sys.argv[3] == "boltz2")
+    atoms, size = boltz_sample_file(folder, tokens, 2048, (0, most), with_pair_mask)
     from boltz_samples import as_indices
     from safetensors.torch import load_file, save_file
 
     save_file(as_indices(load_file(str(folder / "sample.safetensors"))), str(folder / "sample-indices.safetensors"))
     given = (folder / "sample-indices.safetensors").stat().st_size
-    print(f"sample: {tokens} tokens, {atoms} atoms (the optional pair_mask included), 2048 MSA rows, "
+    what = "the optional pair_mask included" if with_pair_mask else "no pair_mask"
+    print(f"sample: {tokens} tokens, {atoms} atoms ({what}), 2048 MSA rows, "
           f"{size / 1e6:.0f} MB; mesh {MESH[0]}x{MESH[1]}, "
           f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)")
     print("| path | rank | its blocks | peak above start | beyond its blocks | / its blocks | / sample | wall |")
@@ -131,8 +135,8 @@ def bench(folder: Path) -> None:
     print(f"\nbytes of all ranks' buffers: dense {sent['dense'] / 1e6:.1f} MB, compact "
           f"{sent['compact'] / 1e6:.1f} MB (1/{sent['dense'] / max(sent['compact'], 1):.1f}); time compact / dense "
           f"{walls['compact'] / walls['dense']:.2f} ({walls['dense'] / walls['compact']:.2f}x faster)")
-    print(f"one-hot features given as indices: the sample file {given / 1e6:.1f} MB "
-          f"({given / size:.2f} of the dense sample; the one-hot maps are still dense)")
+    print(f"one-hot features and maps given as indices: the sample file {given / 1e6:.1f} MB "
+          f"({given / size:.2f} of the dense sample)")
 
 
 if __name__ == "__main__":
