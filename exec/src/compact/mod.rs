@@ -14,17 +14,27 @@
 //!
 //! A mask (validated 0 or 1) travels as bits: a rank's block written through the same
 //! window, eight elements to a byte ([`Bits`]), expanded back by [`unpack_bits`].
+//!
+//! `given` reads one-hot features and maps a sample gives as their indices; `stored`
+//! says, for every writer and reader of rank files and buffers, what a feature's compact
+//! block is and checks one read back.
+
+mod bits;
+mod given;
+mod stored;
+
+use bits::unpack_bits_into;
+pub use bits::{bits_len, unpack_bits, Bits};
+pub use given::{given_as_indices, indices_given, map_given_as_indices};
+pub use stored::{check_stored, expand_stored, stored_form};
 
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;
 use serde::{Deserialize, Serialize};
 
-use std::io;
-
 use crate::array::Array;
 use crate::dtype;
 use crate::error::RuntimeError;
-use crate::window::Sink;
 
 /// How a compact block expands to its dense block (what a receiver is told).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,14 +193,14 @@ pub fn index_dtype(classes: usize) -> DType {
 }
 
 /// An element's bits, little-endian, widened.
-fn bits(e: &[u8]) -> u64 {
+pub(crate) fn bits(e: &[u8]) -> u64 {
     let mut a = [0u8; 8];
     a[..e.len()].copy_from_slice(e);
     u64::from_le_bytes(a)
 }
 
 /// The bits of 1 and of the float zero with its sign set (`None` for integers), in `d`.
-fn one_and_negative_zero(d: DType) -> (u64, Option<u64>) {
+pub(crate) fn one_and_negative_zero(d: DType) -> (u64, Option<u64>) {
     let mut one = Vec::new();
     dtype::encode_i64(d, 1, &mut one);
     let sign = match d {
@@ -255,7 +265,7 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Run
 
 /// Bytes of a sample scanned before its pages are given back (a multiple of every
 /// element size and of a scan block).
-const SCAN_CHUNK: usize = 8 << 20;
+pub(crate) const SCAN_CHUNK: usize = 8 << 20;
 
 /// Calls `f` with the index and bits of every element of `bytes` (elements of `es`
 /// bytes, at most 8) that is neither 0 nor `negative_zero`. Blocks of 64 zero bytes
@@ -281,59 +291,6 @@ fn for_each_nonzero<E>(
     Ok(())
 }
 
-/// Whether feature `t`, given with `dtype` and `shape`, arrives as its one-hot
-/// indices: a feature declared `one_hot` on its last axis, given with that axis left
-/// out, as integers (each row's class, -1 for a row with none).
-pub fn given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bool {
-    t.one_hot.is_some_and(|a| a + 1 == t.axes.len())
-        && shape.len() + 1 == t.axes.len()
-        && dtype.is_integer()
-}
-
-/// Whether feature `t`, given with `dtype` and `shape`, is a one-hot map (`[rows,
-/// items]`, as `atom_to_token`) given as its indices: the column of each row's 1 as
-/// integers, -1 for a row with none.
-pub fn map_given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bool {
-    matches!(&t.role, Role::Index(ix) if ix.one_hot == Some(1))
-        && t.axes.len() == 2
-        && shape.len() == 1
-        && dtype.is_integer()
-}
-
-/// The indices of one-hot feature `name` given as its indices (`x`, see
-/// [`given_as_indices`]), in the form [`indices`] makes: every value names a class or
-/// is -1 (no class), else it is refused naming the feature, the axis and the position.
-pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, RuntimeError> {
-    let given = x.contiguous();
-    let shape = given.shape();
-    let (d, es) = (given.dtype(), dtype::size(given.dtype()));
-    let bytes = given.base_bytes();
-    let mut out: Vec<u8> = Vec::with_capacity(given.numel() * dtype::size(oh.index));
-    for (c, chunk) in bytes.chunks(SCAN_CHUNK).enumerate() {
-        let first = c * SCAN_CHUNK / es;
-        for (k, e) in chunk.chunks_exact(es).enumerate() {
-            let class = match dtype::read_i64(d, e) {
-                -1 => oh.classes,
-                v if (0..oh.classes as i64).contains(&v) => v as usize,
-                v => {
-                    return Err(RuntimeError::OneHot {
-                        feature: name.to_owned(),
-                        axis: oh.axis,
-                        message: format!(
-                            "given as indices, {v} names no class of {} (-1: none) at {:?}",
-                            oh.classes,
-                            unravel(first + k, &shape)
-                        ),
-                    })
-                }
-            };
-            dtype::encode_i64(oh.index, class as i64, &mut out);
-        }
-        given.release_bytes(c * SCAN_CHUNK, c * SCAN_CHUNK + chunk.len());
-    }
-    Ok(Array::owned(oh.index, shape, out))
-}
-
 /// A one-hot map's indices (`x` at its serial shape, already checked): each row's 1 as
 /// the padded position of its column (`positions`, or the column itself on an
 /// end-padded semantic), -1 for a row with none.
@@ -352,76 +309,6 @@ pub fn map_indices(x: &Array, positions: Option<&[usize]>) -> Array<'static> {
         shape[..shape.len().saturating_sub(1)].to_vec(),
         out,
     )
-}
-
-/// How a block of feature `t` (block shape `block`) is stored and sent compact: its
-/// form, and the compact block's dtype and shape; `None` for a feature kept as its
-/// block. Every writer and reader of compact blocks asks this.
-pub fn stored_form(t: &TensorPlan, block: &[usize]) -> Option<(Form, DType, Vec<usize>)> {
-    if let Some(oh) = OneHot::of(t, block) {
-        return Some((oh.form(), oh.index, oh.compact_shape(block)));
-    }
-    let numel = block.iter().product();
-    matches!(t.role, Role::Mask { .. }).then(|| (Form::Bits, DType::Uint8, vec![bits_len(numel)]))
-}
-
-/// A block of feature `name` stored compact (`stored`, as [`stored_form`] describes it)
-/// expanded to its dense block of shape `block`. A stored block of another dtype or
-/// shape, or an index that names no class, is refused by name.
-pub fn expand_stored(
-    name: &str,
-    t: &TensorPlan,
-    block: &[usize],
-    stored: &Array,
-) -> Result<Array<'static>, RuntimeError> {
-    let form = check_stored(name, t, block, stored)?;
-    let mut out = vec![0u8; block.iter().product::<usize>() * dtype::size(t.dtype)];
-    form.expand_into(stored.contiguous().base_bytes(), t.dtype, block, &mut out);
-    Ok(Array::owned(t.dtype, block.to_vec(), out))
-}
-
-/// The form of a block of feature `name` stored compact, once `stored` is shown to be
-/// one ([`expand_stored`]'s checks), for a caller that expands it into its own memory.
-pub fn check_stored(
-    name: &str,
-    t: &TensorPlan,
-    block: &[usize],
-    stored: &Array,
-) -> Result<Form, RuntimeError> {
-    let fault = |message: String| RuntimeError::Blocks {
-        feature: name.to_owned(),
-        message,
-    };
-    let (form, dtype, shape) =
-        stored_form(t, block).ok_or_else(|| fault("the spec gives it no compact form".into()))?;
-    if stored.dtype() != dtype || stored.shape() != shape {
-        return Err(fault(format!(
-            "stored compact as {:?} {}, its compact form is {shape:?} {dtype}",
-            stored.shape(),
-            stored.dtype()
-        )));
-    }
-    if let Form::OneHot {
-        classes,
-        index,
-        map,
-        ..
-    } = form
-    {
-        let none = if map { -1 } else { classes as i64 };
-        let packed = stored.contiguous();
-        let bad = packed
-            .base_bytes()
-            .chunks_exact(dtype::size(index))
-            .map(|e| dtype::read_i64(index, e))
-            .find(|&k| k != none && !(0..classes as i64).contains(&k));
-        if let Some(k) = bad {
-            return Err(fault(format!(
-                "a stored index {k} names no class of {classes} (the file is corrupt)"
-            )));
-        }
-    }
-    Ok(form)
 }
 
 /// The dense bytes of compact indices `idx` (row-major, of `compact` shape): a 1 at
@@ -452,157 +339,8 @@ fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
     }
 }
 
-/// A sink packing a mask's elements into bits as its block is written: bit `i % 8` of
-/// byte `i / 8` is element `i` (1 for any value but zero, either sign). Call
-/// [`Bits::finish`] after the block to write the last, partial byte.
-pub struct Bits<'o, S> {
-    out: &'o mut S,
-    es: usize,
-    /// The bits that make an element nonzero (a float's sign bit left out).
-    value: u64,
-    /// Eight elements holding 1.
-    ones: Vec<u8>,
-    byte: u8,
-    filled: u32,
-    buf: Vec<u8>,
-}
-
-impl<'o, S: Sink> Bits<'o, S> {
-    /// Packs elements of `dtype` into `out`.
-    pub fn new(out: &'o mut S, dtype: DType) -> Self {
-        let es = dtype::size(dtype);
-        let all = if es == 8 {
-            u64::MAX
-        } else {
-            (1u64 << (8 * es)) - 1
-        };
-        let mut one = Vec::new();
-        dtype::encode_i64(dtype, 1, &mut one);
-        Bits {
-            out,
-            es,
-            ones: one.repeat(8),
-            value: all & !one_and_negative_zero(dtype).1.unwrap_or(0),
-            byte: 0,
-            filled: 0,
-            buf: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, bit: bool) {
-        self.byte |= u8::from(bit) << self.filled;
-        self.filled += 1;
-        if self.filled == 8 {
-            self.buf.push(self.byte);
-            (self.byte, self.filled) = (0, 0);
-        }
-    }
-
-    fn set(&self, e: &[u8]) -> bool {
-        let v = match *e {
-            [a] => u64::from(a),
-            [a, b] => u64::from(u16::from_le_bytes([a, b])),
-            [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
-            _ => bits(e),
-        };
-        v & self.value != 0
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.out.copy(&self.buf)?;
-        self.buf.clear();
-        Ok(())
-    }
-
-    /// Writes the last, partial byte (its unused bits 0).
-    pub fn finish(mut self) -> io::Result<()> {
-        if self.filled > 0 {
-            self.buf.push(self.byte);
-        }
-        self.flush()
-    }
-}
-
-impl<S: Sink> Sink for Bits<'_, S> {
-    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
-        // The partial byte first, then whole bytes of eight elements at a time.
-        let lead = (((8 - self.filled) % 8) as usize * self.es).min(bytes.len());
-        for e in bytes[..lead].chunks_exact(self.es) {
-            let bit = self.set(e);
-            self.push(bit);
-        }
-        let mut octets = bytes[lead..].chunks_exact(8 * self.es);
-        for octet in octets.by_ref() {
-            // Masks are mostly long runs of 0 or of one value: those compare whole.
-            let byte = if octet.iter().all(|&b| b == 0) {
-                0
-            } else if octet == self.ones.as_slice() {
-                0xff
-            } else {
-                octet
-                    .chunks_exact(self.es)
-                    .enumerate()
-                    .fold(0u8, |b, (j, e)| b | u8::from(self.set(e)) << j)
-            };
-            self.buf.push(byte);
-        }
-        for e in octets.remainder().chunks_exact(self.es) {
-            let bit = self.set(e);
-            self.push(bit);
-        }
-        self.flush()
-    }
-
-    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
-        let bit = self.set(pad);
-        let mut left = count;
-        while left > 0 && self.filled != 0 {
-            self.push(bit);
-            left -= 1;
-        }
-        let whole = left / 8;
-        self.buf
-            .extend(std::iter::repeat_n(if bit { 0xff } else { 0 }, whole));
-        (0..left % 8).for_each(|_| self.push(bit));
-        self.flush()
-    }
-}
-
-/// Bytes of a mask of `numel` elements packed into bits.
-pub fn bits_len(numel: usize) -> usize {
-    numel.div_ceil(8)
-}
-
-/// The dense bytes (`numel` elements of `dtype`, 0 or 1) of a mask packed by [`Bits`].
-pub fn unpack_bits(packed: &[u8], numel: usize, dtype: DType) -> Vec<u8> {
-    let mut out = vec![0u8; numel * dtype::size(dtype)];
-    unpack_bits_into(packed, numel, dtype, &mut out);
-    out
-}
-
-/// [`unpack_bits`] into `out` (zeroed, exactly the mask's bytes).
-fn unpack_bits_into(packed: &[u8], numel: usize, dtype: DType, out: &mut [u8]) {
-    let es = dtype::size(dtype);
-    let mut one = Vec::new();
-    dtype::encode_i64(dtype, 1, &mut one);
-    let ones = one.repeat(8);
-    // Eight elements per packed byte: a byte of no bits is left zero, one of all bits
-    // copied whole (masks are mostly long runs of either).
-    for (octet, &b) in out[..numel * es].chunks_mut(8 * es).zip(packed) {
-        match b {
-            0 => {}
-            0xff if octet.len() == ones.len() => octet.copy_from_slice(&ones),
-            _ => octet
-                .chunks_exact_mut(es)
-                .enumerate()
-                .filter(|(k, _)| b >> k & 1 == 1)
-                .for_each(|(_, e)| e.copy_from_slice(&one)),
-        }
-    }
-}
-
 /// The index of flat position `flat` in a row-major `shape`.
-fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; shape.len()];
     for d in (0..shape.len()).rev() {
         let n = shape[d].max(1);
@@ -615,6 +353,7 @@ fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::window::Sink;
 
     fn oh(axis: usize, classes: usize, dense: DType) -> OneHot {
         OneHot {

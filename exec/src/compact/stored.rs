@@ -1,0 +1,80 @@
+//! What a feature's compact block is (its form, dtype and shape), asked by every writer
+//! and reader of compact rank files and buffers, and a stored block checked and expanded.
+
+use featshard_spec::ir::{DType, Role};
+use featshard_spec::plan::TensorPlan;
+
+use super::{bits_len, Form, OneHot};
+use crate::array::Array;
+use crate::dtype;
+use crate::error::RuntimeError;
+
+/// How a block of feature `t` (block shape `block`) is stored and sent compact: its
+/// form, and the compact block's dtype and shape; `None` for a feature kept as its
+/// block. Every writer and reader of compact blocks asks this.
+pub fn stored_form(t: &TensorPlan, block: &[usize]) -> Option<(Form, DType, Vec<usize>)> {
+    if let Some(oh) = OneHot::of(t, block) {
+        return Some((oh.form(), oh.index, oh.compact_shape(block)));
+    }
+    let numel = block.iter().product();
+    matches!(t.role, Role::Mask { .. }).then(|| (Form::Bits, DType::Uint8, vec![bits_len(numel)]))
+}
+
+/// A block of feature `name` stored compact (`stored`, as [`stored_form`] describes it)
+/// expanded to its dense block of shape `block`. A stored block of another dtype or
+/// shape, or an index that names no class, is refused by name.
+pub fn expand_stored(
+    name: &str,
+    t: &TensorPlan,
+    block: &[usize],
+    stored: &Array,
+) -> Result<Array<'static>, RuntimeError> {
+    let form = check_stored(name, t, block, stored)?;
+    let mut out = vec![0u8; block.iter().product::<usize>() * dtype::size(t.dtype)];
+    form.expand_into(stored.contiguous().base_bytes(), t.dtype, block, &mut out);
+    Ok(Array::owned(t.dtype, block.to_vec(), out))
+}
+
+/// The form of a block of feature `name` stored compact, once `stored` is shown to be
+/// one ([`expand_stored`]'s checks), for a caller that expands it into its own memory.
+pub fn check_stored(
+    name: &str,
+    t: &TensorPlan,
+    block: &[usize],
+    stored: &Array,
+) -> Result<Form, RuntimeError> {
+    let fault = |message: String| RuntimeError::Blocks {
+        feature: name.to_owned(),
+        message,
+    };
+    let (form, dtype, shape) =
+        stored_form(t, block).ok_or_else(|| fault("the spec gives it no compact form".into()))?;
+    if stored.dtype() != dtype || stored.shape() != shape {
+        return Err(fault(format!(
+            "stored compact as {:?} {}, its compact form is {shape:?} {dtype}",
+            stored.shape(),
+            stored.dtype()
+        )));
+    }
+    if let Form::OneHot {
+        classes,
+        index,
+        map,
+        ..
+    } = form
+    {
+        let none = if map { -1 } else { classes as i64 };
+        let packed = stored.contiguous();
+        let bad = packed
+            .base_bytes()
+            .chunks_exact(dtype::size(index))
+            .map(|e| dtype::read_i64(index, e))
+            .find(|&k| k != none && !(0..classes as i64).contains(&k));
+        if let Some(k) = bad {
+            return Err(fault(format!(
+                "a stored index {k} names no class of {classes} (the file is corrupt)"
+            )));
+        }
+    }
+    Ok(form)
+}
