@@ -313,16 +313,22 @@ fn assemble(shards: &Path, out: &Path, extra: &[&str]) -> Output {
     featshard(&args)
 }
 
-#[test]
-fn a_flipped_bit_in_a_rank_file_is_caught_by_its_checksum() {
-    let dir = tempfile::tempdir().unwrap();
-    let shards = dir.path().join("shards");
+/// `prot60_smiles` sharded on 2x2 (compact rank files) into `dir/shards`.
+fn sharded_on_2x2(dir: &Path) -> PathBuf {
+    let shards = dir.join("shards");
     let run = shard(&real("prot60_smiles.safetensors"), "2x2", &shards);
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    shards
+}
+
+#[test]
+fn a_flipped_bit_in_a_rank_file_is_caught_by_its_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = sharded_on_2x2(dir.path());
     // A bit of rank 3's own block of the pair mask (sharded on both mesh axes: no other
     // rank holds a copy to compare it with), still a valid bool.
     let path = shards.join("rank-3.safetensors");
@@ -749,13 +755,7 @@ fn headers_that_safetensors_refuses_are_refused_too() {
 #[test]
 fn compact_rank_files_with_a_bad_index_or_an_edited_encoding_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let shards = dir.path().join("shards");
-    let run = shard(&real("prot60_smiles.safetensors"), "2x2", &shards);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let shards = sharded_on_2x2(dir.path());
     // The manifest says dense, the rank files say compact.
     let manifest = shards.join("manifest.json");
     let text = std::fs::read_to_string(&manifest).unwrap();

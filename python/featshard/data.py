@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, Sampler
 
 from featshard import Plan, _native
-from featshard.blocks import _BY_NAME, _DTYPES, expand_one_hot, unpack_bits
+from featshard.blocks import _BY_NAME, expand_one_hot, unpack_bits
 from featshard.distribute import cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -264,19 +264,12 @@ def _dense(manifest: Any, name: str, x: torch.Tensor, path: Path) -> torch.Tenso
     form = manifest.stored_form(name)
     if form is None:
         return x
-    kind, axis, classes, none, dtype, shape = form
-    if _DTYPES.get(x.dtype) != dtype or list(x.shape) != shape:
-        raise ValueError(f"{path}: feature `{name}` is stored as {list(x.shape)} {x.dtype}, "
-                         f"its compact form is {shape} {dtype}")
+    # The executor's check of a stored block (dtype, shape, every index a class).
+    manifest.check_stored(name, x.contiguous().__dlpack__(), str(path))
+    kind, axis, classes, _, _, _ = form
     dense_shape, dense_dtype = manifest.block_of(name) or ([], "")
     if kind == "bits":
         return unpack_bits(x, tuple(dense_shape), _BY_NAME[dense_dtype])
-    idx = x.long()
-    bad = (idx != none) & ((idx < 0) | (idx >= classes))
-    if bool(bad.any()):
-        k = int(idx[bad][0])
-        raise ValueError(f"{path}: feature `{name}`: a stored index {k} names no class of "
-                         f"{classes} (the file is corrupt)")
     return expand_one_hot(x, axis, classes, _BY_NAME[dense_dtype])
 
 

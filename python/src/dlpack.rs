@@ -185,6 +185,14 @@ impl Memory {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+    /// The tensor's bytes, read within one call that holds `self` (the tensor is not
+    /// written while Python waits on the call).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes at `ptr` belong to the tensor the capsule, held by
+        // `self`, keeps alive; the slice cannot outlive `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
     /// The tensor's bytes to write: memory allocated for a block, which the one caller
     /// has checked (`overlaps`) that no other view of this crate reads or writes.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {

@@ -113,6 +113,31 @@ impl ShardManifest {
         })
     }
 
+    /// `ValueError` naming `path` unless `stored` (a DLPack capsule of the tensor a
+    /// rank file holds for feature `name`, stored compact) is that feature's compact
+    /// form: its dtype and shape, and every index naming a class (the executor's check,
+    /// `featshard_exec::compact::check_stored`).
+    fn check_stored(
+        &self,
+        name: &str,
+        stored: &Bound<'_, pyo3::types::PyCapsule>,
+        path: PathBuf,
+    ) -> PyResult<()> {
+        let (Some(t), Some(entry)) = (self.plan.tensor(name), self.m.features.get(name)) else {
+            return Err(at(&path, format!("feature `{name}`: not in the manifest")));
+        };
+        let memory = crate::dlpack::Memory::new(name, stored)?;
+        let array = featshard_exec::array::Array::borrowed(
+            memory.dtype,
+            memory.shape.clone(),
+            memory.bytes(),
+            None,
+        );
+        featshard_exec::compact::check_stored(name, t, &entry.local_shape, &array)
+            .map(|_| ())
+            .map_err(|e| at(&path, e))
+    }
+
     /// Tensor feature `name`'s block on every rank: its local shape and dtype name.
     fn block_of(&self, name: &str) -> Option<(Vec<usize>, String)> {
         let f = self.m.features.get(name)?;

@@ -36,11 +36,14 @@ def test_rust_shard_files_equal_python_blocks_byte_for_byte(
         rust = load_file(str(out / f"rank-{rank}.safetensors"))
         assert sorted(rust) == sorted(ours), f"rank {rank}: different features"
         for name, block in ours.items():
-            r = rust[name]
-            assert r.dtype == block.dtype and r.shape == block.shape, f"rank {rank} {name}"
-            a = block.contiguous().view(torch.uint8) if block.dtype != torch.bool else block
-            b = r.contiguous().view(torch.uint8) if r.dtype != torch.bool else r
-            assert torch.equal(a, b), f"rank {rank} {name}: bytes differ"
+            assert_same_bytes(block, rust[name], f"rank {rank} {name}")
+
+
+def assert_same_bytes(want: torch.Tensor, got: torch.Tensor, what: str) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    a = want.contiguous().view(torch.uint8) if want.dtype != torch.bool else want
+    b = got.contiguous().view(torch.uint8) if got.dtype != torch.bool else got
+    assert torch.equal(a, b), f"{what}: bytes differ"
 
 
 @pytest.mark.parametrize("mesh", [(1, 1), (2, 2), (3, 3), (2, 3)])
@@ -61,11 +64,7 @@ def test_real_samples_give_byte_identical_blocks_in_rust_and_python(
             rust = load_file(str(out / f"rank-{rank}.safetensors"))
             assert sorted(rust) == sorted(ours), f"{name} rank {rank}: different features"
             for feature, block in ours.items():
-                r = rust[feature]
-                assert r.dtype == block.dtype and r.shape == block.shape, f"{name} {rank} {feature}"
-                a = block.contiguous().view(torch.uint8) if block.dtype != torch.bool else block
-                b = r.contiguous().view(torch.uint8) if r.dtype != torch.bool else r
-                assert torch.equal(a, b), f"{name} rank {rank} {feature}: bytes differ"
+                assert_same_bytes(block, rust[feature], f"{name} rank {rank} {feature}")
 
 
 @pytest.mark.parametrize("mesh", [(2, 2), (2, 3)])
@@ -90,8 +89,26 @@ def test_compact_rank_files_hold_the_packages_compact_blocks(tmp_path: Path, mes
             views = blocks.buffer_views(placed.rank_buffer(featshard.coords(mesh, rank), compact=True), wire)
             rust = load_file(str(out / f"rank-{rank}.safetensors"))
             for feature, block in views.items():
-                r = rust[feature]
-                assert r.dtype == block.dtype and r.shape == block.shape, f"{name} {rank} {feature}"
-                a = block.contiguous().view(torch.uint8) if block.dtype != torch.bool else block
-                b = r.contiguous().view(torch.uint8) if r.dtype != torch.bool else r
-                assert torch.equal(a, b), f"{name} rank {rank} {feature}: bytes differ"
+                assert_same_bytes(block, rust[feature], f"{name} rank {rank} {feature}")
+
+
+def test_a_compact_block_read_back_is_checked_by_the_executor(tmp_path: Path) -> None:
+    """The pre-sharded reader hands each compact block to the executor's check before
+    expanding it: a stored index that names no class is refused by name."""
+    import featshard
+    from featshard.data import _dense
+
+    plan = featshard.Plan(ROOT / "examples" / "boltz2.yaml")
+    out = tmp_path / "shards"
+    subprocess.run(
+        [str(featshard_bin()), "shard", str(ROOT / "examples" / "boltz2.yaml"), "--features",
+         str(REAL / "prot60_smiles.safetensors"), "--mesh", "2x2", "--workflow", "inference", "--out", str(out)],
+        check=True,
+    )
+    manifest = plan._native.read_manifest(str(out / "manifest.json"))
+    path = out / "rank-0.safetensors"
+    stored = load_file(str(path))["res_type"].clone()
+    assert _dense(manifest, "res_type", stored, path).shape[-1] == 33
+    stored[0] = 200
+    with pytest.raises(ValueError, match=r"feature `res_type`: a stored index 200 names no class of 33"):
+        _dense(manifest, "res_type", stored, path)
