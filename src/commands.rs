@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use featshard_codegen::GeneratedFile;
-use featshard_exec::compact::stored_form;
+use featshard_exec::compact::{stored_form, Form, ENTRY_BYTES};
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{
     chunk_sizes, FeaturePlan, FeatureShapes, Lengths, Padding, Plan, ResolveError, Resolved,
@@ -339,11 +339,12 @@ fn explain_table(
         let mut row = feature_row(plan, mesh, name, f, resolved).to_vec();
         if let Some(r) = resolved {
             let bytes = plan.tensor(name).zip(r.features.get(name));
-            let (d, c) = bytes.map_or((None, None), |(t, s)| {
+            let (d, c) = bytes.map_or(("-".to_owned(), "-".to_owned()), |(t, s)| {
                 let (d, c) = feature_bytes(t, &s.global_shape);
-                (Some(d), Some(c))
+                let per_entry = format!("{ENTRY_BYTES} B per nonzero");
+                (human(d), c.map_or(per_entry, human))
             });
-            row.extend([d, c].map(|n| n.map_or_else(|| "-".to_owned(), human)));
+            row.extend([d, c]);
         }
         Some(row)
     }));
@@ -375,23 +376,31 @@ fn explain_table(
 }
 
 /// A feature's bytes at its padded global shape, dense and in its compact form (a
-/// one-hot feature or map as indices, a mask as bits; the others as they are).
-fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (usize, usize) {
+/// one-hot feature or map as indices, a mask as bits, a ranged feature narrowed; the
+/// others as they are). A sparse feature's compact bytes depend on its values: `None`.
+fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (usize, Option<usize>) {
     let bytes =
         |shape: &[usize], d| shape.iter().product::<usize>() * featshard_exec::dtype::size(d);
     let dense = bytes(global, t.dtype);
-    let compact = stored_form(t, global).map_or(dense, |(_, d, shape)| bytes(&shape, d));
+    let compact = match stored_form(t, global, 0) {
+        Some((Form::Sparse, _, _)) => None,
+        Some((_, d, shape)) => Some(bytes(&shape, d)),
+        None => Some(dense),
+    };
     (dense, compact)
 }
 
 /// Every tensor feature's padded bytes, dense and compact, and their totals.
 fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
-    let (mut dense, mut compact) = (0usize, 0usize);
+    let (mut dense, mut compact, mut sparse) = (0usize, 0usize, 0usize);
     for &name in names {
         if let (Some(t), Some(s)) = (plan.tensor(name), r.features.get(name)) {
             let (d, c) = feature_bytes(t, &s.global_shape);
             dense += d;
-            compact += c;
+            match c {
+                Some(c) => compact += c,
+                None => sparse += 1,
+            }
         }
     }
     let ratio = if compact == 0 {
@@ -399,8 +408,12 @@ fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
     } else {
         dense as f64 / compact as f64
     };
+    let plus = match sparse {
+        0 => String::new(),
+        n => format!(" + {ENTRY_BYTES} B per nonzero of {n} sparse feature(s)"),
+    };
     format!(
-        "\nbytes per sample (padded global): dense {}, compact {} ({ratio:.1}x smaller; one-hot features as indices)\n",
+        "\nbytes per sample (padded global): dense {}, compact {}{plus} ({ratio:.1}x smaller; one-hot features as indices)\n",
         human(dense),
         human(compact)
     )

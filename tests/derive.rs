@@ -37,7 +37,7 @@ struct Boltz2Inference {
     entity_id: Tensor,
     #[featshard(axes(tokens), dtype = int64)]
     sym_id: Tensor,
-    #[featshard(axes(tokens), dtype = int64)]
+    #[featshard(axes(tokens), dtype = int64, range(0, 3))]
     mol_type: Tensor,
     #[featshard(axes(tokens, 33), dtype = int64, one_hot = 1)]
     res_type: Tensor,
@@ -63,19 +63,19 @@ struct Boltz2Inference {
     profile: Tensor,
     #[featshard(axes(tokens), dtype = float32, mask(tokens))]
     affinity_token_mask: Tensor,
-    #[featshard(axes(tokens, tokens, 1), dtype = float32)]
+    #[featshard(axes(tokens, tokens, 1), dtype = float32, sparse)]
     token_bonds: Tensor,
-    #[featshard(axes(tokens, tokens), dtype = int64)]
+    #[featshard(axes(tokens, tokens), dtype = int64, sparse)]
     type_bonds: Tensor,
     #[featshard(axes(tokens, tokens), dtype = float32, mask(tokens), derive(outer(token_pad_mask)))]
     token_pair_pad_mask: Option<Tensor>,
     #[featshard(axes(tokens, tokens, 5), dtype = int64, one_hot = 2)]
     contact_conditioning: Tensor,
-    #[featshard(axes(tokens, tokens), dtype = float32)]
+    #[featshard(axes(tokens, tokens), dtype = float32, sparse)]
     contact_threshold: Tensor,
     #[featshard(axes(tokens, tokens, disto_ensemble, 64), dtype = float32, one_hot = 3)]
     disto_target: Tensor,
-    #[featshard(axes(msa, tokens), dtype = int64, pad = 1)]
+    #[featshard(axes(msa, tokens), dtype = int64, pad = 1, range(0, 32))]
     msa: Tensor,
     #[featshard(axes(msa, tokens), dtype = float32)]
     msa_paired: Tensor,

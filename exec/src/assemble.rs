@@ -13,7 +13,7 @@ use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan}
 use featshard_spec::shards::Encoding;
 
 use crate::array::Array;
-use crate::compact::{expand_stored, stored_form};
+use crate::compact::{expand_stored, stored_entries, stored_form};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
@@ -89,7 +89,7 @@ pub fn dense_blocks<'a>(
             for (name, s) in &shapes {
                 let t = tensor_plan(plan, name)?;
                 let Some(x) = blocks.get(name) else { continue };
-                if stored_form(t, &s.local_shape).is_some() {
+                if stored_form(t, &s.local_shape, stored_entries(x)).is_some() {
                     let dense = expand_stored(name, t, &s.local_shape, x)?;
                     blocks.insert(name.clone(), dense);
                 }

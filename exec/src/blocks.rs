@@ -8,7 +8,10 @@ use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::{expand, given_as_indices, stored_form, Bits, Form, OneHot};
+use crate::compact::OneHot;
+use crate::compact::{
+    expand, given_as_indices, narrowed, stored_form, Bits, Entries, Form, Narrow,
+};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::place::{axis_maps, AxisMap, Placed};
@@ -35,6 +38,8 @@ pub struct FeatureBlocks<'p, 'a> {
     /// The sample gave the feature as its one-hot indices: `x` holds them, and dense
     /// blocks are expanded from them window by window.
     given: bool,
+    /// A sparse feature's room for entries: the most any rank's block holds.
+    entries: Option<usize>,
 }
 
 /// Every feature of `placed`, placed ones then passthrough ones, each sorted by name.
@@ -51,7 +56,11 @@ pub fn feature_blocks<'p, 'a>(
                 feature: name.clone(),
             })?;
         let blocks = FeatureBlocks::placed(plan, name, x, shapes, &placed.layout)?;
-        out.push(blocks.with_compact(placed.compact.get(name)));
+        out.push(
+            blocks
+                .with_compact(placed.compact.get(name))
+                .with_entries(placed.entries.get(name).copied()),
+        );
     }
     for (name, x) in &placed.passthrough {
         out.push(FeatureBlocks {
@@ -65,6 +74,7 @@ pub fn feature_blocks<'p, 'a>(
             layout: &placed.layout,
             compact: None,
             given: false,
+            entries: None,
         });
     }
     Ok(out)
@@ -92,6 +102,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
             layout,
             compact: None,
             given: given_as_indices(t, x.dtype(), &x.shape()),
+            entries: None,
         })
     }
 
@@ -106,6 +117,13 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
         self
     }
 
+    /// The same, a sparse feature able to write compact blocks of `entries` rows (as
+    /// [`Placed::entries`] holds it); other features ignore it.
+    pub fn with_entries(mut self, entries: Option<usize>) -> Self {
+        self.entries = entries;
+        self
+    }
+
     /// The feature's compact form, when it has one and its indices were given.
     pub fn one_hot(&self) -> Option<OneHot> {
         self.compact.map(|(oh, _)| oh)
@@ -117,12 +135,24 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
     }
 
     /// The compact form, dtype and shape of the feature's blocks, where it has one and
-    /// can write it (a one-hot feature's indices were given, or a mask).
+    /// can write it (a one-hot feature's indices were given, a sparse feature's room
+    /// for entries counted, a mask, a ranged feature).
     fn stored(&self) -> Option<(Form, DType, Vec<usize>)> {
         let (t, _) = self.placed.as_ref()?;
-        (self.compact.is_some() || self.is_mask())
-            .then(|| stored_form(t, &self.shape))
+        let can = self.compact.is_some()
+            || self.is_mask()
+            || narrowed(t).is_some()
+            || (t.sparse && self.entries.is_some());
+        can.then(|| stored_form(t, &self.shape, self.entries.unwrap_or(0)))
             .flatten()
+    }
+
+    /// The entries of a sparse feature's block on the rank at `coord` (of any
+    /// feature: its nonzero elements).
+    pub fn count_entries(&self, coord: [usize; 2]) -> io::Result<usize> {
+        let mut count = Entries::counter(self.dtype);
+        self.write(coord, &mut count)?;
+        Ok(count.count())
     }
 
     /// Whether the feature is a mask, which travels compact as bits.
@@ -137,18 +167,28 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
     }
 
     /// Writes the compact block of the rank at `coord` into `sink` (see
-    /// [`crate::compact`]): a one-hot feature's indices, a mask's bits, any other
-    /// feature's block.
+    /// [`crate::compact`]): a one-hot feature's indices, a mask's bits, a sparse
+    /// feature's entries, a ranged feature narrowed, any other feature's block.
     pub fn write_compact(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
         if self.compact.is_some() {
             return self.write_indices(coord, sink);
         }
-        if !self.is_mask() {
-            return self.write(coord, sink);
+        match self.form() {
+            Some(Form::Bits) => {
+                let mut bits = Bits::new(sink, self.dtype);
+                self.write(coord, &mut bits)?;
+                bits.finish()
+            }
+            Some(Form::Sparse) => {
+                let mut entries = Entries::new(self.dtype);
+                self.write(coord, &mut entries)?;
+                sink.copy(&entries.finish(self.entries.unwrap_or(0))?)
+            }
+            Some(Form::Narrow { index }) => {
+                self.write(coord, &mut Narrow::new(sink, self.dtype, index))
+            }
+            _ => self.write(coord, sink),
         }
-        let mut bits = Bits::new(sink, self.dtype);
-        self.write(coord, &mut bits)?;
-        bits.finish()
     }
 
     /// A one-hot feature's compact block, row-major: the indices land in the window of

@@ -89,6 +89,13 @@ pub enum RuntimeError {
         feature: String,
         rule: String,
     },
+    /// A ranged feature holding a value outside its declared range.
+    Range {
+        feature: String,
+        value: i64,
+        at: Vec<usize>,
+        range: [i64; 2],
+    },
     /// A mask holding a value that is neither 0 nor 1.
     MaskValue {
         feature: String,
@@ -205,6 +212,10 @@ impl fmt::Display for RuntimeError {
             Derived { feature, rule } => write!(
                 f,
                 "feature `{feature}`: the sample's value differs from {rule}, which the spec derives it as"
+            ),
+            Range { feature, value, at, range: [lo, hi] } => write!(
+                f,
+                "feature `{feature}`: its values lie in `range: [{lo}, {hi}]`, found {value} at {at:?}"
             ),
             MaskValue { feature, index, value } => write!(
                 f,

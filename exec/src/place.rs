@@ -9,6 +9,7 @@ use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan}
 use featshard_spec::plan::{Split, CP_AXES};
 
 use crate::array::Array;
+use crate::blocks::feature_blocks;
 use crate::compact::{map_indices, OneHot};
 use crate::dtype;
 use crate::error::RuntimeError;
@@ -43,6 +44,8 @@ pub struct Placed<'a> {
     pub passthrough: BTreeMap<String, Array<'a>>,
     /// Every one-hot feature's indices at its serial shape (see [`crate::compact`]).
     pub compact: BTreeMap<String, Array<'static>>,
+    /// Every sparse feature's room for entries: the most any rank's block holds.
+    pub entries: BTreeMap<String, usize>,
     /// What intake did to the sample as emitted.
     pub intake: IntakeReport,
 }
@@ -104,19 +107,46 @@ fn place_taken<'a>(
     for name in &checked.names {
         compact.extend(map_indices_of(plan, name, &kept[name], &layout));
     }
-    Ok(Placed {
+    let mut placed = Placed {
         layout,
         shapes,
         arrays,
         taken: kept,
         passthrough,
         compact,
+        entries: BTreeMap::new(),
         intake: IntakeReport {
             dropped: taken.dropped,
             arrived: taken.arrived,
             unowned: taken.unowned,
         },
-    })
+    };
+    placed.entries = sparse_room(plan, &placed)?;
+    Ok(placed)
+}
+
+/// Every sparse feature's room for entries: the most nonzero elements any rank's block
+/// holds, counted through the same windows the blocks are written by.
+fn sparse_room(plan: &Plan, placed: &Placed) -> Result<BTreeMap<String, usize>, RuntimeError> {
+    let [m0, m1] = placed.layout.mesh;
+    let mut out = BTreeMap::new();
+    for blocks in feature_blocks(plan, placed)? {
+        if !plan.tensor(&blocks.name).is_some_and(|t| t.sparse) {
+            continue;
+        }
+        let mut most = 0;
+        for coord in (0..m0).flat_map(|i| (0..m1).map(move |j| [i, j])) {
+            let n = blocks
+                .count_entries(coord)
+                .map_err(|e| RuntimeError::Blocks {
+                    feature: blocks.name.clone(),
+                    message: e.to_string(),
+                })?;
+            most = most.max(n);
+        }
+        out.insert(blocks.name.clone(), most);
+    }
+    Ok(out)
 }
 
 /// A one-hot map's compact indices (see [`crate::compact`]), if it has a compact form.

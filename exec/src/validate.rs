@@ -10,7 +10,7 @@ use featshard_spec::layout::count_total;
 use featshard_spec::plan::{Ownership, Padding, Plan, ResolveError, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::{given_as_indices, indices, indices_given, OneHot};
+use crate::compact::{check_range, given_as_indices, indices, indices_given, OneHot};
 use crate::error::RuntimeError;
 use crate::files::Sample;
 use crate::intake::Intake;
@@ -89,6 +89,9 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
         check_mask(plan, name, &features[name])?;
         // A one-hot map's compact form needs the layout: `place` makes it.
         let (t, x) = (tensor_plan(plan, name)?, &features[name]);
+        if let Some(range) = t.range {
+            check_range(name, x, range)?;
+        }
         if let Some(oh) = OneHot::of(t, &[]).filter(|o| !o.map) {
             let made = if given_as_indices(t, x.dtype(), &x.shape()) {
                 indices_given(name, x, &oh)?

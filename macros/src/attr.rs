@@ -9,7 +9,7 @@
 //!         | other_keys = refuse | drop | pass | drop(KEY, ...)
 //! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
 //!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS])
-//!         | one_hot = AXIS
+//!         | one_hot = AXIS | sparse | range(LO, HI)
 //!         | coshard(axis = A, follows = L) | replicate_axes(A, ...) | replicated
 //!         | placement("Shard(0)", "Replicate()") | only(WORKFLOW, ...) | name = "feature"
 //!         | derive(outer(FEATURE [, FEATURE]))
@@ -80,6 +80,10 @@ pub struct FieldAttrs {
     pub mask: Option<At<Vec<String>>>,
     pub index: Option<At<IndexAttr>>,
     pub one_hot: Option<At<usize>>,
+    /// Where `sparse` was written, if it was.
+    pub sparse: Option<Span>,
+    /// `range(lo, hi)`: the values, each where it was written.
+    pub range: Option<At<Vec<At<PadLit>>>>,
     pub coshard: Vec<At<(usize, usize)>>,
     pub replicate_axes: Vec<At<usize>>,
     /// Where `replicated` was written, if it was.
@@ -341,6 +345,17 @@ fn field_key(out: &mut FieldAttrs, meta: &ParseNestedMeta) -> syn::Result<()> {
     } else if p.is_ident("one_hot") {
         let n: LitInt = meta.value()?.parse()?;
         once(&mut out.one_hot, At::new(n.base10_parse()?, n.span()), meta)?;
+    } else if p.is_ident("sparse") {
+        once(&mut out.sparse, span, meta)?;
+    } else if p.is_ident("range") {
+        let content;
+        syn::parenthesized!(content in meta.input);
+        let list = content.parse_terminated(Expr::parse, syn::Token![,])?;
+        let values = list
+            .iter()
+            .map(|e| Ok(At::new(pad_literal(e)?, syn::spanned::Spanned::span(e))))
+            .collect::<syn::Result<_>>()?;
+        once(&mut out.range, At::new(values, span), meta)?;
     } else if p.is_ident("coshard") {
         out.coshard.push(At::new(coshard(meta)?, span));
     } else if p.is_ident("replicate_axes") {
@@ -370,7 +385,7 @@ fn field_key(out: &mut FieldAttrs, meta: &ParseNestedMeta) -> syn::Result<()> {
         return Err(unknown(
             meta,
             "field",
-            "`axes`, `dtype`, `pad`, `mask`, `index`, `one_hot`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`, `derive`",
+            "`axes`, `dtype`, `pad`, `mask`, `index`, `one_hot`, `sparse`, `range`, `coshard`, `replicate_axes`, `replicated`, `placement`, `only`, `name`, `derive`",
         ));
     }
     Ok(())

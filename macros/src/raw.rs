@@ -152,6 +152,15 @@ fn feature(f: &TensorField, a: &FieldAttrs, t: &mut Tokens) -> RawFeature {
             t.at(raw, i.span)
         }),
         one_hot: a.one_hot.as_ref().map(|n| t.at(n.value, n.span)),
+        sparse: a.sparse.map(|s| t.at(Flag(true), s)),
+        range: a.range.as_ref().map(|r| {
+            let values = r
+                .value
+                .iter()
+                .map(|v| t.at(scalar(v.value), v.span))
+                .collect();
+            t.at(values, r.span)
+        }),
         coshard: list(&a.coshard, t, |&(axis, follows)| RawCoShard {
             axis,
             follows,

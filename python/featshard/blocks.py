@@ -41,7 +41,8 @@ _BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
 
 # How a compact block expands: `("one_hot", axis, classes, dense dtype)` for a one-hot
 # feature or map sent as indices, `("bits", dense shape, None, dense dtype)` for a mask
-# sent as bits.
+# sent as bits, `("sparse", dense shape, None, dense dtype)` for a sparse feature sent
+# as its entries, `("narrow", None, None, dense dtype)` for a ranged feature sent narrowed.
 Form = tuple[str, Any, Any, str]
 # One block in a rank's buffer: name, dtype, shape, byte offset, and its form when compact.
 Wire = list[tuple[str, str, tuple[int, ...], int, Form | None]]
@@ -164,6 +165,10 @@ class Placement:
             kind, axis, classes, stored, dense = forms[n]
             if kind == "bits":
                 out.append((n, stored, ((math.prod(shape) + 7) // 8,), at, ("bits", shape, None, dense)))
+            elif kind == "sparse":
+                out.append((n, stored, (classes, 2), at, ("sparse", shape, None, dense)))
+            elif kind == "narrow":
+                out.append((n, stored, shape, at, ("narrow", None, None, dense)))
             else:
                 out.append((n, stored, shape[:axis] + shape[axis + 1 :], at, ("one_hot", axis, classes, dense)))
         return out
@@ -192,9 +197,35 @@ def expand(blocks: Mapping[str, torch.Tensor], wire: Wire, device: torch.device 
         kind, a, b, dtype = form
         if kind == "bits":
             out[name] = unpack_bits(blocks[name], a, _BY_NAME[dtype], device)
+        elif kind == "sparse":
+            out[name] = expand_entries(blocks[name], a, _BY_NAME[dtype], device)
+        elif kind == "narrow":
+            out[name] = widen(blocks[name], _BY_NAME[dtype], device)
         else:
             out[name] = expand_one_hot(blocks[name], a, b, _BY_NAME[dtype], device)
     return out
+
+
+def expand_entries(
+    entries: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
+    """A sparse block from its entries (``int64`` rows of flat position and the element's
+    bits, little-endian; position -1 past the last), on ``device`` (the entries' own
+    when None): zeros, then each entry's element written at its position."""
+    rows = entries.to(device) if device is not None else entries
+    rows = rows[rows[:, 0] >= 0]
+    # The low bytes of each value's 64 bits are the element, in ``dtype``.
+    values = rows[:, 1].contiguous().view(torch.uint8).view(-1, 8)[:, : dtype.itemsize]
+    out = torch.zeros(math.prod(shape), dtype=dtype, device=rows.device)
+    out[rows[:, 0]] = values.contiguous().view(dtype).view(-1)
+    return out.view(shape)
+
+
+def widen(narrowed: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
+    """A ranged block from its narrowed integers, as ``dtype``, on ``device`` (its own
+    when None): only the narrow integers cross to the device."""
+    x = narrowed.to(device) if device is not None else narrowed
+    return x.to(dtype)
 
 
 def unpack_bits(

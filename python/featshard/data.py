@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, Sampler
 
 from featshard import Plan, _native
-from featshard.blocks import _BY_NAME, expand_one_hot, unpack_bits
+from featshard.blocks import _BY_NAME, expand_entries, expand_one_hot, unpack_bits, widen
 from featshard.distribute import cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -270,6 +270,10 @@ def _dense(manifest: Any, name: str, x: torch.Tensor, path: Path) -> torch.Tenso
     dense_shape, dense_dtype = manifest.block_of(name) or ([], "")
     if kind == "bits":
         return unpack_bits(x, tuple(dense_shape), _BY_NAME[dense_dtype])
+    if kind == "sparse":
+        return expand_entries(x, tuple(dense_shape), _BY_NAME[dense_dtype])
+    if kind == "narrow":
+        return widen(x, _BY_NAME[dense_dtype])
     return expand_one_hot(x, axis, classes, _BY_NAME[dense_dtype])
 
 

@@ -90,7 +90,8 @@ impl ShardManifest {
 
     /// How the rank files store feature `name`'s block when it is stored compact:
     /// `(kind, axis, classes, none, dtype, shape)`, `kind` `"one_hot"` (indices along
-    /// `axis` of `classes`, `none` the index of a pad row) or `"bits"`, `dtype` and
+    /// `axis` of `classes`, `none` the index of a pad row), `"bits"`, `"sparse"`
+    /// (entries; `shape` `[0, 2]`, its rows are the file's) or `"narrow"`, `dtype` and
     /// `shape` the stored block's; `None` when it is stored as its block.
     #[allow(clippy::type_complexity)]
     fn stored_form(
@@ -101,7 +102,7 @@ impl ShardManifest {
             return None;
         }
         let (t, entry) = (self.plan.tensor(name)?, self.m.features.get(name)?);
-        let (form, dtype, shape) = featshard_exec::compact::stored_form(t, &entry.local_shape)?;
+        let (form, dtype, shape) = featshard_exec::compact::stored_form(t, &entry.local_shape, 0)?;
         Some(match form {
             Form::OneHot {
                 axis, classes, map, ..
@@ -110,6 +111,8 @@ impl ShardManifest {
                 ("one_hot", axis, classes, none, dtype.name(), shape)
             }
             Form::Bits => ("bits", 0, 0, 0, dtype.name(), shape),
+            Form::Sparse => ("sparse", 0, 0, 0, dtype.name(), shape),
+            Form::Narrow { .. } => ("narrow", 0, 0, 0, dtype.name(), shape),
         })
     }
 

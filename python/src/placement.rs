@@ -11,8 +11,10 @@ use std::sync::Arc;
 
 use featshard_exec::array::Array;
 use featshard_exec::blocks::{feature_blocks, FeatureBlocks, Part, SliceSink};
+use featshard_exec::compact::Form;
 use featshard_exec::files::Sample;
 use featshard_exec::{Options, Placed, RuntimeError};
+use featshard_spec::ir::DType;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -142,7 +144,9 @@ impl Placement {
 
     /// Every compact form but a plain block: `(name, "one_hot", one-hot axis, classes,
     /// index dtype, dense dtype)` for a one-hot feature or map, `(name, "bits", 0, 0,
-    /// "uint8", dense dtype)` for a mask; sorted by name.
+    /// "uint8", dense dtype)` for a mask, `(name, "sparse", 0, entries, "int64", dense
+    /// dtype)` for a sparse feature (room for `entries` rows), `(name, "narrow", 0, 0,
+    /// stored dtype, dense dtype)` for a ranged feature; sorted by name.
     #[allow(clippy::type_complexity)]
     fn compact_forms(
         &self,
@@ -160,19 +164,23 @@ impl Placement {
         Ok(all
             .iter()
             .filter(|f| f.is_placed())
-            .filter_map(|f| match f.one_hot() {
-                Some(oh) => Some((
-                    f.name.clone(),
-                    "one_hot",
-                    oh.axis,
-                    oh.classes,
-                    oh.index.name(),
-                    oh.dense.name(),
-                )),
-                None if f.is_mask() => {
-                    Some((f.name.clone(), "bits", 0, 0, "uint8", f.dtype.name()))
-                }
-                None => None,
+            .filter_map(|f| {
+                let dense = f.dtype.name();
+                let (kind, axis, n, stored) = match (f.form()?, f.compact_shape()?) {
+                    (
+                        Form::OneHot {
+                            axis,
+                            classes,
+                            index,
+                            ..
+                        },
+                        _,
+                    ) => ("one_hot", axis, classes, index),
+                    (Form::Bits, _) => ("bits", 0, 0, DType::Uint8),
+                    (Form::Sparse, shape) => ("sparse", 0, shape[0], DType::Int64),
+                    (Form::Narrow { index }, _) => ("narrow", 0, 0, index),
+                };
+                Some((f.name.clone(), kind, axis, n, stored.name(), dense))
             })
             .collect())
     }

@@ -52,6 +52,8 @@ pub struct Placed {
     /// Every one-hot feature's and map's indices, as the executor made them
     /// (`featshard_exec::compact`).
     pub compact: BTreeMap<String, Array<'static>>,
+    /// Every sparse feature's room for entries: the most any rank's block holds.
+    pub entries: BTreeMap<String, usize>,
 }
 
 pub use featshard_exec::IntakeReport;
@@ -98,6 +100,7 @@ pub fn place(
         passthrough,
         intake: placed.intake,
         compact: placed.compact,
+        entries: placed.entries,
     })
 }
 
@@ -112,6 +115,7 @@ impl Placed {
             passthrough: handles(&self.passthrough),
             intake: self.intake.clone(),
             compact: self.compact.clone(),
+            entries: self.entries.clone(),
         }
     }
 
@@ -129,7 +133,8 @@ impl Placed {
         };
         let seen = view(plan, name, x)?;
         let blocks = FeatureBlocks::placed(plan, name, &seen, shapes, &self.layout)?
-            .with_compact(self.compact.get(name));
+            .with_compact(self.compact.get(name))
+            .with_entries(self.entries.get(name).copied());
         f(&blocks, x, shapes)
     }
 

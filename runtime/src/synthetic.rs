@@ -122,7 +122,17 @@ pub fn sample(
         ) {
             (Some(x), _) => x,
             (None, Some(axis)) => one_hot_classes(name, &dims, axis, kind)?,
-            (None, None) => random(name, &t.role, &dims, kind, &sizes)?,
+            (None, None) => match t.range {
+                Some([lo, hi]) => Tensor::f_randint_low(
+                    lo,
+                    hi.saturating_add(1),
+                    dims.as_slice(),
+                    (kind, Device::Cpu),
+                )
+                .feature(name)?,
+                None if t.sparse => sparse(name, &t.role, &dims, kind, &sizes)?,
+                None => random(name, &t.role, &dims, kind, &sizes)?,
+            },
         };
         out.insert(name.to_owned(), x);
     }
@@ -254,6 +264,21 @@ fn one_hot_classes(
         .and_then(|h| h.f_movedim(&[-1i64][..], &[axis as i64][..]))
         .and_then(|h| h.f_to_kind(kind))
         .and_then(|h| h.f_contiguous())
+        .feature(name)
+}
+
+/// A sparse feature: random values at about one element in a hundred, zeros elsewhere.
+fn sparse(
+    name: &str,
+    role: &Role,
+    dims: &[i64],
+    kind: Kind,
+    sizes: &BTreeMap<String, usize>,
+) -> Result<Tensor, RuntimeError> {
+    let values = random(name, role, dims, kind, sizes)?;
+    Tensor::f_rand(dims, (Kind::Float, Device::Cpu))
+        .and_then(|r| r.f_lt(0.01))
+        .and_then(|keep| values.f_mul(&keep.f_to_kind(kind)?))
         .feature(name)
 }
 

@@ -703,6 +703,8 @@ impl<'a> Checker<'a> {
         self.coshard(name, t);
         self.replicate_axes(name, t);
         self.one_hot_channel(name, t);
+        self.sparse(name, t);
+        self.range(name, t);
     }
 
     fn axis_label(t: &TensorFeature, i: usize) -> String {
@@ -1041,6 +1043,72 @@ impl<'a> Checker<'a> {
                 Some(a) => e.axis(axis, &a.kind),
                 None => e,
             });
+        }
+    }
+
+    /// `sparse: true`: plain data whose pads are zero (a pad is then no entry), one
+    /// compact form at a time.
+    fn sparse(&mut self, name: &str, t: &TensorFeature) {
+        let Some(loc) = t.sparse else { return };
+        let fault = if t.role != Role::Data {
+            Some("a sparse feature is plain data: not a mask or an index".to_owned())
+        } else if t.one_hot.is_some() {
+            Some("a feature is one-hot or sparse, not both: a one-hot feature already travels as its indices".to_owned())
+        } else if t.range.is_some() {
+            Some("a feature is sparse or has a `range`, not both".to_owned())
+        } else if !t.coshard.is_empty() {
+            Some("a co-sharded feature is not sparse: its blocks are diagonal blocks".to_owned())
+        } else if !t.pad.is_zero() {
+            Some(format!(
+                "a sparse feature pads with zeros (no entry); pad {} would be an entry",
+                t.pad
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = fault {
+            self.err(SpecError::new(message, loc).feature(name));
+        }
+    }
+
+    /// `range: [lo, hi]`: plain integer data whose range and pad fit its dtype.
+    fn range(&mut self, name: &str, t: &TensorFeature) {
+        let Some(([lo, hi], loc)) = t.range else {
+            return;
+        };
+        let fits = |v: i64| PadValue::Int(v).coerce(t.dtype).is_some();
+        let pad = match t.pad {
+            PadValue::Int(p) => Some(p),
+            PadValue::Bool(b) => Some(i64::from(b)),
+            PadValue::Float(_) => None,
+        };
+        let fault = if !t.dtype.is_integer() {
+            Some(format!(
+                "`range` narrows integer features; this one is {}",
+                t.dtype
+            ))
+        } else if t.role != Role::Data {
+            Some(
+                "`range` is for plain data: a mask travels as bits, an index's values are remapped"
+                    .to_owned(),
+            )
+        } else if t.one_hot.is_some() {
+            Some("a one-hot feature travels as its indices already; it takes no `range`".to_owned())
+        } else if !fits(lo) || !fits(hi) {
+            Some(format!(
+                "`range: [{lo}, {hi}]` does not fit dtype {}",
+                t.dtype
+            ))
+        } else if !pad.is_some_and(|p| (lo..=hi).contains(&p)) {
+            Some(format!(
+                "pad {} lies outside `range: [{lo}, {hi}]`: pads travel narrowed too",
+                t.pad
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = fault {
+            self.err(SpecError::new(message, loc).feature(name));
         }
     }
 

@@ -333,6 +333,11 @@ pub struct TensorFeature {
     /// A channel axis holding a one-hot encoding over its size's classes, and where
     /// it was written.
     pub one_hot: Option<(usize, Loc)>,
+    /// Mostly zero (it travels as its nonzero entries), and where it was written.
+    pub sparse: Option<Loc>,
+    /// The range `[lo, hi]` every value lies in (it travels narrowed), and where it was
+    /// written.
+    pub range: Option<([i64; 2], Loc)>,
     /// Co-sharded axis pairs: the follower takes the leader's shard (block diagonal).
     pub coshard: Vec<CoShard>,
     /// Axes of a sharded semantic declared to stay whole (the resolution when a

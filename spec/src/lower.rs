@@ -678,6 +678,7 @@ impl Lower {
         let placement = raw.placement.map(|p| self.placement(name, &p));
         let derived = raw.derive.and_then(|d| self.derive(name, d));
         let (pad, pad_loc) = self.pad(name, at, raw.pad);
+        let range = raw.range.and_then(|r| self.range(name, r));
         Some(Feature {
             name: name.to_owned(),
             kind: FeatureKind::Tensor(Box::new(TensorFeature {
@@ -690,6 +691,8 @@ impl Lower {
                 role,
                 role_loc,
                 one_hot: raw.one_hot.as_ref().map(|a| (a.value, loc(a))),
+                sparse: raw.sparse.as_ref().filter(|s| s.value.0).map(loc),
+                range,
                 coshard: raw
                     .coshard
                     .map(|c| {
@@ -730,6 +733,8 @@ impl Lower {
             raw.mask.as_ref().map(|a| ("mask", loc(a))),
             raw.index.as_ref().map(|a| ("index", loc(a))),
             raw.one_hot.as_ref().map(|a| ("one_hot", loc(a))),
+            raw.sparse.as_ref().map(|a| ("sparse", loc(a))),
+            raw.range.as_ref().map(|a| ("range", loc(a))),
             raw.placement.as_ref().map(|a| ("placement", loc(a))),
             raw.coshard.as_ref().map(|a| ("coshard", loc(a))),
             raw.parameter.as_ref().map(|a| ("parameter", loc(a))),
@@ -898,6 +903,32 @@ impl Lower {
             }
             None => (PadValue::default(), at),
         }
+    }
+
+    /// `range: [lo, hi]`: two integers, `lo` at most `hi`.
+    fn range(
+        &mut self,
+        name: &str,
+        raw: Spanned<Vec<Spanned<RawScalar>>>,
+    ) -> Option<([i64; 2], Loc)> {
+        let at = loc(&raw);
+        let ints: Vec<Option<i64>> = raw
+            .value
+            .iter()
+            .map(|v| match v.value {
+                RawScalar::Int(i) => Some(i),
+                _ => None,
+            })
+            .collect();
+        let message = match ints.as_slice() {
+            [Some(lo), Some(hi)] if lo <= hi => return Some(([*lo, *hi], at)),
+            [Some(lo), Some(hi)] => {
+                format!("`range: [{lo}, {hi}]` is empty: its low end is above its high end")
+            }
+            _ => "`range` is two integers, `[lo, hi]`: the lowest and highest value".to_owned(),
+        };
+        self.err(SpecError::new(message, at).feature(name));
+        None
     }
 
     fn derive(&mut self, name: &str, raw: Spanned<RawDerive>) -> Option<Derived> {

@@ -211,6 +211,16 @@ pub struct RawFeature {
     #[serde(default)]
     #[schemars(with = "Option<usize>")]
     pub one_hot: Option<Spanned<usize>>,
+    /// Mostly zero: its blocks travel and rest as their nonzero entries (position and
+    /// value), and grow to their dense form where they are used.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub sparse: Option<Spanned<Flag>>,
+    /// The range `[lo, hi]` every value of an integer feature lies in (pads too): its
+    /// blocks travel and rest in the smallest integer type holding it.
+    #[serde(default)]
+    #[schemars(with = "Option<[i64; 2]>")]
+    pub range: Option<Spanned<Vec<Spanned<RawScalar>>>>,
     /// Co-sharded axes: `{axis: 1, follows: 0}` makes axis 1 take axis 0's shard.
     #[serde(default)]
     #[schemars(with = "Option<Vec<RawCoShard>>")]

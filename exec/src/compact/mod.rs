@@ -15,18 +15,26 @@
 //! A mask (validated 0 or 1) travels as bits: a rank's block written through the same
 //! window, eight elements to a byte ([`Bits`]), expanded back by [`unpack_bits`].
 //!
+//! A sparse feature (`sparse: true`) travels as its nonzero entries (`entries`), a
+//! ranged integer feature (`range: [lo, hi]`) in the narrowest type holding its range
+//! (`narrow`).
+//!
 //! `given` reads one-hot features and maps a sample gives as their indices; `stored`
 //! says, for every writer and reader of rank files and buffers, what a feature's compact
 //! block is and checks one read back.
 
 mod bits;
+mod entries;
 mod given;
+mod narrow;
 mod stored;
 
 use bits::unpack_bits_into;
 pub use bits::{bits_len, unpack_bits, Bits};
+pub use entries::{Entries, ENTRY_BYTES};
 pub use given::{given_as_indices, indices_given, map_given_as_indices};
-pub use stored::{check_stored, expand_stored, stored_form};
+pub use narrow::{check_range, narrow_dtype, narrowed, Narrow};
+pub use stored::{check_stored, expand_stored, stored_entries, stored_form};
 
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;
@@ -53,6 +61,14 @@ pub enum Form {
     },
     /// A mask as bits, eight elements to a byte.
     Bits,
+    /// A sparse feature as its nonzero entries: `int64` rows of (position, value bits),
+    /// -1 past the last (see `entries`).
+    Sparse,
+    /// A ranged integer feature in the narrower integer type `index`.
+    Narrow {
+        /// The stored integers' dtype.
+        index: DType,
+    },
 }
 
 impl Form {
@@ -77,6 +93,8 @@ impl Form {
                 expand_into(&oh, packed, &oh.compact_shape(dense), out);
             }
             Form::Bits => unpack_bits_into(packed, dense.iter().product(), dtype, out),
+            Form::Sparse => entries::expand_entries_into(packed, dtype, out),
+            Form::Narrow { index } => narrow::widen_into(packed, index, dtype, out),
         }
     }
 }

@@ -4,20 +4,38 @@
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;
 
-use super::{bits_len, Form, OneHot};
+use super::entries::entries_fault;
+use super::{bits_len, check_range, narrowed, Form, OneHot};
 use crate::array::Array;
 use crate::dtype;
 use crate::error::RuntimeError;
 
 /// How a block of feature `t` (block shape `block`) is stored and sent compact: its
 /// form, and the compact block's dtype and shape; `None` for a feature kept as its
-/// block. Every writer and reader of compact blocks asks this.
-pub fn stored_form(t: &TensorPlan, block: &[usize]) -> Option<(Form, DType, Vec<usize>)> {
+/// block. A sparse block's shape is `[entries, 2]`: the room made for its entries (the
+/// most any rank's block holds, or what a stored block holds). Every writer and reader
+/// of compact blocks asks this.
+pub fn stored_form(
+    t: &TensorPlan,
+    block: &[usize],
+    entries: usize,
+) -> Option<(Form, DType, Vec<usize>)> {
     if let Some(oh) = OneHot::of(t, block) {
         return Some((oh.form(), oh.index, oh.compact_shape(block)));
     }
+    if t.sparse {
+        return Some((Form::Sparse, DType::Int64, vec![entries, 2]));
+    }
+    if let Some(index) = narrowed(t) {
+        return Some((Form::Narrow { index }, index, block.to_vec()));
+    }
     let numel = block.iter().product();
     matches!(t.role, Role::Mask { .. }).then(|| (Form::Bits, DType::Uint8, vec![bits_len(numel)]))
+}
+
+/// The room a stored sparse block makes for entries: the rows it holds.
+pub fn stored_entries(stored: &Array) -> usize {
+    stored.shape().first().copied().unwrap_or(0)
 }
 
 /// A block of feature `name` stored compact (`stored`, as [`stored_form`] describes it)
@@ -47,14 +65,23 @@ pub fn check_stored(
         feature: name.to_owned(),
         message,
     };
-    let (form, dtype, shape) =
-        stored_form(t, block).ok_or_else(|| fault("the spec gives it no compact form".into()))?;
+    let (form, dtype, shape) = stored_form(t, block, stored_entries(stored))
+        .ok_or_else(|| fault("the spec gives it no compact form".into()))?;
     if stored.dtype() != dtype || stored.shape() != shape {
         return Err(fault(format!(
             "stored compact as {:?} {}, its compact form is {shape:?} {dtype}",
             stored.shape(),
             stored.dtype()
         )));
+    }
+    if let (Form::Narrow { .. }, Some(range)) = (form, t.range) {
+        check_range(name, stored, range)?;
+    }
+    if form == Form::Sparse {
+        let numel = block.iter().product();
+        if let Some(message) = entries_fault(stored.contiguous().base_bytes(), numel, t.dtype) {
+            return Err(fault(format!("{message} (the file is corrupt)")));
+        }
     }
     if let Form::OneHot {
         classes,

@@ -162,7 +162,7 @@ fn blocks_of(
             message: format!("feature `{name}`: in the manifest, not in the rank file"),
         })?;
         let tensor = match m.encoding {
-            Encoding::Compact if stored_form(t, &entry.local_shape).is_some() => {
+            Encoding::Compact if stored_form(t, &entry.local_shape, 0).is_some() => {
                 expand_block(name, t, &entry.local_shape, &stored)?
             }
             _ => stored,

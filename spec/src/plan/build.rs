@@ -108,6 +108,8 @@ fn tensor_plan(
         pad_value: t.pad.coerce(t.dtype).unwrap_or(t.pad),
         role: t.role.clone(),
         one_hot: t.one_hot.map(|(axis, _)| axis),
+        sparse: t.sparse.is_some(),
+        range: t.range.map(|(r, _)| r),
         remap: remap(spec, t, &inferred.splits),
         workflows,
         optional: f.optional.is_some(),

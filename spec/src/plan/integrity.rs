@@ -153,6 +153,14 @@ fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
     {
         return Err(format!("one-hot axis {:?} is not a sized axis", t.one_hot));
     }
+    if t.range
+        .is_some_and(|[lo, hi]| lo > hi || !t.dtype.is_integer())
+    {
+        return Err(format!("range {:?} of a {} feature", t.range, t.dtype));
+    }
+    if (t.sparse || t.range.is_some()) && (t.role != Role::Data || t.one_hot.is_some()) {
+        return Err("a sparse or ranged feature that is not plain data".to_owned());
+    }
     match &t.role {
         Role::Data => {}
         Role::Mask { of } => of.iter().try_for_each(|s| semantic(plan, s))?,

@@ -303,6 +303,13 @@ pub struct TensorPlan {
     /// along it one 1, or none in a pad row): it travels and rests as indices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub one_hot: Option<usize>,
+    /// Mostly zero: a block travels and rests as its nonzero entries.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sparse: bool,
+    /// Every value (pads too) lies in `[lo, hi]`: a block travels and rests in the
+    /// smallest integer type holding the range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<[i64; 2]>,
     /// How index values change when padded and sharded.
     pub remap: Remap,
     /// The workflows it belongs to.
