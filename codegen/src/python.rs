@@ -84,6 +84,8 @@ struct Ctx {
     masks: Vec<MaskRow>,
     indices: Vec<IndexRow>,
     one_hot: Vec<MaskRow>,
+    sparse: Vec<String>,
+    ranges: Vec<MaskRow>,
     cosharded: Vec<CoshardRow>,
     shard_local: Vec<ShardLocalRow>,
     repad: Vec<MaskRow>,
@@ -179,6 +181,8 @@ fn context(plan: &Plan) -> Ctx {
         masks: rows.masks,
         indices: rows.indices,
         one_hot: rows.one_hot,
+        sparse: rows.sparse,
+        ranges: rows.ranges,
         cosharded: rows.cosharded,
         shard_local: rows.shard_local,
         repad: rows.repad,
@@ -269,6 +273,8 @@ struct FeatureRows {
     masks: Vec<MaskRow>,
     indices: Vec<IndexRow>,
     one_hot: Vec<MaskRow>,
+    sparse: Vec<String>,
+    ranges: Vec<MaskRow>,
     cosharded: Vec<CoshardRow>,
     metadata: Vec<String>,
     shard_local: Vec<ShardLocalRow>,
@@ -309,6 +315,15 @@ impl FeatureRows {
             self.one_hot.push(MaskRow {
                 name: name.to_owned(),
                 of: axis.to_string(),
+            });
+        }
+        if t.sparse {
+            self.sparse.push(name.to_owned());
+        }
+        if let Some([lo, hi]) = t.range {
+            self.ranges.push(MaskRow {
+                name: name.to_owned(),
+                of: format!("({lo}, {hi})"),
             });
         }
         match &t.role {

@@ -213,11 +213,11 @@ def expand_entries(
     bits, little-endian; position -1 past the last), on ``device`` (the entries' own
     when None): zeros, then each entry's element written at its position."""
     rows = entries.to(device) if device is not None else entries
-    rows = rows[rows[:, 0] >= 0]
-    # The low bytes of each value's 64 bits are the element, in ``dtype``.
-    values = rows[:, 1].contiguous().view(torch.uint8).view(-1, 8)[:, : dtype.itemsize]
+    rows = rows[rows[:, 0] >= 0].contiguous()
+    # The low bytes of each value's 64 bits (bytes 8.. of a 16-byte row) are the element.
+    values = rows.view(torch.uint8).view(-1, 16)[:, 8 : 8 + dtype.itemsize].contiguous()
     out = torch.zeros(math.prod(shape), dtype=dtype, device=rows.device)
-    out[rows[:, 0]] = values.contiguous().view(dtype).view(-1)
+    out[rows[:, 0]] = values.view(dtype).view(-1)
     return out.view(shape)
 
 

@@ -20,7 +20,13 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, Sampler
 
 from featshard import Plan, _native
-from featshard.blocks import _BY_NAME, expand_entries, expand_one_hot, unpack_bits, widen
+from featshard.blocks import (
+    _BY_NAME,
+    expand_entries,
+    expand_one_hot,
+    unpack_bits,
+    widen,
+)
 from featshard.distribute import cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 

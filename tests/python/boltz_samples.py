@@ -53,10 +53,15 @@ def random_sample(
             x = one_hot_rows(shape, placements.ONE_HOT[name], dtype, g)
         elif dtype == torch.bool or name in placements.MASKS:
             x = (torch.rand(shape, generator=g) > 0.5).to(dtype)
+        elif name in placements.RANGES:
+            lo, hi = placements.RANGES[name]
+            x = torch.randint(lo, hi + 1, shape, generator=g, dtype=dtype)
         elif dtype.is_floating_point:
             x = torch.rand(shape, generator=g, dtype=torch.float64).to(dtype) + 0.5
         else:
             x = torch.randint(1, 7, shape, generator=g, dtype=dtype)
+        if name in placements.SPARSE:
+            x = x * (torch.rand(shape, generator=g) < 0.05).to(dtype)  # mostly zero, as bonds are
         sample[name] = x
     sample["atom_counts_per_token"] = counts
     sample["token_index"] = torch.arange(n_tokens)

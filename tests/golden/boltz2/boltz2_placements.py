@@ -685,6 +685,18 @@ ONE_HOT: Final[dict[str, int]] = {
     "res_type": 1,
     "template_restype": 2,
 }
+# Sparse features: mostly zero, they travel and rest as their nonzero entries.
+SPARSE: Final[frozenset[str]] = frozenset((
+    "contact_threshold",
+    "token_bonds",
+    "type_bonds",
+))
+# Ranged integer features: every value (pads too) lies in `(lo, hi)`; they travel and
+# rest in the smallest integer type holding it.
+RANGES: Final[dict[str, tuple[int, int]]] = {
+    "mol_type": (0, 3),
+    "msa": (0, 32),
+}
 INDEX_FEATURES: Final[dict[str, IndexRole]] = {
     "atom_to_token": IndexRole("tokens", "shard_local", 1),
     "chiral_atom_index": IndexRole("atoms", "padded_global", None),
