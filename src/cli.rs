@@ -84,7 +84,8 @@ enum Command {
         /// (and over 1 GB): a guard against a mistyped mesh.
         #[arg(long, default_value_t = crate::room::MAX_GROWTH, value_name = "RATIO", value_parser = crate::room::parse_growth)]
         max_growth: f64,
-        /// How rank files store one-hot features and masks: `compact` (indices and bits,
+        /// How rank files store features with a compact form: `compact` (one-hot features
+        /// as indices, masks as bits, sparse features as entries, ranged ones narrowed:
         /// a tenth to a thirtieth of the bytes; featshard's readers expand them) or
         /// `dense` (the blocks as the model takes them, for any safetensors reader).
         #[arg(long, default_value = "compact", value_name = "ENCODING", value_parser = parse_encoding)]
