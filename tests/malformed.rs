@@ -316,7 +316,7 @@ fn replicate_axis_on_an_unsharded_axis() {
     assert_error(
         &with_features("  x: {axes: [ensemble, tokens], dtype: float32, replicate_axes: [0]}\n"),
         &[
-            "spec.yaml:13:66",
+            "spec.yaml:13:65",
             "feature `x`",
             "axis 0 (ensemble)",
             "never sharded",
@@ -682,4 +682,61 @@ fn one_hot_with_a_nonzero_pad() {
             "pads with zero rows (no class); pad 1 would be a class",
         ],
     );
+}
+
+#[test]
+fn sparse_is_plain_data_padded_with_zeros() {
+    assert_error(
+        &with_features(
+            "  x: {axes: [tokens, tokens], dtype: float32, mask: tokens, sparse: true}\n",
+        ),
+        &[
+            "spec.yaml:13:69",
+            "feature `x`",
+            "a sparse feature is plain data",
+        ],
+    );
+    assert_error(
+        &with_features("  x: {axes: [tokens, tokens], dtype: float32, pad: 1.5, sparse: true}\n"),
+        &[
+            "spec.yaml:13:65",
+            "feature `x`",
+            "pads with zeros (no entry); pad 1.5 would be an entry",
+        ],
+    );
+    assert_error(
+        &with_features("  x: {axes: [tokens, 3], dtype: int64, one_hot: 1, sparse: true}\n"),
+        &["feature `x`", "one-hot or sparse, not both"],
+    );
+}
+
+#[test]
+fn a_range_is_two_ordered_integers_that_hold_the_pad_and_fit_the_dtype() {
+    let cases = [
+        ("range: [5, 2]", "`range: [5, 2]` is empty"),
+        ("range: [0]", "`range` is two integers, `[lo, hi]`"),
+        ("range: [0, 1.5]", "`range` is two integers, `[lo, hi]`"),
+        (
+            "range: [0, 300], dtype: uint8",
+            "`range: [0, 300]` does not fit dtype uint8",
+        ),
+        (
+            "range: [0, 3], dtype: float32",
+            "`range` narrows integer features; this one is float32",
+        ),
+        ("range: [1, 3]", "pad 0 lies outside `range: [1, 3]`"),
+        ("range: [0, 3], mask: tokens", "`range` is for plain data"),
+    ];
+    for (keys, message) in cases {
+        let dtype = if keys.contains("dtype") {
+            ""
+        } else {
+            ", dtype: int64"
+        };
+        let line = format!("  x: {{axes: [tokens]{dtype}, {keys}}}\n");
+        assert_error(
+            &with_features(&line),
+            &["spec.yaml:13:", "feature `x`", message],
+        );
+    }
 }

@@ -310,10 +310,12 @@ def test_compact_indices_are_the_executors_and_pads_are_no_class(plan: featshard
          "feature `res_type`, axis 1 (one-hot): a one-hot row holds one 1 (or none, a pad row), found a second 1"),
         (lambda x: x["disto_target"].__setitem__((2, 7, 0, 9), 2.0),
          "feature `disto_target`, axis 3 (one-hot): a one-hot row holds only 0 and 1, found 2 at [2, 7, 0, 9]"),
+        (lambda x: x["mol_type"].__setitem__(4, -1),
+         "feature `mol_type`: its values lie in `range: [0, 3]`, found -1 at [4]"),
     ],
-    ids=["two_ones", "a_two"],
+    ids=["two_ones", "a_two", "out_of_range"],
 )
-def test_a_bad_one_hot_row_is_refused_as_featshard_shard_refuses_it(
+def test_a_bad_one_hot_row_or_ranged_value_is_refused_as_featshard_shard_refuses_it(
     plan: featshard.Plan, tmp_path: Path, change, message: str  # type: ignore[no-untyped-def]
 ) -> None:
     sample = {n: x.clone() for n, x in real_samples()[0].items()}
@@ -329,6 +331,30 @@ def test_a_bad_one_hot_row_is_refused_as_featshard_shard_refuses_it(
     )
     assert shard.returncode != 0 and str(raised.value) in shard.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_sparse_and_ranged_features_travel_as_entries_and_narrowed(plan: featshard.Plan) -> None:
+    """A sparse feature's compact block is its nonzero entries, as many rows as the
+    fullest rank's block holds (-1 past a block's last); a ranged one is its block in
+    uint8. Both expand to the dense block."""
+    sample = real_samples()[1]  # prot60_smiles: it has bonds
+    placed = blocks.place(plan, sample, (2, 2), workflow="inference")
+    wire = {w[0]: w for w in placed.wire(compact=True)}
+    dense = [placed.rank_blocks(featshard.coords((2, 2), r)) for r in range(4)]
+    for name in ("token_bonds", "type_bonds", "contact_threshold"):
+        nonzero = [int((d[name] != 0).sum()) for d in dense]
+        assert wire[name][1:3] == ("int64", (max(nonzero), 2)), name
+    assert max(int((d["type_bonds"] != 0).sum()) for d in dense) > 0
+    for rank in range(4):
+        coord = featshard.coords((2, 2), rank)
+        views = blocks.buffer_views(placed.rank_buffer(coord, compact=True), list(wire.values()))
+        entries = views["type_bonds"]
+        real = int((dense[rank]["type_bonds"] != 0).sum())
+        assert bool((entries[:real, 0] >= 0).all()) and bool((entries[real:, 0] == -1).all())
+        assert views["msa"].dtype == torch.uint8 and torch.equal(views["msa"].long(), dense[rank]["msa"])
+        expanded = blocks.expand(views, list(wire.values()))
+        names = ("token_bonds", "type_bonds", "contact_threshold", "msa", "mol_type")
+        assert_same_blocks({n: dense[rank][n] for n in names}, {n: expanded[n] for n in names}, f"rank {rank}")
 
 
 @pytest.mark.parametrize("mesh", COMPACT_MESHES, ids=[f"{a}x{b}" for a, b in COMPACT_MESHES])

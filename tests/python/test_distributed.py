@@ -67,6 +67,10 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
         elif scenario == "source_error":
             bad = dict(sample, ref_pos=sample["ref_pos"].double())
             D.distribute_features(bad if source else None, mesh, workflow="inference")
+        elif scenario == "value_error":
+            msa = sample["msa"].clone()
+            msa[0, 5] = 40  # past the 33 residue ids `range: [0, 32]` declares
+            D.distribute_features(dict(sample, msa=msa) if source else None, mesh, workflow="inference")
         elif scenario == "rank_error":
             def check(local: Any) -> None:
                 if rank == 3:
@@ -365,7 +369,7 @@ def test_every_rank_gets_its_block_as_a_dtensor(
         assert r["status"] == "ok", r
 
 
-@pytest.mark.parametrize("scenario", ["source_error", "rank_error"])
+@pytest.mark.parametrize("scenario", ["source_error", "value_error", "rank_error"])
 def test_an_error_on_one_rank_is_raised_on_every_rank(
     generated_dir: Path, tmp_path: Path, scenario: str
 ) -> None:
@@ -375,6 +379,8 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(
     message = errors.pop()
     if scenario == "source_error":
         assert message == "ValueError: feature `ref_pos`: expected dtype float32, got float64", message
+    elif scenario == "value_error":
+        assert message == "ValueError: feature `msa`: its values lie in `range: [0, 32]`, found 40 at [0, 5]", message
     else:
         assert message == "ValueError: rank 3 rejects its blocks", message
 

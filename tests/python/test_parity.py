@@ -112,3 +112,14 @@ def test_a_compact_block_read_back_is_checked_by_the_executor(tmp_path: Path) ->
     stored[0] = 200
     with pytest.raises(ValueError, match=r"feature `res_type`: a stored index 200 names no class of 33"):
         _dense(manifest, "res_type", stored, path)
+    # A sparse block's entry past its block, and a narrowed id past its range.
+    entries = load_file(str(path))["type_bonds"].clone()
+    assert entries.shape[1] == 2 and int(entries[0, 0]) >= 0
+    entries[0, 0] = 10**6
+    with pytest.raises(ValueError, match=r"feature `type_bonds`: stored entry 0: position 1000000 lies outside"):
+        _dense(manifest, "type_bonds", entries, path)
+    msa = load_file(str(path))["msa"].clone()
+    assert msa.dtype == torch.uint8
+    msa[0, 0] = 40
+    with pytest.raises(ValueError, match=r"feature `msa`: its values lie in `range: \[0, 32\]`, found 40 at \[0, 0\]"):
+        _dense(manifest, "msa", msa, path)
