@@ -38,6 +38,10 @@ def load_resident(path: Path) -> dict[str, Any]:
     return sample
 
 
+# Nonzero share of the real samples' bonds (`token_bonds`, `type_bonds`: 0.49%).
+REAL_BOND_DENSITY = 0.005
+
+
 def boltz_sample_file(folder: Path, tokens: int, msa_rows: int,
                       atoms_per_token: tuple[int, int] = (0, 20), pair_mask: bool = True) -> tuple[int, int]:
     """Generates the boltz2 modules into `folder` and writes a random sample of `tokens`
@@ -52,7 +56,7 @@ def boltz_sample_file(folder: Path, tokens: int, msa_rows: int,
     from boltz_samples import random_sample
 
     sample = random_sample(placements, tokens, seed=1, atoms_per_token=atoms_per_token,
-                           msa_rows=msa_rows, templates=4, ensemble=1)
+                           msa_rows=msa_rows, templates=4, ensemble=1, sparse_density=REAL_BOND_DENSITY)
     if not pair_mask:
         sample.pop("pair_mask")  # optional, [atoms, atoms]; the Boltz-2 featurizer does not emit it
     n_atoms = int(sample["atom_counts_per_token"].sum())

@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from bench_common import ROOT, SPEC
+from bench_common import REAL_BOND_DENSITY, ROOT, SPEC
 
 RUNS = 5
 MESH = (3, 3)
@@ -49,7 +49,7 @@ def main() -> None:
         from boltz_samples import random_sample
 
         sample = random_sample(placements, 768, seed=1, atoms_per_token=(0, 12), msa_rows=2048,
-                               templates=4, ensemble=1)
+                               templates=4, ensemble=1, sparse_density=REAL_BOND_DENSITY)
         import featshard
         from featshard import blocks
 

@@ -62,7 +62,7 @@ def make_samples(work: Path) -> tuple[Path, Path]:
 
     def sample(n_tokens: int, msa_rows: int, seed: int) -> dict[str, object]:
         s = random_sample(placements, n_tokens, seed=seed, atoms_per_token=(0, 20),
-                          msa_rows=msa_rows, templates=4, ensemble=1)
+                          msa_rows=msa_rows, templates=4, ensemble=1, sparse_density=0.005)  # as the real bonds
         s.pop("pair_mask")  # optional, [atoms, atoms]; the Boltz-2 featurizer does not emit it
         return s
 

@@ -550,7 +550,7 @@ fn a_sample_of_one_workflow_sharded_without_workflow_names_the_flag() {
 
 /// `sample` as a featurizer that skips its final one-hot calls writes it: each declared
 /// one-hot feature as its rows' classes and each one-hot map as its rows' items (int16),
-/// -1 for a row with none.
+/// -1 for a row with none; each sparse feature as its nonzero elements.
 fn as_indices(sample: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
     let (_, plan) = featshard::spec::compile_file(&root().join("examples/boltz2.yaml")).unwrap();
     let mut out: BTreeMap<String, Tensor> = sample
@@ -570,10 +570,23 @@ fn as_indices(sample: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
         let idx = x.argmax(-1, false).where_self(&real, &none);
         out.insert(name.to_owned(), idx.to_kind(tch::Kind::Int16));
     }
+    // Sparse features as their nonzero elements: `NAME.indices` and `NAME.values`.
+    for (name, _) in plan
+        .tensors()
+        .filter(|(n, t)| t.sparse && sample.contains_key(*n))
+    {
+        let x = out.remove(name).unwrap();
+        let at = x.nonzero().transpose(0, 1).contiguous();
+        let flat = x.reshape([-1]);
+        let positions = x.ne(0).reshape([-1]).nonzero().reshape([-1]);
+        out.insert(format!("{name}.indices"), at);
+        out.insert(format!("{name}.values"), flat.index_select(0, &positions));
+    }
     out
 }
 
-/// A real sample with its one-hot features and maps given as indices shards, on every mesh and
+/// A real sample with its one-hot features and maps given as indices and its sparse
+/// features as their elements shards, on every mesh and
 /// in both encodings, to rank files that assemble to the same bytes as the dense
 /// sample's: the dense form is never needed at the source.
 #[test]

@@ -70,8 +70,21 @@ pub struct Array<'a> {
     sparse: Arc<OnceLock<Option<Sparse>>>,
     /// The base has no bytes, only `sparse` ([`Array::one_hot_rows`]).
     rows_only: bool,
-    /// A rows-only base's dense bytes, made only if something reads bytes.
+    /// A rows-only or entries-only base's dense bytes, made only if something reads
+    /// bytes.
     dense: Arc<OnceLock<Vec<u8>>>,
+    /// The base has no bytes, only its nonzero elements ([`Array::from_entries`]).
+    entries: Option<Arc<EntryList>>,
+}
+
+/// A base known by its nonzero elements: each one's flat position in the base,
+/// ascending, and its bits (little-endian, widened to 64).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EntryList {
+    /// Flat base positions, ascending.
+    pub positions: Vec<usize>,
+    /// The element at each position, its bits widened.
+    pub bits: Vec<u64>,
 }
 
 impl<'a> Array<'a> {
@@ -103,6 +116,20 @@ impl<'a> Array<'a> {
         a
     }
 
+    /// A sparse feature given as its nonzero elements (`list`, of a base of `shape`),
+    /// whose dense bytes are never made by the executor's own paths: blocks are written
+    /// from the entries ([`crate::window::write_entries_window`]).
+    pub fn from_entries(dtype: DType, shape: Vec<usize>, list: EntryList) -> Array<'static> {
+        let mut a = Array::new(dtype, shape, Base::Owned(Arc::default()));
+        a.entries = Some(Arc::new(list));
+        a
+    }
+
+    /// The nonzero elements of a base given as them ([`Array::from_entries`]).
+    pub fn entry_list(&self) -> Option<&EntryList> {
+        self.entries.as_deref()
+    }
+
     /// Whether the array has no bytes, only its rows' nonzero entries
     /// ([`Array::one_hot_rows`]): read it by its nonzero entries only.
     pub fn is_rows_only(&self) -> bool {
@@ -122,6 +149,7 @@ impl<'a> Array<'a> {
             sparse: Arc::default(),
             rows_only: false,
             dense: Arc::default(),
+            entries: None,
         }
     }
 
@@ -162,6 +190,9 @@ impl<'a> Array<'a> {
     pub fn base_bytes(&self) -> &[u8] {
         if self.rows_only {
             return self.dense.get_or_init(|| self.dense_of_rows());
+        }
+        if let Some(list) = &self.entries {
+            return self.dense.get_or_init(|| dense_of_entries(self, list));
         }
         match &self.base {
             Base::Mapped(b, _) => b,
@@ -537,6 +568,18 @@ impl<'a> Array<'a> {
             pages.release(bytes);
         }
     }
+}
+
+/// The dense row-major bytes of a base given as its entries.
+fn dense_of_entries(x: &Array, list: &EntryList) -> Vec<u8> {
+    let es = size(x.dtype);
+    let mut out = vec![0u8; x.base_shape.iter().product::<usize>() * es];
+    for (&p, &v) in list.positions.iter().zip(&list.bits) {
+        if let Some(e) = out.get_mut(p * es..(p + 1) * es) {
+            e.copy_from_slice(&v.to_le_bytes()[..es]);
+        }
+    }
+    out
 }
 
 /// The nonzero elements of `bytes` (column, value), skipping all-zero blocks unread.

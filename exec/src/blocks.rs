@@ -16,7 +16,7 @@ use crate::dtype;
 use crate::error::RuntimeError;
 use crate::place::{axis_maps, AxisMap, Placed};
 use crate::validate::tensor_plan;
-use crate::window::{write_window, Sink};
+use crate::window::{write_entries_window, write_window, Sink};
 
 /// One feature of a placed sample, ready to have any rank's block written.
 #[derive(Debug)]
@@ -335,6 +335,9 @@ impl FeatureBlocks<'_, '_> {
         window: &[(usize, usize)],
         sink: &mut impl Sink,
     ) -> io::Result<()> {
+        if self.x.entry_list().is_some() {
+            return write_entries_window(self.x, axes, window, sink);
+        }
         if !self.given && !self.x.is_rows_only() {
             return write_window(self.x, &self.pad, axes, window, sink);
         }

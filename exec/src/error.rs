@@ -89,6 +89,11 @@ pub enum RuntimeError {
         feature: String,
         rule: String,
     },
+    /// A sparse feature given as its elements that do not describe it.
+    Entries {
+        feature: String,
+        message: String,
+    },
     /// A ranged feature holding a value outside its declared range.
     Range {
         feature: String,
@@ -213,6 +218,7 @@ impl fmt::Display for RuntimeError {
                 f,
                 "feature `{feature}`: the sample's value differs from {rule}, which the spec derives it as"
             ),
+            Entries { feature, message } => write!(f, "feature `{feature}`: {message}"),
             Range { feature, value, at, range: [lo, hi] } => write!(
                 f,
                 "feature `{feature}`: its values lie in `range: [{lo}, {hi}]`, found {value} at {at:?}"

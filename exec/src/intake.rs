@@ -19,7 +19,7 @@ use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
 use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::{given_as_indices, map_given_as_indices};
+use crate::compact::{entries_from_pairs, given_as_indices, map_given_as_indices};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
@@ -79,6 +79,7 @@ pub(crate) fn intake_any<'a>(
     features: &Sample<'a>,
     opts: &Options,
 ) -> Result<Intake<'a>, RuntimeError> {
+    let features = &entries_from_pairs(plan, features)?;
     let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
     maps_from_indices(plan, &mut kept)?;
     let real = real_lengths(plan, &kept)?;
@@ -158,7 +159,7 @@ fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), RuntimeError>
 
 /// The length of feature `name`'s axis of `semantic`, when it has one of its declared
 /// rank (a map given as indices has no axis for its items).
-fn axis_length(plan: &Plan, name: &str, x: &Array, semantic: &str) -> Option<usize> {
+pub(crate) fn axis_length(plan: &Plan, name: &str, x: &Array, semantic: &str) -> Option<usize> {
     let t = plan.tensor(name)?;
     if t.axes.len() != x.dim() {
         return None;

@@ -126,6 +126,52 @@ pub fn write_window(
     Ok(())
 }
 
+/// [`write_window`] for a base known by its nonzero elements ([`Array::from_entries`]),
+/// whose pads are zero: the window starts as zeros and each element landing in it is
+/// written at its place, so the time goes with the window and the elements, never with
+/// the base.
+pub fn write_entries_window(
+    x: &Array,
+    axes: &[AxisMap],
+    window: &[(usize, usize)],
+    sink: &mut impl Sink,
+) -> io::Result<()> {
+    let Some(list) = x.entry_list() else {
+        return Err(io::Error::other("not a base known by its entries"));
+    };
+    let base = x.base_shape();
+    // Each base item's place in the window, per axis (`None`: outside it, or cut).
+    let local: Vec<Vec<Option<usize>>> = (0..x.dim())
+        .map(|d| {
+            let mut at = vec![None; base[d]];
+            let mut w = 0;
+            for p in pieces(x.sel(d), &axes[d], window[d]) {
+                if let Some(s) = p.src {
+                    (0..p.len).for_each(|i| at[s + i] = Some(w + i));
+                }
+                w += p.len;
+            }
+            at
+        })
+        .collect();
+    let es = crate::dtype::size(x.dtype());
+    let lens: Vec<usize> = window.iter().map(|&(_, n)| n).collect();
+    let mut out = vec![0u8; lens.iter().product::<usize>() * es];
+    'entry: for (&p, &v) in list.positions.iter().zip(&list.bits) {
+        let (mut rest, mut flat, mut scale) = (p, 0, 1);
+        for d in (0..x.dim()).rev() {
+            let Some(l) = local[d][rest % base[d].max(1)] else {
+                continue 'entry;
+            };
+            rest /= base[d].max(1);
+            flat += l * scale;
+            scale *= lens[d];
+        }
+        out[flat * es..(flat + 1) * es].copy_from_slice(&v.to_le_bytes()[..es]);
+    }
+    sink.copy(&out)
+}
+
 struct Writer<'w, 'a, S> {
     x: &'w Array<'a>,
     pad: &'w [u8],

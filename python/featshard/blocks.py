@@ -273,12 +273,28 @@ def place(
     """Validates a sample as the featurizer emitted it and places it on ``mesh``.
 
     Intake runs as the spec declares (dropped keys, incoming pads cut, unowned rows,
-    derived features). Raises ``ValueError`` naming the feature and axis at fault, or
+    derived features). A feature declared one-hot may be given as its indices, a sparse
+    one as a ``torch.sparse_coo_tensor`` (or as ``NAME.indices`` and ``NAME.values``). Raises ``ValueError`` naming the feature and axis at fault, or
     ``TypeError`` for a spec tensor that is not a tensor.
     """
-    values = {name: _value(x) for name, x in features.items()}
+    values = {name: _value(x) for name, x in _as_elements(plan, features).items()}
     native = plan._native.place(values, mesh, workflow, set(passthrough), threads)
     return Placement(native, features)
+
+
+def _as_elements(plan: Plan, features: Mapping[str, Any]) -> dict[str, Any]:
+    """``features`` with each sparse feature given as a ``torch.sparse_coo_tensor`` as
+    the executor takes it: its coordinates under ``NAME.indices`` (``[axes, n]``) and its
+    values under ``NAME.values``; the dense form is never made."""
+    out: dict[str, Any] = {}
+    sparse = {n for n, f in plan.features.items() if f.sparse}
+    for name, x in features.items():
+        if name in sparse and isinstance(x, torch.Tensor) and x.layout == torch.sparse_coo:
+            x = x.detach().cpu().coalesce()
+            out[f"{name}.indices"], out[f"{name}.values"] = x.indices(), x.values()
+        else:
+            out[name] = x
+    return out
 
 
 def rank_blocks(

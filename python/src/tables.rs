@@ -40,6 +40,10 @@ pub struct Feature {
     role: &'static str,
     /// The one-hot axis, where the feature declares one.
     one_hot: Option<usize>,
+    /// Mostly zero: it travels as its nonzero elements, and may be given as them.
+    sparse: bool,
+    /// `(lo, hi)`: every value lies in it, and it travels narrowed.
+    range: Option<(i64, i64)>,
     /// A sample may lack it.
     optional: bool,
     /// A model parameter of a domain plan (not a sample input).
@@ -84,6 +88,8 @@ impl Feature {
                 Role::Index(_) => "index",
             },
             one_hot: t.one_hot,
+            sparse: t.sparse,
+            range: t.range.map(|[lo, hi]| (lo, hi)),
             optional: t.optional,
             parameter: t.parameter,
             output: t.output,

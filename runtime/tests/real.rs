@@ -315,9 +315,10 @@ fn given_as_indices(plan: &Plan) -> Vec<String> {
 }
 
 /// The tch runtime, an adapter over the executor's intake, takes one-hot features and
-/// maps given as their indices (int32, -1 for no 1) to the same layout and blocks.
+/// maps given as their indices (int32, -1 for no 1), and sparse features as their
+/// elements, to the same layout and blocks.
 #[test]
-fn one_hot_features_and_maps_given_as_indices_give_the_same_blocks() {
+fn one_hot_features_maps_and_sparse_features_given_compact_give_the_same_blocks() {
     let plan = common::boltz2_plan();
     for name in SAMPLES {
         let sample = real(name);
@@ -333,6 +334,14 @@ fn one_hot_features_and_maps_given_as_indices_give_the_same_blocks() {
             let real = x.sum_dim_intlist(-1, false, Kind::Int64).eq(1);
             let idx = x.argmax(-1, false).where_self(&real, &Tensor::from(-1i64));
             given.insert(f.clone(), idx.to_kind(Kind::Int));
+        }
+        // Sparse features as their nonzero elements (`NAME.indices`, `NAME.values`).
+        for (f, _) in plan.tensors().filter(|(_, t)| t.sparse) {
+            let x = given.remove(f).unwrap();
+            let at = x.nonzero();
+            let values = x.index(&at.unbind(1).into_iter().map(Some).collect::<Vec<_>>());
+            given.insert(format!("{f}.indices"), at.transpose(0, 1).contiguous());
+            given.insert(format!("{f}.values"), values);
         }
         for mesh in MESHES {
             let want = pad(&plan, mesh, &sample, &inference()).unwrap();

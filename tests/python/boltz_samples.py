@@ -17,8 +17,10 @@ def random_sample(
     msa_rows: int = 5,
     templates: int = 2,
     ensemble: int = 2,
+    sparse_density: float = 0.05,
 ) -> dict[str, torch.Tensor]:
-    """A Boltz-shaped serial sample: uneven atoms per token, zero-atom tokens, an R-set."""
+    """A Boltz-shaped serial sample: uneven atoms per token, zero-atom tokens, an R-set;
+    sparse features nonzero at `sparse_density` of their elements (real samples: 0.5%)."""
     g = torch.Generator().manual_seed(seed)
     counts = torch.randint(atoms_per_token[0], atoms_per_token[1], (n_tokens,), generator=g)
     if n_tokens > 1:
@@ -61,7 +63,7 @@ def random_sample(
         else:
             x = torch.randint(1, 7, shape, generator=g, dtype=dtype)
         if name in placements.SPARSE:
-            x = x * (torch.rand(shape, generator=g) < 0.05).to(dtype)  # mostly zero, as bonds are
+            x = x * (torch.rand(shape, generator=g) < sparse_density).to(dtype)  # mostly zero, as bonds are
         sample[name] = x
     sample["atom_counts_per_token"] = counts
     sample["token_index"] = torch.arange(n_tokens)
@@ -112,4 +114,21 @@ def as_indices(sample: dict[str, torch.Tensor], dtype: torch.dtype = torch.int16
     for name in ONE_HOT + ONE_HOT_MAPS:
         x = sample[name]
         out[name] = torch.where(x.sum(-1) == 1, x.argmax(-1), -1).to(dtype)
+    return out
+
+
+SPARSE = ("token_bonds", "type_bonds", "contact_threshold")
+
+
+def as_elements(sample: dict[str, torch.Tensor], *, pairs: bool = False) -> dict[str, torch.Tensor]:
+    """The sample's sparse features as their nonzero elements: a
+    ``torch.sparse_coo_tensor`` each, or (``pairs``, as a safetensors file holds them)
+    ``NAME.indices`` and ``NAME.values``."""
+    out = dict(sample)
+    for name in SPARSE:
+        coo = out.pop(name).to_sparse()
+        if pairs:
+            out[f"{name}.indices"], out[f"{name}.values"] = coo.indices(), coo.values()
+        else:
+            out[name] = coo
     return out

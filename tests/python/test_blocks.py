@@ -14,7 +14,7 @@ import featshard
 import oracle
 import pytest
 import torch
-from boltz_samples import as_indices, random_sample, real_samples
+from boltz_samples import as_elements, as_indices, random_sample, real_samples
 from conftest import ROOT, featshard_bin
 from featshard import blocks
 from safetensors.torch import save_file
@@ -361,13 +361,14 @@ def test_sparse_and_ranged_features_travel_as_entries_and_narrowed(plan: featsha
 def test_one_hot_features_given_as_indices_give_the_dense_inputs_blocks(
     plan: featshard.Plan, mesh: tuple[int, int]
 ) -> None:
-    """A sample whose one-hot features arrive as their indices (any integer dtype)
-    places to the same dense blocks, compact buffers and padded layout as the sample
-    with them dense, on every real sample."""
+    """A sample whose one-hot features arrive as their indices (any integer dtype) and
+    whose sparse features arrive as sparse COO tensors places to the same dense blocks,
+    compact buffers and padded layout as the sample with them dense, on every real
+    sample."""
     for i, sample in enumerate(real_samples()):
         dense = blocks.place(plan, sample, mesh, workflow="inference")
-        given = blocks.place(plan, as_indices(sample, [torch.int16, torch.int64][i % 2]), mesh,
-                             workflow="inference")
+        compact_input = as_elements(as_indices(sample, [torch.int16, torch.int64][i % 2]))
+        given = blocks.place(plan, compact_input, mesh, workflow="inference")
         assert given.features == dense.features
         for rank in range(mesh[0] * mesh[1]):
             coord = featshard.coords(mesh, rank)
@@ -401,9 +402,35 @@ def test_indices_that_name_no_class_are_refused_by_name(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [(lambda ix: ix.__setitem__((1, 0), 500),
+      "feature `type_bonds`: element 0: coordinate 500 along axis 1 is outside its 73 items"),
+     (lambda ix: ix.__setitem__((slice(None), 1), ix[:, 0]),
+      "feature `type_bonds`: elements 0 and 1 are at the same coordinate")],
+    ids=["outside", "twice"],
+)
+def test_sparse_elements_outside_the_feature_or_given_twice_are_refused_by_name(
+    plan: featshard.Plan, tmp_path: Path, change, message: str  # type: ignore[no-untyped-def]
+) -> None:
+    sample = as_elements(real_samples()[1], pairs=True)
+    change(sample["type_bonds.indices"])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        blocks.place(plan, sample, (2, 2), workflow="inference")
+    save_file(sample, str(tmp_path / "bad.safetensors"))
+    shard = subprocess.run(
+        [str(featshard_bin()), "shard", str(SPEC), "--features", str(tmp_path / "bad.safetensors"),
+         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )
+    assert shard.returncode != 0 and message in shard.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_meta_and_sparse_tensors_are_refused_naming_the_feature(plan: featshard.Plan) -> None:
-    """A meta tensor (no data) or a sparse one is refused naming the feature and what it
-    is; before, torch's own message named neither."""
+    """A meta tensor (no data) or a sparse one (for a feature not declared sparse) is
+    refused naming the feature and what it is; before, torch's own message named
+    neither."""
     sample = real_samples()[0]
     for value, what in [(torch.empty(sample["res_type"].shape, dtype=torch.int64, device="meta"),
                          "a meta tensor (no data)"),

@@ -26,6 +26,7 @@
 mod bits;
 mod entries;
 mod given;
+mod given_entries;
 mod narrow;
 mod stored;
 
@@ -33,6 +34,7 @@ use bits::unpack_bits_into;
 pub use bits::{bits_len, unpack_bits, Bits};
 pub use entries::{Entries, ENTRY_BYTES};
 pub use given::{given_as_indices, indices_given, map_given_as_indices};
+pub use given_entries::{entries_from_pairs, INDICES, VALUES};
 pub use narrow::{check_range, narrow_dtype, narrowed, Narrow};
 pub use stored::{check_stored, expand_stored, stored_entries, stored_form};
 
