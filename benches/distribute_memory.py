@@ -4,8 +4,8 @@ processes, by the package (`featshard.distribute`, which the generated
 `<module>_data.py` calls: the source sends each rank its blocks in one buffer, one rank
 at a time), with one-hot features and maps sent dense and sent compact (as indices,
 expanded on the receiving rank), and compact from a sample whose one-hot features
-arrive as indices (as a featurizer that skips its final one-hot call writes it), in the
-same run.
+arrive as indices (as a featurizer that skips its final one-hot call writes it) and
+whose sparse features arrive as their nonzero elements, in the same run.
 
     . scripts/env.sh && cargo build --release
     maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
@@ -106,10 +106,11 @@ def bench(folder: Path) -> None:
     # `boltz2`: as the Boltz-2 featurizer emits a sample, without the optional pair_mask.
     with_pair_mask = not (len(sys.argv) > 3 and sys.argv[3] == "boltz2")
     atoms, size = boltz_sample_file(folder, tokens, 2048, (0, most), with_pair_mask)
-    from boltz_samples import as_indices
+    from boltz_samples import as_elements, as_indices
     from safetensors.torch import load_file, save_file
 
-    save_file(as_indices(load_file(str(folder / "sample.safetensors"))), str(folder / "sample-indices.safetensors"))
+    compact_input = as_elements(as_indices(load_file(str(folder / "sample.safetensors"))), pairs=True)
+    save_file(compact_input, str(folder / "sample-indices.safetensors"))
     given = (folder / "sample-indices.safetensors").stat().st_size
     what = "the optional pair_mask included" if with_pair_mask else "no pair_mask"
     print(f"sample: {tokens} tokens, {atoms} atoms ({what}), 2048 MSA rows, "
@@ -135,7 +136,7 @@ def bench(folder: Path) -> None:
     print(f"\nbytes of all ranks' buffers: dense {sent['dense'] / 1e6:.1f} MB, compact "
           f"{sent['compact'] / 1e6:.1f} MB (1/{sent['dense'] / max(sent['compact'], 1):.1f}); time compact / dense "
           f"{walls['compact'] / walls['dense']:.2f} ({walls['dense'] / walls['compact']:.2f}x faster)")
-    print(f"one-hot features and maps given as indices: the sample file {given / 1e6:.1f} MB "
+    print(f"one-hot features and maps given as indices, sparse features as their elements: the sample file {given / 1e6:.1f} MB "
           f"({given / size:.2f} of the dense sample)")
 
 
