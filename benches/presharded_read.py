@@ -2,7 +2,8 @@
 
     . scripts/env.sh && cargo build --release
     maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
-    python benches/presharded_read.py
+    python benches/presharded_read.py           # the files in the page cache
+    python benches/presharded_read.py cold      # the page cache dropped before each sample
 
 Shards four copies of one Boltz-2-shaped sample (512 tokens, up to 11 atoms a token, 2048
 MSA rows, the optional `pair_mask` included) on 3x3 with `featshard shard --encoding
@@ -16,6 +17,7 @@ first then compact, then dense again.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -28,6 +30,9 @@ from pathlib import Path
 from bench_common import ROOT, SPEC, boltz_sample_file
 from torch.multiprocessing import spawn
 
+# `cold`: the page cache is dropped before each sample (as when the files come from disk,
+# not memory); needs permission to write /proc/sys/vm/drop_caches.
+COLD = len(sys.argv) > 1 and sys.argv[1] == "cold"
 MESH = (3, 3)
 RANKS = MESH[0] * MESH[1]
 SAMPLES = 4
@@ -48,6 +53,8 @@ def _worker(rank: int, folder: str, encoding: str, run: int) -> None:
     ds = PreshardedDataset(featshard.Plan(SPEC), Path(folder) / encoding, mesh)
     times = []
     for i in range(len(ds)):
+        if COLD and rank == 0:
+            drop_page_cache()
         dist.barrier()
         start = time.perf_counter()
         ds[i]
@@ -55,6 +62,11 @@ def _worker(rank: int, folder: str, encoding: str, run: int) -> None:
     Path(folder, f"{encoding}-{run}-{rank}.json").write_text(json.dumps(times))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ Every number comes from the plan through the native module: collate's DTensor sh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, Sampler
 
 from featshard import Plan, _native
-from featshard.blocks import (
-    _BY_NAME,
-    expand_entries,
-    expand_one_hot,
-    unpack_bits,
-    widen,
-)
+from featshard.blocks import _BY_NAME
 from featshard.distribute import cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -249,8 +244,9 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
                 raise ValueError(f"{path}: its metadata is not the manifest's (edited after the run?)")
             if self.verify:
                 manifest.verify_file(name, str(path))
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                x = _dense(manifest, key, f.get_tensor(key), path)
+            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - not a mapping
+            tensors.update(_dense(manifest, {k: x for k, x in tensors.items() if manifest.stored_form(k)}, path))
+            for key, x in tensors.items():
                 dtensor = manifest.dtensor_shape(key)
                 if dtensor is None:
                     out[key] = x
@@ -264,23 +260,21 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         return out
 
 
-def _dense(manifest: Any, name: str, x: torch.Tensor, path: Path) -> torch.Tensor:
-    """A rank file's tensor ``name`` as the model takes it: a block stored compact
-    (``featshard shard --encoding compact``) checked and expanded, the rest as read."""
-    form = manifest.stored_form(name)
-    if form is None:
-        return x
-    # The executor's check of a stored block (dtype, shape, every index a class).
-    manifest.check_stored(name, x.contiguous().__dlpack__(), str(path))
-    kind, axis, classes, _, _, _ = form
-    dense_shape, dense_dtype = manifest.block_of(name) or ([], "")
-    if kind == "bits":
-        return unpack_bits(x, tuple(dense_shape), _BY_NAME[dense_dtype])
-    if kind == "sparse":
-        return expand_entries(x, tuple(dense_shape), _BY_NAME[dense_dtype])
-    if kind == "narrow":
-        return widen(x, _BY_NAME[dense_dtype])
-    return expand_one_hot(x, axis, classes, _BY_NAME[dense_dtype])
+def _dense(manifest: Any, stored: Mapping[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """The blocks a rank file stores compact (``featshard shard --encoding compact``) as
+    the model takes them: checked and expanded by the executor into one new buffer."""
+    if not stored:
+        return {}
+    capsules = [(name, x.contiguous().__dlpack__()) for name, x in stored.items()]
+    capsule, offsets = manifest.expand_stored(capsules, str(path))
+    buffer = torch.from_dlpack(capsule)
+    out = {}
+    for name, at in zip(stored, offsets):
+        shape, dtype_name = manifest.block_of(name)
+        dtype = _BY_NAME[dtype_name]
+        nbytes = math.prod(shape) * dtype.itemsize
+        out[name] = buffer[at : at + nbytes].view(dtype).view(shape)
+    return out
 
 
 class DpSampler(Sampler[int]):

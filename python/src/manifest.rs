@@ -116,29 +116,58 @@ impl ShardManifest {
         })
     }
 
-    /// `ValueError` naming `path` unless `stored` (a DLPack capsule of the tensor a
-    /// rank file holds for feature `name`, stored compact) is that feature's compact
-    /// form: its dtype and shape, and every index naming a class (the executor's check,
-    /// `featshard_exec::compact::check_stored`).
-    fn check_stored(
+    /// The dense blocks of the compact blocks `stored` (feature name, DLPack capsule of
+    /// the tensor a rank file at `path` holds), each checked by the executor
+    /// (`check_stored`) and expanded by it (`Form::expand_into`) into one new buffer
+    /// (huge pages advised: one allocation, few page faults): the buffer as a uint8
+    /// capsule, and each block's byte offset in it, in the order given.
+    fn expand_stored<'py>(
         &self,
-        name: &str,
-        stored: &Bound<'_, pyo3::types::PyCapsule>,
+        py: Python<'py>,
+        stored: Vec<(String, Bound<'py, pyo3::types::PyCapsule>)>,
         path: PathBuf,
-    ) -> PyResult<()> {
-        let (Some(t), Some(entry)) = (self.plan.tensor(name), self.m.features.get(name)) else {
-            return Err(at(&path, format!("feature `{name}`: not in the manifest")));
-        };
-        let memory = crate::dlpack::Memory::new(name, stored)?;
-        let array = featshard_exec::array::Array::borrowed(
-            memory.dtype,
-            memory.shape.clone(),
-            memory.bytes(),
-            None,
-        );
-        featshard_exec::compact::check_stored(name, t, &entry.local_shape, &array)
-            .map(|_| ())
-            .map_err(|e| at(&path, e))
+    ) -> PyResult<(Bound<'py, PyAny>, Vec<usize>)> {
+        let mut blocks = Vec::with_capacity(stored.len());
+        let mut end = 0usize;
+        for (name, capsule) in &stored {
+            let (Some(t), Some(entry)) = (self.plan.tensor(name), self.m.features.get(name)) else {
+                return Err(at(&path, format!("feature `{name}`: not in the manifest")));
+            };
+            let memory = crate::dlpack::Memory::new(name, capsule)?;
+            let array = featshard_exec::array::Array::borrowed(
+                memory.dtype,
+                memory.shape.clone(),
+                memory.bytes(),
+                None,
+            );
+            let form = featshard_exec::compact::check_stored(name, t, &entry.local_shape, &array)
+                .map_err(|e| at(&path, e))?;
+            let bytes =
+                entry.local_shape.iter().product::<usize>() * featshard_exec::dtype::size(t.dtype);
+            // Every block starts 64-byte aligned, as torch allocates.
+            let offset = end.next_multiple_of(64);
+            end = offset + bytes;
+            blocks.push((
+                memory,
+                form,
+                t.dtype,
+                entry.local_shape.clone(),
+                offset,
+                bytes,
+            ));
+        }
+        let mut buffer = crate::dlpack::Buffer::new(end).map_err(|e| at(&path, e))?;
+        let out = buffer.bytes_mut();
+        for (memory, form, dtype, shape, offset, bytes) in &blocks {
+            form.expand_into(
+                memory.bytes(),
+                *dtype,
+                shape,
+                &mut out[*offset..offset + bytes],
+            );
+        }
+        let offsets = blocks.iter().map(|b| b.4).collect();
+        Ok((buffer.into_capsule(py)?, offsets))
     }
 
     /// Tensor feature `name`'s block on every rank: its local shape and dtype name.
