@@ -209,8 +209,19 @@ fn explain_prints_placements_and_shapes() {
         row("res_type"),
         "res_type [tokens, 33] Shard(0), Replicate() [102, 33] [34, 33] 26.93 KB 102 B"
     );
+    // A sparse feature's compact bytes are its nonzero entries'; a ranged one narrowed
+    // to uint8 (64 MSA rows padded to 66, x 102 ids of 0 to 32: 6,732 B).
+    assert_eq!(
+        row("type_bonds"),
+        "type_bonds [tokens, tokens] Shard(0), Shard(1) [102, 102] [34, 34] 83.23 KB 16 B per nonzero"
+    );
+    assert_eq!(
+        row("msa"),
+        "msa [msa, tokens] Shard(0), Shard(1) [66, 102] [22, 34] 53.86 KB 6.73 KB"
+    );
     assert!(
-        table.contains("bytes per sample (padded global): dense "),
+        table.contains("bytes per sample (padded global): dense ")
+            && table.contains("+ 16 B per nonzero of 3 sparse feature(s)"),
         "{table}"
     );
     assert!(

@@ -316,7 +316,8 @@ fn replicate_axis_on_an_unsharded_axis() {
     assert_error(
         &with_features("  x: {axes: [ensemble, tokens], dtype: float32, replicate_axes: [0]}\n"),
         &[
-            "spec.yaml:13:65",
+            // The entry `0` itself, not the list's `[`.
+            "spec.yaml:13:66",
             "feature `x`",
             "axis 0 (ensemble)",
             "never sharded",

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, Sampler
+from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
 from featshard.blocks import _BY_NAME
@@ -267,7 +268,7 @@ def _dense(manifest: Any, stored: Mapping[str, torch.Tensor], path: Path) -> dic
         return {}
     capsules = [(name, x.contiguous().__dlpack__()) for name, x in stored.items()]
     capsule, offsets = manifest.expand_stored(capsules, str(path))
-    buffer = torch.from_dlpack(capsule)
+    buffer = from_dlpack(capsule)
     out = {}
     for name, at in zip(stored, offsets):
         shape, dtype_name = manifest.block_of(name)
