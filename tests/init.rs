@@ -337,6 +337,13 @@ fn a_draft_from_real_featurizer_output_once_answered_shards_that_sample() {
     for plain in ["ref_pos", "ref_charge", "frames_idx"] {
         assert!(!line(plain).contains("one_hot"), "{}", line(plain));
     }
+    // Nearly empty pair features are proposed sparse; dense ones and MSA features not.
+    for sparse in ["token_bonds", "type_bonds", "contact_threshold"] {
+        assert!(line(sparse).ends_with("sparse: true}"), "{}", line(sparse));
+    }
+    for dense in ["has_deletion", "ref_pos", "profile"] {
+        assert!(!line(dense).contains("sparse"), "{}", line(dense));
+    }
     assert!(featshard::spec::compile_str("draft.yaml", &draft).is_err());
     let answered = answer_real(&draft, &plan);
     assert!(

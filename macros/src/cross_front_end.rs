@@ -184,6 +184,30 @@ const CASES: &[Case] = &[
         derive_struct: "",
         derive_fields: "#[featshard(axes(tokens, 5), dtype = int64, one_hot = 4)] f: Tensor,",
     },
+    Case {
+        name: "a sparse mask",
+        yaml_semantics: "",
+        yaml_features: "  f: {axes: [tokens], dtype: bool, mask: tokens, sparse: true}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens), dtype = bool, mask(tokens), sparse)] f: Tensor,",
+    },
+    Case {
+        name: "an empty range",
+        yaml_semantics: "",
+        yaml_features: "  f: {axes: [tokens], dtype: int64, range: [5, 2]}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens), dtype = int64, range(5, 2))] f: Tensor,",
+    },
+    Case {
+        name: "a range on floats",
+        yaml_semantics: "",
+        yaml_features: "  f: {axes: [tokens], dtype: float32, range: [0, 3]}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens), dtype = float32, range(0, 3))] f: Tensor,",
+    },
 ];
 
 fn yaml(c: &Case) -> String {

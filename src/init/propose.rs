@@ -49,6 +49,7 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
     owners(sample, lengths, &real, &mut semantics);
     one_hot_maps(sample, &mut features);
     one_hot_channels(sample, &mut features);
+    sparse_pairs(sample, &mut features);
     list_roles(
         sample,
         lengths,
@@ -390,6 +391,27 @@ fn one_hot_channels(sample: &Sample, features: &mut BTreeMap<String, FeatureDraf
                 "# proposed: {name} is one-hot over {last} classes along axis {axis} (every row one 1, or none); check that it is not a distribution"
             ));
             f.keys.push(format!("one_hot: {axis}"));
+        }
+    }
+}
+
+/// A plain pair feature (its first two axes one semantic, as `[tokens, tokens]`) under 1%
+/// nonzero in this sample is proposed sparse: it then travels and rests as its nonzero
+/// entries. Another sample may be fuller: the note says to check.
+fn sparse_pairs(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) {
+    for (name, f) in features.iter_mut() {
+        let Some(v) = sample.tensors[name].values.as_deref() else {
+            continue;
+        };
+        let semantic = |a: &str| a.parse::<usize>().is_err() && !a.starts_with("QUESTION");
+        let pair = f.axes.len() >= 2 && semantic(&f.axes[0]) && f.axes[0] == f.axes[1];
+        let nonzero = v.iter().filter(|&&x| x != 0.0).count();
+        if pair && f.keys.is_empty() && !v.is_empty() && nonzero * 100 < v.len() {
+            let share = 100.0 * nonzero as f64 / v.len() as f64;
+            f.notes.push(format!(
+                "# proposed: {name} is {share:.2}% nonzero here: sparse, it travels as its nonzero entries; check that it is mostly zero in every sample"
+            ));
+            f.keys.push("sparse: true".to_owned());
         }
     }
 }
