@@ -130,7 +130,7 @@ pub(super) fn row_of(row: &[u8]) -> (i64, u64) {
 
 /// Why `rows` are not the entries of a dense block of `numel` elements of `dtype`: a
 /// position outside it, positions out of order or repeated, an entry after a row of
-/// -1, a value wider than the dtype.
+/// -1, a value wider than the dtype (or a bool other than 0 and 1).
 pub(super) fn entries_fault(rows: &[u8], numel: usize, dtype: DType) -> Option<String> {
     let es = dtype::size(dtype);
     let mut last: Option<i64> = None;
@@ -150,6 +150,7 @@ pub(super) fn entries_fault(rows: &[u8], numel: usize, dtype: DType) -> Option<S
             _ if es < 8 && v >> (8 * es) != 0 => {
                 format!("value bits {v:#x} are wider than {dtype}")
             }
+            _ if dtype == DType::Bool && v > 1 => format!("value {v} is not a bool"),
             _ => {
                 last = Some(p);
                 continue;
@@ -202,5 +203,6 @@ mod tests {
         assert!(fault(vec![row(2, 1), row(2, 1)], DType::Int64).contains("out of order"));
         assert!(fault(vec![row(-1, 0), row(1, 1)], DType::Int64).contains("after"));
         assert!(fault(vec![row(0, 1 << 40)], DType::Float32).contains("wider"));
+        assert!(fault(vec![row(0, 2)], DType::Bool).contains("not a bool"));
     }
 }
