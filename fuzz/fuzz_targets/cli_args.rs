@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use featshard::commands::{parse_lengths, parse_mesh};
-use featshard::spec::plan::{Lengths, Plan};
+use featshard::spec::plan::{Lengths, Plan, RootCounts};
 use libfuzzer_sys::fuzz_target;
 
 fn plan() -> &'static Plan {
@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
             let per = a / t;
             let mut c = vec![per; t];
             c[t - 1] += a - per * t;
-            l.counts.insert("atoms".into(), c);
+            l.counts.insert("atoms".into(), RootCounts::Each(c));
         }
     }
     let _ = plan().resolve(mesh, &l, Some("inference"));

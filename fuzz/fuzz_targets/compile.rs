@@ -20,7 +20,9 @@ fuzz_target!(|data: &[u8]| {
             let owners = lengths.sizes.get(root).copied().unwrap_or(0);
             let counts: Vec<usize> = (0..owners).map(|o| o % 3).collect();
             lengths.sizes.insert(name.clone(), counts.iter().sum());
-            lengths.counts.insert(name.clone(), counts);
+            lengths
+                .counts
+                .insert(name.clone(), featshard_spec::plan::RootCounts::Each(counts));
         }
     }
     for mesh in [[1, 1], [2, 3], [3, 3], [4, 1]] {
