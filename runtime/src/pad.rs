@@ -13,7 +13,7 @@ use featshard_exec::compact::Form;
 use featshard_spec::ir::DType;
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{FeatureShapes, Plan, SampleLayout};
-use tch::Tensor;
+use tch::{Device, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::kind_of;
@@ -54,6 +54,11 @@ pub struct Placed {
     pub compact: BTreeMap<String, Array<'static>>,
     /// Every sparse feature's room for entries: the most any rank's block holds.
     pub entries: BTreeMap<String, usize>,
+    /// Features given compact that intake holds by their rows or elements (a one-hot
+    /// map given as indices, a sparse feature given as its elements): their blocks are
+    /// written from them, and their dense serial form is never made. They have no entry
+    /// in `tensors`.
+    pub held: BTreeMap<String, Array<'static>>,
 }
 
 pub use featshard_exec::IntakeReport;
@@ -79,10 +84,17 @@ pub fn place(
 ) -> Result<Placed, RuntimeError> {
     let seen = views(plan, features)?;
     let placed = featshard_exec::place(plan, mesh, &seen, opts)?;
+    let held: BTreeMap<String, Array<'static>> = placed
+        .arrays
+        .iter()
+        .filter(|(_, a)| a.is_rows_only() || a.entry_list().is_some())
+        .filter_map(|(n, a)| Some((n.clone(), a.to_static()?)))
+        .collect();
     // Contiguous once here, so that every later write views them without a copy.
     let tensors = placed
         .arrays
         .iter()
+        .filter(|(n, _)| !held.contains_key(*n))
         .map(|(n, a)| {
             let x = tensor(n, a, features.get(n).zip(seen.get(n)))?;
             Ok((n.clone(), x.f_contiguous().feature(n)?))
@@ -101,6 +113,7 @@ pub fn place(
         intake: placed.intake,
         compact: placed.compact,
         entries: placed.entries,
+        held,
     })
 }
 
@@ -116,34 +129,52 @@ impl Placed {
             intake: self.intake.clone(),
             compact: self.compact.clone(),
             entries: self.entries.clone(),
+            held: self.held.clone(),
         }
     }
 
-    /// Runs `f` on the executor's writer of one tensor feature.
+    /// Every placed feature's name, sorted: those held as tensors and those held by
+    /// their rows or elements.
+    pub fn names(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .tensors
+            .keys()
+            .chain(self.held.keys())
+            .cloned()
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Runs `f` on the executor's writer of one tensor feature, with the device its
+    /// tensor is on (the CPU for a feature held by its rows or elements).
     pub(crate) fn with_blocks<R>(
         &self,
         plan: &Plan,
         name: &str,
-        f: impl FnOnce(&FeatureBlocks, &Tensor, &FeatureShapes) -> Result<R, RuntimeError>,
+        f: impl FnOnce(&FeatureBlocks, Device, &FeatureShapes) -> Result<R, RuntimeError>,
     ) -> Result<R, RuntimeError> {
-        let (Some(x), Some(shapes)) = (self.tensors.get(name), self.shapes.get(name)) else {
-            return Err(RuntimeError::Missing {
-                feature: name.to_owned(),
-            });
+        let missing = || RuntimeError::Missing {
+            feature: name.to_owned(),
         };
-        let seen = view(plan, name, x)?;
+        let shapes = self.shapes.get(name).ok_or_else(missing)?;
+        let (seen, device) = match (self.held.get(name), self.tensors.get(name)) {
+            (Some(a), _) => (a.clone(), Device::Cpu),
+            (None, Some(x)) => (view(plan, name, x)?, x.device()),
+            (None, None) => return Err(missing()),
+        };
         let blocks = FeatureBlocks::placed(plan, name, &seen, shapes, &self.layout)?
             .with_compact(self.compact.get(name))
             .with_entries(self.entries.get(name).copied());
-        f(&blocks, x, shapes)
+        f(&blocks, device, shapes)
     }
 
     /// One feature at its padded global shape, in a new tensor (on the feature's device).
     pub fn padded(&self, plan: &Plan, name: &str) -> Result<Tensor, RuntimeError> {
-        self.with_blocks(plan, name, |blocks, x, shapes| {
+        self.with_blocks(plan, name, |blocks, device, shapes| {
             let whole: Vec<(usize, usize)> = shapes.padded_shape.iter().map(|&n| (0, n)).collect();
             let kind = kind_of(blocks.dtype);
-            new_written(name, &shapes.padded_shape, kind, x.device(), |sink| {
+            new_written(name, &shapes.padded_shape, kind, device, |sink| {
                 blocks.write_region(&whole, sink)
             })
         })
@@ -229,9 +260,9 @@ impl Placed {
     /// Every feature padded, in new tensors.
     pub fn into_padded(self, plan: &Plan) -> Result<Padded, RuntimeError> {
         let tensors = self
-            .tensors
-            .keys()
-            .map(|n| Ok((n.clone(), self.padded(plan, n)?)))
+            .names()
+            .into_iter()
+            .map(|n| Ok((n.clone(), self.padded(plan, &n)?)))
             .collect::<Result<_, RuntimeError>>()?;
         Ok(Padded {
             layout: self.layout,

@@ -6,8 +6,9 @@ mod common;
 
 use std::path::PathBuf;
 
+use featshard_runtime::kind::kind_of;
 use featshard_runtime::shard::coords;
-use featshard_runtime::{assemble, intake, pad, unpad, Features, Options, Padded};
+use featshard_runtime::{assemble, intake, pad, place, unpad, Features, Options, Padded, Placed};
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{Plan, Remap};
 use tch::{Kind, Tensor};
@@ -344,6 +345,7 @@ fn one_hot_features_maps_and_sparse_features_given_compact_give_the_same_blocks(
             given.insert(format!("{f}.values"), values);
         }
         for mesh in MESHES {
+            same_compact_blocks(&plan, mesh, &sample, &given, name);
             let want = pad(&plan, mesh, &sample, &inference()).unwrap();
             let got = pad(&plan, mesh, &given, &inference()).unwrap();
             assert_eq!(want.layout, got.layout, "{name} {mesh:?}");
@@ -352,6 +354,55 @@ fn one_hot_features_maps_and_sparse_features_given_compact_give_the_same_blocks(
                     assert!(g[f].equal(x), "{name} {mesh:?} {f}");
                 }
             }
+        }
+    }
+}
+
+/// `given` (maps as indices, sparse features as elements) places to the same compact
+/// blocks as the dense `sample` on every rank, and what it gives compact is held by its
+/// rows or elements: no dense tensor of it is made.
+fn same_compact_blocks(
+    plan: &Plan,
+    mesh: [usize; 2],
+    sample: &Features,
+    given: &Features,
+    what: &str,
+) {
+    let (want, got) = (
+        place(plan, mesh, sample, &inference()).unwrap(),
+        place(plan, mesh, given, &inference()).unwrap(),
+    );
+    for name in [
+        "atom_to_token",
+        "token_to_rep_atom",
+        "type_bonds",
+        "token_bonds",
+    ] {
+        assert!(
+            got.held.contains_key(name) && !got.tensors.contains_key(name),
+            "{what} {name}"
+        );
+    }
+    assert_eq!(want.names(), got.names(), "{what}");
+    let compact = |p: &Placed, name: &str, coord| {
+        let (_, dtype, shape) = p.compact_form(plan, name).unwrap()?;
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let out = Tensor::zeros(dims.as_slice(), (kind_of(dtype), tch::Device::Cpu));
+        p.write_compact_block(plan, name, coord, &out).unwrap();
+        Some(out)
+    };
+    for rank in 0..mesh[0] * mesh[1] {
+        for name in want.names() {
+            let (a, b) = (
+                compact(&want, &name, coords(mesh, rank)),
+                compact(&got, &name, coords(mesh, rank)),
+            );
+            let same = match (&a, &b) {
+                (Some(a), Some(b)) => a.equal(b),
+                (None, None) => true,
+                _ => false,
+            };
+            assert!(same, "{what} {mesh:?} rank {rank} {name}");
         }
     }
 }

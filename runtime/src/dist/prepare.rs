@@ -133,8 +133,8 @@ impl Preparer {
 /// `compact`, those with a compact form hold it.
 fn block_slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, RuntimeError> {
     placed
-        .tensors
-        .keys()
+        .names()
+        .iter()
         .map(|name| {
             let t = tensor_plan(plan, name)?;
             let s = &placed.shapes[name];
@@ -290,6 +290,7 @@ impl Prepared {
     pub(super) fn break_pending(&mut self) {
         if let Some(p) = self.pending.as_mut() {
             p.placed.tensors.clear();
+            p.placed.held.clear();
         }
     }
 }
