@@ -605,14 +605,11 @@ fn dense_of_entries(x: &Array, list: &EntryList) -> Vec<u8> {
 pub(crate) fn nonzeros(d: DType, bytes: &[u8], out: &mut Vec<(usize, f64)>) {
     const BLOCK: usize = 64;
     let es = size(d);
-    let mut values = Vec::with_capacity(BLOCK);
-    for (b, block) in bytes.chunks(BLOCK).enumerate() {
-        if all_zero(block) {
-            continue;
-        }
+    let mut values = Vec::with_capacity(8);
+    let mut take = |at: usize, part: &[u8], out: &mut Vec<(usize, f64)>| {
         values.clear();
-        decode_into(d, block, &mut values);
-        let first = b * BLOCK / es;
+        decode_into(d, part, &mut values);
+        let first = at / es;
         out.extend(
             values
                 .iter()
@@ -620,6 +617,23 @@ pub(crate) fn nonzeros(d: DType, bytes: &[u8], out: &mut Vec<(usize, f64)>) {
                 .filter(|(_, &v)| v != 0.0)
                 .map(|(k, &v)| (first + k, v)),
         );
+    };
+    let blocks = bytes.chunks_exact(BLOCK);
+    let tail = blocks.remainder();
+    for (b, block) in blocks.enumerate() {
+        // Eight words tested at once; only the words holding a value are decoded.
+        let words: [u64; 8] = std::array::from_fn(|w| {
+            u64::from_ne_bytes(block[w * 8..w * 8 + 8].try_into().unwrap_or([0xff; 8]))
+        });
+        if words.iter().fold(0, |a, &w| a | w) == 0 {
+            continue;
+        }
+        for w in (0..8).filter(|&w| words[w] != 0) {
+            take(b * BLOCK + w * 8, &block[w * 8..w * 8 + 8], out);
+        }
+    }
+    if !all_zero(tail) {
+        take(bytes.len() - tail.len(), tail, out);
     }
 }
 

@@ -288,8 +288,9 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Run
 pub(crate) const SCAN_CHUNK: usize = 8 << 20;
 
 /// Calls `f` with the index and bits of every element of `bytes` (elements of `es`
-/// bytes, at most 8) that is neither 0 nor `negative_zero`. Blocks of 64 zero bytes
-/// (most of a one-hot feature) are passed over with one vectorised test.
+/// bytes: 1, 2, 4 or 8) that is neither 0 nor `negative_zero`. Blocks of 64 zero bytes
+/// (most of a one-hot feature) are passed over with one test of eight words, and zero
+/// words of a block that is not, so that only the words holding a value are decoded.
 fn for_each_nonzero<E>(
     bytes: &[u8],
     es: usize,
@@ -297,18 +298,37 @@ fn for_each_nonzero<E>(
     mut f: impl FnMut(usize, u64) -> Result<(), E>,
 ) -> Result<(), E> {
     const BLOCK: usize = 64;
-    for (b, block) in bytes.chunks(BLOCK).enumerate() {
-        if block.iter().fold(0u8, |a, &x| a | x) == 0 {
+    let mut visit = |at: usize, e: &[u8]| {
+        let v = bits(e);
+        match v != 0 && Some(v) != negative_zero {
+            true => f(at / es, v),
+            false => Ok(()),
+        }
+    };
+    let blocks = bytes.chunks_exact(BLOCK);
+    let tail = blocks.remainder();
+    for (b, block) in blocks.enumerate() {
+        let words: [u64; 8] = std::array::from_fn(|w| word(&block[w * 8..w * 8 + 8]));
+        if words.iter().fold(0, |a, &w| a | w) == 0 {
             continue;
         }
-        for (j, e) in block.chunks_exact(es).enumerate() {
-            let v = bits(e);
-            if v != 0 && Some(v) != negative_zero {
-                f(b * BLOCK / es + j, v)?;
+        for w in (0..8).filter(|&w| words[w] != 0) {
+            let at = b * BLOCK + w * 8;
+            for (j, e) in block[w * 8..w * 8 + 8].chunks_exact(es).enumerate() {
+                visit(at + j * es, e)?;
             }
         }
     }
+    let start = bytes.len() - tail.len();
+    for (j, e) in tail.chunks_exact(es).enumerate() {
+        visit(start + j * es, e)?;
+    }
     Ok(())
+}
+
+/// Eight bytes as a little-endian word.
+fn word(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
 }
 
 /// A one-hot map's indices (`x` at its serial shape, already checked): each row's 1 as
