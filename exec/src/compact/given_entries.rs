@@ -72,7 +72,7 @@ fn dense_shape(
                 let n = others
                     .iter()
                     .filter(|(n, _)| *n != name)
-                    .find_map(|(n, x)| super::super::intake::axis_length(plan, n, x, s))
+                    .find_map(|(n, x)| crate::intake::axis_length(plan, n, x, s))
                     .ok_or_else(|| {
                         format!("given as elements, but no other feature gives the length of `{s}`")
                     })?;
