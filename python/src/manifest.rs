@@ -103,17 +103,13 @@ impl ShardManifest {
         }
         let (t, entry) = (self.plan.tensor(name)?, self.m.features.get(name)?);
         let (form, dtype, shape) = featshard_exec::compact::stored_form(t, &entry.local_shape, 0)?;
-        Some(match form {
+        let (axis, classes, none) = match form {
             Form::OneHot {
                 axis, classes, map, ..
-            } => {
-                let none = if map { -1 } else { classes as i64 };
-                ("one_hot", axis, classes, none, dtype.name(), shape)
-            }
-            Form::Bits => ("bits", 0, 0, 0, dtype.name(), shape),
-            Form::Sparse => ("sparse", 0, 0, 0, dtype.name(), shape),
-            Form::Narrow { .. } => ("narrow", 0, 0, 0, dtype.name(), shape),
-        })
+            } => (axis, classes, if map { -1 } else { classes as i64 }),
+            _ => (0, 0, 0),
+        };
+        Some((form.name(), axis, classes, none, dtype.name(), shape))
     }
 
     /// The dense blocks of the compact blocks `stored` (feature name, DLPack capsule of

@@ -14,7 +14,6 @@ use featshard_exec::blocks::{feature_blocks, FeatureBlocks, Part, SliceSink};
 use featshard_exec::compact::Form;
 use featshard_exec::files::Sample;
 use featshard_exec::{Options, Placed, RuntimeError};
-use featshard_spec::ir::DType;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -165,22 +164,14 @@ impl Placement {
             .iter()
             .filter(|f| f.is_placed())
             .filter_map(|f| {
-                let dense = f.dtype.name();
-                let (kind, axis, n, stored) = match (f.form()?, f.compact_shape()?) {
-                    (
-                        Form::OneHot {
-                            axis,
-                            classes,
-                            index,
-                            ..
-                        },
-                        _,
-                    ) => ("one_hot", axis, classes, index),
-                    (Form::Bits, _) => ("bits", 0, 0, DType::Uint8),
-                    (Form::Sparse, shape) => ("sparse", 0, shape[0], DType::Int64),
-                    (Form::Narrow { index }, _) => ("narrow", 0, 0, index),
+                let (form, shape) = (f.form()?, f.compact_shape()?);
+                let (axis, n) = match form {
+                    Form::OneHot { axis, classes, .. } => (axis, classes),
+                    Form::Sparse => (0, shape[0]),
+                    Form::Bits | Form::Narrow { .. } => (0, 0),
                 };
-                Some((f.name.clone(), kind, axis, n, stored.name(), dense))
+                let stored = f.dtype_of(Part::Compact([0, 0])).name();
+                Some((f.name.clone(), form.name(), axis, n, stored, f.dtype.name()))
             })
             .collect())
     }

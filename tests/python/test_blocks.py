@@ -41,6 +41,19 @@ def assert_same_blocks(want: dict[str, torch.Tensor], got: dict[str, torch.Tenso
         assert torch.equal(as_bytes(g), as_bytes(w)), f"{what} {name}: bytes differ"
 
 
+def shard_refuses(sample: dict[str, torch.Tensor], tmp_path: Path) -> str:
+    """`featshard shard` of `sample` on 2x2 fails and writes nothing; its stderr."""
+    save_file(sample, str(tmp_path / "bad.safetensors"))
+    shard = subprocess.run(
+        [str(featshard_bin()), "shard", str(SPEC), "--features", str(tmp_path / "bad.safetensors"),
+         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )
+    assert shard.returncode != 0
+    assert not (tmp_path / "out").exists()
+    return shard.stderr
+
+
 def assert_same_sample(want: dict[str, object], got: dict[str, object], what: str) -> None:
     """Tensors equal byte for byte; other values (metadata) passed through as they are."""
     assert sorted(want) == sorted(got), what
@@ -323,14 +336,7 @@ def test_a_bad_one_hot_row_or_ranged_value_is_refused_as_featshard_shard_refuses
     with pytest.raises(ValueError) as raised:
         blocks.place(plan, sample, (2, 2), workflow="inference")
     assert message in str(raised.value)
-    save_file(sample, str(tmp_path / "bad.safetensors"))
-    shard = subprocess.run(
-        [str(featshard_bin()), "shard", str(SPEC), "--features", str(tmp_path / "bad.safetensors"),
-         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, check=False,
-    )
-    assert shard.returncode != 0 and str(raised.value) in shard.stderr
-    assert not (tmp_path / "out").exists()
+    assert str(raised.value) in shard_refuses(sample, tmp_path)
 
 
 def test_sparse_and_ranged_features_travel_as_entries_and_narrowed(plan: featshard.Plan) -> None:
@@ -392,14 +398,7 @@ def test_indices_that_name_no_class_are_refused_by_name(
     sample[feature][5] = value
     with pytest.raises(ValueError, match=re.escape(message)):
         blocks.place(plan, sample, (2, 2), workflow="inference")
-    save_file(sample, str(tmp_path / "bad.safetensors"))
-    shard = subprocess.run(
-        [str(featshard_bin()), "shard", str(SPEC), "--features", str(tmp_path / "bad.safetensors"),
-         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, check=False,
-    )
-    assert shard.returncode != 0 and message in shard.stderr
-    assert not (tmp_path / "out").exists()
+    assert message in shard_refuses(sample, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -417,14 +416,7 @@ def test_sparse_elements_outside_the_feature_or_given_twice_are_refused_by_name(
     change(sample["type_bonds.indices"])
     with pytest.raises(ValueError, match=re.escape(message)):
         blocks.place(plan, sample, (2, 2), workflow="inference")
-    save_file(sample, str(tmp_path / "bad.safetensors"))
-    shard = subprocess.run(
-        [str(featshard_bin()), "shard", str(SPEC), "--features", str(tmp_path / "bad.safetensors"),
-         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, check=False,
-    )
-    assert shard.returncode != 0 and message in shard.stderr
-    assert not (tmp_path / "out").exists()
+    assert message in shard_refuses(sample, tmp_path)
 
 
 def test_meta_and_sparse_tensors_are_refused_naming_the_feature(plan: featshard.Plan) -> None:

@@ -74,6 +74,17 @@ pub enum Form {
 }
 
 impl Form {
+    /// The form's name, as its wire header spells it: `one_hot`, `bits`, `sparse`,
+    /// `narrow`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Form::OneHot { .. } => "one_hot",
+            Form::Bits => "bits",
+            Form::Sparse => "sparse",
+            Form::Narrow { .. } => "narrow",
+        }
+    }
+
     /// The dense bytes of `packed` (a compact block of this form) into `out`, which
     /// holds exactly the dense block of `dense` shape and `dtype` (zeroed here first).
     pub fn expand_into(&self, packed: &[u8], dtype: DType, dense: &[usize], out: &mut [u8]) {
