@@ -19,6 +19,7 @@ wall time of the scatter on the slowest rank.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,33 +71,36 @@ def _worker(rank: int, folder: str, path: str, how: str) -> None:
 
 def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="featshard-domain-bench-"))
-    subprocess.run([str(ROOT / "target" / "release" / "featshard"), "generate",
-                    str(ROOT / "examples" / "volume.yaml"), "--out", str(folder)], check=True,
-                   capture_output=True)
-    from safetensors.torch import save_file
+    try:
+        subprocess.run([str(ROOT / "target" / "release" / "featshard"), "generate",
+                        str(ROOT / "examples" / "volume.yaml"), "--out", str(folder)], check=True,
+                       capture_output=True)
+        from safetensors.torch import save_file
 
-    g = torch.Generator().manual_seed(0)
-    sample = {
-        "velocity": torch.randn(1, XS, YS, 3, generator=g),
-        "pressure": torch.randn(1, XS, YS, generator=g),
-        "fluid_mask": torch.rand(XS, YS, generator=g) > 0.1,
-        "reynolds": torch.tensor([100.0]),
-    }
-    size = sum(t.numel() * t.element_size() for t in sample.values())
-    path = folder / "sample.safetensors"
-    save_file(sample, str(path))
-    del sample
-    print(f"sample: {size / 1e6:.0f} MB ({XS} x {YS}), domain mesh {DOMAIN}")
-    print("| path | rank | its blocks | peak RSS above start | / its blocks | / sample | wall (slowest) |")
-    print("|---|---|---|---|---|---|---|")
-    for how in ("scatter", "scatter_local"):
-        spawn(_worker, args=(str(folder), str(path), how), nprocs=RANKS, join=True)  # type: ignore[no-untyped-call]
-        rows = [json.loads((folder / f"{how}-{r}.json").read_text()) for r in range(RANKS)]
-        wall = max(r["s"] for r in rows)
-        for r, row in enumerate(rows):
-            print(f"| `{how}` | {r} | {row['block'] / 1e6:.0f} MB | {row['peak'] / 1e6:.0f} MB | "
-                  f"{row['peak'] / row['block']:.2f} | {row['peak'] / size:.2f} | {wall:.2f} s |")
+        g = torch.Generator().manual_seed(0)
+        sample = {
+            "velocity": torch.randn(1, XS, YS, 3, generator=g),
+            "pressure": torch.randn(1, XS, YS, generator=g),
+            "fluid_mask": torch.rand(XS, YS, generator=g) > 0.1,
+            "reynolds": torch.tensor([100.0]),
+        }
+        size = sum(t.numel() * t.element_size() for t in sample.values())
+        path = folder / "sample.safetensors"
+        save_file(sample, str(path))
+        del sample
+        print(f"sample: {size / 1e6:.0f} MB ({XS} x {YS}), domain mesh {DOMAIN}")
+        print("| path | rank | its blocks | peak RSS above start | / its blocks | / sample | wall (slowest) |")
+        print("|---|---|---|---|---|---|---|")
+        for how in ("scatter", "scatter_local"):
+            spawn(_worker, args=(str(folder), str(path), how), nprocs=RANKS, join=True)  # type: ignore[no-untyped-call]
+            rows = [json.loads((folder / f"{how}-{r}.json").read_text()) for r in range(RANKS)]
+            wall = max(r["s"] for r in rows)
+            for r, row in enumerate(rows):
+                print(f"| `{how}` | {r} | {row['block'] / 1e6:.0f} MB | {row['peak'] / 1e6:.0f} MB | "
+                      f"{row['peak'] / row['block']:.2f} | {row['peak'] / size:.2f} | {wall:.2f} s |")
 
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,6 @@ import time
 
 import numpy as np
 import torch
-
 from bench_common import REAL_BOND_DENSITY, ROOT, SPEC
 
 RUNS = 5
