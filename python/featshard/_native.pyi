@@ -125,6 +125,7 @@ class ShardManifest:
 class Plan:
     """A compiled spec: its Plan IR and the geometry of any sample on any mesh."""
 
+    def expand_blocks(self, blocks: list[tuple[str, list[int], Any]]) -> tuple[Any, list[int]]: ...
     def read_manifest(self, path: str) -> ShardManifest: ...
 
     @staticmethod

@@ -22,7 +22,7 @@ from torch.utils.dlpack import from_dlpack
 
 from featshard import Layout, Plan, _native
 
-__all__ = ["Placement", "Wire", "buffer_views", "expand", "place", "rank_blocks"]
+__all__ = ["Placement", "Wire", "buffer_views", "expand", "expand_on_device", "place", "rank_blocks"]
 
 # The spec's dtypes, by the names the spec and the executor use.
 _DTYPES: dict[torch.dtype, str] = {
@@ -68,7 +68,8 @@ class Placement:
     """One sample validated and placed on a CP mesh. Its tensors are read when blocks
     are written: do not write or resize them while the placement is in use."""
 
-    def __init__(self, native: _native.Placement, sample: Mapping[str, Any]) -> None:
+    def __init__(self, plan: Plan, native: _native.Placement, sample: Mapping[str, Any]) -> None:
+        self._plan = plan
         self._native = native
         found = native.features()
         self._features = {n: (_BY_NAME[d], tuple(s)) for n, d, s, _ in found}
@@ -149,7 +150,7 @@ class Placement:
         """The blocks in a rank's buffer, by name, dense: views of it (and, with
         ``compact``, one-hot features expanded from their indices)."""
         wire = self.wire(compact=compact)
-        return expand(buffer_views(buffer, wire), wire)
+        return expand(self._plan, buffer_views(buffer, wire), wire)
 
     def wire(self, *, compact: bool = False) -> Wire:
         """What a receiver needs to read a rank's buffer: per feature its name, dtype,
@@ -185,11 +186,39 @@ def buffer_views(buffer: torch.Tensor, wire: Wire) -> dict[str, torch.Tensor]:
     return out
 
 
-def expand(blocks: Mapping[str, torch.Tensor], wire: Wire, device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """The dense blocks of ``blocks`` (as :func:`buffer_views` gives them): each compact
-    one-hot block expanded from its indices on ``device`` (its own when None), the
-    others as they are. Only the indices cross to the device; the dense block is made
-    there, byte for byte what the dense path sends."""
+def expand(plan: Plan, blocks: Mapping[str, torch.Tensor], wire: Wire) -> dict[str, torch.Tensor]:
+    """The dense blocks of ``blocks`` (as :func:`buffer_views` gives them, on the host):
+    the executor checks every compact block and expands them all into one new buffer
+    (huge pages advised: few page faults), byte for byte what the dense path sends; the
+    others as they are. A block that is not its feature's compact form is a
+    ``ValueError`` naming the feature."""
+    out = dict(blocks)
+    compact = [(name, _dense_shape(stored, form), _BY_NAME[form[3]]) for name, _, stored, _, form in wire
+               if form is not None]
+    if not compact:
+        return out
+    capsule, offsets = plan._native.expand_blocks(
+        [(name, list(shape), blocks[name].contiguous().__dlpack__()) for name, shape, _ in compact])
+    buffer = from_dlpack(capsule)
+    for (name, shape, dtype), at in zip(compact, offsets):
+        out[name] = buffer[at : at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+    return out
+
+
+def _dense_shape(stored: tuple[int, ...], form: tuple[str, Any, Any, str]) -> tuple[int, ...]:
+    """The dense block's shape of a compact block of ``stored`` shape and wire ``form``."""
+    kind, a, b, _ = form
+    if kind in ("bits", "sparse"):
+        return tuple(a)
+    if kind == "narrow":
+        return tuple(stored)
+    return (*stored[:a], b, *stored[a:])
+
+
+def expand_on_device(blocks: Mapping[str, torch.Tensor], wire: Wire, device: torch.device) -> dict[str, torch.Tensor]:
+    """The dense blocks of ``blocks`` made by torch on ``device`` (a CUDA mesh's GPU):
+    only the compact blocks cross to it, and each dense block is made there, byte for
+    byte what the dense path sends; the others as they are."""
     out = dict(blocks)
     for name, _, _, _, form in wire:
         if form is None:
@@ -279,7 +308,7 @@ def place(
     """
     values = {name: _value(x) for name, x in _as_elements(plan, features).items()}
     native = plan._native.place(values, mesh, workflow, set(passthrough), threads)
-    return Placement(native, features)
+    return Placement(plan, native, features)
 
 
 def _as_elements(plan: Plan, features: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from featshard import Plan, _native
-from featshard.blocks import buffer_views, expand, place
+from featshard.blocks import buffer_views, expand, expand_on_device, place
 from featshard.errors import (
     FeatureDistributionError,
     Status,
@@ -120,7 +120,9 @@ def distribute_features(
     else:
         mine = torch.empty(length, dtype=torch.uint8)
         dist.recv(mine, src=source, group=pg)
-    local = expand(buffer_views(mine, wire), wire, _device_of(cp_mesh))
+    device = _device_of(cp_mesh)
+    views = buffer_views(mine, wire)
+    local = expand(plan, views, wire) if device is None else expand_on_device(views, wire, device)
     if check is not None:
         try:
             check(local)
@@ -138,7 +140,8 @@ def distribute_features(
 
 def _device_of(mesh: DeviceMesh) -> torch.device | None:
     """Where a compact block is expanded: this rank's GPU on a CUDA mesh (only the
-    indices cross to it), else where it was received."""
+    compact block crosses to it, torch expands it there), else None: on the host, by
+    the executor."""
     if mesh.device_type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return None

@@ -9,6 +9,7 @@
 
 mod agree;
 mod dlpack;
+mod expand;
 mod manifest;
 mod placement;
 mod tables;
@@ -61,6 +62,30 @@ impl Plan {
         Ok(Plan {
             plan: Arc::new(plan),
         })
+    }
+
+    /// The dense blocks of a rank's compact blocks `blocks` (feature name, its dense
+    /// block's shape, DLPack capsule of the compact block as the source sent it),
+    /// checked and expanded by the executor into one new buffer (huge pages advised):
+    /// the buffer as a uint8 capsule, and each block's byte offset in it, in the order
+    /// given. A block that is not its feature's compact form is a `ValueError` naming
+    /// the feature.
+    fn expand_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        blocks: Vec<(String, Vec<usize>, Bound<'py, pyo3::types::PyCapsule>)>,
+    ) -> PyResult<(Bound<'py, PyAny>, Vec<usize>)> {
+        let mut compact = Vec::with_capacity(blocks.len());
+        for (name, dense, stored) in blocks {
+            let plan = tensor(&self.plan, &name, dense.len())?;
+            compact.push(expand::Compact {
+                name,
+                plan,
+                dense,
+                stored,
+            });
+        }
+        expand::expand_blocks(py, &compact).map_err(value_error)
     }
 
     /// The `manifest.json` of a pre-sharded sample at `path`, read and checked against

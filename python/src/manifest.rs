@@ -113,10 +113,9 @@ impl ShardManifest {
     }
 
     /// The dense blocks of the compact blocks `stored` (feature name, DLPack capsule of
-    /// the tensor a rank file at `path` holds), each checked by the executor
-    /// (`check_stored`) and expanded by it (`Form::expand_into`) into one new buffer
-    /// (huge pages advised: one allocation, few page faults): the buffer as a uint8
-    /// capsule, and each block's byte offset in it, in the order given.
+    /// the tensor a rank file at `path` holds), checked and expanded by the executor into
+    /// one new buffer (`expand::expand_blocks`): the buffer as a uint8 capsule, and each
+    /// block's byte offset in it, in the order given.
     fn expand_stored<'py>(
         &self,
         py: Python<'py>,
@@ -124,46 +123,19 @@ impl ShardManifest {
         path: PathBuf,
     ) -> PyResult<(Bound<'py, PyAny>, Vec<usize>)> {
         let mut blocks = Vec::with_capacity(stored.len());
-        let mut end = 0usize;
-        for (name, capsule) in &stored {
-            let (Some(t), Some(entry)) = (self.plan.tensor(name), self.m.features.get(name)) else {
+        for (name, capsule) in stored {
+            let (Some(t), Some(entry)) = (self.plan.tensor(&name), self.m.features.get(&name))
+            else {
                 return Err(at(&path, format!("feature `{name}`: not in the manifest")));
             };
-            let memory = crate::dlpack::Memory::new(name, capsule)?;
-            let array = featshard_exec::array::Array::borrowed(
-                memory.dtype,
-                memory.shape.clone(),
-                memory.bytes(),
-                None,
-            );
-            let form = featshard_exec::compact::check_stored(name, t, &entry.local_shape, &array)
-                .map_err(|e| at(&path, e))?;
-            let bytes =
-                entry.local_shape.iter().product::<usize>() * featshard_exec::dtype::size(t.dtype);
-            // Every block starts 64-byte aligned, as torch allocates.
-            let offset = end.next_multiple_of(64);
-            end = offset + bytes;
-            blocks.push((
-                memory,
-                form,
-                t.dtype,
-                entry.local_shape.clone(),
-                offset,
-                bytes,
-            ));
+            blocks.push(crate::expand::Compact {
+                dense: entry.local_shape.clone(),
+                name,
+                plan: t,
+                stored: capsule,
+            });
         }
-        let mut buffer = crate::dlpack::Buffer::new(end).map_err(|e| at(&path, e))?;
-        let out = buffer.bytes_mut();
-        for (memory, form, dtype, shape, offset, bytes) in &blocks {
-            form.expand_into(
-                memory.bytes(),
-                *dtype,
-                shape,
-                &mut out[*offset..offset + bytes],
-            );
-        }
-        let offsets = blocks.iter().map(|b| b.4).collect();
-        Ok((buffer.into_capsule(py)?, offsets))
+        crate::expand::expand_blocks(py, &blocks).map_err(|e| at(&path, e))
     }
 
     /// Tensor feature `name`'s block on every rank: its local shape and dtype name.

@@ -203,9 +203,9 @@ def test_a_tensor_resized_or_freed_after_placing_is_refused_not_read(
         placed = blocks.place(plan, sample, (2, 2), workflow="inference")
         spoil(sample[name])
         for read in (
-            lambda: placed.blocks_at((0, 0)),
-            lambda: placed.rank_blocks((1, 1)),
-            lambda: placed.padded(),
+            lambda p=placed: p.blocks_at((0, 0)),
+            lambda p=placed: p.rank_blocks((1, 1)),
+            lambda p=placed: p.padded(),
         ):
             with pytest.raises(ValueError, match=f"feature `{name}`: its tensor was resized"):
                 read()
@@ -295,8 +295,12 @@ def test_compact_rank_buffers_expand_to_the_dense_blocks_of_real_samples(
             dense = placed.rank_blocks(coord)
             compact = placed.rank_buffer(coord, compact=True)
             assert compact.numel() < placed.rank_buffer(coord).numel()
-            got = blocks.expand(blocks.buffer_views(compact, wire), wire)
+            views = blocks.buffer_views(compact, wire)
+            got = blocks.expand(plan, views, wire)
             assert_same_blocks(dense, got, f"real sample {i} mesh {mesh} rank {rank}")
+            # What a GPU mesh runs, here on the CPU: torch makes the same blocks.
+            on_device = blocks.expand_on_device(views, wire, torch.device("cpu"))
+            assert_same_blocks(dense, on_device, f"torch: real sample {i} mesh {mesh} rank {rank}")
 
 
 def test_compact_indices_are_the_executors_and_pads_are_no_class(plan: featshard.Plan) -> None:
@@ -358,7 +362,7 @@ def test_sparse_and_ranged_features_travel_as_entries_and_narrowed(plan: featsha
         real = int((dense[rank]["type_bonds"] != 0).sum())
         assert bool((entries[:real, 0] >= 0).all()) and bool((entries[real:, 0] == -1).all())
         assert views["msa"].dtype == torch.uint8 and torch.equal(views["msa"].long(), dense[rank]["msa"])
-        expanded = blocks.expand(views, list(wire.values()))
+        expanded = blocks.expand(plan, views, list(wire.values()))
         names = ("token_bonds", "type_bonds", "contact_threshold", "msa", "mol_type")
         assert_same_blocks({n: dense[rank][n] for n in names}, {n: expanded[n] for n in names}, f"rank {rank}")
 
@@ -430,3 +434,17 @@ def test_meta_and_sparse_tensors_are_refused_naming_the_feature(plan: featshard.
         with pytest.raises(TypeError) as raised:
             blocks.place(plan, dict(sample, res_type=value), (2, 2), workflow="inference")
         assert str(raised.value) == f"feature `res_type`: expected a int64 tensor, got {what}"
+
+
+def test_a_receiver_refuses_a_compact_block_that_is_not_its_features_form(plan: featshard.Plan) -> None:
+    """The executor checks every compact block it expands: an index naming no class, or
+    a block of another dtype, is refused naming the feature, and nothing is expanded."""
+    placed = blocks.place(plan, real_samples()[0], (2, 2), workflow="inference")
+    wire = placed.wire(compact=True)
+    views = blocks.buffer_views(placed.rank_buffer((0, 0), compact=True), wire)
+    bad = dict(views, res_type=views["res_type"].clone().fill_(40))
+    with pytest.raises(ValueError, match="`res_type`"):
+        blocks.expand(plan, bad, wire)
+    bad = dict(views, msa=views["msa"].to(torch.int16))
+    with pytest.raises(ValueError, match="`msa`.*uint8"):
+        blocks.expand(plan, bad, wire)

@@ -1,0 +1,56 @@
+//! Compact blocks made dense on the host by the executor: each checked
+//! (`check_stored`) and expanded (`Form::expand_into`) into one new buffer, huge pages
+//! advised, so that a rank's dense blocks cost one allocation and few page faults. The
+//! distribute path and the pre-sharded reader both come here; neither expands in torch.
+
+use featshard_exec::array::Array;
+use featshard_exec::compact::check_stored;
+use featshard_exec::dtype;
+use featshard_spec::plan::TensorPlan;
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+
+use crate::dlpack::{Buffer, Memory};
+
+/// One compact block to expand: its feature, its dense block's shape, and the compact
+/// block (a DLPack capsule of a host tensor).
+pub(crate) struct Compact<'p, 'py> {
+    pub name: String,
+    pub plan: &'p TensorPlan,
+    pub dense: Vec<usize>,
+    pub stored: Bound<'py, PyCapsule>,
+}
+
+/// The dense blocks of `blocks` in one new buffer: the buffer as a uint8 capsule, and
+/// each block's byte offset in it (64-byte aligned, as torch allocates), in the order
+/// given. A block that is not its feature's compact form is refused by name, and
+/// nothing is expanded.
+pub(crate) fn expand_blocks<'py>(
+    py: Python<'py>,
+    blocks: &[Compact<'_, 'py>],
+) -> Result<(Bound<'py, PyAny>, Vec<usize>), String> {
+    let mut checked = Vec::with_capacity(blocks.len());
+    let mut end = 0usize;
+    for b in blocks {
+        let memory = Memory::new(&b.name, &b.stored).map_err(|e| e.to_string())?;
+        let array = Array::borrowed(memory.dtype, memory.shape.clone(), memory.bytes(), None);
+        let form = check_stored(&b.name, b.plan, &b.dense, &array).map_err(|e| e.to_string())?;
+        let offset = end.next_multiple_of(64);
+        end = offset + b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
+        checked.push((memory, form, offset));
+    }
+    let mut buffer = Buffer::new(end).map_err(|e| e.to_string())?;
+    let out = buffer.bytes_mut();
+    for (b, (memory, form, offset)) in blocks.iter().zip(&checked) {
+        let bytes = b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
+        form.expand_into(
+            memory.bytes(),
+            b.plan.dtype,
+            &b.dense,
+            &mut out[*offset..offset + bytes],
+        );
+    }
+    let offsets = checked.iter().map(|c| c.2).collect();
+    let capsule = buffer.into_capsule(py).map_err(|e| e.to_string())?;
+    Ok((capsule, offsets))
+}
