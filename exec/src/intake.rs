@@ -53,6 +53,8 @@ pub struct Intake<'a> {
     pub arrived: BTreeMap<String, usize>,
     /// Owner-map rows without an owner dropped as pads, per semantic.
     pub unowned: BTreeMap<String, usize>,
+    /// Threads the checks that read every value may use (`Options::threads`).
+    pub threads: usize,
 }
 
 /// Runs intake on one serial sample (see the module documentation).
@@ -100,6 +102,7 @@ pub(crate) fn intake_any<'a>(
         dropped,
         arrived,
         unowned,
+        threads: opts.threads.max(1),
     })
 }
 

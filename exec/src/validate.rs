@@ -84,22 +84,11 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
     }
     let owners = ownership(plan, features, &sizes)?;
     let mut compact = BTreeMap::new();
-    for name in &names {
-        check_index(plan, name, &features[name], &sizes)?;
-        check_mask(plan, name, &features[name])?;
-        // A one-hot map's compact form needs the layout: `place` makes it.
-        let (t, x) = (tensor_plan(plan, name)?, &features[name]);
-        if let Some(range) = t.range {
-            check_range(name, x, range)?;
-        }
-        if let Some(oh) = OneHot::of(t, &[]).filter(|o| !o.map) {
-            let made = if given_as_indices(t, x.dtype(), &x.shape()) {
-                indices_given(name, x, &oh)?
-            } else {
-                indices(name, x, &oh)?
-            };
-            compact.insert(name.clone(), made);
-        }
+    for (name, made) in names
+        .iter()
+        .zip(check_values_on(plan, taken, &names, &sizes))
+    {
+        compact.extend(made?.map(|m| (name.clone(), m)));
     }
     Ok(Checked {
         names,
@@ -108,6 +97,77 @@ pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
         owners,
         compact,
     })
+}
+
+/// [`check_values`] of every feature in `names`, on up to `taken.threads` threads (the
+/// largest features dealt first), in the order of `names`: the first error in that
+/// order is the one reported, whatever the threads.
+fn check_values_on(
+    plan: &Plan,
+    taken: &Intake,
+    names: &[String],
+    sizes: &BTreeMap<String, usize>,
+) -> Vec<Result<Option<Array<'static>>, RuntimeError>> {
+    let features = &taken.features;
+    let one = |k: usize| check_values(plan, &names[k], &features[&names[k]], sizes);
+    let threads = taken.threads.clamp(1, names.len().max(1));
+    if threads == 1 {
+        return (0..names.len()).map(one).collect();
+    }
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by_key(|&k| {
+        std::cmp::Reverse(
+            features[&names[k]].numel() * crate::dtype::size(features[&names[k]].dtype()),
+        )
+    });
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, Result<Option<Array<'static>>, RuntimeError>)> =
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&k) = order.get(i) else { break mine };
+                            mine.push((k, one(k)));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                // A panic in a check is a bug, not an input error: it propagates.
+                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+    done.sort_by_key(|(k, _)| *k);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The checks of one feature that read its values: index ranges, masks 0 or 1, the
+/// declared range, one-hot rows. Returns a one-hot feature's indices (a one-hot map's
+/// compact form needs the layout: `place` makes it).
+fn check_values(
+    plan: &Plan,
+    name: &str,
+    x: &Array,
+    sizes: &BTreeMap<String, usize>,
+) -> Result<Option<Array<'static>>, RuntimeError> {
+    check_index(plan, name, x, sizes)?;
+    check_mask(plan, name, x)?;
+    let t = tensor_plan(plan, name)?;
+    if let Some(range) = t.range {
+        check_range(name, x, range)?;
+    }
+    let Some(oh) = OneHot::of(t, &[]).filter(|o| !o.map) else {
+        return Ok(None);
+    };
+    if given_as_indices(t, x.dtype(), &x.shape()) {
+        indices_given(name, x, &oh).map(Some)
+    } else {
+        indices(name, x, &oh).map(Some)
+    }
 }
 
 /// The checks of [`check`] that need no values, on the dtype and shape of every tensor

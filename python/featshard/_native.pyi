@@ -212,6 +212,13 @@ def chunk_sizes(len: int, ranks: int) -> list[int]:
 def coords(mesh: tuple[int, int], rank: int) -> tuple[int, int]:
     """The CP mesh coordinate of ``rank``."""
 
+def receive_buffer(len: int) -> Any:
+    """A uint8 DLPack capsule of ``len`` bytes to receive a rank's blocks into: recycled
+    block memory (old bytes kept) or new memory."""
+
+def release_buffers() -> int:
+    """Gives the block memory kept for reuse back to the system; how many buffers were kept."""
+
 def contiguous_stride(shape: list[int]) -> list[int]:
     """Row-major strides (in elements) of a tensor of ``shape``."""
 

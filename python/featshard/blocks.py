@@ -22,7 +22,7 @@ from torch.utils.dlpack import from_dlpack
 
 from featshard import Layout, Plan, _native
 
-__all__ = ["Placement", "Wire", "buffer_views", "expand", "expand_on_device", "place", "rank_blocks"]
+__all__ = ["Placement", "Wire", "buffer_views", "expand", "expand_on_device", "place", "rank_blocks", "release_buffers"]
 
 # The spec's dtypes, by the names the spec and the executor use.
 _DTYPES: dict[torch.dtype, str] = {
@@ -339,3 +339,11 @@ def rank_blocks(
     return [
         placed.rank_blocks(_native.coords(mesh, r), threads) for r in range(mesh[0] * mesh[1])
     ]
+
+
+def release_buffers() -> int:
+    """Gives back to the system the block memory featshard keeps for reuse. The buffers
+    that hold a rank's blocks are recycled once every tensor viewing them is gone, so
+    that the next sample's blocks land in memory already mapped (a few are kept); call
+    this when no more samples come. Returns how many buffers were kept."""
+    return _native.release_buffers()

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
 from featshard.blocks import buffer_views, expand, expand_on_device, place
@@ -118,7 +119,7 @@ def distribute_features(
                 dist.send(placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact), dst=r, group=pg)
         mine = placed.rank_buffer(_native.coords(sizes, ranks.index(source)), threads, compact=compact)
     else:
-        mine = torch.empty(length, dtype=torch.uint8)
+        mine = from_dlpack(_native.receive_buffer(length))
         dist.recv(mine, src=source, group=pg)
     device = _device_of(cp_mesh)
     views = buffer_views(mine, wire)

@@ -12,7 +12,7 @@ use std::ffi::{c_void, CStr};
 use std::os::raw::c_int;
 
 use featshard_spec::ir::DType;
-use memmap2::{Advice, MmapMut};
+use memmap2::MmapMut;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -231,29 +231,35 @@ fn is_row_major(shape: &[usize], strides: &[i64]) -> bool {
 }
 
 /// Memory allocated for blocks: anonymous pages advised as huge pages, so that writing
-/// gigabytes of blocks takes hundreds of times fewer page faults than 4 KiB pages do.
+/// gigabytes of blocks takes hundreds of times fewer page faults than 4 KiB pages do;
+/// recycled once its tensors are gone (`pool`).
 pub(crate) struct Buffer {
-    map: MmapMut,
+    map: Option<MmapMut>,
     len: usize,
 }
 
 impl Buffer {
-    /// `len` bytes (zeroed by the kernel, faulted in as they are written).
+    /// `len` bytes for a caller that writes every one of them: recycled memory keeps
+    /// its old bytes until then.
     pub(crate) fn new(len: usize) -> std::io::Result<Buffer> {
-        let map = MmapMut::map_anon(len.max(1))?;
-        // Advice only: without transparent huge pages the buffer works as well.
-        let _ = map.advise(Advice::HugePage);
-        Ok(Buffer { map, len })
+        let (map, _) = crate::pool::take(len)?;
+        Ok(Buffer {
+            map: Some(map),
+            len,
+        })
     }
 
     /// The buffer's bytes.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.map[..self.len]
+        match &mut self.map {
+            Some(map) => &mut map[..self.len],
+            None => &mut [],
+        }
     }
 
     /// The buffer as a one-dimensional uint8 `dltensor` capsule, which owns it.
     pub(crate) fn into_capsule(mut self, py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-        let data = self.map.as_mut_ptr().cast::<c_void>();
+        let data = self.bytes_mut().as_mut_ptr().cast::<c_void>();
         let exported = Box::into_raw(Box::new(Exported {
             managed: DLManagedTensor {
                 dl_tensor: DLTensor {
@@ -291,6 +297,14 @@ impl Buffer {
         }
         // SAFETY: `PyCapsule_New` returned a new reference.
         Ok(unsafe { Bound::from_owned_ptr(py, capsule) })
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some(map) = self.map.take() {
+            crate::pool::give_back(map);
+        }
     }
 }
 

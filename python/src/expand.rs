@@ -41,8 +41,12 @@ pub(crate) fn expand_blocks<'py>(
     }
     let mut buffer = Buffer::new(end).map_err(|e| e.to_string())?;
     let out = buffer.bytes_mut();
+    let mut written = 0;
     for (b, (memory, form, offset)) in blocks.iter().zip(&checked) {
         let bytes = b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
+        // Recycled memory: the alignment gaps are zeroed, each block is written whole.
+        out[written..*offset].fill(0);
+        written = offset + bytes;
         form.expand_into(
             memory.bytes(),
             b.plan.dtype,

@@ -12,6 +12,7 @@ mod dlpack;
 mod expand;
 mod manifest;
 mod placement;
+mod pool;
 mod tables;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -403,6 +404,22 @@ fn tensor<'p>(
     }
 }
 
+/// A uint8 buffer of `len` bytes to receive a rank's blocks into, as a DLPack capsule:
+/// recycled block memory where some is free (its old bytes kept: the receive writes
+/// every one), else new memory with huge pages advised.
+#[pyfunction]
+fn receive_buffer(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyAny>> {
+    let buffer = dlpack::Buffer::new(len).map_err(value_error)?;
+    buffer.into_capsule(py)
+}
+
+/// Gives the block memory kept for reuse back to the system; returns how many buffers
+/// were kept.
+#[pyfunction]
+fn release_buffers() -> usize {
+    pool::release()
+}
+
 /// The CP mesh coordinate `(i, j)` of rank `i * cp1 + j`.
 #[pyfunction]
 fn coords(mesh: (usize, usize), rank: usize) -> PyResult<(usize, usize)> {
@@ -510,6 +527,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan_ir, m)?)?;
     m.add_function(wrap_pyfunction!(read_header, m)?)?;
     m.add_function(wrap_pyfunction!(coords, m)?)?;
+    m.add_function(wrap_pyfunction!(receive_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(release_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(chunk_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;
     m.add_function(wrap_pyfunction!(repad_indices, m)?)?;

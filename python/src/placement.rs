@@ -297,7 +297,9 @@ impl Placement {
         let mut rest: &mut [u8] = buffer.bytes_mut();
         let mut at = 0;
         for (f, (_, offset)) in placed.iter().zip(&offsets) {
-            let (_, tail) = rest.split_at_mut(offset - at);
+            // Recycled memory: the alignment gaps are zeroed, each block is written whole.
+            let (gap, tail) = rest.split_at_mut(offset - at);
+            gap.fill(0);
             let n = f.nbytes_of(&self.placed, part);
             let (mine, tail) = tail.split_at_mut(n);
             slices.push((*f, mine));

@@ -448,3 +448,32 @@ def test_a_receiver_refuses_a_compact_block_that_is_not_its_features_form(plan: 
     bad = dict(views, msa=views["msa"].to(torch.int16))
     with pytest.raises(ValueError, match="`msa`.*uint8"):
         blocks.expand(plan, bad, wire)
+
+
+def test_a_freed_ranks_buffer_is_recycled_and_written_whole(plan: featshard.Plan) -> None:
+    """Once every tensor viewing a rank's buffer is gone, the next buffer of about its
+    size reuses its memory; every byte is written again (old bytes, gaps between blocks
+    included, never show through), in the dense and the compact form and on expansion."""
+    placed = blocks.place(plan, real_samples()[1], (2, 2), workflow="inference")
+    for compact in (False, True):
+        blocks.release_buffers()
+        want = placed.rank_buffer((1, 0), compact=compact).clone()
+        spoilt = placed.rank_buffer((1, 0), compact=compact).fill_(0xA5)
+        at = spoilt.data_ptr()
+        del spoilt
+        again = placed.rank_buffer((1, 0), compact=compact)
+        assert again.data_ptr() == at, "the freed buffer was not reused"
+        assert torch.equal(again, want)
+    wire = placed.wire(compact=True)
+    views = blocks.buffer_views(placed.rank_buffer((1, 0), compact=True), wire)
+    expanded = {n for n, *_, form in wire if form is not None}
+    dense = {n: x for n, x in blocks.expand(plan, views, wire).items() if n in expanded}
+    want = {n: x.clone() for n, x in dense.items()}
+    for x in dense.values():
+        x.fill_(1)
+    at = x.untyped_storage().data_ptr()
+    del dense, x
+    again = blocks.expand(plan, views, wire)
+    assert again[next(iter(expanded))].untyped_storage().data_ptr() == at, "not expanded into the freed buffer"
+    assert_same_blocks(want, {n: again[n] for n in expanded}, "expanded into recycled memory")
+    assert blocks.release_buffers() > 0
