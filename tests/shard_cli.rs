@@ -548,9 +548,10 @@ fn a_sample_of_one_workflow_sharded_without_workflow_names_the_flag() {
     assert!(!out.exists());
 }
 
-/// `sample` as a featurizer that skips its final one-hot calls writes it: each declared
-/// one-hot feature as its rows' classes and each one-hot map as its rows' items (int16),
-/// -1 for a row with none; each sparse feature as its nonzero elements.
+/// `sample` as a featurizer that skips its final one-hot calls and casts writes it: each
+/// declared one-hot feature as its rows' classes and each one-hot map as its rows' items
+/// (int16), -1 for a row with none; each sparse feature as its nonzero elements; masks
+/// as bool and ranged ids as uint8.
 fn as_indices(sample: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
     let (_, plan) = featshard::spec::compile_file(&root().join("examples/boltz2.yaml")).unwrap();
     let mut out: BTreeMap<String, Tensor> = sample
@@ -569,6 +570,16 @@ fn as_indices(sample: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
         let none = Tensor::from(-1i64);
         let idx = x.argmax(-1, false).where_self(&real, &none);
         out.insert(name.to_owned(), idx.to_kind(tch::Kind::Int16));
+    }
+    // Masks as bool, ranged ids as uint8 (their ranges fit).
+    for (name, t) in plan.tensors().filter(|(n, _)| sample.contains_key(*n)) {
+        let mask = matches!(t.role, featshard::spec::ir::Role::Mask { .. });
+        let narrow = match (mask, t.range) {
+            (true, _) if t.derived.is_none() => tch::Kind::Bool,
+            (false, Some(_)) => tch::Kind::Uint8,
+            _ => continue,
+        };
+        out.insert(name.to_owned(), sample[name].to_kind(narrow));
     }
     // Sparse features as their nonzero elements: `NAME.indices` and `NAME.values`.
     for (name, _) in plan

@@ -10,7 +10,7 @@ use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan}
 use crate::array::Array;
 use crate::compact::OneHot;
 use crate::compact::{
-    expand, given_as_indices, narrowed, stored_form, Bits, Entries, Form, Narrow,
+    expand, given_as_indices, given_narrow, narrowed, stored_form, Bits, Cast, Entries, Form,
 };
 use crate::dtype;
 use crate::error::RuntimeError;
@@ -40,6 +40,9 @@ pub struct FeatureBlocks<'p, 'a> {
     given: bool,
     /// A sparse feature's room for entries: the most any rank's block holds.
     entries: Option<usize>,
+    /// The sample gave the feature narrower than declared (`given_narrow`): `x` and
+    /// `pad` are of `x`'s dtype, widened as blocks are written.
+    narrow: bool,
 }
 
 /// Every feature of `placed`, placed ones then passthrough ones, each sorted by name.
@@ -75,6 +78,7 @@ pub fn feature_blocks<'p, 'a>(
             compact: None,
             given: false,
             entries: None,
+            narrow: false,
         });
     }
     Ok(out)
@@ -91,18 +95,20 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
         layout: &'p SampleLayout,
     ) -> Result<Self, RuntimeError> {
         let t = tensor_plan(plan, name)?;
+        let narrow = given_narrow(t, x.dtype());
         Ok(FeatureBlocks {
             name: name.to_owned(),
             dtype: t.dtype,
             shape: shapes.local_shape.clone(),
             x,
             placed: Some((t, axis_maps(t, shapes, layout))),
-            pad: dtype::pad_bytes(t.dtype, t.pad_value),
+            pad: dtype::pad_bytes(if narrow { x.dtype() } else { t.dtype }, t.pad_value),
             plan,
             layout,
             compact: None,
             given: given_as_indices(t, x.dtype(), &x.shape()),
             entries: None,
+            narrow,
         })
     }
 
@@ -185,7 +191,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
                 sink.copy(&entries.finish(self.entries.unwrap_or(0))?)
             }
             Some(Form::Narrow { index }) => {
-                self.write(coord, &mut Narrow::new(sink, self.dtype, index))
+                self.write(coord, &mut Cast::new(sink, self.dtype, index))
             }
             _ => self.write(coord, sink),
         }
@@ -296,7 +302,13 @@ impl FeatureBlocks<'_, '_> {
                 self.write_dense(axes, &window, sink)
             }
             (Part::Serial, Some(_)) if self.given => self.write_serial_given(sink),
-            (Part::Serial, Some(_)) => write_whole(&placed.taken[&self.name], sink),
+            (Part::Serial, Some(_)) => {
+                let x = &placed.taken[&self.name];
+                match self.narrow {
+                    true => write_whole(x, &mut Cast::new(sink, x.dtype(), self.dtype)),
+                    false => write_whole(x, sink),
+                }
+            }
         }
     }
 
@@ -337,6 +349,10 @@ impl FeatureBlocks<'_, '_> {
     ) -> io::Result<()> {
         if self.x.entry_list().is_some() {
             return write_entries_window(self.x, axes, window, sink);
+        }
+        if self.narrow {
+            let mut wide = Cast::new(sink, self.x.dtype(), self.dtype);
+            return write_window(self.x, &self.pad, axes, window, &mut wide);
         }
         if !self.given && !self.x.is_rows_only() {
             return write_window(self.x, &self.pad, axes, window, sink);

@@ -10,7 +10,9 @@ use featshard_spec::layout::count_total;
 use featshard_spec::plan::{Ownership, Padding, Plan, ResolveError, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::{check_range, given_as_indices, indices, indices_given, OneHot};
+use crate::compact::{
+    check_range, given_as_indices, given_narrow, indices, indices_given, narrow_hint, OneHot,
+};
 use crate::error::RuntimeError;
 use crate::files::Sample;
 use crate::intake::Intake;
@@ -191,7 +193,8 @@ pub fn check_shapes(
 }
 
 /// The dtype and shape a feature given as `dtype` and `shape` stands for: a one-hot
-/// feature given as its indices stands for its dense form (the class axis put back).
+/// feature given as its indices stands for its dense form (the class axis put back), a
+/// feature given narrower (`given_narrow`) for its declared dtype.
 fn declared(
     plan: &Plan,
     name: &str,
@@ -199,6 +202,9 @@ fn declared(
     mut shape: Vec<usize>,
 ) -> Result<(DType, Vec<usize>), RuntimeError> {
     let t = tensor_plan(plan, name)?;
+    if given_narrow(t, dtype) {
+        return Ok((t.dtype, shape));
+    }
     if !given_as_indices(t, dtype, &shape) {
         return Ok((dtype, shape));
     }
@@ -228,7 +234,7 @@ fn check_shape(
     if dtype != t.dtype {
         return Err(RuntimeError::DType {
             feature: name.to_owned(),
-            expected: t.dtype.name().to_owned(),
+            expected: format!("{}{}", t.dtype.name(), narrow_hint(t)),
             got: dtype.name().to_owned(),
         });
     }

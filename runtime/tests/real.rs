@@ -316,8 +316,8 @@ fn given_as_indices(plan: &Plan) -> Vec<String> {
 }
 
 /// The tch runtime, an adapter over the executor's intake, takes one-hot features and
-/// maps given as their indices (int32, -1 for no 1), and sparse features as their
-/// elements, to the same layout and blocks.
+/// maps given as their indices (int32, -1 for no 1), sparse features as their elements,
+/// masks as bool and ranged ids as uint8, to the same layout and blocks.
 #[test]
 fn one_hot_features_maps_and_sparse_features_given_compact_give_the_same_blocks() {
     let plan = common::boltz2_plan();
@@ -335,6 +335,15 @@ fn one_hot_features_maps_and_sparse_features_given_compact_give_the_same_blocks(
             let real = x.sum_dim_intlist(-1, false, Kind::Int64).eq(1);
             let idx = x.argmax(-1, false).where_self(&real, &Tensor::from(-1i64));
             given.insert(f.clone(), idx.to_kind(Kind::Int));
+        }
+        // Masks as bool, ranged ids as uint8 (their ranges fit).
+        for (f, t) in plan.tensors().filter(|(f, _)| sample.contains_key(*f)) {
+            let narrow = match (&t.role, t.range) {
+                (Role::Mask { .. }, _) if t.derived.is_none() => Kind::Bool,
+                (Role::Data, Some(_)) => Kind::Uint8,
+                _ => continue,
+            };
+            given.insert(f.to_owned(), sample[f].to_kind(narrow));
         }
         // Sparse features as their nonzero elements (`NAME.indices`, `NAME.values`).
         for (f, _) in plan.tensors().filter(|(_, t)| t.sparse) {

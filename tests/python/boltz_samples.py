@@ -117,6 +117,25 @@ def as_indices(sample: dict[str, torch.Tensor], dtype: torch.dtype = torch.int16
     return out
 
 
+# Masks (validated 0 or 1) a featurizer may emit as bool, and ranged ids it may emit as
+# uint8: `msa` in [0, 32], `mol_type` in [0, 3].
+MASKS = ("msa_mask", "affinity_token_mask", "atom_pad_mask", "template_mask", "template_mask_cb",
+         "template_mask_frame", "token_disto_mask", "token_pad_mask", "token_resolved_mask")
+RANGED = ("msa", "mol_type")
+
+
+def as_narrow(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The sample with its masks as bool and its ranged ids as uint8, the narrowest types
+    that hold their values (a featurizer that skips its final casts emits them so)."""
+    out = dict(sample)
+    for name in MASKS:
+        if name in out:
+            out[name] = out[name].bool()
+    for name in RANGED:
+        out[name] = out[name].to(torch.uint8)
+    return out
+
+
 SPARSE = ("token_bonds", "type_bonds", "contact_threshold")
 
 

@@ -14,7 +14,13 @@ import featshard
 import oracle
 import pytest
 import torch
-from boltz_samples import as_elements, as_indices, random_sample, real_samples
+from boltz_samples import (
+    as_elements,
+    as_indices,
+    as_narrow,
+    random_sample,
+    real_samples,
+)
 from conftest import ROOT, featshard_bin
 from featshard import blocks
 from safetensors.torch import save_file
@@ -371,13 +377,14 @@ def test_sparse_and_ranged_features_travel_as_entries_and_narrowed(plan: featsha
 def test_one_hot_features_given_as_indices_give_the_dense_inputs_blocks(
     plan: featshard.Plan, mesh: tuple[int, int]
 ) -> None:
-    """A sample whose one-hot features arrive as their indices (any integer dtype) and
-    whose sparse features arrive as sparse COO tensors places to the same dense blocks,
+    """A sample whose one-hot features arrive as their indices (any integer dtype), whose
+    sparse features arrive as sparse COO tensors and whose masks and ranged ids arrive
+    as bool and uint8 places to the same dense blocks,
     compact buffers and padded layout as the sample with them dense, on every real
     sample."""
     for i, sample in enumerate(real_samples()):
         dense = blocks.place(plan, sample, mesh, workflow="inference")
-        compact_input = as_elements(as_indices(sample, [torch.int16, torch.int64][i % 2]))
+        compact_input = as_narrow(as_elements(as_indices(sample, [torch.int16, torch.int64][i % 2])))
         given = blocks.place(plan, compact_input, mesh, workflow="inference")
         assert given.features == dense.features
         for rank in range(mesh[0] * mesh[1]):
@@ -477,3 +484,24 @@ def test_a_freed_ranks_buffer_is_recycled_and_written_whole(plan: featshard.Plan
     assert again[next(iter(expanded))].untyped_storage().data_ptr() == at, "not expanded into the freed buffer"
     assert_same_blocks(want, {n: again[n] for n in expanded}, "expanded into recycled memory")
     assert blocks.release_buffers() > 0
+
+
+def test_narrow_input_is_checked_as_the_declared_feature(plan: featshard.Plan, tmp_path: Path) -> None:
+    """Ranged ids given as uint8 are checked against the range; a mask given in a
+    narrower type other than bool, or ids in a type that cannot hold the range, are
+    refused by their dtype, and `featshard shard` refuses them alike."""
+    sample = as_narrow(real_samples()[0])
+    bad = dict(sample, msa=sample["msa"].clone())
+    bad["msa"][0, 2] = 40
+    with pytest.raises(ValueError, match=r"feature `msa`: its values lie in `range: \[0, 32\]`, found 40 at \[0, 2\]"):
+        blocks.place(plan, bad, (2, 2), workflow="inference")
+    for name, dtype, message in (
+        ("msa_mask", torch.int32, "expected dtype int64 (or bool: a mask), got int32"),
+        ("token_pad_mask", torch.uint8, "expected dtype float32 (or bool: a mask), got uint8"),
+        ("msa", torch.bool, "expected dtype int64 (or an integer type holding its range [0, 32]), got bool"),
+    ):
+        wrong = dict(sample, **{name: sample[name].to(dtype)})
+        with pytest.raises(ValueError, match=re.escape(f"feature `{name}`: {message}")) as raised:
+            blocks.place(plan, wrong, (2, 2), workflow="inference")
+        (tmp_path / name).mkdir()
+        assert str(raised.value) in shard_refuses(wrong, tmp_path / name)

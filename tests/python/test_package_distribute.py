@@ -34,7 +34,13 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     import boltz2_placements as P
     import featshard
     import oracle
-    from boltz_samples import as_elements, as_indices, random_sample, real_samples
+    from boltz_samples import (
+        as_elements,
+        as_indices,
+        as_narrow,
+        random_sample,
+        real_samples,
+    )
     from featshard.distribute import cp_group, distribute_features
 
     plan = featshard.Plan(SPEC)
@@ -47,9 +53,10 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     out: dict[str, Any] = {"rank": rank}
     try:
         samples = [random_sample(P, 11 + dp, seed=200 + dp), *real_samples()[:1]]
-        # Then each one's one-hot features reach the source as indices and its sparse
-        # features as their elements: same DTensors.
-        compact_input = [(as_elements(as_indices(s)), s) for s in samples]
+        # Then each one's one-hot features reach the source as indices, its sparse
+        # features as their elements, its masks as bool and ranged ids as uint8: same
+        # DTensors.
+        compact_input = [(as_narrow(as_elements(as_indices(s))), s) for s in samples]
         for given, sample in [(s, s) for s in samples] + compact_input:
             want = oracle.rank_blocks(P, sample, cp)[coord[-2] * cp[1] + coord[-1]]
             got = distribute_features(plan, given if source else None, mesh,

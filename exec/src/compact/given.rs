@@ -28,6 +28,37 @@ pub fn map_given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bo
         && dtype.is_integer()
 }
 
+/// Whether feature `t`, given as `dtype`, arrives in a narrower type that holds every
+/// value it may hold exactly: a mask as `bool`, a ranged integer feature as an integer
+/// type holding its range. Its blocks are the declared dtype's, widened as written.
+/// Derived features are made in the declared dtype, and sparse and one-hot ones have
+/// compact forms of their own: none of them is taken narrowed.
+pub fn given_narrow(t: &TensorPlan, dtype: DType) -> bool {
+    let plain = t.derived.is_none() && !t.sparse && t.one_hot.is_none();
+    if !plain || dtype == t.dtype || dtype::size(dtype) >= dtype::size(t.dtype) {
+        return false;
+    }
+    match (&t.role, t.range) {
+        (Role::Mask { .. }, _) => dtype == DType::Bool,
+        (Role::Data, Some([lo, hi])) => dtype.int_range().is_some_and(|(a, b)| a <= lo && hi <= b),
+        _ => false,
+    }
+}
+
+/// What else a feature may be given as besides its declared dtype, for a message:
+/// ` (or bool: a mask)`, ` (or an integer type holding its range [lo, hi])`, or empty.
+pub fn narrow_hint(t: &TensorPlan) -> String {
+    if given_narrow(t, DType::Bool) {
+        return " (or bool: a mask)".into();
+    }
+    match t.range {
+        Some([lo, hi]) if given_narrow(t, DType::Int32) || given_narrow(t, DType::Uint8) => {
+            format!(" (or an integer type holding its range [{lo}, {hi}])")
+        }
+        _ => String::new(),
+    }
+}
+
 /// The indices of one-hot feature `name` given as its indices (`x`, see
 /// [`given_as_indices`]), in the form [`indices`] makes: every value names a class or
 /// is -1 (no class), else it is refused naming the feature, the axis and the position.

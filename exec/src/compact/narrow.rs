@@ -87,19 +87,21 @@ fn min_max(d: DType, bytes: &[u8]) -> (i64, i64) {
     })
 }
 
-/// A sink that writes integers of `from` as integers of `to` (the values fit: checked).
+/// A sink that writes elements of `from` as elements of `to`, one integer value at a
+/// time: a ranged block narrowed, or a block given narrower (a mask as `bool`, ranged
+/// ids as `uint8`) widened to its declared dtype. The values fit: checked on intake.
 #[derive(Debug)]
-pub struct Narrow<'o, S> {
+pub struct Cast<'o, S> {
     out: &'o mut S,
     from: DType,
     to: DType,
     buf: Vec<u8>,
 }
 
-impl<'o, S: Sink> Narrow<'o, S> {
-    /// Writes into `out` what is written into it, `from` narrowed `to`.
+impl<'o, S: Sink> Cast<'o, S> {
+    /// Writes into `out` what is written into it, `from` cast `to`.
     pub fn new(out: &'o mut S, from: DType, to: DType) -> Self {
-        Narrow {
+        Cast {
             out,
             from,
             to,
@@ -108,7 +110,7 @@ impl<'o, S: Sink> Narrow<'o, S> {
     }
 }
 
-impl<S: Sink> Sink for Narrow<'_, S> {
+impl<S: Sink> Sink for Cast<'_, S> {
     fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
         // Bounded pieces keep the conversion buffer small.
         let es = dtype::size(self.from);
