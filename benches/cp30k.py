@@ -103,7 +103,9 @@ def plan_tensors(P: Any, lay: dict[str, Any]) -> list[tuple[str, str, list[int],
             at = np.stack([first, first + 1, *([np.zeros(k, dtype=np.int64)] * (len(shape) - 2))])
             out.append((f"{name}.indices", "int64", [len(shape), k], at.astype(np.int64)))
             out.append((f"{name}.values", dtype, [k], np.ones(k, dtype=NP[dtype])))
-        elif name in incoming or name in P.MASKS or dtype == "bool":
+        elif name in P.MASKS:  # as bool: a mask may be given so
+            out.append((name, "bool", shape, np.ones(shape, dtype=np.bool_)))
+        elif name in incoming or dtype == "bool":
             out.append((name, dtype, shape, np.ones(shape, dtype=NP[dtype])))
         elif name == "atom_counts_per_token":
             out.append((name, dtype, shape, lay["counts"]))
@@ -111,9 +113,10 @@ def plan_tensors(P: Any, lay: dict[str, Any]) -> list[tuple[str, str, list[int],
             out.append((name, dtype, shape, np.arange(n, dtype=np.int64)))
         elif role is not None and role.one_hot is None and role.of == "atoms" or name == "frames_idx":
             out.append((name, dtype, shape, rng.integers(0, a, shape, dtype=np.int64).astype(NP[dtype])))
-        elif name in P.RANGES:
+        elif name in P.RANGES:  # as uint8: ranged ids may be given in a type holding the range
             lo, hi = P.RANGES[name]
-            out.append((name, dtype, shape, rng.integers(lo, hi + 1, shape, dtype=np.int64).astype(NP[dtype])))
+            narrow = "uint8" if 0 <= lo and hi <= 255 else dtype
+            out.append((name, narrow, shape, rng.integers(lo, hi + 1, shape, dtype=np.int64).astype(NP[narrow])))
         elif dtype.startswith("float"):
             out.append((name, dtype, shape, (rng.random(shape) + 0.5).astype(NP[dtype])))
         else:
@@ -204,15 +207,17 @@ def source(work: Path) -> None:
 
 
 def receiver(work: Path, coord: tuple[int, int]) -> None:
+    import featshard
     import torch
     from featshard import blocks
 
     torch.set_num_threads(1)
+    plan = featshard.Plan(SPEC)
     wire = pickle.loads((work / "wire.pkl").read_bytes())
     buf = torch.from_numpy(np.fromfile(work / f"rank-{coord[0]}-{coord[1]}.bin", dtype=np.uint8))
     before = reset_peak()
     start = time.perf_counter()
-    dense = blocks.expand(blocks.buffer_views(buf, wire), wire)
+    dense = blocks.expand(plan, blocks.buffer_views(buf, wire), wire)
     took = time.perf_counter() - start
     nbytes = sum(x.numel() * x.element_size() for x in dense.values())
     peak = status("VmHWM") - before

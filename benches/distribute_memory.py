@@ -118,10 +118,10 @@ def bench(folder: Path) -> None:
     # `boltz2`: as the Boltz-2 featurizer emits a sample, without the optional pair_mask.
     with_pair_mask = not (len(sys.argv) > 3 and sys.argv[3] == "boltz2")
     atoms, size = boltz_sample_file(folder, tokens, 2048, (0, most), with_pair_mask)
-    from boltz_samples import as_elements, as_indices
+    from boltz_samples import as_elements, as_indices, as_narrow
     from safetensors.torch import load_file, save_file
 
-    compact_input = as_elements(as_indices(load_file(str(folder / "sample.safetensors"))), pairs=True)
+    compact_input = as_narrow(as_elements(as_indices(load_file(str(folder / "sample.safetensors"))), pairs=True))
     save_file(compact_input, str(folder / "sample-indices.safetensors"))
     given = (folder / "sample-indices.safetensors").stat().st_size
     what = "the optional pair_mask included" if with_pair_mask else "no pair_mask"
@@ -152,7 +152,8 @@ def bench(folder: Path) -> None:
           f"{walls['compact'] / walls['dense']:.2f} ({walls['dense'] / walls['compact']:.2f}x faster), "
           f"indices / dense {walls['indices'] / walls['dense']:.2f} ({walls['dense'] / walls['indices']:.2f}x faster)")
     print("the first sample of each path (fresh memory): " + ", ".join(f"{h} {firsts[h]:.2f} s" for h in firsts))
-    print(f"one-hot features and maps given as indices, sparse features as their elements: the sample file {given / 1e6:.1f} MB "
+    print(f"one-hot features and maps given as indices, sparse features as their elements, masks as bool, "
+          f"ranged ids as uint8: the sample file {given / 1e6:.1f} MB "
           f"({given / size:.2f} of the dense sample)")
 
 

@@ -120,7 +120,7 @@ def as_indices(sample: dict[str, torch.Tensor], dtype: torch.dtype = torch.int16
 # Masks (validated 0 or 1) a featurizer may emit as bool, and ranged ids it may emit as
 # uint8: `msa` in [0, 32], `mol_type` in [0, 3].
 MASKS = ("msa_mask", "affinity_token_mask", "atom_pad_mask", "template_mask", "template_mask_cb",
-         "template_mask_frame", "token_disto_mask", "token_pad_mask", "token_resolved_mask")
+         "template_mask_frame", "token_disto_mask", "token_pad_mask", "token_resolved_mask", "pair_mask")
 RANGED = ("msa", "mol_type")
 
 
