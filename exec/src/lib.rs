@@ -24,6 +24,7 @@ pub mod files;
 pub mod intake;
 pub mod local_ids;
 pub mod mapping;
+pub mod par;
 pub mod place;
 pub mod rank_files;
 mod sparse;

@@ -16,6 +16,7 @@ use crate::compact::{
 use crate::error::RuntimeError;
 use crate::files::Sample;
 use crate::intake::Intake;
+use crate::par;
 
 /// A sample that passed validation.
 #[derive(Debug)]
@@ -111,38 +112,21 @@ fn check_values_on(
     sizes: &BTreeMap<String, usize>,
 ) -> Vec<Result<Option<Array<'static>>, RuntimeError>> {
     let features = &taken.features;
-    let one = |k: usize| check_values(plan, &names[k], &features[&names[k]], sizes);
-    let threads = taken.threads.clamp(1, names.len().max(1));
-    if threads == 1 {
-        return (0..names.len()).map(one).collect();
-    }
+    let bytes =
+        |k: usize| features[&names[k]].numel() * crate::dtype::size(features[&names[k]].dtype());
     let mut order: Vec<usize> = (0..names.len()).collect();
-    order.sort_by_key(|&k| {
-        std::cmp::Reverse(
-            features[&names[k]].numel() * crate::dtype::size(features[&names[k]].dtype()),
-        )
-    });
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut done: Vec<(usize, Result<Option<Array<'static>>, RuntimeError>)> =
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..threads)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut mine = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(&k) = order.get(i) else { break mine };
-                            mine.push((k, one(k)));
-                        }
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                // A panic in a check is a bug, not an input error: it propagates.
-                .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
-        });
+    order.sort_by_key(|&k| std::cmp::Reverse(bytes(k)));
+    let mut done = par::map(
+        &order,
+        taken.threads,
+        || (),
+        |_, &k| {
+            (
+                k,
+                check_values(plan, &names[k], &features[&names[k]], sizes),
+            )
+        },
+    );
     done.sort_by_key(|(k, _)| *k);
     done.into_iter().map(|(_, r)| r).collect()
 }

@@ -26,7 +26,6 @@ pub mod kind;
 pub mod mapping;
 pub mod pack;
 pub mod pad;
-mod par;
 pub mod sample;
 pub mod shard;
 pub mod synthetic;

@@ -13,9 +13,9 @@ use super::wire::{self, Announced, Slot};
 use super::LocalSample;
 use crate::error::{torch, RuntimeError, TorchContext};
 use crate::pad::{place, Placed};
-use crate::par::try_map;
 use crate::sample::{tensor_plan, Features, Options};
 use crate::shard::coords;
+use featshard_exec::par::try_map;
 
 /// When a prepared sample's blocks are written into its send buffers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! A small parallel map for per-feature and per-block work on a sample.
 //!
-//! Tensors are `Send` but not `Sync`, so threads cannot share a map of them: every
-//! thread gets its own handles (`make`, called on the calling thread) on the same
+//! Values that are `Send` but not `Sync` (tch tensors) cannot be shared by threads:
+//! every thread gets its own handles (`make`, called on the calling thread) on the same
 //! storage. Work items are taken in order by whichever thread is free.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// `f` over `items` with up to `threads` threads; results in item order. Every item
 /// is run, so that the error returned is the one of the first failing item, as on one
 /// thread.
-pub(crate) fn try_map<I, C, R, E>(
+pub fn try_map<I, C, R, E>(
     items: &[I],
     threads: usize,
     make: impl Fn() -> C,
@@ -21,13 +21,29 @@ where
     R: Send,
     E: Send,
 {
+    map(items, threads, make, f).into_iter().collect()
+}
+
+/// `f` over `items` with up to `threads` threads, each taking the next item as it is
+/// free; every result, in item order.
+pub fn map<I, C, R>(
+    items: &[I],
+    threads: usize,
+    make: impl Fn() -> C,
+    f: impl Fn(&C, &I) -> R + Sync,
+) -> Vec<R>
+where
+    I: Sync,
+    C: Send,
+    R: Send,
+{
     let threads = threads.clamp(1, items.len().max(1));
     if threads == 1 {
         let ctx = make();
         return items.iter().map(|i| f(&ctx, i)).collect();
     }
     let next = AtomicUsize::new(0);
-    let mut done: Vec<(usize, Result<R, E>)> = std::thread::scope(|scope| {
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 let ctx = make();
