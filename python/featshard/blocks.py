@@ -344,6 +344,6 @@ def rank_blocks(
 def release_buffers() -> int:
     """Gives back to the system the block memory featshard keeps for reuse. The buffers
     that hold a rank's blocks are recycled once every tensor viewing them is gone, so
-    that the next sample's blocks land in memory already mapped (a few are kept); call
+    that the next sample's blocks land in memory already mapped (two are kept); call
     this when no more samples come. Returns how many buffers were kept."""
     return _native.release_buffers()

@@ -8,8 +8,10 @@ use std::sync::Mutex;
 
 use memmap2::{Advice, MmapMut};
 
-/// How many freed buffers are kept for reuse.
-const KEPT: usize = 4;
+/// How many freed buffers are kept for reuse: a rank holds at most two per sample (the
+/// buffer it received or wrote, and the one its compact blocks expand into), so two
+/// cover a loop of samples, and at most two buffers' memory stays held between calls.
+const KEPT: usize = 2;
 
 /// Freed buffers, awaiting reuse.
 static POOL: Mutex<Vec<MmapMut>> = Mutex::new(Vec::new());
