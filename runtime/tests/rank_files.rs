@@ -1,7 +1,8 @@
 //! Parity of the two executors: the rank files the byte executor (`featshard-exec`)
 //! writes straight from a memory-mapped sample (pages given back as they go) hold,
 //! byte for byte, the blocks of the tch runtime's padded global layout, on random
-//! meshes, atom counts and thread counts.
+//! meshes, atom counts and thread counts; and the sample given with narrow masks and
+//! ids writes the same files.
 
 mod common;
 
@@ -9,7 +10,8 @@ use featshard_exec::assemble::dense_blocks;
 use featshard_exec::files::Mapped;
 use featshard_exec::rank_files::{write_rank_files, Encoding};
 use featshard_runtime::files::{self, Metadata};
-use featshard_runtime::{pad, Options};
+use featshard_runtime::{pad, Features, Options};
+use featshard_spec::ir::Role;
 use proptest::prelude::*;
 
 fn inference() -> Options {
@@ -141,5 +143,45 @@ fn check_rank_files(
             rank
         );
     }
+    // The same sample with its masks as bool and ranged ids as uint8 writes the same
+    // rank files, in both encodings.
+    let narrow = dir.path().join("narrow.safetensors");
+    files::write(&narrow, &as_narrow(&plan, &sample), &Metadata::new()).unwrap();
+    let mapped = Mapped::open(&narrow).unwrap();
+    let given = featshard_exec::place(&plan, mesh, &mapped.sample(), &inference()).unwrap();
+    for (encoding, want) in [(Encoding::Dense, &paths), (Encoding::Compact, &compact)] {
+        let got: Vec<_> = (0..world)
+            .map(|r| {
+                dir.path()
+                    .join(format!("narrow-{encoding:?}-{r}.safetensors"))
+            })
+            .collect();
+        write_rank_files(&plan, &given, &headers, &got, threads, encoding).unwrap();
+        for (g, w) in got.iter().zip(want) {
+            prop_assert!(
+                std::fs::read(g).unwrap() == std::fs::read(w).unwrap(),
+                "{:?}: given narrow, {} differs",
+                encoding,
+                w.display()
+            );
+        }
+    }
     Ok(())
+}
+
+/// `sample` with its masks (but derived ones) as bool and ranged ids as uint8.
+fn as_narrow(plan: &featshard_spec::Plan, sample: &Features) -> Features {
+    let mut out: Features = sample
+        .iter()
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    for (name, t) in plan.tensors().filter(|(n, _)| sample.contains_key(*n)) {
+        let kind = match (&t.role, t.range) {
+            (Role::Mask { .. }, _) if t.derived.is_none() => tch::Kind::Bool,
+            (Role::Data, Some(_)) => tch::Kind::Uint8,
+            _ => continue,
+        };
+        out.insert(name.to_owned(), sample[name].to_kind(kind));
+    }
+    out
 }
