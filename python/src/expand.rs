@@ -35,9 +35,16 @@ pub(crate) fn expand_blocks<'py>(
         let memory = Memory::new(&b.name, &b.stored).map_err(|e| e.to_string())?;
         let array = Array::borrowed(memory.dtype, memory.shape.clone(), memory.bytes(), None);
         let form = check_stored(&b.name, b.plan, &b.dense, &array).map_err(|e| e.to_string())?;
-        let offset = end.next_multiple_of(64);
-        end = offset + b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
-        checked.push((memory, form, offset));
+        // `check_stored` has shown each block's bytes addressable; their sum may not be.
+        let bytes = b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
+        let offset = end.checked_next_multiple_of(64);
+        end = offset.and_then(|o| o.checked_add(bytes)).ok_or_else(|| {
+            format!(
+                "feature `{}`: the dense blocks are larger than memory can address",
+                b.name
+            )
+        })?;
+        checked.push((memory, form, end - bytes));
     }
     let mut buffer = Buffer::new(end).map_err(|e| e.to_string())?;
     let out = buffer.bytes_mut();

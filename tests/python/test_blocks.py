@@ -505,3 +505,28 @@ def test_narrow_input_is_checked_as_the_declared_feature(plan: featshard.Plan, t
             blocks.place(plan, wrong, (2, 2), workflow="inference")
         (tmp_path / name).mkdir()
         assert str(raised.value) in shard_refuses(wrong, tmp_path / name)
+
+
+def test_expansion_refuses_a_dense_shape_its_feature_cannot_have(plan: featshard.Plan) -> None:
+    """Every compact form, told a dense block of another rank or too large to address,
+    and a one-hot feature told another class count, is a ValueError naming the feature,
+    never a panic."""
+    placed = blocks.place(plan, real_samples()[1], (2, 2), workflow="inference")
+    wire = placed.wire(compact=True)
+    views = blocks.buffer_views(placed.rank_buffer((0, 0), compact=True), wire)
+    kinds = set()
+    for name, _, stored, _, form in wire:
+        if form is None:
+            continue
+        kinds.add(form[0])
+        dense = list(blocks._dense_shape(stored, form))
+        capsule = views[name].contiguous().__dlpack__
+        wrong = [[*dense, 1], [2**62, *dense[1:]]]
+        axis = plan.features[name].one_hot
+        if axis is not None:  # the class count is a channel size
+            wrong.append([n + (k == axis) for k, n in enumerate(dense)])
+        for bad in wrong:
+            with pytest.raises(ValueError, match=f"`{name}`"):
+                plan._native.expand_blocks([(name, bad, capsule())])
+        plan._native.expand_blocks([(name, dense, capsule())])
+    assert kinds == {"one_hot", "bits", "sparse", "narrow"}

@@ -65,6 +65,9 @@ pub fn check_stored(
         feature: name.to_owned(),
         message,
     };
+    if let Some(message) = block_shape_fault(t, block) {
+        return Err(fault(message));
+    }
     let (form, dtype, shape) = stored_form(t, block, stored_entries(stored))
         .ok_or_else(|| fault("the spec gives it no compact form".into()))?;
     if stored.dtype() != dtype || stored.shape() != shape {
@@ -104,4 +107,34 @@ pub fn check_stored(
         }
     }
     Ok(form)
+}
+
+/// Why `block` cannot be a dense block of feature `t`, if it cannot: another rank, a
+/// channel axis (a one-hot feature's classes among them) of another size, or more
+/// bytes than memory can address.
+fn block_shape_fault(t: &TensorPlan, block: &[usize]) -> Option<String> {
+    if block.len() != t.axes.len() {
+        return Some(format!(
+            "a dense block of shape {block:?} has {} axes, the feature {}",
+            block.len(),
+            t.axes.len()
+        ));
+    }
+    let fixed =
+        t.axes.iter().zip(block).enumerate().find(|(_, (a, &n))| {
+            a.semantic.is_none() && a.size.is_some_and(|size| size != n as u64)
+        });
+    if let Some((axis, (a, n))) = fixed {
+        return Some(format!(
+            "a dense block of shape {block:?} has {n} along channel axis {axis}, declared {}",
+            a.size.unwrap_or_default()
+        ));
+    }
+    let bytes = block
+        .iter()
+        .try_fold(dtype::size(t.dtype), |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= isize::MAX as usize);
+    bytes
+        .is_none()
+        .then(|| format!("a dense block of shape {block:?} is larger than memory can address"))
 }
