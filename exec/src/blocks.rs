@@ -181,8 +181,8 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
         }
         match self.form() {
             Some(Form::Bits) => {
-                let mut bits = Bits::new(sink, self.dtype);
-                self.write(coord, &mut bits)?;
+                let mut bits = Bits::new(sink, self.given_dtype());
+                self.write_given(coord, &mut bits)?;
                 bits.finish()
             }
             Some(Form::Sparse) => {
@@ -191,7 +191,27 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
                 sink.copy(&entries.finish(self.entries.unwrap_or(0))?)
             }
             Some(Form::Narrow { index }) => {
-                self.write(coord, &mut Cast::new(sink, self.dtype, index))
+                self.write_given(coord, &mut Cast::new(sink, self.given_dtype(), index))
+            }
+            _ => self.write(coord, sink),
+        }
+    }
+
+    /// The dtype the sample gave the feature in: narrower than declared, or declared.
+    fn given_dtype(&self) -> DType {
+        if self.narrow {
+            self.x.dtype()
+        } else {
+            self.dtype
+        }
+    }
+
+    /// Writes the block of the rank at `coord` in [`Self::given_dtype`]: a block given
+    /// narrow goes to a compact form unwidened (masks and ranged data, never remapped).
+    fn write_given(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
+        match (&self.placed, self.window(coord)) {
+            (Some((_, axes)), Some(window)) if self.narrow => {
+                write_window(self.x, &self.pad, axes, &window, sink)
             }
             _ => self.write(coord, sink),
         }

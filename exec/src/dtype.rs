@@ -72,6 +72,83 @@ pub fn decode_into(d: DType, bytes: &[u8], out: &mut Vec<f64>) {
     }
 }
 
+/// Elements converted at a time by [`cast`] and its kin: a small buffer of `i64`.
+pub const PIECE: usize = 1024;
+
+/// The elements of `bytes` (whole elements of `from`) written into `out` as elements
+/// of `to`, each as `encode_i64(to, read_i64(from, e))` writes it, in tight loops per
+/// type: blocks given narrow are widened, and ranged blocks narrowed, this way. `out`
+/// holds as many elements as `bytes`; elements past the shorter are left.
+pub fn cast(from: DType, bytes: &[u8], to: DType, out: &mut [u8]) {
+    // An integer read and written back is itself (not so a bool or a float).
+    if from == to && from.int_range().is_some() {
+        let n = bytes.len().min(out.len());
+        out[..n].copy_from_slice(&bytes[..n]);
+        return;
+    }
+    let mut wide = [0i64; PIECE];
+    let (fs, ts) = (size(from), size(to));
+    for (piece, o) in bytes.chunks(PIECE * fs).zip(out.chunks_mut(PIECE * ts)) {
+        let wide = &mut wide[..piece.len() / fs];
+        read_ints(from, piece, wide);
+        write_ints(to, wide, o);
+    }
+}
+
+/// Elements of `d` in `bytes` read as `i64` into `out`, as [`read_i64`] reads each.
+pub fn read_ints(d: DType, bytes: &[u8], out: &mut [i64]) {
+    macro_rules! each {
+        ($t:ty) => {{
+            const N: usize = std::mem::size_of::<$t>();
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(N)) {
+                *o = <$t>::from_le_bytes(c.try_into().unwrap_or([0; N])) as i64;
+            }
+        }};
+    }
+    match d {
+        DType::Bool | DType::Uint8 => each!(u8),
+        DType::Int8 => each!(i8),
+        DType::Int16 => each!(i16),
+        DType::Int32 => each!(i32),
+        DType::Int64 => each!(i64),
+        _ => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(size(d))) {
+                *o = read_i64(d, c);
+            }
+        }
+    }
+}
+
+/// `values` written into `out` as elements of `d`, as [`encode_i64`] writes each.
+pub fn write_ints(d: DType, values: &[i64], out: &mut [u8]) {
+    macro_rules! each {
+        ($t:ty, $v:ident => $e:expr) => {{
+            const N: usize = std::mem::size_of::<$t>();
+            for (o, &$v) in out.chunks_exact_mut(N).zip(values) {
+                o.copy_from_slice(&($e).to_le_bytes());
+            }
+        }};
+    }
+    match d {
+        DType::Bool => each!(u8, v => u8::from(v != 0)),
+        DType::Uint8 => each!(u8, v => v as u8),
+        DType::Int8 => each!(i8, v => v as i8),
+        DType::Int16 => each!(i16, v => v as i16),
+        DType::Int32 => each!(i32, v => v as i32),
+        DType::Int64 => each!(i64, v => v),
+        DType::Float32 => each!(f32, v => v as f64 as f32),
+        DType::Float64 => each!(f64, v => v as f64),
+        DType::Float16 | DType::Bfloat16 => {
+            let mut one = Vec::with_capacity(2);
+            for (o, &v) in out.chunks_exact_mut(2).zip(values) {
+                one.clear();
+                encode_i64(d, v, &mut one);
+                o.copy_from_slice(&one);
+            }
+        }
+    }
+}
+
 /// One element read as `i64` (integers exactly; floats truncated toward zero).
 pub fn read_i64(d: DType, bytes: &[u8]) -> i64 {
     fn le<const N: usize>(bytes: &[u8]) -> [u8; N] {
@@ -155,6 +232,26 @@ mod tests {
             assert_eq!(back, want, "{d}");
             assert_eq!(read_i64(d, &bytes[size(d)..]), 1, "{d}");
             assert_eq!(from_safetensors(to_safetensors(d)), Some(d));
+        }
+    }
+
+    #[test]
+    fn cast_writes_each_element_as_encode_i64_does() {
+        let values = [0i64, 1, -1, 7, 127, -128, 255, 300, -40_000, 1 << 40];
+        for from in DType::ALL {
+            let mut bytes = Vec::new();
+            values.iter().for_each(|&v| encode_i64(from, v, &mut bytes));
+            // Enough elements to span several of `cast`'s pieces.
+            let bytes = bytes.repeat(300);
+            for to in DType::ALL {
+                let mut want = Vec::new();
+                for e in bytes.chunks_exact(size(from)) {
+                    encode_i64(to, read_i64(from, e), &mut want);
+                }
+                let mut got = vec![0xAA; want.len()];
+                cast(from, &bytes, to, &mut got);
+                assert_eq!(got, want, "{from} -> {to}");
+            }
         }
     }
 

@@ -1,10 +1,10 @@
 """One serial sample distributed over a context-parallel mesh on ``torch.distributed``,
 every rank's blocks made by featshard's byte executor (:mod:`featshard.blocks`).
 
-The source rank of each CP group validates and places the sample, broadcasts the
-metadata (or its error, so that every rank raises it and nobody is left waiting), then
-sends each other rank of the group its blocks in one buffer, one rank at a time, and
-makes its own last: beyond the sample, the source holds one rank's blocks at a time.
+The source rank of each CP group validates and places the sample, then sends each other
+rank of the group, one rank at a time, the metadata (or its error, so that every rank
+raises it and nobody is left waiting) and its blocks in one buffer, and makes its own
+last: beyond the sample, the source holds one rank's blocks at a time.
 Every other rank receives only its own. A feature the spec declares one-hot travels as
 its indices (``compact``, the default) and is expanded on the receiving rank, on the
 mesh's device. Every rank ends with DTensors built with the plan's placements and
@@ -28,7 +28,10 @@ from featshard.errors import (
     FeatureDistributionError,
     Status,
     agree,
-    broadcast_outcome,
+    outcome_message,
+    raise_failure,
+    receive_outcome,
+    send_outcome,
     status_of,
 )
 
@@ -97,33 +100,19 @@ def distribute_features(
     """
     pg, ranks, cp_mesh = group if group is not None else cp_group(mesh)
     sizes = (cp_mesh.size(0), cp_mesh.size(1))
-    me = dist.get_rank()
     source = ranks[0] if src is None else src
-    placed = None
-    header: Any = None
-    failed: Status | None = None
-    if me == source:
-        try:
-            if features is None:
-                raise ValueError("the source rank was given no sample")
-            placed = place(plan, features, sizes, workflow=workflow, threads=threads)
-            header = (placed.wire(compact=compact), placed.buffer_offsets(compact=compact)[1],
-                      placed.global_shapes, placed.passthrough)
-        except Exception as e:  # noqa: BLE001 - every error is sent to every rank
-            failed = status_of(e)
-    wire, length, global_shapes, passthrough = broadcast_outcome(header, failed, source, pg)
-    if placed is not None:
-        for k, r in enumerate(ranks):
-            if r != source:
-                # No name holds the buffer: it is freed before the next one is made.
-                dist.send(placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact), dst=r, group=pg)
-        mine = placed.rank_buffer(_native.coords(sizes, ranks.index(source)), threads, compact=compact)
+    if dist.get_rank() == source:
+        header, mine = _send_blocks(plan, features, sizes, (pg, ranks, source),
+                                    workflow=workflow, threads=threads, compact=compact)
     else:
-        mine = from_dlpack(_native.receive_buffer(length))
+        header = receive_outcome(source, pg)
+        mine = from_dlpack(_native.receive_buffer(header[1]))
         dist.recv(mine, src=source, group=pg)
+    wire, _, global_shapes, passthrough = header
     device = _device_of(cp_mesh)
     views = buffer_views(mine, wire)
     local = expand(plan, views, wire) if device is None else expand_on_device(views, wire, device)
+    failed: Status | None = None
     if check is not None:
         try:
             check(local)
@@ -137,6 +126,43 @@ def distribute_features(
         result[name] = DTensor.from_local(x, cp_mesh, on_mesh[name], run_check=False,
                                           shape=shape, stride=tuple(_native.contiguous_stride(list(shape))))
     return result
+
+
+def _send_blocks(
+    plan: Plan,
+    features: Mapping[str, Any] | None,
+    sizes: tuple[int, int],
+    to: tuple[dist.ProcessGroup, list[int], int],
+    *,
+    workflow: str | None,
+    threads: int,
+    compact: bool,
+) -> tuple[Any, torch.Tensor]:
+    """The source's part: places the sample, then sends each other rank of the group,
+    one at a time, the header (or the source's error, raised on every rank) and its
+    blocks; returns the header and the source's own blocks' buffer."""
+    pg, ranks, source = to
+    placed, header, failed = None, None, None
+    try:
+        if features is None:
+            raise ValueError("the source rank was given no sample")
+        placed = place(plan, features, sizes, workflow=workflow, threads=threads)
+        header = (placed.wire(compact=compact), placed.buffer_offsets(compact=compact)[1],
+                  placed.global_shapes, placed.passthrough)
+    except Exception as e:  # noqa: BLE001 - every error is sent to every rank
+        failed = status_of(e)
+    # Point to point, each rank's header right before its blocks: no collective.
+    message = outcome_message(header, failed)
+    for k, r in enumerate(ranks):
+        if r == source:
+            continue
+        send_outcome(message, r, pg)
+        if placed is not None:
+            # No name holds the buffer: it is freed before the next one is made.
+            dist.send(placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact), dst=r, group=pg)
+    raise_failure(failed)
+    assert placed is not None
+    return header, placed.rank_buffer(_native.coords(sizes, ranks.index(source)), threads, compact=compact)
 
 
 def _device_of(mesh: DeviceMesh) -> torch.device | None:

@@ -7,13 +7,25 @@ on every rank from the first failure."""
 from __future__ import annotations
 
 import builtins
+import pickle
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from featshard import _native
 
-__all__ = ["FeatureDistributionError", "agree", "broadcast_outcome", "same_error", "status_of"]
+__all__ = [
+    "FeatureDistributionError",
+    "agree",
+    "broadcast_outcome",
+    "outcome_message",
+    "raise_failure",
+    "receive_outcome",
+    "same_error",
+    "send_outcome",
+    "status_of",
+]
 
 
 class FeatureDistributionError(ValueError):
@@ -73,6 +85,11 @@ def _raise_failure(frame: Status) -> None:
 def agree(failed: Status | None, group: Any, size: int) -> None:
     """Every rank of ``group`` (``size`` ranks) passes its status (``None``: success);
     all raise the first failure's :func:`same_error`, or all return."""
+    # One small reduction when every rank succeeded; the frames cross only on failure.
+    anyone = torch.tensor([0 if failed is None else 1], dtype=torch.int32)
+    dist.all_reduce(anyone, op=dist.ReduceOp.MAX, group=group)
+    if int(anyone.item()) == 0:
+        return
     frames: list[Any] = [None] * size
     dist.all_gather_object(frames, failed or _native.status_frame(_rank()), group=group)
     for frame in frames:
@@ -87,3 +104,35 @@ def broadcast_outcome(outcome: Any, failed: Status | None, src: int, group: Any)
     frame, payload = box[0]
     _raise_failure(frame)
     return payload
+
+
+def outcome_message(outcome: Any, failed: Status | None) -> torch.Tensor:
+    """The source's decision as one message for :func:`send_outcome`: its ``outcome``,
+    or its failure."""
+    data = pickle.dumps((failed or _native.status_frame(_rank()), None if failed else outcome))
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def send_outcome(message: torch.Tensor, dst: int, group: Any) -> None:
+    """Sends rank ``dst`` the source's decision (:func:`outcome_message`), point to point:
+    its length, then itself. The source raises its own failure after sending it."""
+    dist.send(torch.tensor([message.numel()], dtype=torch.int64), dst=dst, group=group)
+    dist.send(message, dst=dst, group=group)
+
+
+def receive_outcome(src: int, group: Any) -> Any:
+    """The source ``src``'s decision sent by :func:`send_outcome`: its outcome, or its
+    failure raised here (:func:`same_error`)."""
+    size = torch.empty(1, dtype=torch.int64)
+    dist.recv(size, src=src, group=group)
+    message = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.recv(message, src=src, group=group)
+    frame, outcome = pickle.loads(message.numpy().tobytes())
+    _raise_failure(frame)
+    return outcome
+
+
+def raise_failure(failed: Status | None) -> None:
+    """Raises this rank's own failure as every rank raises it, if any."""
+    if failed is not None:
+        _raise_failure(failed)

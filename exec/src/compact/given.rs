@@ -65,30 +65,123 @@ pub fn narrow_hint(t: &TensorPlan) -> String {
 pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, RuntimeError> {
     let given = x.contiguous();
     let shape = given.shape();
-    let (d, es) = (given.dtype(), dtype::size(given.dtype()));
+    let d = given.dtype();
+    let (es, is) = (dtype::size(d), dtype::size(oh.index));
     let bytes = given.base_bytes();
-    let mut out: Vec<u8> = Vec::with_capacity(given.numel() * dtype::size(oh.index));
+    let mut out = vec![0u8; given.numel() * is];
+    let mut wide = [0i64; dtype::PIECE];
     for (c, chunk) in bytes.chunks(SCAN_CHUNK).enumerate() {
-        let first = c * SCAN_CHUNK / es;
-        for (k, e) in chunk.chunks_exact(es).enumerate() {
-            let class = match dtype::read_i64(d, e) {
-                -1 => oh.classes,
-                v if (0..oh.classes as i64).contains(&v) => v as usize,
-                v => {
-                    return Err(RuntimeError::OneHot {
-                        feature: name.to_owned(),
-                        axis: oh.axis,
-                        message: format!(
-                            "given as indices, {v} names no class of {} (-1: none) at {:?}",
-                            oh.classes,
-                            unravel(first + k, &shape)
-                        ),
-                    })
-                }
-            };
-            dtype::encode_i64(oh.index, class as i64, &mut out);
+        // Read, checked and written a piece at a time, in tight loops per type.
+        for (p, piece) in chunk.chunks(dtype::PIECE * es).enumerate() {
+            let first = c * SCAN_CHUNK / es + p * dtype::PIECE;
+            let wide = &mut wide[..piece.len() / es];
+            dtype::read_ints(d, piece, wide);
+            as_classes(wide, oh).map_err(|(k, v)| RuntimeError::OneHot {
+                feature: name.to_owned(),
+                axis: oh.axis,
+                message: format!(
+                    "given as indices, {v} names no class of {} (-1: none) at {:?}",
+                    oh.classes,
+                    unravel(first + k, &shape)
+                ),
+            })?;
+            let at = first * is;
+            dtype::write_ints(oh.index, wide, &mut out[at..at + wide.len() * is]);
         }
+        // Pages of a mapped sample are given back as the scan passes them.
         given.release_bytes(c * SCAN_CHUNK, c * SCAN_CHUNK + chunk.len());
     }
     Ok(Array::owned(oh.index, shape, out))
+}
+
+/// Given indices made classes in place: -1 (none) becomes `classes`, the index of no
+/// class. Else the position and value of the first naming no class.
+fn as_classes(wide: &mut [i64], oh: &OneHot) -> Result<(), (usize, i64)> {
+    let classes = oh.classes as i64;
+    for (k, v) in wide.iter_mut().enumerate() {
+        *v = match *v {
+            -1 => classes,
+            v if (0..classes).contains(&v) => v,
+            v => return Err((k, v)),
+        };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compact::index_dtype;
+
+    fn one_hot(classes: usize) -> OneHot {
+        OneHot {
+            axis: 1,
+            classes,
+            index: index_dtype(classes),
+            dense: DType::Int64,
+            map: false,
+        }
+    }
+
+    fn given(values: &[i64], d: DType, shape: Vec<usize>) -> Array<'static> {
+        let mut bytes = Vec::new();
+        values
+            .iter()
+            .for_each(|&v| dtype::encode_i64(d, v, &mut bytes));
+        Array::owned(d, shape, bytes)
+    }
+
+    #[test]
+    fn given_indices_become_the_index_dtype_with_none_as_the_class_count() {
+        // Longer than one piece, in every integer type a sample may give.
+        let values: Vec<i64> = (0..3000)
+            .map(|i| if i % 7 == 0 { -1 } else { i % 33 })
+            .collect();
+        for d in [DType::Uint8, DType::Int16, DType::Int32, DType::Int64] {
+            let values: Vec<i64> = values
+                .iter()
+                .map(|&v| if d == DType::Uint8 { v.max(0) } else { v })
+                .collect();
+            let got =
+                indices_given("res_type", &given(&values, d, vec![3000]), &one_hot(33)).unwrap();
+            let want: Vec<u8> = values
+                .iter()
+                .map(|&v| if v < 0 { 33 } else { v as u8 })
+                .collect();
+            assert_eq!(
+                (got.dtype(), got.base_bytes()),
+                (DType::Uint8, &want[..]),
+                "{d}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_index_naming_no_class_is_refused_at_its_position_past_the_first_piece() {
+        let mut values = vec![3i64; 3 * 1000];
+        values[2500] = 40;
+        let err = indices_given(
+            "res_type",
+            &given(&values, DType::Int64, vec![3, 1000]),
+            &one_hot(33),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("given as indices, 40 names no class of 33 (-1: none) at [2, 500]"),
+            "{err}"
+        );
+        values[2500] = -2;
+        let err = indices_given(
+            "res_type",
+            &given(&values, DType::Int64, vec![3, 1000]),
+            &one_hot(33),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("-2 names no class") && err.contains("at [2, 500]"),
+            "{err}"
+        );
+    }
 }

@@ -107,7 +107,7 @@ impl Form {
             }
             Form::Bits => unpack_bits_into(packed, dense.iter().product(), dtype, out),
             Form::Sparse => entries::expand_entries_into(packed, dtype, out),
-            Form::Narrow { index } => narrow::widen_into(packed, index, dtype, out),
+            Form::Narrow { index } => dtype::cast(index, packed, dtype, out),
         }
     }
 }
@@ -287,10 +287,9 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Run
         for_each_nonzero(chunk, es, negative_zero, |p, v| visit(first + p, v))?;
         dense.release_bytes(c * SCAN_CHUNK, c * SCAN_CHUNK + chunk.len());
     }
-    let mut out: Vec<u8> = Vec::with_capacity(found.len() * dtype::size(oh.index));
-    for &k in &found {
-        dtype::encode_i64(oh.index, k as i64, &mut out);
-    }
+    let found: Vec<i64> = found.into_iter().map(|k| k as i64).collect();
+    let mut out = vec![0u8; found.len() * dtype::size(oh.index)];
+    dtype::write_ints(oh.index, &found, &mut out);
     Ok(Array::owned(oh.index, oh.compact_shape(&shape), out))
 }
 

@@ -113,35 +113,19 @@ impl<'o, S: Sink> Cast<'o, S> {
 impl<S: Sink> Sink for Cast<'_, S> {
     fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
         // Bounded pieces keep the conversion buffer small.
-        let es = dtype::size(self.from);
-        for piece in bytes.chunks(es << 16) {
-            self.buf.clear();
-            for e in piece.chunks_exact(es) {
-                dtype::encode_i64(self.to, dtype::read_i64(self.from, e), &mut self.buf);
-            }
+        let (fs, ts) = (dtype::size(self.from), dtype::size(self.to));
+        for piece in bytes.chunks(fs << 16) {
+            self.buf.resize(piece.len() / fs * ts, 0);
+            dtype::cast(self.from, piece, self.to, &mut self.buf);
             self.out.copy(&self.buf)?;
         }
         Ok(())
     }
 
     fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
-        let mut one = Vec::new();
-        dtype::encode_i64(self.to, dtype::read_i64(self.from, pad), &mut one);
+        let mut one = vec![0; dtype::size(self.to)];
+        dtype::cast(self.from, pad, self.to, &mut one);
         self.out.fill(&one, count)
-    }
-}
-
-/// Integers of `from` (`packed`) widened into `out`, elements of `to`.
-pub(super) fn widen_into(packed: &[u8], from: DType, to: DType, out: &mut [u8]) {
-    let mut one = Vec::with_capacity(8);
-    let es = dtype::size(to);
-    for (e, o) in packed
-        .chunks_exact(dtype::size(from))
-        .zip(out.chunks_exact_mut(es))
-    {
-        one.clear();
-        dtype::encode_i64(to, dtype::read_i64(from, e), &mut one);
-        o.copy_from_slice(&one);
     }
 }
 
