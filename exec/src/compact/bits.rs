@@ -16,8 +16,6 @@ pub struct Bits<'o, S> {
     es: usize,
     /// The bits that make an element nonzero (a float's sign bit left out).
     value: u64,
-    /// Eight elements holding 1.
-    ones: Vec<u8>,
     byte: u8,
     filled: u32,
     buf: Vec<u8>,
@@ -32,12 +30,9 @@ impl<'o, S: Sink> Bits<'o, S> {
         } else {
             (1u64 << (8 * es)) - 1
         };
-        let mut one = Vec::new();
-        dtype::encode_i64(dtype, 1, &mut one);
         Bits {
             out,
             es,
-            ones: one.repeat(8),
             value: all & !one_and_negative_zero(dtype).1.unwrap_or(0),
             byte: 0,
             filled: 0,
@@ -88,20 +83,15 @@ impl<S: Sink> Sink for Bits<'_, S> {
             self.push(bit);
         }
         let mut octets = bytes[lead..].chunks_exact(8 * self.es);
-        for octet in octets.by_ref() {
-            // Masks are mostly long runs of 0 or of one value: those compare whole.
-            let byte = if octet.iter().all(|&b| b == 0) {
-                0
-            } else if octet == self.ones.as_slice() {
-                0xff
-            } else {
-                octet
-                    .chunks_exact(self.es)
-                    .enumerate()
-                    .fold(0u8, |b, (j, e)| b | u8::from(self.set(e)) << j)
-            };
-            self.buf.push(byte);
-        }
+        // One loop per element size, each a tight loop over whole octets.
+        let value = self.value;
+        self.buf
+            .extend(octets.by_ref().map(|octet| match octet.len() {
+                8 => byte_bits(u64::from_le_bytes(octet.try_into().unwrap_or([0; 8]))),
+                16 => octet_bits::<2>(octet, value),
+                32 => octet_bits::<4>(octet, value),
+                _ => octet_bits::<8>(octet, value),
+            }));
         for e in octets.remainder().chunks_exact(self.es) {
             let bit = self.set(e);
             self.push(bit);
@@ -124,6 +114,27 @@ impl<S: Sink> Sink for Bits<'_, S> {
     }
 }
 
+/// The bits of eight one-byte elements (`word`, little-endian): bit `k` is set when
+/// byte `k` is nonzero. Each byte is folded onto its low bit, then the eight low bits
+/// are gathered into the top byte by one multiplication.
+fn byte_bits(word: u64) -> u8 {
+    const LOW: u64 = 0x0101_0101_0101_0101;
+    let mut t = (word | word >> 4) & 0x0f0f_0f0f_0f0f_0f0f;
+    t = (t | t >> 2) & 0x0303_0303_0303_0303;
+    t = (t | t >> 1) & LOW;
+    (t.wrapping_mul(0x0102_0408_1020_4080) >> 56) as u8
+}
+
+/// The bits of eight `N`-byte elements (`octet`): bit `k` is set when element `k` has
+/// any bit of `value` set.
+fn octet_bits<const N: usize>(octet: &[u8], value: u64) -> u8 {
+    octet.chunks_exact(N).enumerate().fold(0, |byte, (k, e)| {
+        let mut word = [0u8; 8];
+        word[..N].copy_from_slice(e);
+        byte | u8::from(u64::from_le_bytes(word) & value != 0) << k
+    })
+}
+
 /// Bytes of a mask of `numel` elements packed into bits.
 pub fn bits_len(numel: usize) -> usize {
     numel.div_ceil(8)
@@ -141,18 +152,69 @@ pub(super) fn unpack_bits_into(packed: &[u8], numel: usize, dtype: DType, out: &
     let es = dtype::size(dtype);
     let mut one = Vec::new();
     dtype::encode_i64(dtype, 1, &mut one);
-    let ones = one.repeat(8);
-    // Eight elements per packed byte: a byte of no bits is left zero, one of all bits
-    // copied whole (masks are mostly long runs of either).
-    for (octet, &b) in out[..numel * es].chunks_mut(8 * es).zip(packed) {
-        match b {
-            0 => {}
-            0xff if octet.len() == ones.len() => octet.copy_from_slice(&ones),
-            _ => octet
-                .chunks_exact_mut(es)
-                .enumerate()
-                .filter(|(k, _)| b >> k & 1 == 1)
-                .for_each(|(_, e)| e.copy_from_slice(&one)),
+    // The eight elements of every byte's bits, looked up: one copy per packed byte.
+    let mut table = vec![0u8; 256 * 8 * es];
+    for (b, octet) in table.chunks_exact_mut(8 * es).enumerate() {
+        for (k, e) in octet.chunks_exact_mut(es).enumerate() {
+            if b >> k & 1 == 1 {
+                e.copy_from_slice(&one);
+            }
+        }
+    }
+    let mut octets = out[..numel * es].chunks_exact_mut(8 * es);
+    for (octet, &b) in octets.by_ref().zip(packed) {
+        let b = usize::from(b) * 8 * es;
+        octet.copy_from_slice(&table[b..b + 8 * es]);
+    }
+    let rest = octets.into_remainder();
+    if let Some(&b) = packed.get(numel / 8) {
+        let b = usize::from(b) * 8 * es;
+        rest.copy_from_slice(&table[b..b + rest.len()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eight_bytes_give_one_bit_each_for_any_nonzero_value() {
+        for k in 0..8 {
+            for v in [1u64, 2, 0x10, 0x80, 0xff] {
+                assert_eq!(byte_bits(v << (8 * k)), 1 << k, "byte {k} = {v}");
+            }
+        }
+        assert_eq!(byte_bits(0), 0);
+        assert_eq!(byte_bits(u64::MAX), 0xff);
+        assert_eq!(byte_bits(0x0001_0000_0300_0001), 0b0100_1001);
+    }
+
+    #[test]
+    fn long_masks_of_mixed_bits_round_trip_in_every_dtype() {
+        // A pseudo-random mask (no runs to shortcut), written in pieces of odd lengths.
+        let mut state = 7u32;
+        let values: Vec<i64> = (0..1001)
+            .map(|_| {
+                state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                i64::from(state >> 16 & 1)
+            })
+            .collect();
+        for d in DType::ALL {
+            let mut dense = Vec::new();
+            values
+                .iter()
+                .for_each(|&v| dtype::encode_i64(d, v, &mut dense));
+            let es = dtype::size(d);
+            let mut packed = Vec::new();
+            let mut bits = Bits::new(&mut packed, d);
+            for piece in dense.chunks(37 * es) {
+                bits.copy(piece).expect("copy");
+            }
+            bits.finish().expect("finish");
+            assert_eq!(packed.len(), bits_len(values.len()), "{d}");
+            let mut out = vec![0xAA; dense.len()];
+            unpack_bits_into(&packed, values.len(), d, &mut out);
+            assert_eq!(out, dense, "{d}");
         }
     }
 }
