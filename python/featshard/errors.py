@@ -1,8 +1,10 @@
 """The package's one error class for a sample that cannot reach every rank, and the one
 way its ranks agree on an error: a status frame per rank (success, or the failing
 rank's error type name, message and rank; the frame ``featshard_exec::agree`` defines
-and the Rust runtime's ranks exchange), exchanged once, and the same exception raised
-on every rank from the first failure."""
+and the Rust runtime's ranks exchange), exchanged when any rank failed (one small
+all-reduce tells), and the same exception raised on every rank from the first failure.
+The source's own outcome reaches the others with the blocks it sends them
+(:func:`send_outcome`) or, where nothing else is sent, by :func:`broadcast_outcome`."""
 
 from __future__ import annotations
 

@@ -147,7 +147,7 @@ pub fn unpack_bits(packed: &[u8], numel: usize, dtype: DType) -> Vec<u8> {
     out
 }
 
-/// [`unpack_bits`] into `out` (zeroed, exactly the mask's bytes).
+/// [`unpack_bits`] into `out` (exactly the mask's bytes, each written).
 pub(super) fn unpack_bits_into(packed: &[u8], numel: usize, dtype: DType, out: &mut [u8]) {
     let es = dtype::size(dtype);
     let mut one = Vec::new();
