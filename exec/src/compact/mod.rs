@@ -86,9 +86,13 @@ impl Form {
     }
 
     /// The dense bytes of `packed` (a compact block of this form) into `out`, which
-    /// holds exactly the dense block of `dense` shape and `dtype` (zeroed here first).
+    /// holds exactly the dense block of `dense` shape and `dtype`: every byte is
+    /// written (a one-hot or sparse block zeroed first, bits and narrow ints element by
+    /// element).
     pub fn expand_into(&self, packed: &[u8], dtype: DType, dense: &[usize], out: &mut [u8]) {
-        out.fill(0);
+        if matches!(self, Form::OneHot { .. } | Form::Sparse) {
+            out.fill(0);
+        }
         match *self {
             Form::OneHot {
                 axis,
