@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.utils.dlpack import from_dlpack
 
-from featshard import Plan, _native
+from featshard import Plan, _native, blocks
 from featshard.blocks import buffer_views, expand, expand_on_device, place
 from featshard.errors import (
     FeatureDistributionError,
@@ -101,21 +101,23 @@ def distribute_features(
     pg, ranks, cp_mesh = group if group is not None else cp_group(mesh)
     sizes = (cp_mesh.size(0), cp_mesh.size(1))
     source = ranks[0] if src is None else src
+    # A failure once every rank has the header (the source writing a buffer, a block,
+    # `check`) is agreed on below, so that every rank raises it and none is left waiting.
+    failed: Status | None = None
     if dist.get_rank() == source:
-        header, mine = _send_blocks(plan, features, sizes, (pg, ranks, source),
-                                    workflow=workflow, threads=threads, compact=compact)
+        header, mine, failed = _send_blocks(plan, features, sizes, (pg, ranks, source),
+                                            workflow=workflow, threads=threads, compact=compact)
     else:
         header = receive_outcome(source, pg)
         mine = from_dlpack(_native.receive_buffer(header[1]))
         dist.recv(mine, src=source, group=pg)
     wire, _, global_shapes, passthrough = header
-    device = _device_of(cp_mesh)
-    views = buffer_views(mine, wire)
-    local = expand(plan, views, wire) if device is None else expand_on_device(views, wire, device)
-    failed: Status | None = None
-    if check is not None:
+    local: dict[str, torch.Tensor] = {}
+    if failed is None:
         try:
-            check(local)
+            local = _local_blocks(plan, mine, wire, _device_of(cp_mesh))
+            if check is not None:
+                check(local)
         except Exception as e:  # noqa: BLE001 - shared with every rank below
             failed = status_of(e)
     agree(failed, pg, len(ranks))
@@ -137,10 +139,12 @@ def _send_blocks(
     workflow: str | None,
     threads: int,
     compact: bool,
-) -> tuple[Any, torch.Tensor]:
+) -> tuple[Any, torch.Tensor, Status | None]:
     """The source's part: places the sample, then sends each other rank of the group,
-    one at a time, the header (or the source's error, raised on every rank) and its
-    blocks; returns the header and the source's own blocks' buffer."""
+    one at a time, the header (or the source's error, raised here and on every rank) and
+    its blocks; returns the header, the source's own blocks' buffer, and a failure to
+    write a buffer after the header went out (those ranks get zeros, and the failure is
+    agreed on)."""
     pg, ranks, source = to
     placed, header, failed = None, None, None
     try:
@@ -153,16 +157,38 @@ def _send_blocks(
         failed = status_of(e)
     # Point to point, each rank's header right before its blocks: no collective.
     message = outcome_message(header, failed)
+    late: Status | None = None
     for k, r in enumerate(ranks):
         if r == source:
             continue
         send_outcome(message, r, pg)
         if placed is not None:
             # No name holds the buffer: it is freed before the next one is made.
-            dist.send(placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact), dst=r, group=pg)
+            buffer, late = _written(placed, _native.coords(sizes, k), threads, compact, late)
+            dist.send(buffer, dst=r, group=pg)
     raise_failure(failed)
     assert placed is not None
-    return header, placed.rank_buffer(_native.coords(sizes, ranks.index(source)), threads, compact=compact)
+    mine, late = _written(placed, _native.coords(sizes, ranks.index(source)), threads, compact, late)
+    return header, mine, late
+
+
+def _written(
+    placed: blocks.Placement, coord: tuple[int, int], threads: int, compact: bool, late: Status | None
+) -> tuple[torch.Tensor, Status | None]:
+    """The buffer of the rank at ``coord``, and the first failure to write one so far: a
+    buffer that cannot be written is sent as zeros of its length, so that every rank
+    still takes its part, and the failure is agreed on."""
+    try:
+        return placed.rank_buffer(coord, threads, compact=compact), late
+    except Exception as e:  # noqa: BLE001 - agreed on by every rank
+        return torch.zeros(placed.buffer_offsets(compact=compact)[1], dtype=torch.uint8), late or status_of(e)
+
+
+def _local_blocks(plan: Plan, buffer: torch.Tensor, wire: Any, device: torch.device | None) -> dict[str, torch.Tensor]:
+    """A rank's blocks from its buffer: views of it, compact blocks expanded (on the host
+    by the executor, or on the mesh's GPU by torch)."""
+    views = buffer_views(buffer, wire)
+    return expand(plan, views, wire) if device is None else expand_on_device(views, wire, device)
 
 
 def _device_of(mesh: DeviceMesh) -> torch.device | None:

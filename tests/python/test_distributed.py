@@ -71,6 +71,19 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
             msa = sample["msa"].clone()
             msa[0, 5] = 40  # past the 33 residue ids `range: [0, 32]` declares
             D.distribute_features(dict(sample, msa=msa) if source else None, mesh, workflow="inference")
+        elif scenario == "write_error":
+            # The source fails to write the second rank's buffer, after every header.
+            from featshard import blocks
+
+            made, calls = blocks.Placement.rank_buffer, []
+
+            def failing(self: Any, *args: Any, **kwargs: Any) -> Any:
+                calls.append(1)
+                if len(calls) == 2:
+                    raise MemoryError("no room for a rank's buffer")
+                return made(self, *args, **kwargs)
+            blocks.Placement.rank_buffer = failing  # type: ignore[method-assign]
+            D.distribute_features(sample if source else None, mesh, workflow="inference")
         elif scenario == "rank_error":
             def check(local: Any) -> None:
                 if rank == 3:
@@ -369,7 +382,7 @@ def test_every_rank_gets_its_block_as_a_dtensor(
         assert r["status"] == "ok", r
 
 
-@pytest.mark.parametrize("scenario", ["source_error", "value_error", "rank_error"])
+@pytest.mark.parametrize("scenario", ["source_error", "value_error", "write_error", "rank_error"])
 def test_an_error_on_one_rank_is_raised_on_every_rank(
     generated_dir: Path, tmp_path: Path, scenario: str
 ) -> None:
@@ -381,6 +394,8 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(
         assert message == "ValueError: feature `ref_pos`: expected dtype float32, got float64", message
     elif scenario == "value_error":
         assert message == "ValueError: feature `msa`: its values lie in `range: [0, 32]`, found 40 at [0, 5]", message
+    elif scenario == "write_error":
+        assert message == "MemoryError: no room for a rank's buffer", message
     else:
         assert message == "ValueError: rank 3 rejects its blocks", message
 
