@@ -335,6 +335,39 @@ def test_a_manager_on_another_device_than_the_mesh_is_refused(domain_dir: Path, 
     assert len(lines) == 2 and all("allocates on meta, but the mesh is on cpu" in x for x in lines), r.stdout
 
 
+SOURCE_FAILS_PADDING = """
+import json, sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import weather_placements as P
+from featshard.domain import tables
+from torch.distributed.device_mesh import init_device_mesh
+rank = int(sys.argv[3])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+P.adopt_process_group()
+mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("ddp", "domain"))
+def failing(*args, **kwargs):
+    raise RuntimeError("out of memory padding the sample")
+tables.DomainTables._padded = failing
+inputs = {"state": torch.randn(1, 26, 7, 12), "forcing": torch.randn(1, 4, 7, 12),
+          "land_sea_mask": torch.ones(7, 12), "target": torch.randn(1, 26, 7, 12), "lead_time": torch.tensor([6])}
+try:
+    P.scatter(inputs if rank == 0 else None, mesh)
+    print(json.dumps("scattered"))
+except Exception as e:
+    print(json.dumps(f"{type(e).__name__}: {e}"))
+"""
+
+
+def test_an_error_the_source_meets_padding_is_raised_on_every_rank(domain_dir: Path, tmp_path: Path) -> None:
+    """A failure on the source that is not the sample's (memory, a device) reaches every
+    rank of the domain group too, with its type and message: none is left waiting."""
+    ranks = [subprocess.Popen([sys.executable, "-c", SOURCE_FAILS_PADDING, str(domain_dir), str(tmp_path / "store"),
+                               str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in ranks]
+    got = [json.loads(out.splitlines()[-1]) if out else err[-2000:] for out, err in outs]
+    assert got == ["RuntimeError: out of memory padding the sample"] * 2, got
+
+
 BAD_SAMPLES_SCATTERED = """
 import json, sys, torch, torch.distributed as dist
 from safetensors.torch import save_file

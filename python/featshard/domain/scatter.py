@@ -91,7 +91,7 @@ class DomainScatter(DomainTables):
                 # Metadata and lengths ride with the shapes: every rank needs them.
                 meta = {n: inputs[n] for n in self.metadata if n in inputs}
                 outcome = ({n: tuple(x.shape) for n, x in padded.items()}, meta, lengths)
-            except FeatureDistributionError as e:
+            except Exception as e:  # noqa: BLE001 - every error reaches every rank: none waits
                 failed = status_of(e)
         payload = broadcast_outcome(outcome, failed, src, group)
         shapes: dict[str, tuple[int, ...]] = payload[0]
