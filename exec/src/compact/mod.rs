@@ -87,10 +87,10 @@ impl Form {
 
     /// The dense bytes of `packed` (a compact block of this form) into `out`, which
     /// holds exactly the dense block of `dense` shape and `dtype`: every byte is
-    /// written (a one-hot or sparse block zeroed first, bits and narrow ints element by
-    /// element).
+    /// written (a one-hot block row by row, a sparse one zeroed first, bits and narrow
+    /// ints element by element).
     pub fn expand_into(&self, packed: &[u8], dtype: DType, dense: &[usize], out: &mut [u8]) {
-        if matches!(self, Form::OneHot { .. } | Form::Sparse) {
+        if matches!(self, Form::Sparse) {
             out.fill(0);
         }
         match *self {
@@ -375,21 +375,71 @@ pub fn expand(oh: &OneHot, idx: &[u8], compact: &[usize]) -> Vec<u8> {
     out
 }
 
-/// [`expand`] into `out` (zeroed, exactly the dense block's bytes).
+/// [`expand`] into `out` (exactly the dense block's bytes, every one of them written).
 fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
-    let dense_shape = oh.dense_shape(compact);
-    let (outer, inner) = oh.around(&dense_shape);
-    let (es, ies) = (dtype::size(oh.dense), dtype::size(oh.index));
+    let (outer, inner) = oh.around(&oh.dense_shape(compact));
+    let es = dtype::size(oh.dense);
     let mut one = Vec::new();
     dtype::encode_i64(oh.dense, 1, &mut one);
-    for (r, e) in idx.chunks_exact(ies).enumerate().take(outer * inner) {
-        let k = dtype::read_i64(oh.index, e);
-        if k < 0 || k as usize >= oh.classes {
-            continue;
+    let class = |k: i64| usize::try_from(k).ok().filter(|&k| k < oh.classes);
+    if inner == 1 {
+        // The class axis innermost: each row is written whole, zeros and its one, in one
+        // pass while it is in cache (a second pass to set the ones reads it back).
+        let row = (oh.classes * es).max(1);
+        each_index(
+            oh.index,
+            idx,
+            out.chunks_exact_mut(row).take(outer),
+            |k, row| {
+                row.fill(0);
+                if let Some(k) = class(k) {
+                    row[k * es..(k + 1) * es].copy_from_slice(&one);
+                }
+            },
+        );
+        // Rows past the indices given (none when the block is well formed) are zeros.
+        let given = outer.min(idx.len() / dtype::size(oh.index));
+        let end = out.len();
+        out[(given * row).min(end)..].fill(0);
+        return;
+    }
+    out.fill(0);
+    let mut at = 0;
+    each_index(
+        oh.index,
+        idx,
+        std::iter::repeat_n((), outer * inner),
+        |k, ()| {
+            let (o, i) = (at / inner, at % inner);
+            at += 1;
+            if let Some(k) = class(k) {
+                let e = ((o * oh.classes + k) * inner + i) * es;
+                out[e..e + es].copy_from_slice(&one);
+            }
+        },
+    );
+}
+
+/// `f` called with each index of `idx` (elements of `index`) and the next of `with`,
+/// the indices read a piece at a time in a tight loop per type.
+fn each_index<T>(
+    index: DType,
+    idx: &[u8],
+    with: impl Iterator<Item = T>,
+    mut f: impl FnMut(i64, T),
+) {
+    let mut wide = [0i64; dtype::PIECE];
+    let size = dtype::size(index);
+    let mut with = with.peekable();
+    for piece in idx.chunks(dtype::PIECE * size) {
+        let wide = &mut wide[..piece.len() / size];
+        dtype::read_ints(index, piece, wide);
+        for (&k, t) in wide.iter().zip(with.by_ref()) {
+            f(k, t);
         }
-        let (o, i) = (r / inner.max(1), r % inner.max(1));
-        let at = ((o * oh.classes + k as usize) * inner + i) * es;
-        out[at..at + es].copy_from_slice(&one);
+        if with.peek().is_none() {
+            return;
+        }
     }
 }
 
@@ -438,6 +488,47 @@ mod tests {
             assert_eq!(idx.shape(), vec![2, 2]);
             assert_eq!(idx.to_bytes(), vec![1, 0, 2, 3]);
             assert_eq!(expand(&o, &idx.to_bytes(), &[2, 2]), encode(d, &dense));
+        }
+    }
+
+    #[test]
+    fn expansion_writes_every_byte_of_used_memory_over_many_pieces() {
+        // 2500 rows (pieces of the index reads), pads (-1) and indices past the classes,
+        // the class axis last (rows written whole) and in the middle (zeros, then ones).
+        let classes = 5;
+        let mut seed = 7u64;
+        let rows: Vec<i64> = (0..2500)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (seed >> 33) as i64 % (classes as i64 + 2) - 1
+            })
+            .collect();
+        for (axis, compact) in [(1, vec![2500]), (1, vec![50, 50]), (2, vec![50, 50])] {
+            for d in [DType::Int64, DType::Float32, DType::Bool, DType::Bfloat16] {
+                let o = OneHot {
+                    index: DType::Int16,
+                    ..oh(axis, classes, d)
+                };
+                let dense = o.dense_shape(&compact);
+                let (outer, inner) = o.around(&dense);
+                let want: Vec<i64> = (0..outer * classes * inner)
+                    .map(|at| {
+                        let (o_, k, i) = (at / (classes * inner), at / inner % classes, at % inner);
+                        i64::from(rows[o_ * inner + i] == k as i64)
+                    })
+                    .collect();
+                let mut out = vec![0xAB; want.len() * dtype::size(d)];
+                let form = Form::OneHot {
+                    axis,
+                    classes,
+                    index: DType::Int16,
+                    map: false,
+                };
+                form.expand_into(&encode(DType::Int16, &rows), d, &dense, &mut out);
+                assert_eq!(out, encode(d, &want), "axis {axis}, {compact:?}, {d:?}");
+            }
         }
     }
 
