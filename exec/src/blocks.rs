@@ -16,7 +16,7 @@ use crate::dtype;
 use crate::error::RuntimeError;
 use crate::place::{axis_maps, AxisMap, Placed};
 use crate::validate::tensor_plan;
-use crate::window::{write_entries_window, write_window, Sink};
+use crate::window::{put_entries, write_entries_window, write_window, Sink};
 
 /// One feature of a placed sample, ready to have any rank's block written.
 #[derive(Debug)]
@@ -566,6 +566,13 @@ impl Sink for SliceSink<'_> {
             part.chunks_exact_mut(pad.len())
                 .for_each(|c| c.copy_from_slice(pad));
         }
+        Ok(())
+    }
+
+    fn sparse(&mut self, len: usize, es: usize, entries: &[(usize, u64)]) -> io::Result<()> {
+        let part = self.next(len * es)?;
+        part.fill(0);
+        put_entries(part, es, entries);
         Ok(())
     }
 }

@@ -14,6 +14,21 @@ pub trait Sink {
     fn copy(&mut self, bytes: &[u8]) -> io::Result<()>;
     /// Appends `count` copies of the element `pad`.
     fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()>;
+    /// Appends `len` elements of `es` bytes, zero but for `entries`: each an element's
+    /// position among them and its bits, in ascending position. A sink that keeps
+    /// entries, or zeroes memory it owns, takes them without the dense bytes.
+    fn sparse(&mut self, len: usize, es: usize, entries: &[(usize, u64)]) -> io::Result<()> {
+        let mut out = vec![0u8; len * es];
+        put_entries(&mut out, es, entries);
+        self.copy(&out)
+    }
+}
+
+/// Each of `entries` (position, bits) written into `out`, elements of `es` bytes.
+pub fn put_entries(out: &mut [u8], es: usize, entries: &[(usize, u64)]) {
+    for &(p, v) in entries {
+        out[p * es..(p + 1) * es].copy_from_slice(&v.to_le_bytes()[..es]);
+    }
 }
 
 impl Sink for Vec<u8> {
@@ -127,9 +142,9 @@ pub fn write_window(
 }
 
 /// [`write_window`] for a base known by its nonzero elements ([`Array::from_entries`]),
-/// whose pads are zero: the window starts as zeros and each element landing in it is
-/// written at its place, so the time goes with the window and the elements, never with
-/// the base.
+/// whose pads are zero: the elements landing in the window go to the sink as entries
+/// ([`Sink::sparse`]), so the time goes with the window and the elements (with the
+/// elements alone for a sink keeping entries), never with the base.
 pub fn write_entries_window(
     x: &Array,
     axes: &[AxisMap],
@@ -154,9 +169,8 @@ pub fn write_entries_window(
             at
         })
         .collect();
-    let es = crate::dtype::size(x.dtype());
     let lens: Vec<usize> = window.iter().map(|&(_, n)| n).collect();
-    let mut out = vec![0u8; lens.iter().product::<usize>() * es];
+    let mut found = Vec::new();
     'entry: for (&p, &v) in list.positions.iter().zip(&list.bits) {
         let (mut rest, mut flat, mut scale) = (p, 0, 1);
         for d in (0..x.dim()).rev() {
@@ -167,9 +181,11 @@ pub fn write_entries_window(
             flat += l * scale;
             scale *= lens[d];
         }
-        out[flat * es..(flat + 1) * es].copy_from_slice(&v.to_le_bytes()[..es]);
+        found.push((flat, v));
     }
-    sink.copy(&out)
+    found.sort_unstable_by_key(|&(p, _)| p);
+    let es = crate::dtype::size(x.dtype());
+    sink.sparse(lens.iter().product(), es, &found)
 }
 
 struct Writer<'w, 'a, S> {

@@ -99,6 +99,14 @@ impl Sink for Entries {
         self.at += count;
         Ok(())
     }
+
+    fn sparse(&mut self, len: usize, _es: usize, entries: &[(usize, u64)]) -> io::Result<()> {
+        for &(p, v) in entries.iter().filter(|&&(_, v)| v != 0) {
+            self.push(self.at + p, v);
+        }
+        self.at += len;
+        Ok(())
+    }
 }
 
 /// The entries `rows` (as [`Entries`] makes them) written into `out`, the zeroed dense

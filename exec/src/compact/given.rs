@@ -98,12 +98,15 @@ pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static
 /// class. Else the position and value of the first naming no class.
 fn as_classes(wide: &mut [i64], oh: &OneHot) -> Result<(), (usize, i64)> {
     let classes = oh.classes as i64;
-    for (k, v) in wide.iter_mut().enumerate() {
-        *v = match *v {
-            -1 => classes,
-            v if (0..classes).contains(&v) => v,
-            v => return Err((k, v)),
-        };
+    // Checked, then mapped, in two branch-free passes the compiler vectorises: -1 and
+    // 0..classes are exactly the values whose successor is at most `classes` unsigned.
+    let valid = |v: i64| (v.wrapping_add(1) as u64) <= classes as u64;
+    if !wide.iter().fold(true, |all, &v| all & valid(v)) {
+        let k = wide.iter().position(|&v| !valid(v)).unwrap_or(0);
+        return Err((k, wide[k]));
+    }
+    for v in wide.iter_mut() {
+        *v = if *v < 0 { classes } else { *v };
     }
     Ok(())
 }
@@ -158,7 +161,7 @@ mod tests {
 
     #[test]
     fn an_index_naming_no_class_is_refused_at_its_position_past_the_first_piece() {
-        for bad in [40, -2] {
+        for bad in [40, 33, -2, i64::MAX, i64::MIN] {
             let mut values = vec![3i64; 3 * 1000];
             values[2500] = bad;
             let x = given(&values, DType::Int64, vec![3, 1000]);
