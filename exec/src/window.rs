@@ -4,6 +4,7 @@
 //! layout.
 
 use std::io;
+use std::ops::Range;
 
 use crate::array::{Array, Sel, RELEASE_BYTES};
 use crate::place::AxisMap;
@@ -59,14 +60,7 @@ pub struct Piece {
 /// window order: runs of items consecutive in both the padded layout and the base.
 pub fn pieces(sel: &Sel, axis: &AxisMap, (start, wlen): (usize, usize)) -> Vec<Piece> {
     let end = start + wlen;
-    // (padded position, base item) of every item landing in the window, in window order.
-    let mut items: Vec<(usize, usize)> = (0..sel.len())
-        .map(|i| (axis.position(i), sel.get(i)))
-        .filter(|&(p, _)| p >= start && p < end)
-        .collect();
-    if items.windows(2).any(|w| w[0].0 > w[1].0) {
-        items.sort_unstable();
-    }
+    let items = items_in(sel, axis.positions, start..end);
     let mut out: Vec<Piece> = Vec::new();
     let mut at = start;
     for (p, b) in items {
@@ -92,6 +86,35 @@ pub fn pieces(sel: &Sel, axis: &AxisMap, (start, wlen): (usize, usize)) -> Vec<P
         });
     }
     out
+}
+
+/// (padded position, base item) of every item of `sel` landing in `window` of the
+/// padded axis, in window order. Items in order (none moved, or moved in order, as
+/// owner-partitioned layouts move them) are found by their window's ends alone: a
+/// block's time goes with its window, not with the whole axis.
+fn items_in(sel: &Sel, positions: Option<&[usize]>, window: Range<usize>) -> Vec<(usize, usize)> {
+    let n = sel.len();
+    let at = |p: &[usize], i: usize| (p[i], sel.get(i));
+    match positions.map(|p| &p[..n.min(p.len())]) {
+        None => (window.start.min(n)..window.end.min(n))
+            .map(|i| (i, sel.get(i)))
+            .collect(),
+        Some(p) if p.is_sorted() => {
+            let (lo, hi) = (
+                p.partition_point(|&q| q < window.start),
+                p.partition_point(|&q| q < window.end),
+            );
+            (lo..hi).map(|i| at(p, i)).collect()
+        }
+        Some(p) => {
+            let mut items: Vec<(usize, usize)> = (0..p.len())
+                .map(|i| at(p, i))
+                .filter(|&(q, _)| window.contains(&q))
+                .collect();
+            items.sort_unstable();
+            items
+        }
+    }
 }
 
 /// Writes the region `window` of `x`'s padded layout (`axes`) into `sink`, row-major;
@@ -258,6 +281,30 @@ mod tests {
 
     fn map(padded: usize, positions: Option<&[usize]>) -> AxisMap<'_> {
         AxisMap { padded, positions }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn items_in_a_window_are_those_a_scan_of_the_axis_finds(
+            moves in proptest::collection::vec(0usize..3, 0..40),
+            shuffle in proptest::bool::ANY,
+            listed in proptest::bool::ANY,
+            (start, len) in (0usize..130, 0usize..130),
+        ) {
+            // Positions in order (gaps of 0-2 pads), or the same positions out of order.
+            let mut pos: Vec<usize> = moves.iter().scan(0, |at, &m| { *at += m + 1; Some(*at - 1) }).collect();
+            if shuffle { pos.reverse(); }
+            let n = pos.len();
+            let sel = if listed { Sel::List((0..n).rev().collect::<Vec<_>>().into()) } else { Sel::Range { start: 0, len: n } };
+            for positions in [None, Some(&pos[..])] {
+                let mut want: Vec<(usize, usize)> = (0..n)
+                    .map(|i| (positions.map_or(i, |p| p[i]), sel.get(i)))
+                    .filter(|&(p, _)| (start..start + len).contains(&p))
+                    .collect();
+                want.sort_unstable();
+                proptest::prop_assert_eq!(items_in(&sel, positions, start..start + len), want);
+            }
+        }
     }
 
     #[test]
