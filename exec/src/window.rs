@@ -276,6 +276,7 @@ impl<S: Sink> Writer<'_, '_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::array::EntryList;
     use crate::dtype;
     use featshard_spec::ir::DType;
 
@@ -284,6 +285,44 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn a_base_known_by_its_entries_gives_every_sink_the_dense_window(
+            values in proptest::collection::vec(proptest::sample::select(vec![0i64, 0, 0, 3, -7]), 1..60),
+            cols in 1usize..8,
+            gaps in proptest::collection::vec(0usize..2, 8),
+            (start, len) in (0usize..10, 0usize..12),
+        ) {
+            // A [rows, cols] int32 base, its columns moved in order with pads between,
+            // as the dense base and as its nonzero elements.
+            let rows = values.len().div_ceil(cols);
+            let mut dense = values.clone();
+            dense.resize(rows * cols, 0);
+            let bytes: Vec<u8> = dense.iter().flat_map(|&v| (v as i32).to_le_bytes()).collect();
+            let nonzero: Vec<usize> = (0..dense.len()).filter(|&p| dense[p] != 0).collect();
+            let bits = nonzero.iter().map(|&p| u64::from(dense[p] as i32 as u32)).collect();
+            let list = EntryList { positions: nonzero, bits };
+            let by_entries = Array::from_entries(DType::Int32, vec![rows, cols], list);
+            let by_bytes = Array::owned(DType::Int32, vec![rows, cols], bytes);
+            let pos: Vec<usize> = gaps[..cols].iter().enumerate().map(|(i, g)| i * 2 + g).collect();
+            let axes = [map(rows + 1, None), map(cols * 2 + 1, Some(&pos))];
+            let window = [(0, rows + 1), (start.min(cols * 2), len.min(cols * 2 + 1 - start.min(cols * 2)))];
+            let mut want = Vec::new();
+            write_window(&by_bytes, &[0; 4], &axes, &window, &mut want).unwrap();
+            let mut plain = Vec::new();
+            write_entries_window(&by_entries, &axes, &window, &mut plain).unwrap();
+            proptest::prop_assert_eq!(&plain, &want);
+            let mut slice = vec![0xAB; want.len()];
+            write_entries_window(&by_entries, &axes, &window, &mut crate::blocks::SliceSink::new(&mut slice)).unwrap();
+            proptest::prop_assert_eq!(&slice, &want);
+            let mut kept = crate::compact::Entries::new(DType::Int32);
+            write_entries_window(&by_entries, &axes, &window, &mut kept).unwrap();
+            let rows = kept.finish(want.len() / 4).unwrap();
+            let mut expanded = vec![0xAB; want.len()];
+            let shape = [window[0].1, window[1].1];
+            crate::compact::Form::Sparse.expand_into(&rows, DType::Int32, &shape, &mut expanded);
+            proptest::prop_assert_eq!(&expanded, &want);
+        }
+
         #[test]
         fn items_in_a_window_are_those_a_scan_of_the_axis_finds(
             moves in proptest::collection::vec(0usize..3, 0..40),
