@@ -94,6 +94,8 @@ pub fn pieces(sel: &Sel, axis: &AxisMap, (start, wlen): (usize, usize)) -> Vec<P
 /// block's time goes with its window, not with the whole axis.
 fn items_in(sel: &Sel, positions: Option<&[usize]>, window: Range<usize>) -> Vec<(usize, usize)> {
     let n = sel.len();
+    // Intake checked every axis against its semantic's length: a position per item.
+    debug_assert!(positions.is_none_or(|p| p.len() >= n));
     let at = |p: &[usize], i: usize| (p[i], sel.get(i));
     match positions.map(|p| &p[..n.min(p.len())]) {
         None => (window.start.min(n)..window.end.min(n))
