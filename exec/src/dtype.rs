@@ -86,13 +86,31 @@ pub fn cast(from: DType, bytes: &[u8], to: DType, out: &mut [u8]) {
         out[..n].copy_from_slice(&bytes[..n]);
         return;
     }
+    let ts = size(to);
+    let Ok(()) = by_piece(from, bytes, |first, wide| {
+        if let Some(o) = out.get_mut(first * ts..) {
+            write_ints(to, wide, o);
+        }
+        Ok::<(), std::convert::Infallible>(())
+    });
+}
+
+/// `f` called with each piece of [`PIECE`] elements of `bytes` (whole elements of `d`),
+/// read as `i64` in a tight loop per type, and the index of its first element; the
+/// first error `f` returns ends the walk and is returned.
+pub fn by_piece<E>(
+    d: DType,
+    bytes: &[u8],
+    mut f: impl FnMut(usize, &mut [i64]) -> Result<(), E>,
+) -> Result<(), E> {
     let mut wide = [0i64; PIECE];
-    let (fs, ts) = (size(from), size(to));
-    for (piece, o) in bytes.chunks(PIECE * fs).zip(out.chunks_mut(PIECE * ts)) {
-        let wide = &mut wide[..piece.len() / fs];
-        read_ints(from, piece, wide);
-        write_ints(to, wide, o);
+    let es = size(d);
+    for (p, piece) in bytes.chunks(PIECE * es).enumerate() {
+        let wide = &mut wide[..piece.len() / es];
+        read_ints(d, piece, wide);
+        f(p * PIECE, wide)?;
     }
+    Ok(())
 }
 
 /// Elements of `d` in `bytes` read as `i64` into `out`, as [`read_i64`] reads each.

@@ -69,13 +69,10 @@ pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static
     let (es, is) = (dtype::size(d), dtype::size(oh.index));
     let bytes = given.base_bytes();
     let mut out = vec![0u8; given.numel() * is];
-    let mut wide = [0i64; dtype::PIECE];
     for (c, chunk) in bytes.chunks(SCAN_CHUNK).enumerate() {
         // Read, checked and written a piece at a time, in tight loops per type.
-        for (p, piece) in chunk.chunks(dtype::PIECE * es).enumerate() {
-            let first = c * SCAN_CHUNK / es + p * dtype::PIECE;
-            let wide = &mut wide[..piece.len() / es];
-            dtype::read_ints(d, piece, wide);
+        dtype::by_piece(d, chunk, |p, wide| {
+            let first = c * SCAN_CHUNK / es + p;
             as_classes(wide, oh).map_err(|(k, v)| RuntimeError::OneHot {
                 feature: name.to_owned(),
                 axis: oh.axis,
@@ -87,7 +84,8 @@ pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static
             })?;
             let at = first * is;
             dtype::write_ints(oh.index, wide, &mut out[at..at + wide.len() * is]);
-        }
+            Ok::<(), RuntimeError>(())
+        })?;
         // Pages of a mapped sample are given back as the scan passes them.
         given.release_bytes(c * SCAN_CHUNK, c * SCAN_CHUNK + chunk.len());
     }

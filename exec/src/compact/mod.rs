@@ -356,7 +356,7 @@ pub fn map_indices(x: &Array, positions: Option<&[usize]>) -> Array<'static> {
             .first()
             .map_or(-1, |&(c, _)| positions.map_or(c, |p| p[c]) as i64);
         dtype::encode_i64(DType::Int32, at, &mut out);
-        Ok::<(), ()>(())
+        Ok::<(), std::convert::Infallible>(())
     });
     Array::owned(
         DType::Int32,
@@ -425,22 +425,13 @@ fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
 fn each_index<T>(
     index: DType,
     idx: &[u8],
-    with: impl Iterator<Item = T>,
+    mut with: impl Iterator<Item = T>,
     mut f: impl FnMut(i64, T),
 ) {
-    let mut wide = [0i64; dtype::PIECE];
-    let size = dtype::size(index);
-    let mut with = with.peekable();
-    for piece in idx.chunks(dtype::PIECE * size) {
-        let wide = &mut wide[..piece.len() / size];
-        dtype::read_ints(index, piece, wide);
-        for (&k, t) in wide.iter().zip(with.by_ref()) {
-            f(k, t);
-        }
-        if with.peek().is_none() {
-            return;
-        }
-    }
+    let Ok(()) = dtype::by_piece(index, idx, |_, wide| {
+        wide.iter().zip(with.by_ref()).for_each(|(&k, t)| f(k, t));
+        Ok::<(), std::convert::Infallible>(())
+    });
 }
 
 /// The index of flat position `flat` in a row-major `shape`.
