@@ -101,17 +101,23 @@ def agree(failed: Status | None, group: Any, size: int) -> None:
 def broadcast_outcome(outcome: Any, failed: Status | None, src: int, group: Any) -> Any:
     """The source rank ``src`` decides for the group: its ``outcome`` reaches every rank,
     or its failure is raised on every rank (:func:`same_error`). Other ranks pass None."""
-    box: list[Any] = [(failed or _native.status_frame(_rank()), None if failed else outcome)]
+    box: list[Any] = [_decision(outcome, failed)]
     dist.broadcast_object_list(box, src=src, group=group)
     frame, payload = box[0]
     _raise_failure(frame)
     return payload
 
 
+def _decision(outcome: Any, failed: Status | None) -> tuple[Status, Any]:
+    """What the source sends: its status frame (a success, or its failure) and, on
+    success, its ``outcome``."""
+    return (failed or _native.status_frame(_rank()), None if failed else outcome)
+
+
 def outcome_message(outcome: Any, failed: Status | None) -> torch.Tensor:
     """The source's decision as one message for :func:`send_outcome`: its ``outcome``,
     or its failure."""
-    data = pickle.dumps((failed or _native.status_frame(_rank()), None if failed else outcome))
+    data = pickle.dumps(_decision(outcome, failed))
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
