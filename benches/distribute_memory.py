@@ -17,6 +17,9 @@ Each rank distributes one small sample first (what a first call costs once: lazy
 DTensor's first use, gloo's buffers), resets its peak resident set with the sample
 loaded (the source's copied out of the file's map, so that it is resident), then
 reports its peak above that, and the median time of five samples distributed in a row.
+Each rank also reports its CPU seconds per sample (user and system, all its threads):
+nine ranks share this machine's cores, so the wall time mixes their work; where every
+rank has cores of its own, the source's work is what the last rank waits for.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import gc
 import importlib
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -82,13 +86,14 @@ def _worker(rank: int, folder: str, how: str) -> None:
     # Several samples in a row, each timed from a barrier to a barrier: the time per
     # sample a training loop sees (a first sample's fresh memory is slow on some
     # machines); one sample's blocks are held at a time.
-    seconds, out = [], {}
+    seconds, cpu, out = [], [], {}
     for _ in range(REPEATS):
         out = {}
         gc.collect()
         dist.barrier()
-        start = time.perf_counter()
+        start, used = time.perf_counter(), _cpu()
         out = run(sample)
+        cpu.append(_cpu() - used)
         dist.barrier()
         seconds.append(time.perf_counter() - start)
     blocks = sum(x.to_local().numel() * x.to_local().element_size()
@@ -102,11 +107,17 @@ def _worker(rank: int, folder: str, how: str) -> None:
         placed = place(plan, sample, MESH, workflow="inference")
         sent = placed.buffer_offsets(compact=how != "dense")[1] * RANKS
     Path(folder, f"{how}-{rank}.json").write_text(json.dumps({"peak": peak, "block": blocks,
-                                                              "s": seconds, "sent": sent,
+                                                              "s": seconds, "cpu": cpu, "sent": sent,
                                                               "floor": floor}))
     del out
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _cpu() -> float:
+    """This process's CPU seconds so far, user and system, all its threads."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def _floor(out: dict[str, object], mesh: object) -> list[float]:
@@ -180,6 +191,12 @@ def bench(folder: Path) -> None:
           f"{floor:.3f} s per sample; above it: dense {walls['dense'] - floor:.3f} s, compact "
           f"{walls['compact'] - floor:.3f} s ({(walls['dense'] - floor) / (walls['compact'] - floor):.2f}x less), "
           f"indices {walls['indices'] - floor:.3f} s ({(walls['dense'] - floor) / (walls['indices'] - floor):.2f}x less)")
+    cpu = {h: [statistics.median(r["cpu"]) for r in rows] for h, rows in rows_of.items()}
+    print("CPU per sample (user and system, all threads, median of "
+          f"{REPEATS}): the source " + ", ".join(f"{h} {c[0]:.3f} s" for h, c in cpu.items())
+          + f" ({cpu['dense'][0] / cpu['indices'][0]:.1f}x less given indices); a receiver (most) "
+          + ", ".join(f"{h} {max(c[1:]):.3f} s" for h, c in cpu.items())
+          + "; all ranks " + ", ".join(f"{h} {sum(c):.3f} s" for h, c in cpu.items()))
     print("the first sample of each path (fresh memory): " + ", ".join(f"{h} {firsts[h]:.2f} s" for h in firsts))
     print(f"one-hot features and maps given as indices, sparse features as their elements, masks as bool, "
           f"ranged ids as uint8: the sample file {given / 1e6:.1f} MB "

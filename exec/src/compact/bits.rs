@@ -149,27 +149,35 @@ pub fn unpack_bits(packed: &[u8], numel: usize, dtype: DType) -> Vec<u8> {
 
 /// [`unpack_bits`] into `out` (exactly the mask's bytes, each written).
 pub(super) fn unpack_bits_into(packed: &[u8], numel: usize, dtype: DType, out: &mut [u8]) {
-    let es = dtype::size(dtype);
+    match dtype::size(dtype) {
+        1 => unpack::<1>(packed, numel, dtype, out),
+        2 => unpack::<2>(packed, numel, dtype, out),
+        4 => unpack::<4>(packed, numel, dtype, out),
+        _ => unpack::<8>(packed, numel, dtype, out),
+    }
+}
+
+/// [`unpack_bits_into`] for elements of `N` bytes: the eight elements of every packed
+/// byte looked up in a table, one copy of a constant length (a few stores) per byte.
+fn unpack<const N: usize>(packed: &[u8], numel: usize, dtype: DType, out: &mut [u8]) {
     let mut one = Vec::new();
     dtype::encode_i64(dtype, 1, &mut one);
-    // The eight elements of every byte's bits, looked up: one copy per packed byte.
-    let mut table = vec![0u8; 256 * 8 * es];
-    for (b, octet) in table.chunks_exact_mut(8 * es).enumerate() {
-        for (k, e) in octet.chunks_exact_mut(es).enumerate() {
+    let one: [u8; N] = one.try_into().unwrap_or([0; N]);
+    let mut table = [[[0u8; N]; 8]; 256];
+    for (b, octet) in table.iter_mut().enumerate() {
+        for (k, e) in octet.iter_mut().enumerate() {
             if b >> k & 1 == 1 {
-                e.copy_from_slice(&one);
+                *e = one;
             }
         }
     }
-    let mut octets = out[..numel * es].chunks_exact_mut(8 * es);
+    let mut octets = out[..numel * N].chunks_exact_mut(8 * N);
     for (octet, &b) in octets.by_ref().zip(packed) {
-        let b = usize::from(b) * 8 * es;
-        octet.copy_from_slice(&table[b..b + 8 * es]);
+        octet.copy_from_slice(table[usize::from(b)].as_flattened());
     }
     let rest = octets.into_remainder();
     if let Some(&b) = packed.get(numel / 8) {
-        let b = usize::from(b) * 8 * es;
-        rest.copy_from_slice(&table[b..b + rest.len()]);
+        rest.copy_from_slice(&table[usize::from(b)].as_flattened()[..rest.len()]);
     }
 }
 

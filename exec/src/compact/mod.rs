@@ -383,24 +383,15 @@ fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
     dtype::encode_i64(oh.dense, 1, &mut one);
     let class = |k: i64| usize::try_from(k).ok().filter(|&k| k < oh.classes);
     if inner == 1 {
-        // The class axis innermost: each row is written whole, zeros and its one, in one
-        // pass while it is in cache (a second pass to set the ones reads it back).
-        let row = (oh.classes * es).max(1);
-        each_index(
-            oh.index,
-            idx,
-            out.chunks_exact_mut(row).take(outer),
-            |k, row| {
-                row.fill(0);
-                if let Some(k) = class(k) {
-                    row[k * es..(k + 1) * es].copy_from_slice(&one);
-                }
-            },
-        );
+        let given = match es {
+            1 => rows_whole::<1>(oh, idx, outer, out),
+            2 => rows_whole::<2>(oh, idx, outer, out),
+            4 => rows_whole::<4>(oh, idx, outer, out),
+            _ => rows_whole::<8>(oh, idx, outer, out),
+        };
         // Rows past the indices given (none when the block is well formed) are zeros.
-        let given = outer.min(idx.len() / dtype::size(oh.index));
         let end = out.len();
-        out[(given * row).min(end)..].fill(0);
+        out[(given * oh.classes * es).min(end)..].fill(0);
         return;
     }
     out.fill(0);
@@ -418,6 +409,33 @@ fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
             }
         },
     );
+}
+
+/// The first `outer` rows of one-hot `out` (the class axis innermost, elements of `N`
+/// bytes) written from the indices `idx`, each row whole, its zeros and its one, in
+/// one pass while it is in cache (a second pass to set the ones reads it back). The
+/// element size is a constant so that a row of a few classes is a few stores, not
+/// calls to fill and copy. Returns the rows written.
+fn rows_whole<const N: usize>(oh: &OneHot, idx: &[u8], outer: usize, out: &mut [u8]) -> usize {
+    let mut one = Vec::new();
+    dtype::encode_i64(oh.dense, 1, &mut one);
+    let one: [u8; N] = one.try_into().unwrap_or([0; N]);
+    let mut rows = 0;
+    let row = (oh.classes * N).max(1);
+    each_index(
+        oh.index,
+        idx,
+        out.chunks_exact_mut(row).take(outer),
+        |k, row| {
+            rows += 1;
+            // An index naming no class (past them, or negative) matches no element.
+            let k = usize::try_from(k).unwrap_or(usize::MAX);
+            for (c, e) in row.chunks_exact_mut(N).enumerate() {
+                e.copy_from_slice(&if c == k { one } else { [0; N] });
+            }
+        },
+    );
+    rows
 }
 
 /// `f` called with each index of `idx` (elements of `index`) and the next of `with`,

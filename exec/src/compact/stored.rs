@@ -93,20 +93,33 @@ pub fn check_stored(
         ..
     } = form
     {
-        let none = if map { -1 } else { classes as i64 };
-        let packed = stored.contiguous();
-        let bad = packed
-            .base_bytes()
-            .chunks_exact(dtype::size(index))
-            .map(|e| dtype::read_i64(index, e))
-            .find(|&k| k != none && !(0..classes as i64).contains(&k));
-        if let Some(k) = bad {
+        if let Some(k) = first_stray(index, stored.contiguous().base_bytes(), classes, map) {
             return Err(fault(format!(
                 "a stored index {k} names no class of {classes} (the file is corrupt)"
             )));
         }
     }
     Ok(form)
+}
+
+/// The first of the stored indices `packed` (elements of `index`) that is neither one
+/// of the `classes` nor the index of none (`classes`; -1 in a one-hot map's blocks).
+fn first_stray(index: DType, packed: &[u8], classes: usize, map: bool) -> Option<i64> {
+    // Shifted by one in a map, the valid values are exactly those at most `classes`
+    // unsigned: checked branch-free a piece at a time, searched only where one fails.
+    let shift = i64::from(map);
+    let valid = |v: i64| (v.wrapping_add(shift) as u64) <= classes as u64;
+    dtype::by_piece(index, packed, |_, wide| {
+        match wide.iter().fold(true, |all, &v| all & valid(v)) {
+            true => Ok(()),
+            false => Err(wide
+                .iter()
+                .copied()
+                .find(|&v| !valid(v))
+                .unwrap_or_default()),
+        }
+    })
+    .err()
 }
 
 /// Why `block` cannot be a dense block of feature `t`, if it cannot: another rank, a
@@ -137,4 +150,41 @@ fn block_shape_fault(t: &TensorPlan, block: &[usize]) -> Option<String> {
     bytes
         .is_none()
         .then(|| format!("a dense block of shape {block:?} is larger than memory can address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packed(d: DType, values: &[i64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        values
+            .iter()
+            .for_each(|&v| dtype::encode_i64(d, v, &mut out));
+        out
+    }
+
+    #[test]
+    fn a_stray_index_is_found_past_the_first_piece_in_features_and_maps() {
+        // Every class and the index of none pass; the first value past them is found,
+        // however far into the block, in every index dtype: the values just outside,
+        // and the dtype's own ends.
+        for map in [false, true] {
+            let (none, outside) = if map { (-1, [33, -2]) } else { (33, [34, -1]) };
+            let good: Vec<i64> = (0..3000)
+                .map(|i| if i % 5 == 0 { none } else { i % 33 })
+                .collect();
+            for d in [DType::Int16, DType::Int32, DType::Int64] {
+                let (lo, hi) = d.int_range().unwrap_or_default();
+                assert_eq!(first_stray(d, &packed(d, &good), 33, map), None);
+                for stray in outside.into_iter().chain([lo, hi]) {
+                    let mut values = good.clone();
+                    values[2500] = stray;
+                    values[2900] = 40;
+                    let found = first_stray(d, &packed(d, &values), 33, map);
+                    assert_eq!(found, Some(stray), "{d}, map {map}");
+                }
+            }
+        }
+    }
 }
