@@ -163,9 +163,12 @@ def _send_blocks(
             continue
         send_outcome(message, r, pg)
         if placed is not None:
-            # No name holds the buffer: it is freed before the next one is made.
             buffer, late = _written(placed, _native.coords(sizes, k), threads, compact, late)
             dist.send(buffer, dst=r, group=pg)
+            # Freed before the next one is made: its memory is what the next one reuses
+            # (two alive at once would outgrow the kept buffers, and every rank's buffer
+            # would be new memory, page faults and all).
+            del buffer
     raise_failure(failed)
     assert placed is not None
     mine, late = _written(placed, _native.coords(sizes, ranks.index(source)), threads, compact, late)

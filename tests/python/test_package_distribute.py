@@ -77,6 +77,7 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
                 assert local.dtype == w.dtype and local.shape == w.shape, name
                 assert torch.equal(local.view(torch.uint8) if local.dtype != torch.bool else local,
                                    w.view(torch.uint8) if w.dtype != torch.bool else w), name
+        out["alive"] = _buffers_alive_when_written(plan, samples[0] if source else None, mesh, group)
         bad = dict(samples[0], ref_pos=samples[0]["ref_pos"].double())
         try:
             distribute_features(plan, bad if source else None, mesh, workflow="inference",
@@ -93,6 +94,30 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     dist.destroy_process_group()
 
 
+def _buffers_alive_when_written(plan: Any, sample: Any, mesh: Any, group: Any) -> list[int]:
+    """How many buffers the source wrote earlier are still alive as it writes each next
+    one (its memory reused, not new, when none is)."""
+    import weakref
+
+    import featshard.distribute as D
+
+    written, alive = [], []
+    original = D._written
+
+    def counted(*args: Any) -> Any:
+        alive.append(sum(w() is not None for w in written))
+        buffer, late = original(*args)
+        written.append(weakref.ref(buffer))
+        return buffer, late
+
+    D._written = counted
+    try:
+        D.distribute_features(plan, sample, mesh, workflow="inference", group=group)
+    finally:
+        D._written = original
+    return alive
+
+
 @pytest.mark.parametrize("shape", [(2, 2), (2, 1, 2)], ids=["2x2", "dp2x1x2"])
 def test_the_package_gives_every_rank_its_reference_block_as_a_dtensor(
     generated_dir: Path, tmp_path: Path, shape: tuple[int, ...]
@@ -103,5 +128,9 @@ def test_the_package_gives_every_rank_its_reference_block_as_a_dtensor(
     start_ranks(_worker, (world, str(tmp_path / "store"), str(generated_dir), shape, str(tmp_path)), world)
     outs = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
     assert [o["status"] for o in outs] == ["ok"] * world, outs
+    # The source writes every rank's buffer, its own last, each once the one before it
+    # is freed; the others write none.
+    cp = shape[-2] * shape[-1]
+    assert sorted(o["alive"] for o in outs) == [[]] * (world - world // cp) + [[0] * cp] * (world // cp), outs
     errors = {o["error"] for o in outs}
     assert len(errors) == 1 and "feature `ref_pos`" in str(errors.pop()), outs
