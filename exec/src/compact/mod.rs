@@ -379,9 +379,6 @@ pub fn expand(oh: &OneHot, idx: &[u8], compact: &[usize]) -> Vec<u8> {
 fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
     let (outer, inner) = oh.around(&oh.dense_shape(compact));
     let es = dtype::size(oh.dense);
-    let mut one = Vec::new();
-    dtype::encode_i64(oh.dense, 1, &mut one);
-    let class = |k: i64| usize::try_from(k).ok().filter(|&k| k < oh.classes);
     if inner == 1 {
         let given = match es {
             1 => rows_whole::<1>(oh, idx, outer, out),
@@ -394,6 +391,9 @@ fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
         out[(given * oh.classes * es).min(end)..].fill(0);
         return;
     }
+    let mut one = Vec::new();
+    dtype::encode_i64(oh.dense, 1, &mut one);
+    let class = |k: i64| usize::try_from(k).ok().filter(|&k| k < oh.classes);
     out.fill(0);
     let mut at = 0;
     each_index(
