@@ -157,10 +157,8 @@ mod tests {
     use super::*;
 
     fn packed(d: DType, values: &[i64]) -> Vec<u8> {
-        let mut out = Vec::new();
-        values
-            .iter()
-            .for_each(|&v| dtype::encode_i64(d, v, &mut out));
+        let mut out = vec![0; values.len() * dtype::size(d)];
+        dtype::write_ints(d, values, &mut out);
         out
     }
 
