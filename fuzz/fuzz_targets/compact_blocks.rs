@@ -30,10 +30,12 @@ fn block(t: &TensorPlan, data: &mut impl Iterator<Item = u8>) -> Vec<usize> {
         _ => t.axes.len(),
     };
     (0..rank)
-        .map(|d| match (data.next().unwrap_or(0), t.axes.get(d).and_then(|a| a.size)) {
-            (b, Some(size)) if b % 4 != 0 => size as usize,
-            (b, _) => usize::from(b % 24),
-        })
+        .map(
+            |d| match (data.next().unwrap_or(0), t.axes.get(d).and_then(|a| a.size)) {
+                (b, Some(size)) if b % 4 != 0 => size as usize,
+                (b, _) => usize::from(b % 24),
+            },
+        )
         .collect()
 }
 
@@ -58,7 +60,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let Some(len) = shape
         .iter()
-        .try_fold(featshard::exec::dtype::size(dtype), |n, &d| n.checked_mul(d))
+        .try_fold(featshard::exec::dtype::size(dtype), |n, &d| {
+            n.checked_mul(d)
+        })
         .filter(|&n| n <= 1 << 20)
     else {
         return;
