@@ -9,8 +9,10 @@ use std::sync::Mutex;
 use memmap2::{Advice, MmapMut};
 
 /// How many freed buffers are kept for reuse: a rank holds at most two per sample (the
-/// buffer it received or wrote, and the one its compact blocks expand into), so two
-/// cover a loop of samples, and at most two buffers' memory stays held between calls.
+/// buffer it received or wrote, and the one its compact blocks expand into; the source
+/// writes the other ranks' buffers one at a time, each freed before the next is
+/// written), so two cover a loop of samples, and at most two buffers' memory stays
+/// held between calls.
 const KEPT: usize = 2;
 
 /// Freed buffers, awaiting reuse.
