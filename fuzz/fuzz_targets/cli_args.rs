@@ -3,21 +3,10 @@
 //! overflow or an allocation beyond the limits.
 #![no_main]
 
-use std::sync::OnceLock;
-
 use featshard::commands::{parse_lengths, parse_mesh};
-use featshard::spec::plan::{Lengths, Plan, RootCounts};
+use featshard::spec::plan::{Lengths, RootCounts};
+use featshard_fuzz::boltz2_plan;
 use libfuzzer_sys::fuzz_target;
-
-fn plan() -> &'static Plan {
-    static PLAN: OnceLock<Plan> = OnceLock::new();
-    PLAN.get_or_init(|| {
-        let text = include_str!("../../examples/boltz2.yaml");
-        featshard::spec::compile_str("boltz2.yaml", text)
-            .expect("example")
-            .1
-    })
-}
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -25,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let (mesh, lengths) = text.split_once(';').unwrap_or((text, ""));
     let Ok(mesh) = parse_mesh(mesh) else { return };
-    let _ = plan().pad_multiple("tokens", mesh);
+    let _ = boltz2_plan().pad_multiple("tokens", mesh);
     let Ok(given) = parse_lengths(lengths) else {
         return;
     };
@@ -43,5 +32,5 @@ fuzz_target!(|data: &[u8]| {
             l.counts.insert("atoms".into(), RootCounts::Each(c));
         }
     }
-    let _ = plan().resolve(mesh, &l, Some("inference"));
+    let _ = boltz2_plan().resolve(mesh, &l, Some("inference"));
 });

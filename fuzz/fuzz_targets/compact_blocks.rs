@@ -5,23 +5,12 @@
 //! message naming the feature, never a panic.
 #![no_main]
 
-use std::sync::OnceLock;
-
 use featshard::exec::array::Array;
 use featshard::exec::compact::{expand_stored, stored_form};
 use featshard::spec::ir::DType;
-use featshard::spec::plan::{Plan, TensorPlan};
+use featshard::spec::plan::TensorPlan;
+use featshard_fuzz::boltz2_plan;
 use libfuzzer_sys::fuzz_target;
-
-fn plan() -> &'static Plan {
-    static PLAN: OnceLock<Plan> = OnceLock::new();
-    PLAN.get_or_init(|| {
-        let text = include_str!("../../examples/boltz2.yaml");
-        featshard::spec::compile_str("boltz2.yaml", text)
-            .expect("example")
-            .1
-    })
-}
 
 /// A dense block for `t` from `data`: each axis a few items, or its declared size.
 fn block(t: &TensorPlan, data: &mut impl Iterator<Item = u8>) -> Vec<usize> {
@@ -41,10 +30,10 @@ fn block(t: &TensorPlan, data: &mut impl Iterator<Item = u8>) -> Vec<usize> {
 
 fuzz_target!(|data: &[u8]| {
     let mut data = data.iter().copied();
-    let tensors: Vec<(&String, &TensorPlan)> = plan()
+    let tensors: Vec<(&String, &TensorPlan)> = boltz2_plan()
         .features
         .keys()
-        .filter_map(|n| Some((n, plan().tensor(n)?)))
+        .filter_map(|n| Some((n, boltz2_plan().tensor(n)?)))
         .collect();
     let pick = usize::from(data.next().unwrap_or(0)) % tensors.len();
     let (name, t) = tensors[pick];

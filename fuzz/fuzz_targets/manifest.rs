@@ -2,38 +2,26 @@
 //! it accepts has every size and position within bounds, so its layout resolves.
 #![no_main]
 
-use std::sync::OnceLock;
-
-use featshard::spec::plan::Plan;
+use featshard_fuzz::boltz2_plan;
 use libfuzzer_sys::fuzz_target;
-
-fn plan() -> &'static Plan {
-    static PLAN: OnceLock<Plan> = OnceLock::new();
-    PLAN.get_or_init(|| {
-        let text = include_str!("../../examples/boltz2.yaml");
-        featshard::spec::compile_str("boltz2.yaml", text)
-            .expect("example")
-            .1
-    })
-}
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(m) = featshard::manifest::parse(text, plan()) else {
+    let Ok(m) = featshard::manifest::parse(text, boltz2_plan()) else {
         return;
     };
     let world: usize = m.mesh.iter().product();
     assert!(world <= featshard::spec::limits::MAX_RANKS);
     let names: Vec<&str> = m.features.keys().map(String::as_str).collect();
-    plan()
+    boltz2_plan()
         .shapes_of(&m.layout, names)
         .expect("a parsed manifest resolves");
     let digest = featshard::manifest::layout_digest(&m.layout).expect("a layout serializes");
     // What readers check next: any rank identity, the entries, any file sum.
     let _ = m.check_rank(Some(text), 0, &digest);
-    let _ = m.check_entries(plan());
+    let _ = m.check_entries(boltz2_plan());
     let sum = featshard::spec::shards::FileSum {
         bytes: data.len() as u64,
         crc32: 0,

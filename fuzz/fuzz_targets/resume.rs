@@ -6,18 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use featshard::spec::plan::Plan;
+use featshard_fuzz::boltz2_plan;
 use libfuzzer_sys::fuzz_target;
-
-fn plan() -> &'static Plan {
-    static PLAN: OnceLock<Plan> = OnceLock::new();
-    PLAN.get_or_init(|| {
-        let text = include_str!("../../examples/boltz2.yaml");
-        featshard::spec::compile_str("boltz2.yaml", text)
-            .expect("example")
-            .1
-    })
-}
 
 /// A sample folder of this process, on a memory file system when there is one.
 fn folder() -> &'static PathBuf {
@@ -42,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
         "/../tests/data/real/prot60_nomsa.safetensors"
     ));
     let req = featshard::shards::Request {
-        plan: plan(),
+        plan: boltz2_plan(),
         mesh: [2, 2],
         workflow: Some("inference"),
         passthrough: &[],
@@ -56,6 +46,6 @@ fuzz_target!(|data: &[u8]| {
         assert!(bytes > 0);
     }
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = featshard::spec::shards::parse_dataset(text, plan(), [2, 2]);
+        let _ = featshard::spec::shards::parse_dataset(text, boltz2_plan(), [2, 2]);
     }
 });
