@@ -137,6 +137,13 @@ pub fn read_ints(d: DType, bytes: &[u8], out: &mut [i64]) {
     }
 }
 
+/// The value 1 as one element of `d`, `N` bytes wide (`N` is `d`'s size; zeros if not).
+pub fn one_as<const N: usize>(d: DType) -> [u8; N] {
+    let mut one = Vec::with_capacity(N);
+    encode_i64(d, 1, &mut one);
+    one.try_into().unwrap_or([0; N])
+}
+
 /// `values` written into `out` as elements of `d`, as [`encode_i64`] writes each.
 pub fn write_ints(d: DType, values: &[i64], out: &mut [u8]) {
     macro_rules! each {

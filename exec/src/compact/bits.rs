@@ -160,9 +160,7 @@ pub(super) fn unpack_bits_into(packed: &[u8], numel: usize, dtype: DType, out: &
 /// [`unpack_bits_into`] for elements of `N` bytes: the eight elements of every packed
 /// byte looked up in a table, one copy of a constant length (a few stores) per byte.
 fn unpack<const N: usize>(packed: &[u8], numel: usize, dtype: DType, out: &mut [u8]) {
-    let mut one = Vec::new();
-    dtype::encode_i64(dtype, 1, &mut one);
-    let one: [u8; N] = one.try_into().unwrap_or([0; N]);
+    let one = dtype::one_as::<N>(dtype);
     let mut table = [[[0u8; N]; 8]; 256];
     for (b, octet) in table.iter_mut().enumerate() {
         for (k, e) in octet.iter_mut().enumerate() {

@@ -417,9 +417,7 @@ fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
 /// element size is a constant so that a row of a few classes is a few stores, not
 /// calls to fill and copy. Returns the rows written.
 fn rows_whole<const N: usize>(oh: &OneHot, idx: &[u8], outer: usize, out: &mut [u8]) -> usize {
-    let mut one = Vec::new();
-    dtype::encode_i64(oh.dense, 1, &mut one);
-    let one: [u8; N] = one.try_into().unwrap_or([0; N]);
+    let one = dtype::one_as::<N>(oh.dense);
     let mut rows = 0;
     let row = (oh.classes * N).max(1);
     each_index(
