@@ -412,29 +412,36 @@ fn expand_into(oh: &OneHot, idx: &[u8], compact: &[usize], out: &mut [u8]) {
 }
 
 /// The first `outer` rows of one-hot `out` (the class axis innermost, elements of `N`
-/// bytes) written from the indices `idx`, each row whole, its zeros and its one, in
-/// one pass while it is in cache (a second pass to set the ones reads it back). The
-/// element size is a constant so that a row of a few classes is a few stores, not
-/// calls to fill and copy. Returns the rows written.
+/// bytes) written from the indices `idx`: a group of rows of about [`GROUP`] bytes
+/// zeroed by one fill (the C library's widest stores; a loop of ours writes half as
+/// fast), then each row given its one while the group is in cache. Returns the rows
+/// written.
 fn rows_whole<const N: usize>(oh: &OneHot, idx: &[u8], outer: usize, out: &mut [u8]) -> usize {
     let one = dtype::one_as::<N>(oh.dense);
-    let mut rows = 0;
     let row = (oh.classes * N).max(1);
-    each_index(
-        oh.index,
-        idx,
-        out.chunks_exact_mut(row).take(outer),
-        |k, row| {
-            rows += 1;
-            // An index naming no class (past them, or negative) matches no element.
-            let k = usize::try_from(k).unwrap_or(usize::MAX);
-            for (c, e) in row.chunks_exact_mut(N).enumerate() {
-                e.copy_from_slice(&if c == k { one } else { [0; N] });
+    let rows = outer.min(out.len() / row);
+    let per_group = (GROUP / row).max(1);
+    let Ok(()) = dtype::by_piece(oh.index, idx, |first, wide| {
+        let wide = &wide[..wide.len().min(rows.saturating_sub(first))];
+        for (g, ks) in wide.chunks(per_group).enumerate() {
+            let start = (first + g * per_group) * row;
+            let group = &mut out[start..start + ks.len() * row];
+            group.fill(0);
+            for (r, &k) in group.chunks_exact_mut(row).zip(ks) {
+                // An index naming no class (past them, or negative) sets no element.
+                if let Some(k) = usize::try_from(k).ok().filter(|&k| k < oh.classes) {
+                    r[k * N..k * N + N].copy_from_slice(&one);
+                }
             }
-        },
-    );
-    rows
+        }
+        Ok::<(), std::convert::Infallible>(())
+    });
+    rows.min(idx.len() / dtype::size(oh.index))
 }
+
+/// The bytes of one-hot rows zeroed at once before their ones are set: small enough
+/// to stay in the first-level cache for the second pass.
+const GROUP: usize = 16 << 10;
 
 /// `f` called with each index of `idx` (elements of `index`) and the next of `with`,
 /// the indices read a piece at a time in a tight loop per type.
@@ -500,43 +507,52 @@ mod tests {
 
     #[test]
     fn expansion_writes_every_byte_of_used_memory_over_many_pieces() {
-        // 2500 rows (pieces of the index reads), pads (-1) and indices past the classes,
-        // the class axis last (rows written whole) and in the middle (zeros, then ones).
-        let classes = 5;
+        // 2500 rows of 5 classes (pieces of the index reads, several rows a zeroed group)
+        // and 40 of 2100 (a row larger than a group), pads (-1) and indices past the
+        // classes, the class axis last (rows written whole) and in the middle (zeros,
+        // then ones).
+        let cases = [
+            (5, vec![vec![2500], vec![50, 50]]),
+            (2100, vec![vec![40], vec![5, 8]]),
+        ];
+        for (classes, shapes) in cases {
+            let rows = random_indices(shapes[0][0], classes);
+            for (axis, compact) in [(1, &shapes[0]), (1, &shapes[1]), (2, &shapes[1])] {
+                for d in [DType::Int64, DType::Float32, DType::Bool, DType::Bfloat16] {
+                    let o = OneHot {
+                        index: DType::Int16,
+                        ..oh(axis, classes, d)
+                    };
+                    let dense = o.dense_shape(compact);
+                    let (outer, inner) = o.around(&dense);
+                    let want: Vec<i64> = (0..outer * classes * inner)
+                        .map(|at| {
+                            let (o_, k, i) =
+                                (at / (classes * inner), at / inner % classes, at % inner);
+                            i64::from(rows[o_ * inner + i] == k as i64)
+                        })
+                        .collect();
+                    let mut out = vec![0xAB; want.len() * dtype::size(d)];
+                    o.form()
+                        .expand_into(&encode(DType::Int16, &rows), d, &dense, &mut out);
+                    let case = format!("{classes} classes, axis {axis}, {compact:?}, {d:?}");
+                    assert!(out == encode(d, &want), "{case}");
+                }
+            }
+        }
+    }
+
+    /// `n` indices of `classes`, with pads (-1) and indices past the classes.
+    fn random_indices(n: usize, classes: usize) -> Vec<i64> {
         let mut seed = 7u64;
-        let rows: Vec<i64> = (0..2500)
+        (0..n)
             .map(|_| {
                 seed = seed
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 (seed >> 33) as i64 % (classes as i64 + 2) - 1
             })
-            .collect();
-        for (axis, compact) in [(1, vec![2500]), (1, vec![50, 50]), (2, vec![50, 50])] {
-            for d in [DType::Int64, DType::Float32, DType::Bool, DType::Bfloat16] {
-                let o = OneHot {
-                    index: DType::Int16,
-                    ..oh(axis, classes, d)
-                };
-                let dense = o.dense_shape(&compact);
-                let (outer, inner) = o.around(&dense);
-                let want: Vec<i64> = (0..outer * classes * inner)
-                    .map(|at| {
-                        let (o_, k, i) = (at / (classes * inner), at / inner % classes, at % inner);
-                        i64::from(rows[o_ * inner + i] == k as i64)
-                    })
-                    .collect();
-                let mut out = vec![0xAB; want.len() * dtype::size(d)];
-                let form = Form::OneHot {
-                    axis,
-                    classes,
-                    index: DType::Int16,
-                    map: false,
-                };
-                form.expand_into(&encode(DType::Int16, &rows), d, &dense, &mut out);
-                assert_eq!(out, encode(d, &want), "axis {axis}, {compact:?}, {d:?}");
-            }
-        }
+            .collect()
     }
 
     #[test]
