@@ -12,6 +12,7 @@ whose sparse features arrive as their nonzero elements, in the same run.
     python benches/distribute_memory.py            # 1024 tokens, up to 19 atoms a token
     python benches/distribute_memory.py 768 12     # 768 tokens, up to 11 atoms a token
     python benches/distribute_memory.py 1024 20 boltz2   # without the optional pair_mask
+    python benches/distribute_memory.py 1024 20 boltz2 1x2   # 2 ranks: a core each here
 
 Each rank distributes one small sample first (what a first call costs once: lazy imports,
 DTensor's first use, gloo's buffers), resets its peak resident set with the sample
@@ -46,7 +47,8 @@ from bench_common import (
 )
 from torch.multiprocessing import spawn
 
-MESH = (3, 3)
+# A fourth argument names another mesh (`1x2`); 3x3 by default.
+MESH = tuple(int(n) for n in sys.argv[4].split("x")) if len(sys.argv) > 4 else (3, 3)
 REPEATS = 5
 # The source's threads for validation and writing buffers (the receivers wait meanwhile).
 THREADS = 2
@@ -174,7 +176,7 @@ def bench(folder: Path) -> None:
         sent[how] = rows[0]["sent"]
         peaks[how] = rows[0]["peak"]
         others = rows[1:]
-        for label, row in (("0 (source)", rows[0]), ("1-8 (largest)", max(others, key=lambda r: r["peak"]))):
+        for label, row in (("0 (source)", rows[0]), ("1" if RANKS == 2 else f"1-{RANKS - 1} (largest)", max(others, key=lambda r: r["peak"]))):
             print(f"| {how} | {label} | {row['block'] / 1e6:.1f} MB | {row['peak'] / 1e6:.1f} MB | "
                   f"{(row['peak'] - row['block']) / 1e6:+.1f} MB | {row['peak'] / row['block']:.3f} | "
                   f"{row['peak'] / size:.2f} | {walls[how]:.2f} s |")
