@@ -3,6 +3,7 @@
 //! sharded data loading.
 
 mod ffi;
+mod on_device;
 mod wire;
 
 pub mod collate;

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use featshard_spec::ir::{DType, Placement};
 use featshard_spec::plan::SampleLayout;
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
+use super::on_device;
 use crate::kind::kind_of;
 use crate::shard::{DTensorMeta, LocalBlock};
 use featshard_exec::compact::Form;
@@ -172,12 +173,18 @@ fn torch_error(e: crate::error::RuntimeError) -> tch::TchError {
     tch::TchError::Torch(e.to_string())
 }
 
-/// A compact block's dense block, in a new CPU tensor.
+/// A compact block's dense block, in a new tensor on its device.
 fn expand(
     name: &str,
     packed: &Tensor,
     (form, dtype, shape): &(Form, DType, Vec<usize>),
 ) -> Result<Tensor, tch::TchError> {
+    if packed.device() != Device::Cpu {
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let out = Tensor::f_empty(dims.as_slice(), (kind_of(*dtype), packed.device()))?;
+        on_device::expand_into(packed, form, *dtype, &out)?;
+        return Ok(out);
+    }
     let bytes = bytes_of(packed)?;
     crate::views::new_filled(name, shape, kind_of(*dtype), |out| {
         form.expand_into(&bytes, *dtype, shape, out);
@@ -204,13 +211,17 @@ fn dense_view(
     typed.f_view(dims.as_slice())
 }
 
-/// A compact block expanded into `out`, a view of its dense block's memory.
+/// A compact block expanded into `out`, a view of its dense block's memory: by the
+/// executor on the host, by torch on a GPU (only the compact block is ever there).
 fn expand_into(
     name: &str,
     packed: &Tensor,
     (form, dtype, shape): &(Form, DType, Vec<usize>),
     out: &Tensor,
 ) -> Result<(), tch::TchError> {
+    if packed.device() != Device::Cpu {
+        return on_device::expand_into(packed, form, *dtype, out);
+    }
     let bytes = bytes_of(packed)?;
     crate::views::fill_into(name, out, |dense| {
         form.expand_into(&bytes, *dtype, shape, dense);

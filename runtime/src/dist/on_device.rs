@@ -1,0 +1,200 @@
+//! Compact blocks expanded by torch on the device their buffer arrived on: on a CUDA
+//! mesh NCCL scatters every rank's buffer into its GPU's memory, and the dense blocks
+//! are made there, so neither they nor the compact blocks cross PCIe. On the host the
+//! executor expands them instead (`featshard_exec::compact::Form::expand_into`, which
+//! also checks them); this module writes the same bytes with torch's own kernels.
+
+use featshard_exec::compact::{Form, ENTRY_BYTES};
+use featshard_spec::ir::DType;
+use tch::{Kind, Tensor};
+
+use crate::kind::kind_of;
+
+/// `packed`, a compact block of `form`, expanded into `out`: its dense block (of the
+/// form's dense dtype and shape), on `packed`'s device. An index naming no class
+/// leaves its row zero, as the executor does; a sparse entry past the last (position
+/// -1) is skipped.
+pub fn expand_into(
+    packed: &Tensor,
+    form: &Form,
+    dtype: DType,
+    out: &Tensor,
+) -> Result<(), tch::TchError> {
+    let kind = kind_of(dtype);
+    let mut out = out.shallow_clone();
+    match *form {
+        Form::OneHot { axis, classes, .. } => {
+            let idx = packed.f_to_kind(Kind::Int64)?;
+            let real = idx.f_ge(0)?.f_logical_and(&idx.f_lt(classes as i64)?)?;
+            // A row with no class scatters its zero to class 0.
+            let at = idx.f_mul(&real)?.f_unsqueeze(axis as i64)?;
+            drop(out.f_zero_()?);
+            let ones = real.f_unsqueeze(axis as i64)?.f_to_kind(kind)?;
+            drop(out.f_scatter_(axis as i64, &at, &ones)?);
+        }
+        Form::Bits => {
+            let numel = out.numel() as i64;
+            let table = bit_table(kind, packed.device())?;
+            let each = table.f_index_select(0, &packed.f_to_kind(Kind::Int64)?)?;
+            out.f_copy_(&each.f_view([-1])?.f_narrow(0, 0, numel)?.f_view_as(&out)?)?;
+        }
+        Form::Sparse => {
+            let rows = packed.f_view([-1, 2])?;
+            let kept = rows
+                .f_select(1, 0)?
+                .f_ge(0)?
+                .f_nonzero()?
+                .f_squeeze_dim(1)?;
+            let rows = rows.f_index_select(0, &kept)?;
+            // Each value's bits, little-endian: its first bytes are the element.
+            let size = kind.elt_size_in_bytes() as i64;
+            let values = rows
+                .f_narrow(1, 1, 1)?
+                .f_contiguous()?
+                .f_view_dtype(Kind::Uint8)?
+                .f_view([-1, (ENTRY_BYTES / 2) as i64])?
+                .f_narrow(1, 0, size)?
+                .f_contiguous()?
+                .f_view_dtype(kind)?
+                .f_view([-1])?;
+            drop(out.f_zero_()?);
+            let positions = rows.f_select(1, 0)?;
+            drop(
+                out.f_view([-1])?
+                    .f_index_put_(&[Some(positions)], &values, false)?,
+            );
+        }
+        Form::Narrow { .. } => out.f_copy_(packed)?,
+    }
+    Ok(())
+}
+
+/// Row `b`: the eight elements byte `b` packs (bit `i` is element `i`), as `kind`.
+fn bit_table(kind: Kind, device: tch::Device) -> Result<Tensor, tch::TchError> {
+    let bits: Vec<u8> = (0..256u32)
+        .flat_map(|b| (0..8).map(move |i| (b >> i & 1) as u8))
+        .collect();
+    Tensor::from_slice(&bits)
+        .f_view([256, 8])?
+        .f_to_kind(kind)?
+        .f_to_device(device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use featshard_exec::dtype;
+    use tch::Device;
+
+    /// A dense block of `shape` and `dtype` from its executor's expansion of `packed`,
+    /// and from torch's, as bytes.
+    fn both(
+        form: Form,
+        stored: (DType, &[usize], &[u8]),
+        dtype: DType,
+        shape: &[usize],
+    ) -> (Vec<u8>, Vec<u8>) {
+        let mut want = vec![0xAB; shape.iter().product::<usize>() * dtype::size(dtype)];
+        form.expand_into(stored.2, dtype, shape, &mut want);
+        let dims: Vec<i64> = stored.1.iter().map(|&d| d as i64).collect();
+        let packed = Tensor::from_slice(stored.2)
+            .view_dtype(kind_of(stored.0))
+            .view(dims.as_slice());
+        let dense: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        let out = Tensor::full(dense.as_slice(), 7, (kind_of(dtype), Device::Cpu));
+        expand_into(&packed, &form, dtype, &out).expect("expanded");
+        let mut got = vec![0u8; want.len()];
+        out.view_dtype(Kind::Uint8)
+            .view([-1])
+            .copy_data_u8(&mut got, want.len());
+        (want, got)
+    }
+
+    /// `values` as elements of `d`.
+    fn ints(d: DType, values: &[i64]) -> Vec<u8> {
+        let mut out = vec![0; values.len() * dtype::size(d)];
+        dtype::write_ints(d, values, &mut out);
+        out
+    }
+
+    const DENSE: [DType; 6] = [
+        DType::Bool,
+        DType::Uint8,
+        DType::Int64,
+        DType::Float16,
+        DType::Bfloat16,
+        DType::Float32,
+    ];
+
+    #[test]
+    fn one_hot_rows_and_map_rows_with_none_match_the_executor_on_any_axis() {
+        // Indices of 5 classes; 5 (a feature's pad row) and -1 (a map's none) name none.
+        let idx: Vec<i64> = vec![0, 4, 5, 2, -1, 1, 3, 3];
+        for (axis, compact) in [(1, vec![8]), (1, vec![2, 4]), (2, vec![2, 4]), (0, vec![8])] {
+            for index in [DType::Int16, DType::Int32] {
+                let packed = ints(index, &idx);
+                let mut dense = compact.clone();
+                dense.insert(axis, 5);
+                for d in DENSE {
+                    let form = Form::OneHot {
+                        axis,
+                        classes: 5,
+                        index,
+                        map: index == DType::Int32,
+                    };
+                    let (want, got) = both(form, (index, &compact, &packed), d, &dense);
+                    assert!(got == want, "axis {axis}, {index:?} indices, {d:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bits_match_the_executor_to_the_last_partial_byte() {
+        let packed: Vec<u8> = vec![0b1010_0101, 0xFF, 0, 0b0000_0110];
+        for d in DENSE {
+            let (want, got) = both(Form::Bits, (DType::Uint8, &[4], &packed), d, &[3, 9]);
+            assert!(got == want, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn sparse_entries_match_the_executor_past_the_last() {
+        for d in [DType::Int64, DType::Float32, DType::Bfloat16, DType::Uint8] {
+            let mut packed = Vec::new();
+            for (position, value) in [(3i64, 1), (0, 7), (10, 3), (-1, 5)] {
+                packed.extend_from_slice(&position.to_le_bytes());
+                let mut bits = Vec::new();
+                dtype::encode_i64(d, value, &mut bits);
+                bits.resize(8, 0);
+                packed.extend_from_slice(&bits);
+            }
+            let (want, got) = both(Form::Sparse, (DType::Int64, &[4, 2], &packed), d, &[3, 4]);
+            assert!(got == want, "{d:?}");
+            assert!(want.iter().any(|&b| b != 0), "{d:?}: some element is set");
+        }
+    }
+
+    #[test]
+    fn narrowed_integers_widen_as_the_executor_widens_them() {
+        let values: Vec<i64> = vec![0, 1, 127, -128, -1, 42];
+        for (index, d) in [
+            (DType::Int8, DType::Int64),
+            (DType::Uint8, DType::Int32),
+            (DType::Int16, DType::Int64),
+        ] {
+            let kept: Vec<i64> = values
+                .iter()
+                .map(|&v| if index == DType::Uint8 { v & 0xFF } else { v })
+                .collect();
+            let packed = ints(index, &kept);
+            let (want, got) = both(
+                Form::Narrow { index },
+                (index, &[2, 3], &packed),
+                d,
+                &[2, 3],
+            );
+            assert!(got == want, "{index:?} to {d:?}");
+        }
+    }
+}
