@@ -52,15 +52,16 @@ def _stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(_native.contiguous_stride(list(shape)))
 
 
-def _agree_on_names(plan: Plan, names: list[str], dp_group: dist.ProcessGroup) -> None:
+def _agree_on_names(plan: Plan, names: list[str], dp_group: dist.ProcessGroup, device: str) -> None:
     """Replicas must stack the same features (optional ones may be absent from a
     sample): agree before the all-reduce whose length depends on them. One all-reduce
-    of max over presence and absence per tensor feature of the plan; every rank raises
-    the same error (the Rust runtime's collate message)."""
+    of max over presence and absence per tensor feature of the plan, on the mesh's
+    ``device`` (where its groups' backend takes tensors); every rank raises the same
+    error (the Rust runtime's collate message)."""
     every = plan.tensor_names
     here = set(names)
     present = [int(n in here) for n in every]
-    flags = torch.tensor(present + [1 - p for p in present] or [0], dtype=torch.int64)
+    flags = torch.tensor(present + [1 - p for p in present] or [0], dtype=torch.int64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=dp_group)
     some, lacking = flags[: len(every)].tolist(), flags[len(every):].tolist()
     differ = [f"`{n}`" for n, s, a in zip(every, some, lacking) if s and a]
@@ -72,13 +73,14 @@ def _agree_on_names(plan: Plan, names: list[str], dp_group: dist.ProcessGroup) -
 
 
 def _agreed_shapes(
-    locals_: Mapping[str, list[torch.Tensor]], dp_group: dist.ProcessGroup
+    locals_: Mapping[str, list[torch.Tensor]], dp_group: dist.ProcessGroup, device: str
 ) -> dict[str, list[int]]:
     """Every feature's largest local length per axis over the batch and every DP
-    replica: one all-reduce of max for all of them."""
+    replica: one all-reduce of max for all of them, on the mesh's ``device``."""
     dims = [(n, d) for n, xs in locals_.items() for d in range(xs[0].dim())]
     longest = torch.tensor(
-        [max(int(x.shape[d]) for x in locals_[n]) for n, d in dims] or [0], dtype=torch.int64
+        [max(int(x.shape[d]) for x in locals_[n]) for n, d in dims] or [0], dtype=torch.int64,
+        device=device,
     )
     dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=dp_group)
     target = {n: [0] * xs[0].dim() for n, xs in locals_.items()}
@@ -88,7 +90,7 @@ def _agreed_shapes(
 
 
 def _pad_to(plan: Plan, name: str, x: torch.Tensor, target: list[int]) -> torch.Tensor:
-    y = torch.full(target, plan.features[name].pad_value, dtype=x.dtype)
+    y = torch.full(target, plan.features[name].pad_value, dtype=x.dtype, device=x.device)
     y[tuple(slice(0, length) for length in x.shape)] = x
     return y
 
@@ -100,6 +102,7 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     across DP replicas (one all-reduce of max), so each shard's items keep their place
     and gain pads at the end; indices into owner-partitioned layouts are re-padded.
     Placements are the plan's DP placements (``Shard(0)`` over dp). Metadata become lists.
+    The blocks stay on the device they are on (the mesh's), and so does the batch.
     """
     if mesh.mesh.dim() != 3 or mesh.mesh_dim_names is None:
         raise ValueError("collate: expected a (dp, cp0, cp1) mesh with mesh_dim_names")
@@ -112,9 +115,9 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     for s in batch:
         if sorted(n for n in s if isinstance(s[n], DTensor)) != names:
             raise ValueError("collate: the samples of a batch hold different features")
-    _agree_on_names(plan, names, dp_group)
+    _agree_on_names(plan, names, dp_group, mesh.device_type)
     locals_ = {n: [s[n].to_local() for s in batch] for n in names}
-    target = _agreed_shapes(locals_, dp_group)
+    target = _agreed_shapes(locals_, dp_group, mesh.device_type)
     on_mesh = placements(plan, dp=True)
     out: dict[str, Any] = {}
     for name in names:
@@ -124,7 +127,7 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
             strides = plan._native.repad_strides(name, local, target)
             if strides is not None:
                 x = torch.tensor(_native.repad_indices(x.flatten().tolist(), *strides),
-                                 dtype=x.dtype).view(x.shape)
+                                 dtype=x.dtype, device=x.device).view(x.shape)
             padded.append(_pad_to(plan, name, x, target[name]))
         shape = plan._native.collated_shape(name, target[name], len(batch), dp_size, cp)
         out[name] = DTensor.from_local(
@@ -168,8 +171,9 @@ class _Failed(Mapping[str, Any]):
 
 class DistributedFeatureDataset(Dataset[dict[str, Any]]):
     """Wraps a serial dataset (never rewritten): the source rank of each CP group reads
-    the sample, every rank of the group gets its DTensors. Use with ``num_workers=0``
-    and the same index on every rank of a CP group (see :func:`dp_sampler`)."""
+    the sample, every rank of the group gets its DTensors on ``mesh`` (on a CUDA mesh,
+    in its GPU's memory). Use with ``num_workers=0`` and the same index on every rank of
+    a CP group (see :func:`dp_sampler`)."""
 
     def __init__(self, plan: Plan, serial: Dataset[Any], mesh: DeviceMesh, *,
                  retries: int = 0, workflow: str | None = None, threads: int = 1) -> None:
@@ -324,8 +328,9 @@ def dp_sampler(
 def to_device_mesh(
     plan: Plan, batch: Mapping[str, Any], mesh: DeviceMesh, device: torch.device
 ) -> dict[str, Any]:
-    """A distributed batch (or single sample) from the CPU mesh onto ``mesh`` on
-    ``device``: the same placements, global shape and stride; a single sample from a
+    """A distributed batch (or single sample) from the mesh it was made on (a CPU mesh,
+    or ``mesh`` itself) onto ``mesh`` on ``device``: the same placements, global shape
+    and stride (blocks already on ``device`` are not copied); a single sample from a
     (cp0, cp1) mesh gains a leading batch axis of 1, and its metadata becomes one-item
     lists."""
     unbatched = mesh.mesh.dim() == 2
@@ -359,16 +364,20 @@ def lightning_datamodule(
 ) -> Any:
     """A ``LightningDataModule`` over serial datasets (lightning must be importable).
 
-    ``mesh`` is the model's mesh, (cp0, cp1) or (dp, cp0, cp1), on any device. The data
-    moves on a CPU copy of it over gloo groups the pipeline creates itself, whatever the
-    default backend is (NCCL cannot move CPU tensors). Training data is shuffled by seed
-    and epoch, validation and prediction data kept in order; all are split over DP
-    replicas and distributed per CP group, as ``workflow`` (one of the spec's, or every
-    feature for None). ``transfer_batch_to_device`` re-wraps every DTensor onto ``mesh``
-    on the target device with the same placements, shape and stride; a batch from a
-    (cp0, cp1) mesh gains the leading batch axis of 1 the model expects (the plan's DP
-    placements without the dp axis) and its metadata becomes lists, as a collated
-    batch's.
+    ``mesh`` is the model's mesh, (cp0, cp1) or (dp, cp0, cp1), on any device. Each
+    sample moves from its CP group's source over gloo groups the pipeline creates
+    itself, whatever the default backend is (NCCL cannot move CPU tensors), compact
+    (see :func:`~featshard.distribute.distribute_features`): on a CUDA mesh each rank
+    expands its compact blocks on its GPU, so only they cross PCIe, and the other blocks
+    are copied there. DP collate pads and stacks the blocks where they are, agreeing on
+    lengths over the mesh's dp group. Training data is shuffled by seed and epoch,
+    validation and prediction data kept in order; all are split over DP replicas and
+    distributed per CP group, as ``workflow`` (one of the spec's, or every feature for
+    None). ``transfer_batch_to_device`` re-wraps every DTensor onto ``mesh`` on the
+    target device (where the blocks already are, on a CUDA mesh) with the same
+    placements, shape and stride; a batch from a (cp0, cp1) mesh gains the leading batch
+    axis of 1 the model expects (the plan's DP placements without the dp axis) and its
+    metadata becomes lists, as a collated batch's.
     """
     # The ignores keep mypy --strict clean with and without lightning installed.
     try:
@@ -380,16 +389,14 @@ def lightning_datamodule(
             raise ImportError("lightning_datamodule needs `lightning` or `pytorch_lightning`") from e
     from torch.utils.data import DataLoader
 
-    cpu = cpu_mesh_like(mesh)
-
     def loader(serial: Dataset[Any] | None, shuffle: bool) -> DataLoader[Any]:
         if serial is None:
             raise ValueError("no dataset was given for this stage")
-        dataset = DistributedFeatureDataset(plan, serial, cpu, retries=retries, workflow=workflow)
-        sampler = dp_sampler(dataset, cpu, shuffle=shuffle, seed=seed)
-        if cpu.mesh.dim() == 3:
+        dataset = DistributedFeatureDataset(plan, serial, mesh, retries=retries, workflow=workflow)
+        sampler = dp_sampler(dataset, mesh, shuffle=shuffle, seed=seed)
+        if mesh.mesh.dim() == 3:
             return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=0,
-                              collate_fn=lambda batch: collate(plan, batch, cpu))
+                              collate_fn=lambda batch: collate(plan, batch, mesh))
         return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=0)
 
     class FeatureDataModule(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]

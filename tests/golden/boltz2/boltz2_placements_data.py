@@ -93,8 +93,8 @@ def collate(batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) -> dict[str, A
 
 
 def to_device_mesh(batch: Mapping[str, Any], mesh: DeviceMesh, device: torch.device) -> dict[str, Any]:
-    """A distributed batch (or single sample) from the CPU mesh onto `mesh` on `device`
-    (`featshard.data.to_device_mesh`)."""
+    """A distributed batch (or single sample) from the mesh it was made on onto `mesh`
+    on `device` (`featshard.data.to_device_mesh`)."""
     return _data.to_device_mesh(plan(), batch, mesh, device)
 
 
