@@ -22,7 +22,7 @@ from torch.utils.dlpack import from_dlpack
 
 from featshard import Layout, Plan, _native
 
-__all__ = ["Placement", "Wire", "buffer_views", "expand", "expand_on_device", "place", "rank_blocks", "release_buffers"]
+__all__ = ["Placement", "Wire", "buffer_views", "expand", "expand_block", "expand_on_device", "place", "rank_blocks", "release_buffers"]
 
 # The spec's dtypes, by the names the spec and the executor use.
 _DTYPES: dict[torch.dtype, str] = {
@@ -221,18 +221,25 @@ def expand_on_device(blocks: Mapping[str, torch.Tensor], wire: Wire, device: tor
     byte what the dense path sends; the others as they are."""
     out = dict(blocks)
     for name, _, _, _, form in wire:
-        if form is None:
-            continue
-        kind, a, b, dtype = form
-        if kind == "bits":
-            out[name] = unpack_bits(blocks[name], a, _BY_NAME[dtype], device)
-        elif kind == "sparse":
-            out[name] = expand_entries(blocks[name], a, _BY_NAME[dtype], device)
-        elif kind == "narrow":
-            out[name] = widen(blocks[name], _BY_NAME[dtype], device)
-        else:
-            out[name] = expand_one_hot(blocks[name], a, b, _BY_NAME[dtype], device)
+        if form is not None:
+            out[name] = expand_block(blocks[name], form, device)
     return out
+
+
+def expand_block(stored: torch.Tensor, form: tuple[str, Any, Any, str], device: torch.device) -> torch.Tensor:
+    """One compact block's dense block, made by torch on ``device`` from ``stored`` and
+    its wire ``form`` (``(kind, a, b, dense dtype)``, as :meth:`Placement.wire` gives
+    it): indices of a one-hot axis ``a`` of ``b`` classes, bits or entries of a dense
+    block of shape ``a``, or narrowed integers. Its indices and positions are trusted:
+    the executor wrote or checked them."""
+    kind, a, b, dtype = form
+    if kind == "bits":
+        return unpack_bits(stored, a, _BY_NAME[dtype], device)
+    if kind == "sparse":
+        return expand_entries(stored, a, _BY_NAME[dtype], device)
+    if kind == "narrow":
+        return widen(stored, _BY_NAME[dtype], device)
+    return expand_one_hot(stored, a, b, _BY_NAME[dtype], device)
 
 
 def expand_entries(

@@ -22,8 +22,8 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
-from featshard.blocks import _BY_NAME
-from featshard.distribute import cp_group, distribute_features, placements
+from featshard.blocks import _BY_NAME, expand_block
+from featshard.distribute import _device_of, cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
 __all__ = [
@@ -203,7 +203,9 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
     """Samples pre-sharded by ``featshard shard`` over a dataset (``ROOT/<sample>/``):
     each rank opens only its own rank file of each sample, memory-mapped (safetensors
     must be importable), and builds its DTensors with explicit shape, stride and
-    placements from the sample's manifest. No source rank, no collective; the same
+    placements from the sample's manifest. Compact blocks are checked by the executor,
+    then expanded by it on the host, or on a CUDA mesh by torch on the rank's GPU (only
+    they cross to it). No source rank, no collective; the same
     indices on every rank of a CP group (see :func:`dp_sampler`) give the online
     ``distribute_features`` result.
 
@@ -250,7 +252,8 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
             if self.verify:
                 manifest.verify_file(name, str(path))
             tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - not a mapping
-            tensors.update(_dense(manifest, {k: x for k, x in tensors.items() if manifest.stored_form(k)}, path))
+            stored = {k: x for k, x in tensors.items() if manifest.stored_form(k)}
+            tensors.update(_dense(manifest, stored, path, _device_of(self.cp_mesh)))
             for key, x in tensors.items():
                 dtensor = manifest.dtensor_shape(key)
                 if dtensor is None:
@@ -265,12 +268,19 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         return out
 
 
-def _dense(manifest: Any, stored: Mapping[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+def _dense(
+    manifest: Any, stored: Mapping[str, torch.Tensor], path: Path, device: torch.device | None = None
+) -> dict[str, torch.Tensor]:
     """The blocks a rank file stores compact (``featshard shard --encoding compact``) as
-    the model takes them: checked and expanded by the executor into one new buffer."""
+    the model takes them, checked by the executor first: expanded by it into one new
+    buffer on the host, or with ``device`` (a CUDA mesh's GPU) by torch there, so that
+    only the compact blocks cross to it."""
     if not stored:
         return {}
     capsules = [(name, x.contiguous().__dlpack__()) for name, x in stored.items()]
+    if device is not None:
+        manifest.check_stored(capsules, str(path))
+        return {name: expand_block(x, _stored_form(manifest, name), device) for name, x in stored.items()}
     capsule, offsets = manifest.expand_stored(capsules, str(path))
     buffer = from_dlpack(capsule)
     out = {}
@@ -280,6 +290,18 @@ def _dense(manifest: Any, stored: Mapping[str, torch.Tensor], path: Path) -> dic
         nbytes = math.prod(shape) * dtype.itemsize
         out[name] = buffer[at : at + nbytes].view(dtype).view(shape)
     return out
+
+
+def _stored_form(manifest: Any, name: str) -> tuple[str, Any, Any, str]:
+    """Feature ``name``'s compact form in a rank file as a wire form (see
+    :func:`featshard.blocks.expand_block`)."""
+    kind, axis, classes, _, _, _ = manifest.stored_form(name)
+    shape, dtype = manifest.block_of(name)
+    if kind == "one_hot":
+        return (kind, axis, classes, dtype)
+    if kind in ("bits", "sparse"):
+        return (kind, tuple(shape), None, dtype)
+    return (kind, None, None, dtype)
 
 
 class DpSampler(Sampler[int]):

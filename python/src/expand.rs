@@ -4,7 +4,7 @@
 //! distribute path and the pre-sharded reader both come here; neither expands in torch.
 
 use featshard_exec::array::Array;
-use featshard_exec::compact::check_stored;
+use featshard_exec::compact::{check_stored, Form};
 use featshard_exec::dtype;
 use featshard_spec::plan::TensorPlan;
 use pyo3::prelude::*;
@@ -29,23 +29,7 @@ pub(crate) fn expand_blocks<'py>(
     py: Python<'py>,
     blocks: &[Compact<'_, 'py>],
 ) -> Result<(Bound<'py, PyAny>, Vec<usize>), String> {
-    let mut checked = Vec::with_capacity(blocks.len());
-    let mut end = 0usize;
-    for b in blocks {
-        let memory = Memory::new(&b.name, &b.stored).map_err(|e| e.to_string())?;
-        let array = Array::borrowed(memory.dtype, memory.shape.clone(), memory.bytes(), None);
-        let form = check_stored(&b.name, b.plan, &b.dense, &array).map_err(|e| e.to_string())?;
-        // `check_stored` has shown each block's bytes addressable; their sum may not be.
-        let bytes = b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
-        let offset = end.checked_next_multiple_of(64);
-        end = offset.and_then(|o| o.checked_add(bytes)).ok_or_else(|| {
-            format!(
-                "feature `{}`: the dense blocks are larger than memory can address",
-                b.name
-            )
-        })?;
-        checked.push((memory, form, end - bytes));
-    }
+    let (checked, end) = check_blocks(blocks)?;
     let mut buffer = Buffer::new(end).map_err(|e| e.to_string())?;
     let out = buffer.bytes_mut();
     let mut written = 0;
@@ -64,4 +48,33 @@ pub(crate) fn expand_blocks<'py>(
     let offsets = checked.iter().map(|c| c.2).collect();
     let capsule = buffer.into_capsule(py).map_err(|e| e.to_string())?;
     Ok((capsule, offsets))
+}
+
+/// A checked compact block: its memory, its form, and its dense block's byte offset.
+pub(crate) type Checked = (Memory, Form, usize);
+
+/// Every block of `blocks` checked (`check_stored`): its memory, its form and its dense
+/// block's offset in one buffer of them all, and that buffer's length; the first
+/// block that is not its feature's compact form is refused by name.
+pub(crate) fn check_blocks<'py>(
+    blocks: &[Compact<'_, 'py>],
+) -> Result<(Vec<Checked>, usize), String> {
+    let mut checked = Vec::with_capacity(blocks.len());
+    let mut end = 0usize;
+    for b in blocks {
+        let memory = Memory::new(&b.name, &b.stored).map_err(|e| e.to_string())?;
+        let array = Array::borrowed(memory.dtype, memory.shape.clone(), memory.bytes(), None);
+        let form = check_stored(&b.name, b.plan, &b.dense, &array).map_err(|e| e.to_string())?;
+        // `check_stored` has shown each block's bytes addressable; their sum may not be.
+        let bytes = b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
+        let offset = end.checked_next_multiple_of(64);
+        end = offset.and_then(|o| o.checked_add(bytes)).ok_or_else(|| {
+            format!(
+                "feature `{}`: the dense blocks are larger than memory can address",
+                b.name
+            )
+        })?;
+        checked.push((memory, form, end - bytes));
+    }
+    Ok((checked, end))
 }

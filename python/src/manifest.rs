@@ -122,20 +122,22 @@ impl ShardManifest {
         stored: Vec<(String, Bound<'py, pyo3::types::PyCapsule>)>,
         path: PathBuf,
     ) -> PyResult<(Bound<'py, PyAny>, Vec<usize>)> {
-        let mut blocks = Vec::with_capacity(stored.len());
-        for (name, capsule) in stored {
-            let (Some(t), Some(entry)) = (self.plan.tensor(&name), self.m.features.get(&name))
-            else {
-                return Err(at(&path, format!("feature `{name}`: not in the manifest")));
-            };
-            blocks.push(crate::expand::Compact {
-                dense: entry.local_shape.clone(),
-                name,
-                plan: t,
-                stored: capsule,
-            });
-        }
+        let blocks = self.compact_blocks(stored, &path)?;
         crate::expand::expand_blocks(py, &blocks).map_err(|e| at(&path, e))
+    }
+
+    /// `ValueError` naming `path` and the feature unless every compact block of
+    /// `stored` (as for `expand_stored`) is its feature's compact form, checked by the
+    /// executor as `expand_stored` checks it: what a reader runs before it expands them
+    /// elsewhere (with torch, on a GPU).
+    fn check_stored<'py>(
+        &self,
+        stored: Vec<(String, Bound<'py, pyo3::types::PyCapsule>)>,
+        path: PathBuf,
+    ) -> PyResult<()> {
+        let blocks = self.compact_blocks(stored, &path)?;
+        crate::expand::check_blocks(&blocks).map_err(|e| at(&path, e))?;
+        Ok(())
     }
 
     /// Tensor feature `name`'s block on every rank: its local shape and dtype name.
@@ -164,5 +166,30 @@ impl ShardManifest {
             self.m.check_file(name, got)
         })
         .map_err(|e| at(&path, e))
+    }
+}
+
+impl ShardManifest {
+    /// The compact blocks `stored` of a rank file at `path` with their features' plans
+    /// and dense block shapes; a feature the manifest does not hold is refused.
+    fn compact_blocks<'s, 'py>(
+        &'s self,
+        stored: Vec<(String, Bound<'py, pyo3::types::PyCapsule>)>,
+        path: &std::path::Path,
+    ) -> PyResult<Vec<crate::expand::Compact<'s, 'py>>> {
+        let mut blocks = Vec::with_capacity(stored.len());
+        for (name, capsule) in stored {
+            let (Some(t), Some(entry)) = (self.plan.tensor(&name), self.m.features.get(&name))
+            else {
+                return Err(at(path, format!("feature `{name}`: not in the manifest")));
+            };
+            blocks.push(crate::expand::Compact {
+                dense: entry.local_shape.clone(),
+                name,
+                plan: t,
+                stored: capsule,
+            });
+        }
+        Ok(blocks)
     }
 }

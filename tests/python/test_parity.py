@@ -94,7 +94,8 @@ def test_compact_rank_files_hold_the_packages_compact_blocks(tmp_path: Path, mes
 
 def test_a_compact_block_read_back_is_checked_by_the_executor(tmp_path: Path) -> None:
     """The pre-sharded reader hands each compact block to the executor's check before
-    expanding it: a stored index that names no class is refused by name."""
+    expanding it, on the host or with torch on a device: a stored index that names no
+    class is refused by name."""
     import featshard
     from featshard.data import _dense
 
@@ -107,19 +108,28 @@ def test_a_compact_block_read_back_is_checked_by_the_executor(tmp_path: Path) ->
     )
     manifest = plan._native.read_manifest(str(out / "manifest.json"))
     path = out / "rank-0.safetensors"
-    stored = load_file(str(path))["res_type"].clone()
-    assert _dense(manifest, {"res_type": stored}, path)["res_type"].shape[-1] == 33
-    stored[0] = 200
-    with pytest.raises(ValueError, match=r"feature `res_type`: a stored index 200 names no class of 33"):
-        _dense(manifest, {"res_type": stored}, path)
-    # A sparse block's entry past its block, and a narrowed id past its range.
-    entries = load_file(str(path))["type_bonds"].clone()
-    assert entries.shape[0] > 0 and entries.shape[1] == 2
-    entries[0, 0] = 10**6
-    with pytest.raises(ValueError, match=r"feature `type_bonds`: stored entry 0: position 1000000 lies outside"):
-        _dense(manifest, {"type_bonds": entries}, path)
-    msa = load_file(str(path))["msa"].clone()
-    assert msa.dtype == torch.uint8
-    msa[0, 0] = 40
-    with pytest.raises(ValueError, match=r"feature `msa`: its values lie in `range: \[0, 32\]`, found 40 at \[0, 0\]"):
-        _dense(manifest, {"msa": msa}, path)
+    # Expanded by torch on a device (as on a CUDA mesh; here the host) or by the
+    # executor: the same bytes, for every form the file holds.
+    every = {k: x for k, x in load_file(str(path)).items() if manifest.stored_form(k)}
+    assert {manifest.stored_form(k)[0] for k in every} == {"one_hot", "bits", "sparse", "narrow"}
+    by_torch = _dense(manifest, every, path, torch.device("cpu"))
+    for name, x in _dense(manifest, every, path).items():
+        y = by_torch[name]
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), name
+    for device in (None, torch.device("cpu")):
+        stored = load_file(str(path))["res_type"].clone()
+        assert _dense(manifest, {"res_type": stored}, path, device)["res_type"].shape[-1] == 33
+        stored[0] = 200
+        with pytest.raises(ValueError, match=r"feature `res_type`: a stored index 200 names no class of 33"):
+            _dense(manifest, {"res_type": stored}, path, device)
+        # A sparse block's entry past its block, and a narrowed id past its range.
+        entries = load_file(str(path))["type_bonds"].clone()
+        assert entries.shape[0] > 0 and entries.shape[1] == 2
+        entries[0, 0] = 10**6
+        with pytest.raises(ValueError, match=r"feature `type_bonds`: stored entry 0: position 1000000 lies outside"):
+            _dense(manifest, {"type_bonds": entries}, path, device)
+        msa = load_file(str(path))["msa"].clone()
+        assert msa.dtype == torch.uint8
+        msa[0, 0] = 40
+        with pytest.raises(ValueError, match=r"feature `msa`: its values lie in `range: \[0, 32\]`, found 40 at \[0, 0\]"):
+            _dense(manifest, {"msa": msa}, path, device)
