@@ -1,7 +1,8 @@
 //! Compact blocks made dense on the host by the executor: each checked
 //! (`check_stored`) and expanded (`Form::expand_into`) into one new buffer, huge pages
 //! advised, so that a rank's dense blocks cost one allocation and few page faults. The
-//! distribute path and the pre-sharded reader both come here; neither expands in torch.
+//! distribute path and the pre-sharded reader both come here on the host; on a CUDA
+//! mesh the reader only checks here (`check_blocks`), and torch expands on the GPU.
 
 use featshard_exec::array::Array;
 use featshard_exec::compact::{check_stored, Form};
