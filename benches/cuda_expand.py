@@ -1,8 +1,9 @@
 """Benchmark: a rank's blocks made on its GPU, compact against dense. For each of the
 nine ranks of a 3x3 mesh, a 1024-token Boltz-2-shaped sample's blocks reach the device
 two ways: the dense blocks moved by `.to(device)` (what the dense path does), and the
-compact blocks moved and expanded there by torch (`featshard.blocks.expand_on_device`,
-what `distribute_features` does on a CUDA mesh). Every expanded block is compared with
+rank's compact buffer moved whole and its compact blocks expanded there by torch
+(`featshard.distribute._local_blocks` with `featshard.blocks.expand_on_device`, what
+`distribute_features` does on a CUDA mesh). Every expanded block is compared with
 the dense one on the device, byte for byte; the bytes that cross to the device and the
 time of each way (median of 5, the device synchronised) are printed.
 
@@ -24,7 +25,6 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 from bench_common import SPEC, boltz_sample_file, load_resident
@@ -53,12 +53,6 @@ def _moved(blocks: Mapping[str, torch.Tensor], device: torch.device) -> dict[str
     return {n: x.to(device, non_blocking=True) for n, x in blocks.items()}
 
 
-def _expanded(compact: Mapping[str, torch.Tensor], wire: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    from featshard.blocks import expand_on_device
-
-    return _moved(expand_on_device(compact, wire, device), device)
-
-
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
@@ -70,6 +64,7 @@ def main() -> None:
     device = torch.device(where)
     import featshard
     from featshard import _native, blocks
+    from featshard.distribute import _local_blocks
 
     with tempfile.TemporaryDirectory(prefix="featshard-cuda-expand-") as folder:
         atoms, size = boltz_sample_file(Path(folder), 1024, 2048, (0, 20), pair_mask=False)
@@ -87,10 +82,10 @@ def main() -> None:
         dense = blocks.buffer_views(placed.rank_buffer(coord).pin_memory() if where == "cuda"
                                     else placed.rank_buffer(coord), dense_wire)
         stored = placed.rank_buffer(coord, compact=True)
-        compact = blocks.buffer_views(stored.pin_memory() if where == "cuda" else stored, compact_wire)
         moved_s, moved = _timed(device, partial(_moved, dense, device))
-        # Blocks with no compact form are moved as they are (DTensor.from_local would).
-        made_s, made = _timed(device, partial(_expanded, compact, compact_wire, device))
+        # The whole buffer crosses: blocks with no compact form are views of it there.
+        made_s, made = _timed(device, partial(_local_blocks, plan, stored.pin_memory() if where == "cuda"
+                                              else stored, compact_wire, device))
         same = all(_same(made[n], moved[n]) for n in moved)
         dense_bytes = sum(x.numel() * x.element_size() for x in dense.values())
         print(f"| {coord} | {dense_bytes / 1e6:.1f} MB | {stored.numel() / 1e6:.2f} MB | {moved_s * 1e3:.1f} ms | "

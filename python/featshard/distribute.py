@@ -188,10 +188,13 @@ def _written(
 
 
 def _local_blocks(plan: Plan, buffer: torch.Tensor, wire: Any, device: torch.device | None) -> dict[str, torch.Tensor]:
-    """A rank's blocks from its buffer: views of it, compact blocks expanded (on the host
-    by the executor, or on the mesh's GPU by torch)."""
-    views = buffer_views(buffer, wire)
-    return expand(plan, views, wire) if device is None else expand_on_device(views, wire, device)
+    """A rank's blocks from its buffer: views of it, compact blocks expanded: on the host
+    by the executor, or on the mesh's GPU by torch, the buffer copied there whole first
+    (one copy of the bytes received, compact blocks and all; the other blocks are then
+    views of it there)."""
+    if device is None:
+        return expand(plan, buffer_views(buffer, wire), wire)
+    return expand_on_device(buffer_views(buffer.to(device), wire), wire, device)
 
 
 def _device_of(mesh: DeviceMesh) -> torch.device | None:

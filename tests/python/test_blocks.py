@@ -23,6 +23,7 @@ from boltz_samples import (
 )
 from conftest import ROOT, featshard_bin
 from featshard import blocks
+from featshard.distribute import _local_blocks
 from safetensors.torch import save_file
 
 SPEC = ROOT / "examples" / "boltz2.yaml"
@@ -297,8 +298,9 @@ def test_compact_rank_buffers_expand_to_the_dense_blocks_of_real_samples(
             views = blocks.buffer_views(compact, wire)
             got = blocks.expand(plan, views, wire)
             assert_same_blocks(dense, got, f"real sample {i} mesh {mesh} rank {rank}")
-            # What a GPU mesh runs, here on the CPU: torch makes the same blocks.
-            on_device = blocks.expand_on_device(views, wire, torch.device("cpu"))
+            # What a GPU mesh runs (the buffer copied to the device, torch expanding
+            # there), here on the CPU: the same blocks.
+            on_device = _local_blocks(plan, compact, wire, torch.device("cpu"))
             assert_same_blocks(dense, on_device, f"torch: real sample {i} mesh {mesh} rank {rank}")
 
 
