@@ -11,7 +11,7 @@ use featshard_exec::files::{sum_of, Mapped};
 use featshard_spec::plan::Plan;
 use featshard_spec::plan::TensorPlan;
 use featshard_spec::shards::{self, layout_digest, Encoding, Manifest, RANK_KEY};
-use tch::Tensor;
+use tch::{Device, Tensor};
 
 use super::error::DistError;
 use super::local::LocalSample;
@@ -26,6 +26,17 @@ pub struct PreshardedDataset {
     names: Vec<String>,
     cp: [usize; 2],
     verify: bool,
+    expand: Expansion,
+}
+
+/// Where a rank file's compact blocks become dense blocks, once the executor has
+/// checked them on the host.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Expansion {
+    /// On the host, by the executor.
+    Host,
+    /// On a device, by torch: only the compact blocks are copied there.
+    Torch(Device),
 }
 
 fn setup(message: String) -> DistError {
@@ -52,6 +63,7 @@ impl PreshardedDataset {
             names,
             cp,
             verify: true,
+            expand: Expansion::Host,
         })
     }
 
@@ -59,6 +71,18 @@ impl PreshardedDataset {
     /// before it is used (on by default: one more pass over the file's bytes).
     pub fn with_verify(mut self, verify: bool) -> Self {
         self.verify = verify;
+        self
+    }
+
+    /// The device every block and passed-through tensor of a read sample is on (the
+    /// host by default). On a GPU, compact blocks are checked by the executor on the
+    /// host, then only they are copied to the device and expanded there by torch
+    /// (as the online path does on an NCCL mesh).
+    pub fn with_device(mut self, device: Device) -> Self {
+        self.expand = match device {
+            Device::Cpu => Expansion::Host,
+            d => Expansion::Torch(d),
+        };
         self
     }
 
@@ -103,7 +127,14 @@ impl PreshardedDataset {
         let file = folder.join(format!("rank-{cp_rank}.safetensors"));
         self.check_rank_file(plan, &file, &m, cp_rank)?;
         let mut tensors = files::read_tensors(&file)?;
-        let blocks = blocks_of(plan, &m, &mut tensors)?;
+        let blocks = blocks_of(plan, &m, &mut tensors, self.expand)?;
+        if let Expansion::Torch(device) = self.expand {
+            for t in tensors.values_mut() {
+                *t = t.f_to_device(device).map_err(|e| DistError::Protocol {
+                    message: format!("{}: {e}", file.display()),
+                })?;
+            }
+        }
         Ok(LocalSample {
             sample: index,
             layout: m.layout,
@@ -152,6 +183,7 @@ fn blocks_of(
     plan: &Plan,
     m: &Manifest,
     tensors: &mut Features,
+    expand: Expansion,
 ) -> Result<BTreeMap<String, LocalBlock>, DistError> {
     let mut blocks = BTreeMap::new();
     for (name, entry) in &m.features {
@@ -163,9 +195,18 @@ fn blocks_of(
         })?;
         let tensor = match m.encoding {
             Encoding::Compact if stored_form(t, &entry.local_shape, 0).is_some() => {
-                expand_block(name, t, &entry.local_shape, &stored)?
+                expand_block(name, t, &entry.local_shape, &stored, expand)?
             }
-            _ => stored,
+            _ => match expand {
+                Expansion::Host => stored,
+                Expansion::Torch(device) => {
+                    stored
+                        .f_to_device(device)
+                        .map_err(|e| DistError::Protocol {
+                            message: format!("feature `{name}`: {e}"),
+                        })?
+                }
+            },
         };
         let local: Vec<i64> = entry.local_shape.iter().map(|&d| d as i64).collect();
         if tensor.size() != local {
@@ -187,13 +228,15 @@ fn blocks_of(
     Ok(blocks)
 }
 
-/// A block a rank file stores compact, expanded to its dense block of shape `local`
-/// (see [`featshard_exec::compact::expand_stored`]).
+/// A block a rank file stores compact, checked by the executor (see
+/// [`featshard_exec::compact::check_stored`]) and expanded to its dense block of shape
+/// `local`: by the executor on the host, or by torch on a device.
 fn expand_block(
     name: &str,
     t: &TensorPlan,
     local: &[usize],
     stored: &Tensor,
+    expand: Expansion,
 ) -> Result<Tensor, DistError> {
     let dtype = crate::kind::dtype_of(stored.kind()).ok_or_else(|| DistError::Protocol {
         message: format!("feature `{name}`: stored as {:?}", stored.kind()),
@@ -201,8 +244,101 @@ fn expand_block(
     let shape = stored.size().iter().map(|&d| d as usize).collect();
     let packed = Array::owned(dtype, shape, files::tensor_bytes(name, stored)?);
     let form = check_stored(name, t, local, &packed)?;
-    crate::views::new_filled(name, local, crate::kind::kind_of(t.dtype), |out| {
-        form.expand_into(packed.base_bytes(), t.dtype, local, out)
-    })
-    .map_err(DistError::from)
+    let kind = crate::kind::kind_of(t.dtype);
+    match expand {
+        Expansion::Host => crate::views::new_filled(name, local, kind, |out| {
+            form.expand_into(packed.base_bytes(), t.dtype, local, out)
+        })
+        .map_err(DistError::from),
+        Expansion::Torch(device) => {
+            let torch = |e: tch::TchError| DistError::Protocol {
+                message: format!("feature `{name}`: {e}"),
+            };
+            let dims: Vec<i64> = local.iter().map(|&d| d as i64).collect();
+            let out = Tensor::f_empty(dims.as_slice(), (kind, device)).map_err(torch)?;
+            let on = stored.f_to_device(device).map_err(torch)?;
+            super::on_device::expand_into(&on, &form, t.dtype, &out).map_err(torch)?;
+            Ok(out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Kind;
+
+    const SPEC: &str = "\
+version: 1
+module: t
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true}
+features:
+  kind: {axes: [tokens, 5], dtype: int64, one_hot: 1}
+  pad: {axes: [tokens], dtype: float32, mask: tokens}
+  bond: {axes: [tokens, tokens], dtype: float32, sparse: true}
+  ids: {axes: [tokens], dtype: int64, range: [0, 32]}
+";
+
+    /// Each compact form as a rank file stores it, for a block of 6 tokens.
+    fn stored() -> Vec<(&'static str, Vec<usize>, Tensor)> {
+        let entries: Vec<i64> = [(3i64, 2.5f32), (14, 1.0), (-1, 0.0)]
+            .iter()
+            .flat_map(|&(at, v)| [at, i64::from(v.to_bits())])
+            .collect();
+        vec![
+            (
+                "kind",
+                vec![6, 5],
+                Tensor::from_slice(&[0u8, 4, 5, 2, 1, 5]),
+            ),
+            ("pad", vec![6], Tensor::from_slice(&[0b0001_1011u8])),
+            (
+                "bond",
+                vec![6, 6],
+                Tensor::from_slice(&entries).view([3, 2]),
+            ),
+            ("ids", vec![6], Tensor::from_slice(&[0u8, 32, 7, 1, 0, 3])),
+        ]
+    }
+
+    #[test]
+    fn torch_on_a_device_expands_a_rank_files_blocks_as_the_executor_does() {
+        let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
+        for (name, local, x) in stored() {
+            let t = plan.tensor(name).expect("feature");
+            let host = expand_block(name, t, &local, &x, Expansion::Host).expect("host");
+            let torch = Expansion::Torch(Device::Cpu);
+            let on = expand_block(name, t, &local, &x, torch).expect("torch");
+            assert_eq!(host.kind(), on.kind(), "{name}");
+            assert!(host.equal(&on), "{name}: {host} against {on}");
+            assert!(
+                host.abs().sum(Kind::Double).double_value(&[]) > 0.0,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_compact_block_is_refused_before_any_device_sees_it() {
+        let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
+        let bad = [
+            ("kind", Tensor::from_slice(&[0u8, 9, 5, 2, 1, 5])),
+            ("ids", Tensor::from_slice(&[0u8, 40, 7, 1, 0, 3])),
+        ];
+        for (name, x) in bad {
+            let t = plan.tensor(name).expect("feature");
+            let e = expand_block(
+                name,
+                t,
+                &[6, 5][..t.axes.len()],
+                &x,
+                Expansion::Torch(Device::Cpu),
+            )
+            .expect_err("refused")
+            .to_string();
+            assert!(e.contains(&format!("feature `{name}`")), "{e}");
+        }
+    }
 }
