@@ -69,6 +69,20 @@ pub fn expand_into(
     Ok(())
 }
 
+/// `packed`, a compact block of `form`, as its dense block of `dtype` and `shape` in a
+/// new tensor on `packed`'s device (see [`expand_into`]).
+pub fn expanded(
+    packed: &Tensor,
+    form: &Form,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<Tensor, tch::TchError> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let out = Tensor::f_empty(dims.as_slice(), (kind_of(dtype), packed.device()))?;
+    expand_into(packed, form, dtype, &out)?;
+    Ok(out)
+}
+
 /// Row `b`: the eight elements byte `b` packs (bit `i` is element `i`), as `kind`.
 fn bit_table(kind: Kind, device: tch::Device) -> Result<Tensor, tch::TchError> {
     let bits: Vec<u8> = (0..256u32)

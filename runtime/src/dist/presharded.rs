@@ -244,21 +244,19 @@ fn expand_block(
     let shape = stored.size().iter().map(|&d| d as usize).collect();
     let packed = Array::owned(dtype, shape, files::tensor_bytes(name, stored)?);
     let form = check_stored(name, t, local, &packed)?;
-    let kind = crate::kind::kind_of(t.dtype);
     match expand {
-        Expansion::Host => crate::views::new_filled(name, local, kind, |out| {
-            form.expand_into(packed.base_bytes(), t.dtype, local, out)
-        })
-        .map_err(DistError::from),
+        Expansion::Host => {
+            crate::views::new_filled(name, local, crate::kind::kind_of(t.dtype), |out| {
+                form.expand_into(packed.base_bytes(), t.dtype, local, out)
+            })
+            .map_err(DistError::from)
+        }
         Expansion::Torch(device) => {
             let torch = |e: tch::TchError| DistError::Protocol {
                 message: format!("feature `{name}`: {e}"),
             };
-            let dims: Vec<i64> = local.iter().map(|&d| d as i64).collect();
-            let out = Tensor::f_empty(dims.as_slice(), (kind, device)).map_err(torch)?;
             let on = stored.f_to_device(device).map_err(torch)?;
-            super::on_device::expand_into(&on, &form, t.dtype, &out).map_err(torch)?;
-            Ok(out)
+            super::on_device::expanded(&on, &form, t.dtype, local).map_err(torch)
         }
     }
 }

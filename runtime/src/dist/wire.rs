@@ -180,10 +180,7 @@ fn expand(
     (form, dtype, shape): &(Form, DType, Vec<usize>),
 ) -> Result<Tensor, tch::TchError> {
     if packed.device() != Device::Cpu {
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        let out = Tensor::f_empty(dims.as_slice(), (kind_of(*dtype), packed.device()))?;
-        on_device::expand_into(packed, form, *dtype, &out)?;
-        return Ok(out);
+        return on_device::expanded(packed, form, *dtype, shape);
     }
     let bytes = bytes_of(packed)?;
     crate::views::new_filled(name, shape, kind_of(*dtype), |out| {
