@@ -13,6 +13,7 @@ whose sparse features arrive as their nonzero elements, in the same run.
     python benches/distribute_memory.py 768 12     # 768 tokens, up to 11 atoms a token
     python benches/distribute_memory.py 1024 20 boltz2   # without the optional pair_mask
     python benches/distribute_memory.py 1024 20 boltz2 1x2   # 2 ranks: a core each here
+    python benches/distribute_memory.py 1024 20 boltz2 3x3 cuda   # a CUDA mesh, every rank on GPU 0
 
 Each rank distributes one small sample first (what a first call costs once: lazy imports,
 DTensor's first use, gloo's buffers), resets its peak resident set with the sample
@@ -21,6 +22,11 @@ reports its peak above that, and the median time of five samples distributed in 
 Each rank also reports its CPU seconds per sample (user and system, all its threads):
 nine ranks share this machine's cores, so the wall time mixes their work; where every
 rank has cores of its own, the source's work is what the last rank waits for.
+
+On a CUDA mesh (fifth argument `cuda`; gloo carries the blocks, as it does on any mesh,
+and every rank shares the first GPU) each rank's blocks end on the GPU: the peaks are
+host memory, which then holds none of them, and each sample's time ends once the GPU
+has finished with it.
 """
 
 from __future__ import annotations
@@ -53,6 +59,14 @@ REPEATS = 5
 # The source's threads for validation and writing buffers (the receivers wait meanwhile).
 THREADS = 2
 RANKS = MESH[0] * MESH[1]
+# A fifth argument names the mesh's device (`cuda`); the CPU by default.
+DEVICE = sys.argv[5] if len(sys.argv) > 5 else "cpu"
+
+
+def _sync() -> None:
+    """Waits for the GPU's queued work: a sample's time ends when its blocks are made."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def _worker(rank: int, folder: str, how: str) -> None:
@@ -63,7 +77,7 @@ def _worker(rank: int, folder: str, how: str) -> None:
     sys.path[:0] = [folder, str(ROOT / "tests" / "python")]
     dist.init_process_group("gloo", init_method=f"file://{folder}/store-{how}", rank=rank,
                             world_size=RANKS, timeout=timedelta(seconds=600))
-    mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("cp0", "cp1"))
+    mesh = init_device_mesh(DEVICE, MESH, mesh_dim_names=("cp0", "cp1"))
     sample = None
     if rank == 0:
         name = "sample-indices" if how == "indices" else "sample"
@@ -95,6 +109,7 @@ def _worker(rank: int, folder: str, how: str) -> None:
         dist.barrier()
         start, used = time.perf_counter(), _cpu()
         out = run(sample)
+        _sync()
         cpu.append(_cpu() - used)
         dist.barrier()
         seconds.append(time.perf_counter() - start)
@@ -138,6 +153,7 @@ def _floor(out: dict[str, object], mesh: object) -> list[float]:
             local.zero_()
             DTensor.from_local(local, mesh, x.placements, run_check=False,  # type: ignore[arg-type]
                                shape=x.shape, stride=x.stride())
+        _sync()
         dist.barrier()
         seconds.append(time.perf_counter() - start)
     return seconds
@@ -162,8 +178,9 @@ def bench(folder: Path) -> None:
     given = (folder / "sample-indices.safetensors").stat().st_size
     what = "the optional pair_mask included" if with_pair_mask else "no pair_mask"
     print(f"sample: {tokens} tokens, {atoms} atoms ({what}), 2048 MSA rows, "
-          f"{size / 1e6:.0f} MB; mesh {MESH[0]}x{MESH[1]}, "
-          f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)")
+          f"{size / 1e6:.0f} MB; mesh {MESH[0]}x{MESH[1]} on {DEVICE}, "
+          f"{RANKS} gloo ranks; peak RSS above each rank's start (the source's sample loaded)"
+          + ("; the blocks are on the GPU, the peaks host memory" if DEVICE != "cpu" else ""))
     print(f"| path | rank | its blocks | peak above start | beyond its blocks | / its blocks | / sample | time per sample (median of {REPEATS}) |")
     print("|---|---|---|---|---|---|---|---|")
     walls, firsts, sent, peaks, rows_of = {}, {}, {}, {}, {}

@@ -253,15 +253,18 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
                 manifest.verify_file(name, str(path))
             tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - not a mapping
             stored = {k: x for k, x in tensors.items() if manifest.stored_form(k)}
-            tensors.update(_dense(manifest, stored, path, _device_of(self.cp_mesh)))
+            device = _device_of(self.cp_mesh)
+            tensors.update(_dense(manifest, stored, path, device))
             for key, x in tensors.items():
                 dtensor = manifest.dtensor_shape(key)
                 if dtensor is None:
                     out[key] = x
                     continue
                 shape, stride = dtensor
+                # On a CUDA mesh every block is on its GPU, as the online path gives it:
+                # the expanded ones already, the rest copied as they are stored.
                 out[key] = DTensor.from_local(
-                    x, self.cp_mesh, self._placements[key], run_check=False,
+                    x if device is None else x.to(device), self.cp_mesh, self._placements[key], run_check=False,
                     shape=torch.Size(shape), stride=tuple(stride),
                 )
         out.update(header)

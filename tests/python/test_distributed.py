@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, ...],
-            scenario: str, results: str) -> None:
+            scenario: str, results: str, device: str) -> None:
     sys.path[:0] = [gen_dir, str(HERE)]
     from datetime import timedelta
 
@@ -23,13 +23,17 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    # On a CUDA mesh too: every rank shares the one GPU a test machine may have, and gloo
+    # carries the mesh's collectives on CUDA tensors (NCCL takes one rank per GPU).
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     names = ("dp", "cp0", "cp1") if len(shape) == 3 else ("cp0", "cp1")
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    mesh = init_device_mesh(device, shape, mesh_dim_names=names)
     import boltz2_placements as P
     import boltz2_placements_data as D
     from boltz_samples import random_sample, real_samples
+
+    host = mesh if device == "cpu" else D.cpu_mesh_like(mesh)
 
     coord = mesh.get_coordinate()
     assert coord is not None
@@ -47,11 +51,12 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
             _check_collate(P, D, mesh, dp, cp, source, rank)
         elif scenario == "real":
             for real in real_samples():
-                got = D.distribute_features(real if source else None, mesh, workflow="inference")
+                got = _on_host(D.distribute_features(real if source else None, mesh, workflow="inference"),
+                               mesh, host)
                 _check_parity(P, D, got, real, cp, (i, j))
                 _check_remapped_ids(P, got, real)
         elif scenario == "real_collate":
-            _check_real_collate(P, D, mesh, dp, source)
+            _check_real_collate(P, D, mesh, host, dp, source)
         elif scenario == "collate_mismatch":
             # Replica 1's sample lacks an optional feature replica 0's has.
             real = real_samples()[[3, 1][dp]]
@@ -98,6 +103,23 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     dist.barrier()
     dist.destroy_process_group()
     del torch
+
+
+def _on_host(got: dict[str, Any], mesh: Any, host: Any) -> dict[str, Any]:
+    """What a CUDA mesh received, each block checked to be on its GPU, rebuilt on the same
+    mesh on the CPU for the checks (their oracle is on the CPU): the blocks unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    if host is mesh:
+        return got
+    out = dict(got)
+    for name, x in got.items():
+        if isinstance(x, DTensor):
+            local = x.to_local()
+            assert x.device_mesh is mesh and local.device.type == mesh.device_type, f"{name}: on {local.device}"
+            out[name] = DTensor.from_local(local.cpu(), host, x.placements, run_check=False,
+                                           shape=x.shape, stride=x.stride())
+    return out
 
 
 def _check_parity(P: Any, D: Any, got: dict[str, Any], sample: dict[str, Any],
@@ -162,7 +184,7 @@ def _check_remapped_ids(P: Any, got: dict[str, Any], sample: dict[str, Any]) -> 
     assert checked > 0
 
 
-def _check_real_collate(P: Any, D: Any, mesh: Any, dp: int, source: bool) -> None:
+def _check_real_collate(P: Any, D: Any, mesh: Any, host: Any, dp: int, source: bool) -> None:
     """Two DP replicas with different real samples: collate pads every list with -1
     (never an id), and every id still points at the same atom after the re-pad."""
     import oracle
@@ -171,7 +193,7 @@ def _check_real_collate(P: Any, D: Any, mesh: Any, dp: int, source: bool) -> Non
 
     sample = real_samples()[[1, 0][dp]]  # prot60_smiles (78 bounds), prot60_nomsa (0)
     batch = [D.distribute_features(sample if source else None, mesh, workflow="inference")]
-    out = D.collate(batch, mesh)
+    out = _on_host(D.collate(batch, mesh), mesh, host)
     taken = oracle.intake(P, sample)
     ref = out["ref_pos"].full_tensor()[dp]
     for name, role in P.INDEX_FEATURES.items():
@@ -254,6 +276,7 @@ def _check_presharded(P: Any, D: Any, mesh: Any, root: Path, dp: bool) -> None:
             x, y = a[n], b[n]
             assert tuple(x.placements) == tuple(y.placements), n
             assert x.shape == y.shape and x.stride() == y.stride(), n
+            assert x.to_local().device.type == mesh.device_type, f"{n}: read onto {x.to_local().device}"
             assert torch.equal(x.to_local(), y.to_local()), f"{n}: blocks differ"
     if dp:
         return
@@ -331,6 +354,10 @@ def _check_lightning(P: Any, D: Any, mesh: Any) -> None:
     batch = next(iter(dm.val_dataloader()))
     # Collated where the blocks are: on the model's mesh, not a copy of it.
     assert batch["token_pad_mask"].device_mesh is mesh
+    assert batch["token_pad_mask"].to_local().device.type == mesh.device_type
+    # Lightning's move to the model's device leaves blocks already there where they are.
+    moved = dm.transfer_batch_to_device(batch, batch["ref_pos"].to_local().device, 0)
+    assert moved["ref_pos"].to_local().data_ptr() == batch["ref_pos"].to_local().data_ptr()
     assert tuple(batch["token_pad_mask"].placements) == P.PLACEMENTS_DP["token_pad_mask"]
     assert batch["ref_pos"].shape[0] == 2
 
@@ -365,14 +392,16 @@ def _check_dataset(D: Any, mesh: Any, source: bool, rank: int) -> None:
     assert D.cpu_mesh_like(mesh).mesh.tolist() == mesh.mesh.tolist()
 
 
-def _run(gen_dir: Path, shape: tuple[int, ...], scenario: str, tmp: Path) -> list[dict[str, Any]]:
+def _run(gen_dir: Path, shape: tuple[int, ...], scenario: str, tmp: Path,
+         device: str = "cpu") -> list[dict[str, Any]]:
     world = 1
     for n in shape:
         world *= n
     results = tmp / scenario
     results.mkdir()
     # The rendezvous is a file: no port to race for.
-    start_ranks(_worker, (world, str(results / "store"), str(gen_dir), shape, scenario, str(results)), world)
+    start_ranks(_worker, (world, str(results / "store"), str(gen_dir), shape, scenario, str(results), device),
+                world)
     return [json.loads((results / f"rank-{r}.json").read_text()) for r in range(world)]
 
 
@@ -459,6 +488,15 @@ def test_replicas_whose_samples_hold_different_features_fail_collate_by_name(
 def test_presharded_samples_read_by_each_rank_equal_the_online_path(
     generated_dir: Path, tmp_path: Path, shape: tuple[int, ...]
 ) -> None:
+    _shard_real_samples(tmp_path, shape)
+    for r in _run(generated_dir, shape, "presharded", tmp_path):
+        assert r["status"] == "ok", r
+
+
+def _shard_real_samples(tmp_path: Path, shape: tuple[int, ...]) -> None:
+    """The real samples sharded into ``tmp_path/sharded_data`` for ``shape``'s CP mesh,
+    and for a CP mesh the folders the refusals read: another mesh's, a rank file
+    swapped, a bit flipped."""
     import shutil
     import subprocess
 
@@ -477,20 +515,41 @@ def test_presharded_samples_read_by_each_rank_equal_the_online_path(
          "--out", str(tmp_path / "sharded_data")],
         check=True,
     )
-    if len(shape) == 2:
-        subprocess.run(
-            [str(featshard_bin()), "shard", str(ROOT / "examples" / "boltz2.yaml"), "--features", str(data),
-             "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "sharded_2x2")],
-            check=True,
-        )
-        shutil.copytree(tmp_path / "sharded_data", tmp_path / "swapped")
-        shutil.copy(tmp_path / "swapped" / "s0" / "rank-0.safetensors",
-                    tmp_path / "swapped" / "s0" / "rank-1.safetensors")
-        # One bit flipped in rank 2's last byte of data: the manifest's CRC-32 catches it.
-        shutil.copytree(tmp_path / "sharded_data", tmp_path / "flipped")
-        flipped = tmp_path / "flipped" / "s0" / "rank-2.safetensors"
-        data = bytearray(flipped.read_bytes())
-        data[-1] ^= 1
-        flipped.write_bytes(bytes(data))
-    for r in _run(generated_dir, shape, "presharded", tmp_path):
+    if len(shape) == 3:
+        return
+    subprocess.run(
+        [str(featshard_bin()), "shard", str(ROOT / "examples" / "boltz2.yaml"), "--features", str(data),
+         "--mesh", "2x2", "--workflow", "inference", "--out", str(tmp_path / "sharded_2x2")],
+        check=True,
+    )
+    shutil.copytree(tmp_path / "sharded_data", tmp_path / "swapped")
+    shutil.copy(tmp_path / "swapped" / "s0" / "rank-0.safetensors",
+                tmp_path / "swapped" / "s0" / "rank-1.safetensors")
+    # One bit flipped in rank 2's last byte of data: the manifest's CRC-32 catches it.
+    shutil.copytree(tmp_path / "sharded_data", tmp_path / "flipped")
+    flipped = tmp_path / "flipped" / "s0" / "rank-2.safetensors"
+    raw = bytearray(flipped.read_bytes())
+    raw[-1] ^= 1
+    flipped.write_bytes(bytes(raw))
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# Every rank of the mesh on the machine's first GPU (gloo carries the mesh's collectives).
+@pytest.mark.skipif(not _has_cuda(), reason="no CUDA device: the CUDA mesh runs where one is")
+@pytest.mark.parametrize(("scenario", "shape"), [
+    ("real", (3, 3)), ("real", (2, 3)), ("real_collate", (2, 2, 2)), ("lightning", (2, 1, 2)),
+    ("presharded", (3, 3)), ("presharded", (2, 2, 2)),
+], ids=["real-cp3x3", "real-cp2x3", "real_collate-dp2xcp2x2", "lightning-dp2xcp1x2",
+        "presharded-cp3x3", "presharded-dp2xcp2x2"])
+def test_on_a_cuda_mesh_blocks_made_on_the_gpu_equal_the_host_path(
+    generated_dir: Path, tmp_path: Path, scenario: str, shape: tuple[int, ...]
+) -> None:
+    if scenario == "presharded":
+        _shard_real_samples(tmp_path, shape)
+    for r in _run(generated_dir, shape, scenario, tmp_path, device="cuda"):
         assert r["status"] == "ok", r
