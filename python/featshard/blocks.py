@@ -248,13 +248,16 @@ def expand_entries(
     """A sparse block from its entries (``int64`` rows of flat position and the element's
     bits, little-endian; position -1 past the last), on ``device`` (the entries' own
     when None): zeros, then each entry's element written at its position."""
-    rows = entries.to(device) if device is not None else entries
-    rows = rows[rows[:, 0] >= 0].contiguous()
+    rows = (entries.to(device) if device is not None else entries).contiguous()
+    numel = math.prod(shape)
+    # An entry past the last writes into one spare element after the block: no shape
+    # depends on the data, so the host never waits for the device (as a filter would).
+    at = torch.where(rows[:, 0] >= 0, rows[:, 0], numel)
     # The low bytes of each value's 64 bits (bytes 8.. of a 16-byte row) are the element.
     values = rows.view(torch.uint8).view(-1, 16)[:, 8 : 8 + dtype.itemsize].contiguous()
-    out = torch.zeros(math.prod(shape), dtype=dtype, device=rows.device)
-    out[rows[:, 0]] = values.view(dtype).view(-1)
-    return out.view(shape)
+    out = torch.zeros(numel + 1, dtype=dtype, device=rows.device)
+    out[at] = values.view(dtype).view(-1)
+    return out[:numel].view(shape)
 
 
 def widen(narrowed: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:

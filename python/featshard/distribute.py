@@ -194,7 +194,10 @@ def _local_blocks(plan: Plan, buffer: torch.Tensor, wire: Any, device: torch.dev
     views of it there)."""
     if device is None:
         return expand(plan, buffer_views(buffer, wire), wire)
-    return expand_on_device(buffer_views(buffer.to(device), wire), wire, device)
+    # Not blocking: from pinned memory the host queues the copy and the expansions and
+    # goes on (torch keeps the buffer until the copy is done); pageable memory is staged
+    # by the driver before the call returns, as a blocking copy is.
+    return expand_on_device(buffer_views(buffer.to(device, non_blocking=True), wire), wire, device)
 
 
 def _device_of(mesh: DeviceMesh) -> torch.device | None:

@@ -304,6 +304,21 @@ def test_compact_rank_buffers_expand_to_the_dense_blocks_of_real_samples(
             assert_same_blocks(dense, on_device, f"torch: real sample {i} mesh {mesh} rank {rank}")
 
 
+def test_sparse_entries_past_the_last_write_nothing_and_every_element_keeps_its_bits() -> None:
+    """torch's expansion of sparse entries (what a CUDA mesh runs): entries past the last
+    (position -1) write nowhere in the block, even after one at position 0, and an
+    element keeps its bits (-0.0 stays -0.0)."""
+    def bits(x: float) -> int:
+        return int(torch.tensor([x]).view(torch.int32)) & 0xFFFF_FFFF
+
+    rows = torch.tensor([[0, bits(5.0)], [7, bits(-0.0)], [-1, 0], [-1, 0]], dtype=torch.int64)
+    got = blocks.expand_entries(rows, (3, 3), torch.float32)
+    want = torch.zeros(9)
+    want[0], want[7] = 5.0, -0.0
+    assert got.shape == (3, 3)
+    assert torch.equal(got.reshape(-1).view(torch.int32), want.view(torch.int32)), got
+
+
 def test_compact_indices_are_the_executors_and_pads_are_no_class(plan: featshard.Plan) -> None:
     """A compact block holds each row's class (uint8 for 33 classes), and the index of no
     class (33) on pad rows; expanding it on its own gives the dense block. The 73-token

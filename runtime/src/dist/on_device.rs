@@ -40,12 +40,12 @@ pub fn expand_into(
         }
         Form::Sparse => {
             let rows = packed.f_view([-1, 2])?;
-            let kept = rows
-                .f_select(1, 0)?
-                .f_ge(0)?
-                .f_nonzero()?
-                .f_squeeze_dim(1)?;
-            let rows = rows.f_index_select(0, &kept)?;
+            let numel = out.numel() as i64;
+            // An entry past the last (position -1) writes into one spare element after
+            // the block: no shape depends on the data, so the host never waits for the
+            // device, as a filter (`nonzero`) would make it.
+            let at = rows.f_select(1, 0)?;
+            let at = at.f_where_scalarother(&at.f_ge(0)?, numel)?;
             // Each value's bits, little-endian: its first bytes are the element.
             let size = kind.elt_size_in_bytes() as i64;
             let values = rows
@@ -57,12 +57,9 @@ pub fn expand_into(
                 .f_contiguous()?
                 .f_view_dtype(kind)?
                 .f_view([-1])?;
-            drop(out.f_zero_()?);
-            let positions = rows.f_select(1, 0)?;
-            drop(
-                out.f_view([-1])?
-                    .f_index_put_(&[Some(positions)], &values, false)?,
-            );
+            let mut spare = Tensor::f_zeros([numel + 1], (kind, out.device()))?;
+            drop(spare.f_index_put_(&[Some(at)], &values, false)?);
+            out.f_copy_(&spare.f_narrow(0, 0, numel)?.f_view_as(&out)?)?;
         }
         Form::Narrow { .. } => out.f_copy_(packed)?,
     }
