@@ -13,7 +13,7 @@ whose sparse features arrive as their nonzero elements, in the same run.
     python benches/distribute_memory.py 768 12     # 768 tokens, up to 11 atoms a token
     python benches/distribute_memory.py 1024 20 boltz2   # without the optional pair_mask
     python benches/distribute_memory.py 1024 20 boltz2 1x2   # 2 ranks: a core each here
-    python benches/distribute_memory.py 1024 20 boltz2 3x3 cuda   # a CUDA mesh, every rank on GPU 0
+    python benches/distribute_memory.py 1024 20 boltz2 3x3 cuda   # a CUDA mesh (rank r on GPU r mod their count)
 
 Each rank distributes one small sample first (what a first call costs once: lazy imports,
 DTensor's first use, gloo's buffers), resets its peak resident set with the sample
@@ -24,9 +24,9 @@ nine ranks share this machine's cores, so the wall time mixes their work; where 
 rank has cores of its own, the source's work is what the last rank waits for.
 
 On a CUDA mesh (fifth argument `cuda`; gloo carries the blocks, as it does on any mesh,
-and every rank shares the first GPU) each rank's blocks end on the GPU: the peaks are
-host memory, which then holds none of them, and each sample's time ends once the GPU
-has finished with it.
+and rank r is on GPU r mod the machine's GPU count: all on one where there is one) each
+rank's blocks end on its GPU: the peaks are host memory, which then holds none of them,
+and each sample's time ends once the GPU has finished with it.
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ def _worker(rank: int, folder: str, how: str) -> None:
     sys.path[:0] = [folder, str(ROOT / "tests" / "python")]
     dist.init_process_group("gloo", init_method=f"file://{folder}/store-{how}", rank=rank,
                             world_size=RANKS, timeout=timedelta(seconds=600))
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     mesh = init_device_mesh(DEVICE, MESH, mesh_dim_names=("cp0", "cp1"))
     sample = None
     if rank == 0:

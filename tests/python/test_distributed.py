@@ -23,11 +23,13 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    # On a CUDA mesh too: every rank shares the one GPU a test machine may have, and gloo
+    # On a CUDA mesh too: ranks share the GPUs a test machine has (often one), and gloo
     # carries the mesh's collectives on CUDA tensors (NCCL takes one rank per GPU).
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     names = ("dp", "cp0", "cp1") if len(shape) == 3 else ("cp0", "cp1")
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     mesh = init_device_mesh(device, shape, mesh_dim_names=names)
     import boltz2_placements as P
     import boltz2_placements_data as D
@@ -539,7 +541,8 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-# Every rank of the mesh on the machine's first GPU (gloo carries the mesh's collectives).
+# The ranks share the machine's GPUs, rank r on GPU r mod their count (gloo carries the
+# mesh's collectives).
 @pytest.mark.skipif(not _has_cuda(), reason="no CUDA device: the CUDA mesh runs where one is")
 @pytest.mark.parametrize(("scenario", "shape"), [
     ("real", (3, 3)), ("real", (2, 3)), ("real_collate", (2, 2, 2)), ("lightning", (2, 1, 2)),
