@@ -4,6 +4,7 @@
     maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
     python benches/presharded_read.py           # the files in the page cache
     python benches/presharded_read.py cold      # the page cache dropped before each sample
+    python benches/presharded_read.py warm cuda # a CUDA mesh (rank r on GPU r mod their count)
 
 Shards four copies of one Boltz-2-shaped sample (512 tokens, up to 11 atoms a token, 2048
 MSA rows, the optional `pair_mask` included) on 3x3 with `featshard shard --encoding
@@ -11,7 +12,9 @@ compact` and `--encoding dense`, then 9 gloo ranks each read their own rank file
 sample through `featshard.data.PreshardedDataset` (manifest and rank identity checked,
 CRC-32 verified, compact blocks expanded, DTensors made): time per sample is the slowest
 rank's, the median over the samples after the first. Both encodings in one run, dense
-first then compact, then dense again.
+first then compact, then dense again. On a CUDA mesh every block ends on the rank's GPU
+(compact blocks checked on the host and expanded there, dense blocks copied), and a
+sample's time ends once the GPU is done with it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from torch.multiprocessing import spawn
 # `cold`: the page cache is dropped before each sample (as when the files come from disk,
 # not memory); needs permission to write /proc/sys/vm/drop_caches.
 COLD = len(sys.argv) > 1 and sys.argv[1] == "cold"
+# A second argument names the mesh's device (`cuda`); the CPU by default.
+DEVICE = sys.argv[2] if len(sys.argv) > 2 else "cpu"
 MESH = (3, 3)
 RANKS = MESH[0] * MESH[1]
 SAMPLES = 4
@@ -46,7 +51,9 @@ def _worker(rank: int, folder: str, encoding: str, run: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{folder}/store-{encoding}-{run}", rank=rank,
                             world_size=RANKS, timeout=timedelta(seconds=600))
-    mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("cp0", "cp1"))
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    mesh = init_device_mesh(DEVICE, MESH, mesh_dim_names=("cp0", "cp1"))
     import featshard
     from featshard.data import PreshardedDataset
 
@@ -58,6 +65,8 @@ def _worker(rank: int, folder: str, encoding: str, run: int) -> None:
         dist.barrier()
         start = time.perf_counter()
         ds[i]
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     Path(folder, f"{encoding}-{run}-{rank}.json").write_text(json.dumps(times))
     dist.barrier()
@@ -83,7 +92,7 @@ def main() -> None:
                             str(data), "--mesh", f"{MESH[0]}x{MESH[1]}", "--workflow", "inference",
                             "--encoding", encoding, "--out", str(folder / encoding)], check=True, capture_output=True)
             written[encoding] = sum(f.stat().st_size for f in (folder / encoding / "s0").glob("rank-*"))
-        print(f"sample: 512 tokens, {size / 1e6:.0f} MB serial; mesh {MESH[0]}x{MESH[1]}, {RANKS} gloo ranks; "
+        print(f"sample: 512 tokens, {size / 1e6:.0f} MB serial; mesh {MESH[0]}x{MESH[1]} on {DEVICE}, {RANKS} ranks; "
               f"rank files per sample: dense {written['dense'] / 1e6:.1f} MB, compact {written['compact'] / 1e6:.1f} MB")
         medians: dict[str, list[float]] = {"dense": [], "compact": []}
         for run, encoding in enumerate(("dense", "compact", "dense")):
