@@ -226,6 +226,27 @@ def expand_on_device(blocks: Mapping[str, torch.Tensor], wire: Wire, device: tor
     return out
 
 
+def moved_together(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """``tensors`` on ``device`` by one copy: packed into one host buffer first (each at
+    an offset aligned to 16 bytes), so that many small blocks cost one transfer, not one
+    each; each comes back as a view of the copy, of its dtype and shape."""
+    at, total = {}, 0
+    for name, x in tensors.items():
+        at[name] = total
+        total += -(-x.numel() * x.element_size() // 16) * 16
+    host = torch.empty(total, dtype=torch.uint8)
+    for name, x in tensors.items():
+        _bytes_at(host, at[name], x).copy_(x)
+    there = host.to(device, non_blocking=True)
+    return {name: _bytes_at(there, at[name], x) for name, x in tensors.items()}
+
+
+def _bytes_at(buffer: torch.Tensor, at: int, like: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``buffer`` from ``at`` viewed as a tensor of ``like``'s dtype and shape."""
+    nbytes = like.numel() * like.element_size()
+    return buffer[at : at + nbytes].view(like.dtype).view(like.shape)
+
+
 def expand_block(stored: torch.Tensor, form: tuple[str, Any, Any, str], device: torch.device) -> torch.Tensor:
     """One compact block's dense block, made by torch on ``device`` from ``stored`` and
     its wire ``form`` (``(kind, a, b, dense dtype)``, as :meth:`Placement.wire` gives
@@ -292,12 +313,29 @@ def expand_one_hot(
     """A one-hot block from its indices: a 1 at each row's class along ``axis``, 0
     elsewhere; an index outside ``0..classes`` (no class: a pad row) gives a row of 0."""
     idx = indices.to(device) if device is not None else indices
+    if classes <= _ROWS_TABLE_MAX:
+        # Each row read from a table of the rows there are (row `classes`, and -1 below
+        # it, all zeros): a few kernels, not a fill, masks and a scatter; what a GPU
+        # spends on a small block is launching them.
+        rows = _one_hot_rows(classes, dtype, idx.device)[idx.long().clamp(-1, classes)]
+        return rows if axis == idx.dim() else rows.movedim(-1, axis).contiguous()
     shape = list(idx.shape)
     out = torch.zeros(shape[:axis] + [classes] + shape[axis:], dtype=dtype, device=idx.device)
     real = (idx >= 0) & (idx < classes)
     at = torch.where(real, idx, 0).long().unsqueeze(axis)
     out.scatter_(axis, at, real.unsqueeze(axis).to(dtype))
     return out
+
+
+# The most classes a one-hot axis is expanded from a table of its rows ((classes + 1) x
+# classes elements: 0.5 MB of int64 at 256); beyond, a scatter into zeros.
+_ROWS_TABLE_MAX = 256
+
+
+@functools.cache
+def _one_hot_rows(classes: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Row ``c``: the one-hot row of class ``c``, as ``dtype``; row ``classes``: zeros."""
+    return torch.eye(classes + 1, classes, dtype=dtype, device=device)
 
 
 def place(

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
-from featshard.blocks import _BY_NAME, expand_block
+from featshard.blocks import _BY_NAME, expand_block, moved_together
 from featshard.distribute import _device_of, cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -277,13 +277,14 @@ def _dense(
     """The blocks a rank file stores compact (``featshard shard --encoding compact``) as
     the model takes them, checked by the executor first: expanded by it into one new
     buffer on the host, or with ``device`` (a CUDA mesh's GPU) by torch there, so that
-    only the compact blocks cross to it."""
+    only the compact blocks cross to it, all in one copy."""
     if not stored:
         return {}
     capsules = [(name, x.contiguous().__dlpack__()) for name, x in stored.items()]
     if device is not None:
         manifest.check_stored(capsules, str(path))
-        return {name: expand_block(x, _stored_form(manifest, name), device) for name, x in stored.items()}
+        there = moved_together(stored, device)
+        return {name: expand_block(x, _stored_form(manifest, name), device) for name, x in there.items()}
     capsule, offsets = manifest.expand_stored(capsules, str(path))
     buffer = from_dlpack(capsule)
     out = {}

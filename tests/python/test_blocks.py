@@ -319,6 +319,34 @@ def test_sparse_entries_past_the_last_write_nothing_and_every_element_keeps_its_
     assert torch.equal(got.reshape(-1).view(torch.int32), want.view(torch.int32)), got
 
 
+@pytest.mark.parametrize("classes", [5, 300], ids=["from-a-table", "by-scatter"])
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_torch_one_hot_rows_put_a_one_at_each_class_and_none_outside_the_classes(
+    classes: int, axis: int
+) -> None:
+    """torch's one-hot expansion (what a CUDA mesh runs), from a table of rows for few
+    classes and by a scatter for many, on any axis: a 1 at each index's class, and a row
+    of 0 for an index outside ``0..classes`` (-1, below it, the class count, above it);
+    unsigned indices as the executor writes them (the class count for none) too."""
+    signed = torch.tensor([[0, 3, -1], [classes - 1, classes, -7], [classes + 5, 1, 2]], dtype=torch.int32)
+    unsigned = signed.clamp(0, classes).to(torch.uint8 if classes < 256 else torch.int16)
+    for idx, dtype in ((signed, torch.float32), (unsigned, torch.int64)):
+        got = blocks.expand_one_hot(idx, axis, classes, dtype)
+        assert got.dtype == dtype and got.is_contiguous()
+        assert torch.equal(got, _one_hot_reference(idx, axis, classes).to(dtype)), (idx, axis)
+
+
+def _one_hot_reference(idx: torch.Tensor, axis: int, classes: int) -> torch.Tensor:
+    """A 2D index tensor's one-hot block, element by element."""
+    out = torch.zeros([*idx.shape[:axis], classes, *idx.shape[axis:]])
+    for i in range(idx.shape[0]):
+        for j in range(idx.shape[1]):
+            c = int(idx[i, j])
+            if 0 <= c < classes:
+                out[tuple([i, j][:axis] + [c] + [i, j][axis:])] = 1
+    return out
+
+
 def test_compact_indices_are_the_executors_and_pads_are_no_class(plan: featshard.Plan) -> None:
     """A compact block holds each row's class (uint8 for 33 classes), and the index of no
     class (33) on pad rows; expanding it on its own gives the dense block. The 73-token
