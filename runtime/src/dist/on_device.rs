@@ -6,7 +6,7 @@
 
 use featshard_exec::compact::{Form, ENTRY_BYTES};
 use featshard_spec::ir::DType;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 
 use crate::kind::kind_of;
 
@@ -19,7 +19,7 @@ pub fn expand_into(
     form: &Form,
     dtype: DType,
     out: &Tensor,
-) -> Result<(), tch::TchError> {
+) -> Result<(), TchError> {
     let kind = kind_of(dtype);
     let mut out = out.shallow_clone();
     match *form {
@@ -73,15 +73,49 @@ pub fn expanded(
     form: &Form,
     dtype: DType,
     shape: &[usize],
-) -> Result<Tensor, tch::TchError> {
+) -> Result<Tensor, TchError> {
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let out = Tensor::f_empty(dims.as_slice(), (kind_of(dtype), packed.device()))?;
     expand_into(packed, form, dtype, &out)?;
     Ok(out)
 }
 
+/// `tensors` on `device` by one copy: their bytes packed into one host buffer first,
+/// each at an offset aligned to 16 bytes, so that many small blocks cost one transfer,
+/// not one each; each comes back as a view of the copy, of its kind and shape.
+pub fn moved_together(tensors: &[&Tensor], device: Device) -> Result<Vec<Tensor>, TchError> {
+    let mut at = Vec::with_capacity(tensors.len());
+    let mut total = 0i64;
+    for t in tensors {
+        at.push(total);
+        total += (byte_len(t) + 15) / 16 * 16;
+    }
+    let host = Tensor::f_empty([total], (Kind::Uint8, Device::Cpu))?;
+    for (t, &a) in tensors.iter().zip(&at) {
+        bytes_at(&host, a, t)?.f_copy_(t)?;
+    }
+    let there = host.f_to_device(device)?;
+    tensors
+        .iter()
+        .zip(&at)
+        .map(|(t, &a)| bytes_at(&there, a, t))
+        .collect()
+}
+
+fn byte_len(t: &Tensor) -> i64 {
+    (t.numel() * t.kind().elt_size_in_bytes()) as i64
+}
+
+/// The bytes of `buffer` from `at` as a tensor of `like`'s kind and shape.
+fn bytes_at(buffer: &Tensor, at: i64, like: &Tensor) -> Result<Tensor, TchError> {
+    buffer
+        .f_narrow(0, at, byte_len(like))?
+        .f_view_dtype(like.kind())?
+        .f_view(like.size().as_slice())
+}
+
 /// Row `b`: the eight elements byte `b` packs (bit `i` is element `i`), as `kind`.
-fn bit_table(kind: Kind, device: tch::Device) -> Result<Tensor, tch::TchError> {
+fn bit_table(kind: Kind, device: tch::Device) -> Result<Tensor, TchError> {
     let bits: Vec<u8> = (0..256u32)
         .flat_map(|b| (0..8).map(move |i| (b >> i & 1) as u8))
         .collect();
@@ -95,7 +129,6 @@ fn bit_table(kind: Kind, device: tch::Device) -> Result<Tensor, tch::TchError> {
 mod tests {
     use super::*;
     use featshard_exec::dtype;
-    use tch::Device;
 
     /// A dense block of `shape` and `dtype` from its executor's expansion of `packed`,
     /// and from torch's, as bytes.
@@ -206,6 +239,24 @@ mod tests {
                 &[2, 3],
             );
             assert!(got == want, "{index:?} to {d:?}");
+        }
+    }
+
+    #[test]
+    fn blocks_moved_together_keep_their_bytes_kinds_and_shapes() {
+        let blocks = [
+            Tensor::from_slice(&[1u8, 2, 3]),
+            Tensor::from_slice(&[-1i64, 7, 1 << 40, 0, 5, 6]).view([3, 2]),
+            Tensor::from_slice(&[0.5f32, -0.0, 3.0, 1e-30]).view([2, 2]),
+            Tensor::from_slice(&[true, false, true, true, false]),
+            Tensor::zeros([0, 4], (Kind::Int, Device::Cpu)),
+            Tensor::from_slice(&[9i16]),
+        ];
+        let refs: Vec<&Tensor> = blocks.iter().collect();
+        let moved = moved_together(&refs, Device::Cpu).expect("moved");
+        for (a, b) in blocks.iter().zip(&moved) {
+            assert_eq!((a.kind(), a.size()), (b.kind(), b.size()));
+            assert!(a.equal(b), "{a} against {b}");
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use featshard_exec::array::Array;
-use featshard_exec::compact::{check_stored, stored_form};
+use featshard_exec::compact::{check_stored, stored_form, Form};
 use featshard_exec::files::{sum_of, Mapped};
 use featshard_spec::plan::Plan;
 use featshard_spec::plan::TensorPlan;
@@ -15,6 +15,7 @@ use tch::{Device, Tensor};
 
 use super::error::DistError;
 use super::local::LocalSample;
+use super::on_device;
 use crate::files;
 use crate::shard::{coords, DTensorMeta, LocalBlock};
 use crate::Features;
@@ -178,14 +179,16 @@ impl PreshardedDataset {
 }
 
 /// The tensor features of the rank file as blocks with the manifest's DTensor metadata;
-/// what is left in `tensors` is passed through.
-fn blocks_of(
-    plan: &Plan,
-    m: &Manifest,
+/// what is left in `tensors` is passed through. Compact blocks are checked first, all
+/// of them, then expanded (see [`expanded`]); the others are moved as they are stored.
+fn blocks_of<'a>(
+    plan: &'a Plan,
+    m: &'a Manifest,
     tensors: &mut Features,
     expand: Expansion,
 ) -> Result<BTreeMap<String, LocalBlock>, DistError> {
     let mut blocks = BTreeMap::new();
+    let mut compact = Vec::new();
     for (name, entry) in &m.features {
         let Some(t) = plan.tensor(name) else {
             continue;
@@ -193,71 +196,119 @@ fn blocks_of(
         let stored = tensors.remove(name).ok_or_else(|| DistError::Protocol {
             message: format!("feature `{name}`: in the manifest, not in the rank file"),
         })?;
-        let tensor = match m.encoding {
-            Encoding::Compact if stored_form(t, &entry.local_shape, 0).is_some() => {
-                expand_block(name, t, &entry.local_shape, &stored, expand)?
-            }
-            _ => match expand {
-                Expansion::Host => stored,
-                Expansion::Torch(device) => {
-                    stored
-                        .f_to_device(device)
-                        .map_err(|e| DistError::Protocol {
-                            message: format!("feature `{name}`: {e}"),
-                        })?
-                }
-            },
-        };
-        let local: Vec<i64> = entry.local_shape.iter().map(|&d| d as i64).collect();
-        if tensor.size() != local {
-            return Err(DistError::Protocol {
-                message: format!(
-                    "feature `{name}`: the rank file holds {:?}, the manifest says {:?}",
-                    tensor.size(),
-                    entry.local_shape
-                ),
-            });
+        let local = &entry.local_shape;
+        if m.encoding == Encoding::Compact && stored_form(t, local, 0).is_some() {
+            compact.push(checked(name, t, local, stored)?);
+            continue;
         }
-        let meta = DTensorMeta {
-            global_shape: entry.global_shape.clone(),
-            stride: entry.global_stride.clone(),
-            placements: t.placements.clone(),
+        let tensor = match expand {
+            Expansion::Host => stored,
+            Expansion::Torch(device) => stored.f_to_device(device).map_err(torch_error(name))?,
         };
-        blocks.insert(name.clone(), LocalBlock { tensor, meta });
+        blocks.insert(name.clone(), local_block(name, t, entry, tensor)?);
+    }
+    for (c, tensor) in compact.iter().zip(expanded(&compact, expand)?) {
+        let entry = &m.features[c.name];
+        blocks.insert(c.name.to_string(), local_block(c.name, c.t, entry, tensor)?);
     }
     Ok(blocks)
 }
 
-/// A block a rank file stores compact, checked by the executor (see
-/// [`featshard_exec::compact::check_stored`]) and expanded to its dense block of shape
-/// `local`: by the executor on the host, or by torch on a device.
-fn expand_block(
+/// `tensor` as the block of feature `name`, which must be of the manifest's local shape.
+fn local_block(
     name: &str,
     t: &TensorPlan,
-    local: &[usize],
-    stored: &Tensor,
-    expand: Expansion,
-) -> Result<Tensor, DistError> {
+    entry: &shards::FeatureEntry,
+    tensor: Tensor,
+) -> Result<LocalBlock, DistError> {
+    let local: Vec<i64> = entry.local_shape.iter().map(|&d| d as i64).collect();
+    if tensor.size() != local {
+        return Err(DistError::Protocol {
+            message: format!(
+                "feature `{name}`: the rank file holds {:?}, the manifest says {:?}",
+                tensor.size(),
+                entry.local_shape
+            ),
+        });
+    }
+    let meta = DTensorMeta {
+        global_shape: entry.global_shape.clone(),
+        stride: entry.global_stride.clone(),
+        placements: t.placements.clone(),
+    };
+    Ok(LocalBlock { tensor, meta })
+}
+
+/// A block a rank file stores compact, checked by the executor (see
+/// [`featshard_exec::compact::check_stored`]), with its dense block's shape `local`.
+struct Checked<'a> {
+    name: &'a str,
+    t: &'a TensorPlan,
+    local: &'a [usize],
+    form: Form,
+    packed: Array<'static>,
+    stored: Tensor,
+}
+
+fn checked<'a>(
+    name: &'a str,
+    t: &'a TensorPlan,
+    local: &'a [usize],
+    stored: Tensor,
+) -> Result<Checked<'a>, DistError> {
     let dtype = crate::kind::dtype_of(stored.kind()).ok_or_else(|| DistError::Protocol {
         message: format!("feature `{name}`: stored as {:?}", stored.kind()),
     })?;
     let shape = stored.size().iter().map(|&d| d as usize).collect();
-    let packed = Array::owned(dtype, shape, files::tensor_bytes(name, stored)?);
+    let packed = Array::owned(dtype, shape, files::tensor_bytes(name, &stored)?);
     let form = check_stored(name, t, local, &packed)?;
+    Ok(Checked {
+        name,
+        t,
+        local,
+        form,
+        packed,
+        stored,
+    })
+}
+
+/// Checked compact blocks as their dense blocks: by the executor on the host, or by
+/// torch on a device, where they all arrive in one copy (many small copies would each
+/// cost a transfer).
+fn expanded(blocks: &[Checked], expand: Expansion) -> Result<Vec<Tensor>, DistError> {
     match expand {
-        Expansion::Host => {
-            crate::views::new_filled(name, local, crate::kind::kind_of(t.dtype), |out| {
-                form.expand_into(packed.base_bytes(), t.dtype, local, out)
+        Expansion::Host => blocks
+            .iter()
+            .map(|c| {
+                let kind = crate::kind::kind_of(c.t.dtype);
+                crate::views::new_filled(c.name, c.local, kind, |out| {
+                    c.form
+                        .expand_into(c.packed.base_bytes(), c.t.dtype, c.local, out)
+                })
+                .map_err(DistError::from)
             })
-            .map_err(DistError::from)
-        }
+            .collect(),
         Expansion::Torch(device) => {
-            let torch = |e: tch::TchError| DistError::Protocol {
-                message: format!("feature `{name}`: {e}"),
-            };
-            let on = stored.f_to_device(device).map_err(torch)?;
-            super::on_device::expanded(&on, &form, t.dtype, local).map_err(torch)
+            let stored: Vec<&Tensor> = blocks.iter().map(|c| &c.stored).collect();
+            let there =
+                on_device::moved_together(&stored, device).map_err(|e| DistError::Protocol {
+                    message: format!("the compact blocks to {device:?}: {e}"),
+                })?;
+            blocks
+                .iter()
+                .zip(&there)
+                .map(|(c, on)| {
+                    on_device::expanded(on, &c.form, c.t.dtype, c.local)
+                        .map_err(torch_error(c.name))
+                })
+                .collect()
         }
+    }
+}
+
+fn torch_error(name: &str) -> impl Fn(tch::TchError) -> DistError + '_ {
+    move |e| DistError::Protocol {
+        message: format!("feature `{name}`: {e}"),
     }
 }
 
@@ -304,13 +355,21 @@ features:
     #[test]
     fn torch_on_a_device_expands_a_rank_files_blocks_as_the_executor_does() {
         let (_, plan) = featshard_spec::compile_str("t.yaml", SPEC).expect("spec");
-        for (name, local, x) in stored() {
-            let t = plan.tensor(name).expect("feature");
-            let host = expand_block(name, t, &local, &x, Expansion::Host).expect("host");
-            let torch = Expansion::Torch(Device::Cpu);
-            let on = expand_block(name, t, &local, &x, torch).expect("torch");
+        let stored = stored();
+        let blocks: Vec<Checked> = stored
+            .iter()
+            .map(|(name, local, x)| {
+                let t = plan.tensor(name).expect("feature");
+                checked(name, t, local, x.shallow_clone()).expect("checked")
+            })
+            .collect();
+        let host = expanded(&blocks, Expansion::Host).expect("host");
+        // Every block in one copy, then each expanded by torch.
+        let on = expanded(&blocks, Expansion::Torch(Device::Cpu)).expect("torch");
+        for ((c, host), on) in blocks.iter().zip(&host).zip(&on) {
+            let name = c.name;
             assert_eq!(host.kind(), on.kind(), "{name}");
-            assert!(host.equal(&on), "{name}: {host} against {on}");
+            assert!(host.equal(on), "{name}: {host} against {on}");
             assert!(
                 host.abs().sum(Kind::Double).double_value(&[]) > 0.0,
                 "{name}"
@@ -325,17 +384,13 @@ features:
             ("kind", Tensor::from_slice(&[0u8, 9, 5, 2, 1, 5])),
             ("ids", Tensor::from_slice(&[0u8, 40, 7, 1, 0, 3])),
         ];
+        // Refused by the check, which comes before any copy to a device.
         for (name, x) in bad {
             let t = plan.tensor(name).expect("feature");
-            let e = expand_block(
-                name,
-                t,
-                &[6, 5][..t.axes.len()],
-                &x,
-                Expansion::Torch(Device::Cpu),
-            )
-            .expect_err("refused")
-            .to_string();
+            let e = checked(name, t, &[6, 5][..t.axes.len()], x)
+                .err()
+                .expect("refused")
+                .to_string();
             assert!(e.contains(&format!("feature `{name}`")), "{e}");
         }
     }
