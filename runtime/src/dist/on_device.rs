@@ -115,7 +115,7 @@ fn bytes_at(buffer: &Tensor, at: i64, like: &Tensor) -> Result<Tensor, TchError>
 }
 
 /// Row `b`: the eight elements byte `b` packs (bit `i` is element `i`), as `kind`.
-fn bit_table(kind: Kind, device: tch::Device) -> Result<Tensor, TchError> {
+fn bit_table(kind: Kind, device: Device) -> Result<Tensor, TchError> {
     let bits: Vec<u8> = (0..256u32)
         .flat_map(|b| (0..8).map(move |i| (b >> i & 1) as u8))
         .collect();

@@ -181,14 +181,14 @@ impl PreshardedDataset {
 /// The tensor features of the rank file as blocks with the manifest's DTensor metadata;
 /// what is left in `tensors` is passed through. Compact blocks are checked first, all
 /// of them, then expanded (see [`expanded`]); the others are moved as they are stored.
-fn blocks_of<'a>(
-    plan: &'a Plan,
-    m: &'a Manifest,
+fn blocks_of(
+    plan: &Plan,
+    m: &Manifest,
     tensors: &mut Features,
     expand: Expansion,
 ) -> Result<BTreeMap<String, LocalBlock>, DistError> {
     let mut blocks = BTreeMap::new();
-    let mut compact = Vec::new();
+    let (mut compact, mut entries) = (Vec::new(), Vec::new());
     for (name, entry) in &m.features {
         let Some(t) = plan.tensor(name) else {
             continue;
@@ -199,6 +199,7 @@ fn blocks_of<'a>(
         let local = &entry.local_shape;
         if m.encoding == Encoding::Compact && stored_form(t, local, 0).is_some() {
             compact.push(checked(name, t, local, stored)?);
+            entries.push(entry);
             continue;
         }
         let tensor = match expand {
@@ -207,8 +208,8 @@ fn blocks_of<'a>(
         };
         blocks.insert(name.clone(), local_block(name, t, entry, tensor)?);
     }
-    for (c, tensor) in compact.iter().zip(expanded(&compact, expand)?) {
-        let entry = &m.features[c.name];
+    let dense = expanded(&compact, expand)?;
+    for ((c, entry), tensor) in compact.iter().zip(entries).zip(dense) {
         blocks.insert(c.name.to_string(), local_block(c.name, c.t, entry, tensor)?);
     }
     Ok(blocks)
@@ -250,6 +251,8 @@ struct Checked<'a> {
     stored: Tensor,
 }
 
+/// `stored`, feature `name`'s compact block, checked by the executor: refused by name
+/// before any device sees it.
 fn checked<'a>(
     name: &'a str,
     t: &'a TensorPlan,
@@ -306,6 +309,7 @@ fn expanded(blocks: &[Checked], expand: Expansion) -> Result<Vec<Tensor>, DistEr
     }
 }
 
+/// A torch error as the error of feature `name`.
 fn torch_error(name: &str) -> impl Fn(tch::TchError) -> DistError + '_ {
     move |e| DistError::Protocol {
         message: format!("feature `{name}`: {e}"),
