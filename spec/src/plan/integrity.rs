@@ -108,7 +108,22 @@ fn check_semantic(plan: &Plan, name: &str, s: &super::SemanticPlan) -> Result<()
     Ok(())
 }
 
+/// Every rule a tensor plan read back must keep, first failure first.
 fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
+    check_axes(plan, t)?;
+    check_placements(plan, t)?;
+    check_forms(t)?;
+    check_role(plan, t)?;
+    check_remap(plan, t)?;
+    if let Some(DeriveRule::Outer { of }) = &t.derived {
+        of.iter().try_for_each(|f| feature(plan, f))?;
+    }
+    Ok(())
+}
+
+/// Between 1 and the most axes, each with a semantic or a size, known mesh axes, and a
+/// leader that is another of its axes.
+fn check_axes(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
     let rank = t.axes.len();
     if rank == 0 || rank > limits::MAX_AXES {
         return Err(format!("{rank} axes (1 to {})", limits::MAX_AXES));
@@ -131,6 +146,13 @@ fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
             }
         }
     }
+    Ok(())
+}
+
+/// One placement per mesh axis (and the dp axis after collate), each shard on an axis
+/// the tensor has.
+fn check_placements(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
+    let rank = t.axes.len();
     let dims = |p: &[Placement], len: usize, extra: usize| -> Result<(), String> {
         let bad = p
             .iter()
@@ -148,6 +170,13 @@ fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
     if !t.placements_dp.is_empty() {
         dims(&t.placements_dp, m + 1, 1)?;
     }
+    Ok(())
+}
+
+/// A one-hot axis that is a sized axis; a range of integers, low to high; sparse and
+/// ranged features plain data.
+fn check_forms(t: &TensorPlan) -> Result<(), String> {
+    let rank = t.axes.len();
     if t.one_hot
         .is_some_and(|a| a >= rank || t.axes[a].size.is_none())
     {
@@ -161,6 +190,12 @@ fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
     if (t.sparse || t.range.is_some()) && (t.role != Role::Data || t.one_hot.is_some()) {
         return Err("a sparse or ranged feature that is not plain data".to_owned());
     }
+    Ok(())
+}
+
+/// A mask or an index of known semantics; an index's one-hot axis one it has.
+fn check_role(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
+    let rank = t.axes.len();
     match &t.role {
         Role::Data => {}
         Role::Mask { of } => of.iter().try_for_each(|s| semantic(plan, s))?,
@@ -174,6 +209,11 @@ fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
             }
         }
     }
+    Ok(())
+}
+
+/// A remap into known semantics and mesh axes, its diagonal block on an axis it has.
+fn check_remap(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
     match &t.remap {
         Remap::None => {}
         Remap::ToPaddedLayout { of, .. } => semantic(plan, of)?,
@@ -188,15 +228,13 @@ fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
         } => {
             semantic(plan, of)?;
             mesh_axes(&[*mesh_axis])?;
-            if *axis >= rank {
+            if *axis >= t.axes.len() {
                 return Err(format!(
-                    "diagonal block on axis {axis}, past its {rank} axes"
+                    "diagonal block on axis {axis}, past its {} axes",
+                    t.axes.len()
                 ));
             }
         }
-    }
-    if let Some(DeriveRule::Outer { of }) = &t.derived {
-        of.iter().try_for_each(|f| feature(plan, f))?;
     }
     Ok(())
 }
