@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use featshard_exec::assemble::{assemble, dense_blocks, unpad, Dense};
+use featshard_exec::assemble::{assemble, dense_blocks, footprints, unpad, Dense};
 use featshard_exec::files::{self, Mapped};
 
 use crate::commands::{load, Failure};
 use crate::manifest::{self, layout_digest, Manifest, RANK_KEY};
+use crate::room;
 use crate::shards::other;
 use crate::staging;
 
@@ -81,6 +82,11 @@ pub fn assemble_files(
         }
     }
     let layout = &manifest.layout;
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
+    room::check_assembly(
+        parent.unwrap_or(Path::new(".")),
+        &footprints(&plan, layout, &ranks).map_err(other)?,
+    )?;
     let ranks = dense_blocks(&plan, layout, manifest.encoding, ranks).map_err(other)?;
     let padded = assemble(&plan, layout, manifest.workflow.as_deref(), &ranks).map_err(other)?;
     let mut result = if padded_output {

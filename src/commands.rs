@@ -378,9 +378,16 @@ fn explain_table(
 /// A feature's bytes at its padded global shape, dense and in its compact form (a
 /// one-hot feature or map as indices, a mask as bits, a ranged feature narrowed; the
 /// others as they are). A sparse feature's compact bytes depend on its values: `None`.
-fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (usize, Option<usize>) {
-    let bytes =
-        |shape: &[usize], d| shape.iter().product::<usize>() * featshard_exec::dtype::size(d);
+/// Counted in `u128`, saturating: `explain` takes any length, and a count past memory
+/// is shown as large, never wrapped to a small one.
+fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (u128, Option<u128>) {
+    let bytes = |shape: &[usize], d| {
+        shape
+            .iter()
+            .fold(featshard_exec::dtype::size(d) as u128, |n, &k| {
+                n.saturating_mul(k as u128)
+            })
+    };
     let dense = bytes(global, t.dtype);
     let compact = match stored_form(t, global, 0) {
         Some((Form::Sparse, _, _)) => None,
@@ -392,13 +399,13 @@ fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (usize, Option<usize>) {
 
 /// Every tensor feature's padded bytes, dense and compact, and their totals.
 fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
-    let (mut dense, mut compact, mut sparse) = (0usize, 0usize, 0usize);
+    let (mut dense, mut compact, mut sparse) = (0u128, 0u128, 0usize);
     for &name in names {
         if let (Some(t), Some(s)) = (plan.tensor(name), r.features.get(name)) {
             let (d, c) = feature_bytes(t, &s.global_shape);
-            dense += d;
+            dense = dense.saturating_add(d);
             match c {
-                Some(c) => compact += c,
+                Some(c) => compact = compact.saturating_add(c),
                 None => sparse += 1,
             }
         }
@@ -419,11 +426,21 @@ fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
     )
 }
 
-/// Bytes for people: B, KB, MB, GB (powers of 1000).
-fn human(n: usize) -> String {
-    let units = [("GB", 1e9), ("MB", 1e6), ("KB", 1e3)];
-    match units.iter().find(|(_, u)| n as f64 >= *u) {
-        Some((name, u)) => format!("{:.2} {name}", n as f64 / u),
+/// Bytes for people: B, KB, MB, GB, TB, PB (powers of 1000); past that in powers of ten.
+fn human(n: u128) -> String {
+    let units = [
+        ("PB", 1e15),
+        ("TB", 1e12),
+        ("GB", 1e9),
+        ("MB", 1e6),
+        ("KB", 1e3),
+    ];
+    let x = n as f64;
+    if x >= 1e18 {
+        return format!("{x:.2e} B");
+    }
+    match units.iter().find(|(_, u)| x >= *u) {
+        Some((name, u)) => format!("{:.2} {name}", x / u),
         None => format!("{n} B"),
     }
 }

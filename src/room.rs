@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use featshard_exec::assemble::Footprint;
+
 use crate::commands::Failure;
 
 /// The default of `--max-growth`: rank files at most this many times the sample's
@@ -45,6 +47,51 @@ pub fn check(dir: &Path, need: u64, input: u64, max_growth: f64) -> Result<(), F
         ))),
         _ => Ok(()),
     }
+}
+
+/// Refuses to assemble features whose [`Footprint`]s need more memory than the machine
+/// has (its memory and swap), or whose padded layouts need more disk than `dir` has
+/// free: said before anything is expanded, naming the largest feature.
+pub fn check_assembly(dir: &Path, features: &[Footprint]) -> Result<(), Failure> {
+    let gb = |b: u128| b as f64 / 1e9;
+    let sum =
+        |f: fn(&Footprint) -> u128| features.iter().fold(0u128, |a, x| a.saturating_add(f(x)));
+    let (held, global) = (sum(|f| f.held), sum(|f| f.global));
+    let largest = features
+        .first()
+        .map(|f| format!(" (feature `{}` alone {:.1} GB)", f.feature, gb(f.held)))
+        .unwrap_or_default();
+    if let Some(memory) = memory_bytes().filter(|&m| held > m as u128) {
+        return Err(Failure::Other(format!(
+            "assembling would hold {:.1} GB in memory{largest}, more than this machine's {:.1} GB",
+            gb(held),
+            gb(memory as u128)
+        )));
+    }
+    match free_bytes(dir) {
+        Some(free) if global > free as u128 => Err(Failure::Other(format!(
+            "the assembled sample may take {:.1} GB, but {} has {:.1} GB free",
+            gb(global),
+            dir.display(),
+            gb(free as u128)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The machine's memory and swap, from `/proc/meminfo` (`None` where it cannot be read).
+fn memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    };
+    Some(
+        kib("MemTotal:")?
+            .saturating_add(kib("SwapTotal:").unwrap_or(0))
+            .saturating_mul(1024),
+    )
 }
 
 /// Bytes an unprivileged writer may still use on `dir`'s file system.

@@ -86,6 +86,34 @@ fn an_integer_pad_past_int64_is_refused_not_clamped() {
     .expect("i64::MAX is an int64 pad");
 }
 
+/// A channel size past int64, or channel sizes whose product is, is refused naming the
+/// feature, the axis and the line and column: no torch tensor has that shape (before:
+/// a size of 2^64-1 validated and sharded; a feature of 2^65 elements validated).
+#[test]
+fn channel_sizes_past_int64_are_refused() {
+    assert_error(
+        &with("  x: {axes: [tokens, 18446744073709551615], dtype: uint8}\n"),
+        &[
+            "spec.yaml:9:22",
+            "feature `x`, axis 1 (18446744073709551615)",
+            "channel size 18446744073709551615 is more than 9223372036854775807",
+        ],
+    );
+    assert_error(
+        &with("  x: {axes: [tokens, 8, 4611686018427387904], dtype: uint8}\n"),
+        &[
+            "spec.yaml:9:25",
+            "feature `x`, axis 2 (4611686018427387904)",
+            "the channel sizes up to this one make more than 9223372036854775807 elements",
+        ],
+    );
+    featshard_spec::compile_str(
+        "spec.yaml",
+        &with("  x: {axes: [tokens, 9223372036854775807], dtype: uint8}\n"),
+    )
+    .expect("the longest int64 axis validates");
+}
+
 #[test]
 fn float_pads_that_overflow_their_dtype_are_refused() {
     for (dtype, pad) in [

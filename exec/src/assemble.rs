@@ -66,6 +66,53 @@ pub fn assemble(
         .collect()
 }
 
+/// What assembling a feature holds, counted before anything is made from a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// The feature.
+    pub feature: String,
+    /// Bytes of its padded global layout (what the assembled file holds at most).
+    pub global: u128,
+    /// Bytes held in memory while assembling it: every rank's dense block and the
+    /// padded global layout.
+    pub held: u128,
+}
+
+/// The [`Footprint`] of every feature the ranks' blocks hold, largest first, counted
+/// saturating: a folder of tiny compact blocks may describe a sample far larger than
+/// memory, and is refused by its size, not by an allocation that aborts.
+pub fn footprints(
+    plan: &Plan,
+    layout: &SampleLayout,
+    ranks: &[Sample],
+) -> Result<Vec<Footprint>, RuntimeError> {
+    let world: u128 = layout.mesh.iter().map(|&n| n as u128).product();
+    let present = plan
+        .tensors()
+        .map(|(n, _)| n)
+        .filter(|n| ranks.iter().any(|r| r.contains_key(*n)));
+    let bytes = |shape: &[usize], d: DType| {
+        shape
+            .iter()
+            .fold(dtype::size(d) as u128, |a, &k| a.saturating_mul(k as u128))
+    };
+    let mut out = Vec::new();
+    for (name, s) in plan.shapes_of(layout, present)? {
+        let d = tensor_plan(plan, &name)?.dtype;
+        let global = bytes(&s.global_shape, d);
+        let held = bytes(&s.local_shape, d)
+            .saturating_mul(world)
+            .saturating_add(global);
+        out.push(Footprint {
+            feature: name,
+            global,
+            held,
+        });
+    }
+    out.sort_by(|a, b| b.held.cmp(&a.held));
+    Ok(out)
+}
+
 /// Rank blocks as rank files store them (`encoding`) made the dense blocks [`assemble`]
 /// takes: a compact block expanded (see [`crate::compact::stored_form`]), others as
 /// they are. A stored block that is not its feature's compact form is refused by name.

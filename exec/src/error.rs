@@ -147,9 +147,15 @@ pub enum RuntimeError {
     Safetensors {
         message: String,
     },
-    /// A buffer could not be allocated.
+    /// Memory could not be allocated for `what` (a feature's block, a rank's buffer).
     Alloc {
+        what: String,
         bytes: usize,
+        message: String,
+    },
+    /// A length, count or size a sample or a file gives past a limit.
+    TooLarge {
+        feature: String,
         message: String,
     },
     Io {
@@ -253,7 +259,12 @@ impl fmt::Display for RuntimeError {
                 "semantic `{semantic}` has no `window`, so it cannot be packed"
             ),
             Safetensors { message } => write!(f, "safetensors: {message}"),
-            Alloc { bytes, message } => write!(f, "cannot allocate {bytes} bytes: {message}"),
+            Alloc { what, bytes, message } => write!(
+                f,
+                "{what}: cannot allocate {bytes} bytes ({:.2} GB): {message}",
+                *bytes as f64 / 1e9
+            ),
+            TooLarge { feature, message } => write!(f, "feature `{feature}`: {message}"),
             Io { path, message } => write!(f, "{path}: {message}"),
             Unsupported { message } => write!(f, "{message}"),
         }

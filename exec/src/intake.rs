@@ -25,6 +25,7 @@ use crate::error::RuntimeError;
 use crate::files::Sample;
 use crate::validate::{row_sums, tensor_plan, to_i64};
 use featshard_spec::layout::count_total;
+use featshard_spec::limits;
 
 /// What to process, what to let through, and with how many threads.
 #[derive(Clone, Debug, Default)]
@@ -81,6 +82,7 @@ pub(crate) fn intake_any<'a>(
     features: &Sample<'a>,
     opts: &Options,
 ) -> Result<Intake<'a>, RuntimeError> {
+    check_lengths(plan, features)?;
     let features = &entries_from_pairs(plan, features)?;
     let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
     maps_from_indices(plan, &mut kept)?;
@@ -104,6 +106,25 @@ pub(crate) fn intake_any<'a>(
         unowned,
         threads: opts.threads.max(1),
     })
+}
+
+/// Every semantic axis the sample's features give within the length limit, before
+/// anything is allocated from a length: a file's header may declare any, and a map
+/// given as indices is as wide as another feature says its items' semantic is long.
+fn check_lengths(plan: &Plan, features: &Sample) -> Result<(), RuntimeError> {
+    for (name, x) in features {
+        let Some(t) = plan.tensor(name) else { continue };
+        // Given as declared, or as indices (the one-hot axis, the last, left out).
+        for (axis, (a, &n)) in t.axes.iter().zip(&x.shape()).enumerate() {
+            if let Some(s) = &a.semantic {
+                limits::check_length(s, n).map_err(|message| RuntimeError::TooLarge {
+                    feature: name.clone(),
+                    message: format!("axis {axis} ({s}): {message}"),
+                })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 type Sorted<'a> = (Sample<'a>, Vec<String>, Vec<String>);

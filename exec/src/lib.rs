@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 pub mod agree;
+mod alloc;
 pub mod array;
 pub mod assemble;
 pub mod blocks;

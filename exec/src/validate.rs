@@ -142,6 +142,7 @@ fn check_values(
 ) -> Result<Option<Array<'static>>, RuntimeError> {
     check_index(plan, name, x, sizes)?;
     check_mask(plan, name, x)?;
+    check_bool(name, x)?;
     let t = tensor_plan(plan, name)?;
     if let Some(range) = t.range {
         check_range(name, x, range)?;
@@ -438,6 +439,30 @@ fn check_mask(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
             value,
         }),
     }
+}
+
+/// A `bool` feature's bytes are 0 or 1 (torch reads any other byte as true, so a
+/// block holding one would not come back as written). Masks are checked as masks, and
+/// a feature given as its elements had its values checked as they were read.
+fn check_bool(name: &str, x: &Array) -> Result<(), RuntimeError> {
+    if x.dtype() != DType::Bool || x.entry_list().is_some() || x.is_rows_only() {
+        return Ok(());
+    }
+    match x.first_outside([0.0, 1.0]) {
+        None => Ok(()),
+        Some((index, _)) => Err(RuntimeError::Entries {
+            feature: name.to_owned(),
+            message: format!(
+                "a bool holds byte 0 (false) or 1 (true), found byte {} at flat index {index}",
+                bool_byte(x, index)
+            ),
+        }),
+    }
+}
+
+/// The byte of a `bool` array at flat (row-major) `index`.
+fn bool_byte(x: &Array, index: usize) -> u8 {
+    x.contiguous().base_bytes().get(index).copied().unwrap_or(0)
 }
 
 fn check_index(

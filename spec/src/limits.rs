@@ -27,6 +27,11 @@ pub const MAX_RANKS: usize = 65_536;
 /// position per item, so this bounds their memory (1 GiB of positions).
 pub const MAX_LENGTH: usize = 1 << 27;
 
+/// Most elements a sparse feature may be given as (`NAME.indices`/`NAME.values`, or a
+/// sparse tensor): each is read into 24 bytes before the dense form's blocks are made
+/// (3 GiB at the limit). As many as one semantic's items may be long.
+pub const MAX_ENTRIES: usize = MAX_LENGTH;
+
 /// A run-time mesh within [`MAX_RANKS`]; the error names the size at fault.
 pub fn check_mesh(mesh: &[usize]) -> Result<(), String> {
     let mut world: usize = 1;

@@ -770,9 +770,35 @@ impl Lower {
 
     fn axes(&mut self, name: &str, raw: &Spanned<Vec<Spanned<RawAxis>>>) -> Vec<Axis> {
         let mut axes: Vec<Axis> = Vec::new();
+        // The channel sizes' product so far: a tensor's element count is an int64.
+        let mut elements: Option<u64> = Some(1);
         for (i, a) in raw.value.iter().enumerate() {
             let kind = match &a.value {
-                RawAxis::Size(n) => AxisKind::Channel(*n),
+                RawAxis::Size(n) => {
+                    elements = elements.and_then(|e| e.checked_mul(*n));
+                    if *n > i64::MAX as u64 {
+                        self.err(
+                            SpecError::new(
+                                format!("channel size {n} is more than {}, the longest axis a torch tensor can have", i64::MAX),
+                                loc(a),
+                            )
+                            .feature(name)
+                            .axis(i, n),
+                        );
+                        elements = Some(0);
+                    } else if elements.is_none_or(|e| e > i64::MAX as u64) {
+                        self.err(
+                            SpecError::new(
+                                format!("the channel sizes up to this one make more than {} elements, the most a torch tensor can hold", i64::MAX),
+                                loc(a),
+                            )
+                            .feature(name)
+                            .axis(i, n),
+                        );
+                        elements = Some(0);
+                    }
+                    AxisKind::Channel(*n)
+                }
                 RawAxis::Name(s) => AxisKind::Semantic(s.clone()),
                 RawAxis::Invalid(v) => {
                     self.err(

@@ -29,7 +29,8 @@ pub fn stored_form(
     if let Some(index) = narrowed(t) {
         return Some((Form::Narrow { index }, index, block.to_vec()));
     }
-    let numel = block.iter().product();
+    // Saturating: a block past memory is refused where it would be made, not here.
+    let numel = block.iter().fold(1usize, |n, &k| n.saturating_mul(k));
     matches!(t.role, Role::Mask { .. }).then(|| (Form::Bits, DType::Uint8, vec![bits_len(numel)]))
 }
 
@@ -48,7 +49,9 @@ pub fn expand_stored(
     stored: &Array,
 ) -> Result<Array<'static>, RuntimeError> {
     let form = check_stored(name, t, block, stored)?;
-    let mut out = vec![0u8; block.iter().product::<usize>() * dtype::size(t.dtype)];
+    // `check_stored` showed the block's bytes addressable; memory may still lack them.
+    let bytes = block.iter().product::<usize>() * dtype::size(t.dtype);
+    let mut out = crate::alloc::zeroed(&format!("feature `{name}`'s dense block"), bytes)?;
     form.expand_into(stored.contiguous().base_bytes(), t.dtype, block, &mut out);
     Ok(Array::owned(t.dtype, block.to_vec(), out))
 }

@@ -104,6 +104,7 @@ impl Preparer {
             .map(|_| buffer(self.pool.as_ref(), bytes, Device::Cpu).map(|(t, _)| t))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| RuntimeError::Alloc {
+                what: format!("sample {sample}'s rank buffers"),
                 bytes,
                 message: e.to_string(),
             })?;
