@@ -6,6 +6,7 @@ use std::path::Path;
 
 use featshard_exec::assemble::{assemble, dense_blocks, footprints, unpad, Dense};
 use featshard_exec::files::{self, Mapped};
+use featshard_exec::rank_listing::{check_listing, listing_of};
 
 use crate::commands::{load, Failure};
 use crate::manifest::{self, layout_digest, Manifest, RANK_KEY};
@@ -50,12 +51,16 @@ pub fn assemble_files(
     let paths: Vec<_> = (0..world)
         .map(|rank| shards.join(format!("rank-{rank}.safetensors")))
         .collect();
+    manifest
+        .check_entries(&plan)
+        .map_err(|e| other(format!("{}: {e}", shards.join("manifest.json").display())))?;
     let mut mapped = Vec::with_capacity(world);
     for (rank, path) in paths.iter().enumerate() {
         let file = Mapped::open(path).map_err(other)?;
         let entry = file.header().metadata.get(RANK_KEY).map(String::as_str);
         manifest
             .check_rank(entry, rank, &layout_sha256)
+            .and_then(|()| check_listing(&plan, &manifest, &listing_of(&file.sample())))
             .map_err(|e| other(format!("{}: {e}", path.display())))?;
         if verify {
             let name = format!("rank-{rank}.safetensors");
@@ -65,9 +70,6 @@ pub fn assemble_files(
         }
         mapped.push(file);
     }
-    manifest
-        .check_entries(&plan)
-        .map_err(|e| other(format!("{}: {e}", shards.join("manifest.json").display())))?;
     let mut ranks: Vec<files::Sample> = mapped.iter().map(Mapped::sample).collect();
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();
     for sample in &mut ranks {

@@ -28,6 +28,7 @@ pub mod mapping;
 pub mod par;
 pub mod place;
 pub mod rank_files;
+pub mod rank_listing;
 mod sparse;
 pub mod validate;
 pub mod window;

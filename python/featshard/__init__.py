@@ -155,11 +155,12 @@ class Plan:
         return self._native.shapes(layout, names)
 
     def block_window(
-        self, feature: str, local: list[int], coord: tuple[int, int]
+        self, feature: str, local: list[int], coord: tuple[int, int], mesh: tuple[int, int]
     ) -> list[tuple[int, int]]:
         """The ``(start, len)`` per axis of the feature's padded layout that the rank at CP
-        coordinate ``coord`` holds."""
-        return self._native.block_window(feature, local, coord)
+        coordinate ``coord`` of ``mesh`` holds; ``ValueError`` for a coordinate off the
+        mesh."""
+        return self._native.block_window(feature, local, coord, mesh)
 
     def padded_length(self, semantic: str, length: int, mesh: Sequence[int]) -> int:
         """The length ``semantic``'s axes pad to for ``length`` items on ``mesh`` (a CP

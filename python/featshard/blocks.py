@@ -354,24 +354,36 @@ def place(
     one as a ``torch.sparse_coo_tensor`` (or as ``NAME.indices`` and ``NAME.values``). Raises ``ValueError`` naming the feature and axis at fault, or
     ``TypeError`` for a spec tensor that is not a tensor.
     """
-    values = {name: _value(x) for name, x in _as_elements(plan, features).items()}
+    values = _as_elements(plan, features)
     native = plan._native.place(values, mesh, workflow, set(passthrough), threads)
     return Placement(plan, native, features)
 
 
 def _as_elements(plan: Plan, features: Mapping[str, Any]) -> dict[str, Any]:
-    """``features`` with each sparse feature given as a ``torch.sparse_coo_tensor`` as
-    the executor takes it: its coordinates under ``NAME.indices`` (``[axes, n]``) and its
-    values under ``NAME.values``; the dense form is never made."""
+    """``features`` as the executor takes them: each sparse feature given as a
+    ``torch.sparse_coo_tensor`` as its parts, its coordinates (``[axes, n]``) and values
+    as given (not coalesced: an element outside the tensor or given twice is the
+    executor's to refuse, not torch's to merge) and its size; the dense form is never
+    made."""
     out: dict[str, Any] = {}
     sparse = {n for n, f in plan.features.items() if f.sparse}
     for name, x in features.items():
         if name in sparse and isinstance(x, torch.Tensor) and x.layout == torch.sparse_coo:
-            x = x.detach().cpu().coalesce()
-            out[f"{name}.indices"], out[f"{name}.values"] = x.indices(), x.values()
+            out[name] = _sparse_value(x)
         else:
-            out[name] = x
+            out[name] = _value(x)
     return out
+
+
+def _sparse_value(x: torch.Tensor) -> Any:
+    """A sparse COO tensor's parts as ``_native.Plan.place`` takes them, else what it is."""
+    if x.is_meta:
+        return "a sparse meta tensor (no data)"
+    y = x.detach().cpu()
+    indices, values = _value(y._indices()), _value(y._values())
+    if isinstance(indices, str) or isinstance(values, str):
+        return f"a sparse tensor of {indices if isinstance(indices, str) else values} elements"
+    return (indices, values, list(y.shape))
 
 
 def rank_blocks(

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
-from featshard.blocks import _BY_NAME, expand_block, moved_together
+from featshard.blocks import _BY_NAME, _DTYPES, expand_block, moved_together
 from featshard.distribute import _device_of, cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -252,6 +252,8 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
             if self.verify:
                 manifest.verify_file(name, str(path))
             tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - not a mapping
+            manifest.check_listing({k: (_DTYPES.get(x.dtype, str(x.dtype)), list(x.shape))
+                                    for k, x in tensors.items()}, str(path))
             stored = {k: x for k, x in tensors.items() if manifest.stored_form(k)}
             device = _device_of(self.cp_mesh)
             tensors.update(_dense(manifest, stored, path, device))

@@ -334,14 +334,23 @@ impl Plan {
     }
 
     /// The `(start, len)` per axis of `feature`'s padded layout that the rank at CP
-    /// coordinate `coord` holds, for local block shape `local`.
+    /// coordinate `coord` of `mesh` holds, for local block shape `local`.
     fn block_window(
         &self,
         feature: &str,
         local: Vec<usize>,
         coord: (usize, usize),
+        mesh: (usize, usize),
     ) -> PyResult<Vec<(usize, usize)>> {
         let t = tensor(&self.plan, feature, local.len())?;
+        featshard_spec::limits::check_mesh(&[mesh.0, mesh.1])
+            .map_err(|e| value_error(format!("mesh: {e}")))?;
+        if coord.0 >= mesh.0 || coord.1 >= mesh.1 {
+            return Err(value_error(format!(
+                "coord: {coord:?} is not on the {}x{} mesh",
+                mesh.0, mesh.1
+            )));
+        }
         t.checked_block_window(&local, [coord.0, coord.1])
             .ok_or_else(|| {
                 value_error(format!(
@@ -443,6 +452,16 @@ fn chunk_sizes(len: usize, ranks: usize) -> PyResult<Vec<usize>> {
 /// (DP collate's repad); negative values (pads of index lists) stay.
 #[pyfunction]
 fn repad_indices(mut values: Vec<i64>, old: usize, new: usize) -> PyResult<Vec<i64>> {
+    if old == 0 {
+        return Err(value_error(
+            "old: a per-block stride is at least 1, given 0",
+        ));
+    }
+    if new < old {
+        return Err(value_error(format!(
+            "new: a re-padded stride grows, given {new} below the old {old}"
+        )));
+    }
     featshard_spec::layout::repad_indices(&mut values, old, new).map_err(|v| {
         value_error(format!(
             "values: index {v} re-padded from stride {old} to {new} passes int64"
@@ -464,6 +483,9 @@ fn replica_indices(
     seed: Option<u64>,
     drop_last: bool,
 ) -> PyResult<Vec<usize>> {
+    if dp == 0 {
+        return Err(value_error("dp: a DP size is at least 1, given 0"));
+    }
     let order = seed.map_or(Order::Sequential, |seed| Order::Shuffled { seed });
     featshard_spec::replicas::checked_replica_indices(n, order, epoch, dp, replica, drop_last)
         .map_err(value_error)

@@ -157,6 +157,23 @@ impl ShardManifest {
             .map_err(|e| at(&path, e))
     }
 
+    /// `ValueError` naming `path` unless `listing` (every tensor of the rank file at
+    /// `path`: its dtype name and shape) is what the manifest says the file holds:
+    /// every feature and passed-through key, each block's dtype and shape (its compact
+    /// form where stored compact), nothing else (`featshard_exec::rank_listing`).
+    fn check_listing(
+        &self,
+        listing: BTreeMap<String, (String, Vec<usize>)>,
+        path: PathBuf,
+    ) -> PyResult<()> {
+        let found = listing
+            .into_iter()
+            .map(|(n, (d, s))| (n, (featshard_spec::ir::DType::parse(&d), s)))
+            .collect();
+        featshard_exec::rank_listing::check_listing(&self.plan, &self.m, &found)
+            .map_err(|e| at(&path, e))
+    }
+
     /// `ValueError` unless the file at `path` (rank file `name` of this sample) has
     /// the size and CRC-32 it was written with: one read of every byte.
     fn verify_file(&self, py: Python<'_>, name: &str, path: PathBuf) -> PyResult<()> {

@@ -34,12 +34,31 @@ pub(crate) struct Placement {
     inputs: Vec<(String, Memory)>,
 }
 
-/// What a feature value is: a tensor's DLPack capsule with the tensor's storage, or
-/// the description of a value the executor cannot read (its type or dtype).
+/// A tensor's DLPack capsule with the tensor's storage.
+type Capsule<'py> = (Bound<'py, PyCapsule>, Bound<'py, PyAny>);
+
+/// What a feature value is: a tensor, a sparse COO tensor as its parts (coordinates
+/// `[axes, n]` and values `[n]` as given, not coalesced, and its size), or the
+/// description of a value the executor cannot read (its type or dtype).
 #[derive(FromPyObject)]
 pub(crate) enum Value<'py> {
-    Tensor((Bound<'py, PyCapsule>, Bound<'py, PyAny>)),
+    Tensor(Capsule<'py>),
+    Sparse((Capsule<'py>, Capsule<'py>, Vec<usize>)),
     Other(String),
+}
+
+/// The keys a sparse tensor given as feature `name` becomes, as a sample file gives a
+/// sparse feature's elements (see `featshard_exec::compact::INDICES`); a sample that
+/// also gives one of them is refused.
+fn sparse_keys(name: &str, features: &BTreeMap<String, Value<'_>>) -> PyResult<[String; 3]> {
+    use featshard_exec::compact::{INDICES, SHAPE, VALUES};
+    let keys = [INDICES, VALUES, SHAPE].map(|k| format!("{name}{k}"));
+    if let Some(k) = keys.iter().find(|k| features.contains_key(*k)) {
+        return Err(PyValueError::new_err(format!(
+            "feature `{name}`: given both as a sparse tensor and as its elements (`{k}`); give one"
+        )));
+    }
+    Ok(keys)
 }
 
 /// Validates and places `features` (see `Plan.place` in `_native.pyi`).
@@ -52,16 +71,34 @@ pub(crate) fn place(
 ) -> PyResult<Placement> {
     let mut inputs = Vec::new();
     let mut opaque = Vec::new();
+    let mut shapes = Vec::new();
+    let memory = |name: &str, (c, storage): &Capsule<'_>| {
+        Memory::new(name, c)?.with_storage(name, storage.clone())
+    };
     for (name, value) in &features {
         match value {
-            Value::Tensor((c, storage)) => {
-                let m = Memory::new(name, c)?.with_storage(name, storage.clone())?;
-                inputs.push((name.clone(), m));
+            Value::Tensor(t) => inputs.push((name.clone(), memory(name, t)?)),
+            Value::Sparse((indices, values, size)) => {
+                let [ik, vk, sk] = sparse_keys(name, &features)?;
+                inputs.push((ik, memory(name, indices)?));
+                inputs.push((vk, memory(name, values)?));
+                shapes.push((sk, size.clone()));
             }
             Value::Other(what) => opaque.push((name.clone(), what.clone())),
         }
     }
     let mut sample = Sample::new();
+    for (key, size) in shapes {
+        let bytes = size
+            .iter()
+            .flat_map(|&n| (n as i64).to_le_bytes())
+            .collect();
+        let shape = vec![size.len()];
+        sample.insert(
+            key,
+            Array::owned(featshard_spec::ir::DType::Int64, shape, bytes),
+        );
+    }
     for (name, m) in &inputs {
         // SAFETY: the slice lives in `Placement::placed`, which drops before `inputs`
         // (or in `sample` below, dropped before this function returns `inputs`).

@@ -241,7 +241,11 @@ def test_native_entry_points_refuse_bad_arguments_by_name(
         (lambda: _native.replica_indices(2**64 - 1, 2, 0), "n"),
         (lambda: plan.layout((2, 2), {"tokens": 2**40}), "sizes"),
         (lambda: plan.layout((2, 2), {"not_a_semantic": 3}), "sizes"),
-        (lambda: plan.block_window("res_type", [2**40, 33], (2**40, 0)), "coord"),
+        (lambda: plan.block_window("res_type", [2**60, 33], (65535, 0), (65536, 1)), "coord"),
+        (lambda: plan.block_window("res_type", [3, 33], (7, 7), (3, 3)), "coord"),
+        (lambda: _native.replica_indices(10, 0, 0), "dp"),
+        (lambda: _native.repad_indices([1, 2], 0, 4), "old"),
+        (lambda: _native.repad_indices([1, 2], 4, 2), "new"),
     ]:
         with pytest.raises(ValueError, match=f"^{name}: "):
             call()
@@ -568,3 +572,69 @@ def test_expansion_refuses_a_dense_shape_its_feature_cannot_have(plan: featshard
                 plan._native.expand_blocks([(name, bad, capsule())])
         plan._native.expand_blocks([(name, dense, capsule())])
     assert kinds == {"one_hot", "bits", "sparse", "narrow"}
+
+
+def _coo(sample: dict[str, torch.Tensor], name: str, extra: list[tuple[int, ...]], values: list[float],
+         size: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Feature ``name`` as an uncoalesced ``torch.sparse_coo_tensor``: its nonzero
+    elements, then ``extra`` elements of ``values``, of ``size`` (its dense shape)."""
+    dense = sample[name].to_sparse().coalesce()
+    more = torch.tensor(extra, dtype=torch.int64).reshape(len(extra), dense.sparse_dim()).mT
+    indices = torch.cat([dense.indices(), more], dim=1)
+    vals = torch.cat([dense.values(), torch.tensor(values, dtype=dense.values().dtype)])
+    return torch.sparse_coo_tensor(indices, vals, size or tuple(sample[name].shape), check_invariants=False)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [([(0, 74, 0)], "coordinate 74 along axis 1 is outside its 73 items"),
+     ([(1, -1, 0)], "coordinate -1 along axis 1 is outside its 73 items")],
+    ids=["past-the-end", "negative"],
+)
+def test_a_sparse_tensors_coordinate_outside_it_is_refused_not_merged_by_coalescing(
+    plan: featshard.Plan, extra: list[tuple[int, ...]], message: str
+) -> None:
+    """Coordinates are checked as given: ``coalesce()`` would have folded ``(0, 74, 0)``
+    on 73 tokens into ``(1, 1, 0)`` (its flat position) and summed it there."""
+    sample = real_samples()[1]
+    x = _coo(sample, "token_bonds", extra, [3.0])
+    with pytest.raises(ValueError, match=f"feature `token_bonds`: element \\d+: {re.escape(message)}"):
+        blocks.place(plan, dict(sample, token_bonds=x), (2, 2), workflow="inference")
+
+
+def test_a_sparse_tensor_of_another_size_is_refused_naming_both(plan: featshard.Plan) -> None:
+    """Its own size is compared with the shape the other features make: before, a
+    ``(100, 100, 1)`` tensor was placed as ``(73, 73, 1)``."""
+    sample = real_samples()[1]
+    x = _coo(sample, "token_bonds", [], [], size=(100, 100, 1))
+    with pytest.raises(ValueError, match=re.escape(
+            "feature `token_bonds`: given as a sparse tensor of shape [100, 100, 1], "
+            "but the sample's other features make it [73, 73, 1]")):
+        blocks.place(plan, dict(sample, token_bonds=x), (2, 2), workflow="inference")
+    # Its own size, uncoalesced, places as the dense feature does.
+    same = blocks.place(plan, dict(sample, token_bonds=_coo(sample, "token_bonds", [], [])), (2, 2),
+                        workflow="inference")
+    dense = blocks.place(plan, sample, (2, 2), workflow="inference")
+    assert_same_blocks(dense.blocks_at((1, 0)), same.blocks_at((1, 0)), "uncoalesced")
+
+
+def test_a_sparse_feature_given_twice_over_is_refused(plan: featshard.Plan) -> None:
+    """As a sparse tensor and as ``NAME.indices``/``NAME.values`` at once: before, the
+    pair silently won."""
+    sample = as_elements(real_samples()[1], pairs=True)
+    sample["token_bonds"] = real_samples()[1]["token_bonds"].to_sparse()
+    with pytest.raises(ValueError, match=re.escape(
+            "feature `token_bonds`: given both as a sparse tensor and as its elements (`token_bonds.indices`)")):
+        blocks.place(plan, sample, (2, 2), workflow="inference")
+
+
+def test_a_map_as_wide_as_a_huge_feature_is_refused_by_the_length_limit(plan: featshard.Plan) -> None:
+    """A one-hot map given as indices is as wide as another feature says its items'
+    semantic is long: a 2^31-long feature is refused by the length limit before anything
+    is made that wide (before: 32 GB allocated, and the interpreter killed). The big
+    tensor is never written, so it takes no memory."""
+    sample = as_indices(real_samples()[1])
+    huge = torch.empty(2**31, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=re.escape(
+            "axis 0 (tokens): `tokens` length 2147483648 is more than the limit of 134217728")):
+        blocks.place(plan, dict(sample, token_pad_mask=huge), (2, 2), workflow="inference")

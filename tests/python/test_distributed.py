@@ -67,6 +67,8 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
             _check_predict(P, D, mesh)
         elif scenario == "presharded":
             _check_presharded(P, D, mesh, Path(results).parent / "sharded_data", len(shape) == 3)
+        elif scenario == "presharded_edited":
+            _check_presharded_edited(D, mesh, Path(results).parent)
         elif scenario == "lightning":
             _check_lightning(P, D, mesh)
         elif scenario == "dataset":
@@ -306,6 +308,22 @@ def _check_presharded(P: Any, D: Any, mesh: Any, root: Path, dp: bool) -> None:
     del dist
 
 
+def _check_presharded_edited(D: Any, mesh: Any, root: Path) -> None:
+    """Rank files edited after the run, their checksums recomputed: each refused by
+    name, as ``assemble`` refuses them (before, the reader built DTensors over them)."""
+    for folder, message in [
+        ("missing", "feature `res_type`: in the manifest, not in the rank file"),
+        ("extra", "holds `smuggled`, which the manifest does not list"),
+        ("forged", "feature `affinity_token_mask`: the rank file holds [10] uint8, the manifest says [73] float32"),
+    ]:
+        try:
+            D.PreshardedDataset(root / folder, mesh)[0]
+        except ValueError as e:
+            assert "rank-0.safetensors" in str(e) and message in str(e), str(e)
+        else:
+            raise AssertionError(f"{folder}: an edited rank file was read")
+
+
 def _check_collate(P: Any, D: Any, mesh: Any, dp: int, cp: tuple[int, int], source: bool,
                    rank: int) -> None:
     import torch
@@ -492,6 +510,67 @@ def test_presharded_samples_read_by_each_rank_equal_the_online_path(
 ) -> None:
     _shard_real_samples(tmp_path, shape)
     for r in _run(generated_dir, shape, "presharded", tmp_path):
+        assert r["status"] == "ok", r
+
+
+def test_presharded_rank_files_edited_after_the_run_are_refused_by_name(
+    generated_dir: Path, tmp_path: Path
+) -> None:
+    """A rank file missing a feature, holding one the manifest does not list, or whose
+    encoding was forged to dense, each with its identity and the manifest's CRC-32
+    made to agree: the pre-sharded reader refuses each by name, as ``assemble`` does."""
+    import json
+    import shutil
+    import subprocess
+    import zlib
+
+    import torch
+    from boltz_samples import REAL
+    from conftest import ROOT, featshard_bin
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(REAL / "prot60_smiles.safetensors", data / "s0.safetensors")
+    sharded = tmp_path / "sharded"
+    subprocess.run(
+        [str(featshard_bin()), "shard", str(ROOT / "examples" / "boltz2.yaml"), "--features", str(data),
+         "--mesh", "1x1", "--workflow", "inference", "--out", str(sharded)],
+        check=True,
+    )
+    for folder, message in [
+        ("missing", "feature `res_type`: in the manifest, not in the rank file"),
+        ("extra", "holds `smuggled`, which the manifest does not list"),
+        ("forged", "feature `affinity_token_mask`: the rank file holds [10] uint8, the manifest says [73] float32"),
+    ]:
+        shutil.copytree(sharded, tmp_path / folder)
+        rank0 = tmp_path / folder / "s0" / "rank-0.safetensors"
+        manifest_path = tmp_path / folder / "s0" / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        with safe_open(str(rank0), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a mapping
+        if folder == "missing":
+            del tensors["res_type"]
+        elif folder == "extra":
+            tensors["smuggled"] = torch.zeros(3)
+        else:
+            identity = json.loads(meta["featshard.rank"])
+            identity["encoding"] = manifest["encoding"] = "dense"
+            meta["featshard.rank"] = json.dumps(identity)
+        save_file(tensors, str(rank0), metadata=meta)
+        raw = rank0.read_bytes()
+        manifest["files"]["rank-0.safetensors"] = {"bytes": len(raw), "crc32": zlib.crc32(raw)}
+        manifest_path.write_text(json.dumps(manifest))
+        # `assemble` refuses it too.
+        out = subprocess.run(
+            [str(featshard_bin()), "assemble", str(ROOT / "examples" / "boltz2.yaml"), "--shards",
+             str(tmp_path / folder / "s0"), "--out", str(tmp_path / f"{folder}.safetensors")],
+            capture_output=True, text=True,
+        )
+        assert out.returncode == 1 and "rank-0.safetensors" in out.stderr and message in out.stderr, out.stderr
+    for r in _run(generated_dir, (1, 1), "presharded_edited", tmp_path):
         assert r["status"] == "ok", r
 
 

@@ -242,7 +242,7 @@ for mesh in [(1, 1), (2, 2), (3, 3), (2, 3), (4, 1)]:
             assert list(padded[n].shape) == sh.padded, (mesh, seed, n)
             local = sh.local
             for rank in range(mesh[0] * mesh[1]):
-                window = plan.block_window(n, local, featshard.coords(mesh, rank))
+                window = plan.block_window(n, local, featshard.coords(mesh, rank), mesh)
                 assert [w[1] for w in window] == local and all(
                     a + b <= p for (a, b), p in zip(window, sh.padded)), (n, rank)
         checked += 1

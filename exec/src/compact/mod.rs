@@ -36,7 +36,7 @@ pub use entries::{Entries, ENTRY_BYTES};
 pub use given::{given_as_indices, given_narrow, indices_given, map_given_as_indices, narrow_hint};
 pub use given_entries::{entries_from_pairs, INDICES, SHAPE, VALUES};
 pub use narrow::{check_range, narrow_dtype, narrowed, Cast};
-pub use stored::{check_stored, expand_stored, stored_entries, stored_form};
+pub use stored::{check_stored, expand_stored, stored_entries, stored_entries_of, stored_form};
 
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;

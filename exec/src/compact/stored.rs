@@ -36,7 +36,12 @@ pub fn stored_form(
 
 /// The room a stored sparse block makes for entries: the rows it holds.
 pub fn stored_entries(stored: &Array) -> usize {
-    stored.shape().first().copied().unwrap_or(0)
+    stored_entries_of(&stored.shape())
+}
+
+/// The room a stored sparse block of shape `shape` makes for entries.
+pub fn stored_entries_of(shape: &[usize]) -> usize {
+    shape.first().copied().unwrap_or(0)
 }
 
 /// A block of feature `name` stored compact (`stored`, as [`stored_form`] describes it)

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use featshard_exec::array::Array;
 use featshard_exec::compact::{check_stored, stored_form, Form};
 use featshard_exec::files::{sum_of, Mapped};
+use featshard_exec::rank_listing::{check_listing, listing_of};
 use featshard_spec::plan::Plan;
 use featshard_spec::plan::TensorPlan;
 use featshard_spec::shards::{self, layout_digest, Encoding, Manifest, RANK_KEY};
@@ -164,6 +165,7 @@ impl PreshardedDataset {
         let digest = layout_digest(&m.layout).map_err(setup)?;
         m.check_rank(entry.as_deref(), rank, &digest).map_err(at)?;
         m.check_entries(plan).map_err(at)?;
+        check_listing(plan, m, &listing_of(&mapped.sample())).map_err(at)?;
         if header != m.metadata {
             return Err(at(
                 "its metadata is not the manifest's (edited after the run?)".into(),
