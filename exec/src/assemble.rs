@@ -109,7 +109,7 @@ pub fn footprints(
             held,
         });
     }
-    out.sort_by(|a, b| b.held.cmp(&a.held));
+    out.sort_by_key(|f| std::cmp::Reverse(f.held));
     Ok(out)
 }
 
