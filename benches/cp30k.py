@@ -27,7 +27,6 @@ import importlib
 import json
 import math
 import os
-import pickle
 import subprocess
 import sys
 import tempfile
@@ -200,7 +199,7 @@ def source(work: Path) -> None:
         buf.numpy().tofile(work / f"rank-{coord[0]}-{coord[1]}.bin")
         ranks.append({"coord": coord, "bytes": buf.numel(), "s": took})
         del buf
-    (work / "wire.pkl").write_bytes(pickle.dumps(wire))
+    (work / "wire.bin").write_bytes(wire.to_bytes())
     (work / "source.json").write_text(json.dumps({
         "place_s": placing, "peak_place": peak_place, "peak": status("VmHWM") - before,
         "ranks": ranks, "dense_blocks": dense}))
@@ -213,7 +212,9 @@ def receiver(work: Path, coord: tuple[int, int]) -> None:
 
     torch.set_num_threads(1)
     plan = featshard.Plan(SPEC)
-    wire = pickle.loads((work / "wire.pkl").read_bytes())
+    from featshard import _native
+
+    wire = _native.BufferLayout.from_bytes((work / "wire.bin").read_bytes())
     buf = torch.from_numpy(np.fromfile(work / f"rank-{coord[0]}-{coord[1]}.bin", dtype=np.uint8))
     before = reset_peak()
     start = time.perf_counter()

@@ -51,16 +51,12 @@ pub fn assemble_files(
     let paths: Vec<_> = (0..world)
         .map(|rank| shards.join(format!("rank-{rank}.safetensors")))
         .collect();
-    manifest
-        .check_entries(&plan)
-        .map_err(|e| other(format!("{}: {e}", shards.join("manifest.json").display())))?;
     let mut mapped = Vec::with_capacity(world);
     for (rank, path) in paths.iter().enumerate() {
         let file = Mapped::open(path).map_err(other)?;
         let entry = file.header().metadata.get(RANK_KEY).map(String::as_str);
         manifest
             .check_rank(entry, rank, &layout_sha256)
-            .and_then(|()| check_listing(&plan, &manifest, &listing_of(&file.sample())))
             .map_err(|e| other(format!("{}: {e}", path.display())))?;
         if verify {
             let name = format!("rank-{rank}.safetensors");
@@ -70,7 +66,14 @@ pub fn assemble_files(
         }
         mapped.push(file);
     }
+    manifest
+        .check_entries(&plan)
+        .map_err(|e| other(format!("{}: {e}", shards.join("manifest.json").display())))?;
     let mut ranks: Vec<files::Sample> = mapped.iter().map(Mapped::sample).collect();
+    for (sample, path) in ranks.iter().zip(&paths) {
+        check_listing(&plan, &manifest, &listing_of(sample))
+            .map_err(|e| other(format!("{}: {e}", path.display())))?;
+    }
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();
     for sample in &mut ranks {
         for n in &manifest.passthrough {

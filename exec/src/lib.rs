@@ -18,6 +18,7 @@ mod alloc;
 pub mod array;
 pub mod assemble;
 pub mod blocks;
+pub mod buffer;
 pub mod compact;
 pub mod dtype;
 pub mod error;

@@ -22,7 +22,7 @@ from torch.utils.dlpack import from_dlpack
 
 from featshard import Layout, Plan, _native
 
-__all__ = ["Placement", "Wire", "buffer_views", "expand", "expand_block", "expand_on_device", "place", "rank_blocks", "release_buffers"]
+__all__ = ["Placement", "Slot", "Wire", "buffer_views", "expand", "expand_block", "expand_on_device", "place", "rank_blocks", "release_buffers"]
 
 # The spec's dtypes, by the names the spec and the executor use.
 _DTYPES: dict[torch.dtype, str] = {
@@ -39,13 +39,10 @@ _DTYPES: dict[torch.dtype, str] = {
 }
 _BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
 
-# How a compact block expands: `("one_hot", axis, classes, dense dtype)` for a one-hot
-# feature or map sent as indices, `("bits", dense shape, None, dense dtype)` for a mask
-# sent as bits, `("sparse", dense shape, None, dense dtype)` for a sparse feature sent
-# as its entries, `("narrow", None, None, dense dtype)` for a ranged feature sent narrowed.
-Form = tuple[str, Any, Any, str]
-# One block in a rank's buffer: name, dtype, shape, byte offset, and its form when compact.
-Wire = list[tuple[str, str, tuple[int, ...], int, Form | None]]
+# Every rank's buffer of a placement: where each block lies, what it holds and how a
+# compact block expands (the executor's contract, read from it, never computed here).
+Wire = _native.BufferLayout
+Slot = _native.Slot
 
 
 def _value(x: Any) -> Any:
@@ -136,54 +133,39 @@ class Placement:
         return self.views(self.rank_buffer(coord, threads))
 
     def rank_buffer(self, coord: tuple[int, int], threads: int = 1, *, compact: bool = False) -> torch.Tensor:
-        """The blocks of the rank at ``coord`` in one uint8 tensor (``buffer_offsets``
-        tells where each lies): what a source sends that rank. With ``compact``, each
-        one-hot feature's block is its indices (:func:`expand` makes it dense)."""
-        capsule, _ = self._native.rank_buffer(coord, threads, compact)
-        return from_dlpack(capsule)
+        """The blocks of the rank at ``coord`` in one uint8 tensor, laid out as
+        :meth:`wire` says: what a source sends that rank. With ``compact``, each block
+        with a compact form holds it (:func:`expand` makes it dense)."""
+        return from_dlpack(self._native.rank_buffer(coord, threads, compact))
 
     def buffer_offsets(self, *, compact: bool = False) -> tuple[list[tuple[str, int]], int]:
         """Each placed feature's byte offset in a rank's buffer, and the buffer's length."""
-        return self._native.buffer_offsets(compact)
+        layout = self.wire(compact=compact)
+        return [(s.name, s.offset) for s in layout.slots], layout.nbytes
 
     def views(self, buffer: torch.Tensor, *, compact: bool = False) -> dict[str, torch.Tensor]:
         """The blocks in a rank's buffer, by name, dense: views of it (and, with
-        ``compact``, one-hot features expanded from their indices)."""
+        ``compact``, compact blocks expanded)."""
         wire = self.wire(compact=compact)
         return expand(self._plan, buffer_views(buffer, wire), wire)
 
     def wire(self, *, compact: bool = False) -> Wire:
-        """What a receiver needs to read a rank's buffer: per feature its name, dtype,
-        block shape and byte offset, and for a compact one-hot block its dense form."""
-        offsets, _ = self.buffer_offsets(compact=compact)
-        forms = {f[0]: f[1:] for f in self._native.compact_forms()}
-        out: Wire = []
-        for n, at in offsets:
-            dtype, shape = _DTYPES[self._features[n][0]], self._features[n][1]
-            if not compact or n not in forms:
-                out.append((n, dtype, shape, at, None))
-                continue
-            kind, axis, classes, stored, dense = forms[n]
-            if kind == "bits":
-                out.append((n, stored, ((math.prod(shape) + 7) // 8,), at, ("bits", shape, None, dense)))
-            elif kind == "sparse":
-                out.append((n, stored, (classes, 2), at, ("sparse", shape, None, dense)))
-            elif kind == "narrow":
-                out.append((n, stored, shape, at, ("narrow", None, None, dense)))
-            else:
-                out.append((n, stored, shape[:axis] + shape[axis + 1 :], at, ("one_hot", axis, classes, dense)))
-        return out
+        """What a receiver needs to read a rank's buffer: the executor's layout of it,
+        every block's slot (name, dtype, shape, offset; a compact block's form and dense
+        dtype and shape)."""
+        return self._native.buffer_layout(compact)
+
+
+def _at(buffer: torch.Tensor, offset: int, nbytes: int, dtype_name: str, shape: list[int]) -> torch.Tensor:
+    """The ``nbytes`` bytes of ``buffer`` from ``offset`` as a tensor of ``dtype_name``
+    and ``shape``: a view."""
+    return buffer[offset : offset + nbytes].view(_BY_NAME[dtype_name]).view(shape)
 
 
 def buffer_views(buffer: torch.Tensor, wire: Wire) -> dict[str, torch.Tensor]:
     """The blocks in a rank's buffer (``Placement.wire`` tells where), views of it: a
-    compact one-hot block as its indices."""
-    out: dict[str, torch.Tensor] = {}
-    for name, dtype_name, shape, at, _ in wire:
-        dtype = _BY_NAME[dtype_name]
-        nbytes = math.prod(shape) * dtype.itemsize
-        out[name] = buffer[at : at + nbytes].view(dtype).view(shape)
-    return out
+    compact block as it is held."""
+    return {s.name: _at(buffer, s.offset, s.nbytes, s.dtype, s.shape) for s in wire.slots}
 
 
 def expand(plan: Plan, blocks: Mapping[str, torch.Tensor], wire: Wire) -> dict[str, torch.Tensor]:
@@ -193,26 +175,15 @@ def expand(plan: Plan, blocks: Mapping[str, torch.Tensor], wire: Wire) -> dict[s
     others as they are. A block that is not its feature's compact form is a
     ``ValueError`` naming the feature."""
     out = dict(blocks)
-    compact = [(name, _dense_shape(stored, form), _BY_NAME[form[3]]) for name, _, stored, _, form in wire
-               if form is not None]
+    compact = [s for s in wire.slots if s.form is not None]
     if not compact:
         return out
     capsule, offsets = plan._native.expand_blocks(
-        [(name, list(shape), blocks[name].contiguous().__dlpack__()) for name, shape, _ in compact])
+        [(s.name, s.dense_shape, blocks[s.name].contiguous().__dlpack__()) for s in compact])
     buffer = from_dlpack(capsule)
-    for (name, shape, dtype), at in zip(compact, offsets):
-        out[name] = buffer[at : at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+    for s, at in zip(compact, offsets):
+        out[s.name] = _at(buffer, at, s.dense_nbytes, s.dense_dtype, s.dense_shape)
     return out
-
-
-def _dense_shape(stored: tuple[int, ...], form: tuple[str, Any, Any, str]) -> tuple[int, ...]:
-    """The dense block's shape of a compact block of ``stored`` shape and wire ``form``."""
-    kind, a, b, _ = form
-    if kind in ("bits", "sparse"):
-        return tuple(a)
-    if kind == "narrow":
-        return tuple(stored)
-    return (*stored[:a], b, *stored[a:])
 
 
 def expand_on_device(blocks: Mapping[str, torch.Tensor], wire: Wire, device: torch.device) -> dict[str, torch.Tensor]:
@@ -220,9 +191,9 @@ def expand_on_device(blocks: Mapping[str, torch.Tensor], wire: Wire, device: tor
     only the compact blocks cross to it, and each dense block is made there, byte for
     byte what the dense path sends; the others as they are."""
     out = dict(blocks)
-    for name, _, _, _, form in wire:
-        if form is not None:
-            out[name] = expand_block(blocks[name], form, device)
+    for s in wire.slots:
+        if s.form is not None:
+            out[s.name] = expand_block(blocks[s.name], s, device)
     return out
 
 
@@ -247,20 +218,22 @@ def _bytes_at(buffer: torch.Tensor, at: int, like: torch.Tensor) -> torch.Tensor
     return buffer[at : at + nbytes].view(like.dtype).view(like.shape)
 
 
-def expand_block(stored: torch.Tensor, form: tuple[str, Any, Any, str], device: torch.device) -> torch.Tensor:
+def expand_block(stored: torch.Tensor, slot: Slot, device: torch.device) -> torch.Tensor:
     """One compact block's dense block, made by torch on ``device`` from ``stored`` and
-    its wire ``form`` (``(kind, a, b, dense dtype)``, as :meth:`Placement.wire` gives
-    it): indices of a one-hot axis ``a`` of ``b`` classes, bits or entries of a dense
-    block of shape ``a``, or narrowed integers. Its indices and positions are trusted:
-    the executor wrote or checked them."""
-    kind, a, b, dtype = form
-    if kind == "bits":
-        return unpack_bits(stored, a, _BY_NAME[dtype], device)
-    if kind == "sparse":
-        return expand_entries(stored, a, _BY_NAME[dtype], device)
-    if kind == "narrow":
-        return widen(stored, _BY_NAME[dtype], device)
-    return expand_one_hot(stored, a, b, _BY_NAME[dtype], device)
+    its ``slot`` (its form and dense dtype and shape): indices of a one-hot axis, bits or
+    entries of the dense block, or narrowed integers. Its indices and positions are
+    trusted: the executor wrote or checked them."""
+    dtype, shape = _BY_NAME[slot.dense_dtype], tuple(slot.dense_shape)
+    if slot.form == "bits":
+        return unpack_bits(stored, shape, dtype, device)
+    if slot.form == "sparse":
+        return expand_entries(stored, shape, dtype, device)
+    if slot.form == "narrow":
+        return widen(stored, dtype, device)
+    one_hot = slot.one_hot
+    if slot.form != "one_hot" or one_hot is None:
+        raise ValueError(f"feature `{slot.name}`: no compact form to expand")
+    return expand_one_hot(stored, one_hot[0], one_hot[1], dtype, device)
 
 
 def expand_entries(

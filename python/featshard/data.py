@@ -9,7 +9,6 @@ Every number comes from the plan through the native module: collate's DTensor sh
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
-from featshard.blocks import _BY_NAME, _DTYPES, expand_block, moved_together
+from featshard.blocks import _DTYPES, _at, expand_block, moved_together
 from featshard.distribute import _device_of, cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -254,7 +253,7 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
             tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - not a mapping
             manifest.check_listing({k: (_DTYPES.get(x.dtype, str(x.dtype)), list(x.shape))
                                     for k, x in tensors.items()}, str(path))
-            stored = {k: x for k, x in tensors.items() if manifest.stored_form(k)}
+            stored = {k: x for k, x in tensors.items() if manifest.stored_slot(k) is not None}
             device = _device_of(self.cp_mesh)
             tensors.update(_dense(manifest, stored, path, device))
             for key, x in tensors.items():
@@ -286,28 +285,14 @@ def _dense(
     if device is not None:
         manifest.check_stored(capsules, str(path))
         there = moved_together(stored, device)
-        return {name: expand_block(x, _stored_form(manifest, name), device) for name, x in there.items()}
+        return {name: expand_block(x, manifest.stored_slot(name), device) for name, x in there.items()}
     capsule, offsets = manifest.expand_stored(capsules, str(path))
     buffer = from_dlpack(capsule)
     out = {}
     for name, at in zip(stored, offsets):
-        shape, dtype_name = manifest.block_of(name)
-        dtype = _BY_NAME[dtype_name]
-        nbytes = math.prod(shape) * dtype.itemsize
-        out[name] = buffer[at : at + nbytes].view(dtype).view(shape)
+        slot = manifest.stored_slot(name)
+        out[name] = _at(buffer, at, slot.dense_nbytes, slot.dense_dtype, slot.dense_shape)
     return out
-
-
-def _stored_form(manifest: Any, name: str) -> tuple[str, Any, Any, str]:
-    """Feature ``name``'s compact form in a rank file as a wire form (see
-    :func:`featshard.blocks.expand_block`)."""
-    kind, axis, classes, _, _, _ = manifest.stored_form(name)
-    shape, dtype = manifest.block_of(name)
-    if kind == "one_hot":
-        return (kind, axis, classes, dtype)
-    if kind in ("bits", "sparse"):
-        return (kind, tuple(shape), None, dtype)
-    return (kind, None, None, dtype)
 
 
 class DpSampler(Sampler[int]):

@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native, blocks
-from featshard.blocks import buffer_views, expand, expand_on_device, place
+from featshard.blocks import Wire, buffer_views, expand, expand_on_device, place
 from featshard.errors import (
     FeatureDistributionError,
     Status,
@@ -109,9 +109,9 @@ def distribute_features(
                                             workflow=workflow, threads=threads, compact=compact)
     else:
         header = receive_outcome(source, pg)
-        mine = from_dlpack(_native.receive_buffer(header[1]))
+        mine = from_dlpack(_native.receive_buffer(_native.BufferLayout.from_bytes(header[0]).nbytes))
         dist.recv(mine, src=source, group=pg)
-    wire, _, global_shapes, passthrough = header
+    wire, passthrough = _native.BufferLayout.from_bytes(header[0]), header[1]
     local: dict[str, torch.Tensor] = {}
     if failed is None:
         try:
@@ -123,6 +123,7 @@ def distribute_features(
     agree(failed, pg, len(ranks))
     on_mesh = placements(plan)
     result: dict[str, Any] = dict(passthrough)
+    global_shapes = {slot.name: slot.global_shape for slot in wire.slots if slot.global_shape is not None}
     for name, x in local.items():
         shape = torch.Size(global_shapes[name])
         result[name] = DTensor.from_local(x, cp_mesh, on_mesh[name], run_check=False,
@@ -151,8 +152,8 @@ def _send_blocks(
         if features is None:
             raise ValueError("the source rank was given no sample")
         placed = place(plan, features, sizes, workflow=workflow, threads=threads)
-        header = (placed.wire(compact=compact), placed.buffer_offsets(compact=compact)[1],
-                  placed.global_shapes, placed.passthrough)
+        # The executor's buffer layout as its header bytes, and the values passed through.
+        header = (placed.wire(compact=compact).to_bytes(), placed.passthrough)
     except Exception as e:  # noqa: BLE001 - every error is sent to every rank
         failed = status_of(e)
     # Point to point, each rank's header right before its blocks: no collective.
@@ -184,10 +185,10 @@ def _written(
     try:
         return placed.rank_buffer(coord, threads, compact=compact), late
     except Exception as e:  # noqa: BLE001 - agreed on by every rank
-        return torch.zeros(placed.buffer_offsets(compact=compact)[1], dtype=torch.uint8), late or status_of(e)
+        return torch.zeros(placed.wire(compact=compact).nbytes, dtype=torch.uint8), late or status_of(e)
 
 
-def _local_blocks(plan: Plan, buffer: torch.Tensor, wire: Any, device: torch.device | None) -> dict[str, torch.Tensor]:
+def _local_blocks(plan: Plan, buffer: torch.Tensor, wire: Wire, device: torch.device | None) -> dict[str, torch.Tensor]:
     """A rank's blocks from its buffer: views of it, compact blocks expanded: on the host
     by the executor, or on the mesh's GPU by torch, the buffer copied there whole first
     (one copy of the bytes received, compact blocks and all; the other blocks are then

@@ -23,7 +23,7 @@ pub(crate) struct Compact<'p, 'py> {
 }
 
 /// The dense blocks of `blocks` in one new buffer: the buffer as a uint8 capsule, and
-/// each block's byte offset in it (64-byte aligned, as torch allocates), in the order
+/// each block's byte offset in it (aligned as a rank buffer's slots are), in the order
 /// given. A block that is not its feature's compact form is refused by name, and
 /// nothing is expanded.
 pub(crate) fn expand_blocks<'py>(
@@ -68,7 +68,7 @@ pub(crate) fn check_blocks<'py>(
         let form = check_stored(&b.name, b.plan, &b.dense, &array).map_err(|e| e.to_string())?;
         // `check_stored` has shown each block's bytes addressable; their sum may not be.
         let bytes = b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
-        let offset = end.checked_next_multiple_of(64);
+        let offset = end.checked_next_multiple_of(featshard_exec::buffer::ALIGN);
         end = offset.and_then(|o| o.checked_add(bytes)).ok_or_else(|| {
             format!(
                 "feature `{}`: the dense blocks are larger than memory can address",

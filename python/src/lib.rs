@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 mod agree;
+mod buffer;
 mod dlpack;
 mod expand;
 mod manifest;
@@ -537,6 +538,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Plan>()?;
     m.add_class::<placement::Placement>()?;
+    m.add_class::<buffer::BufferLayout>()?;
+    m.add_class::<buffer::Slot>()?;
     m.add_class::<manifest::ShardManifest>()?;
     m.add_class::<tables::Feature>()?;
     m.add_class::<tables::Semantic>()?;

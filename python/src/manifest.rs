@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use featshard::manifest::{self, Manifest};
-use featshard_exec::compact::Form;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -88,28 +87,23 @@ impl ShardManifest {
         self.m.encoding.name()
     }
 
-    /// How the rank files store feature `name`'s block when it is stored compact:
-    /// `(kind, axis, classes, none, dtype, shape)`, `kind` `"one_hot"` (indices along
-    /// `axis` of `classes`, `none` the index of a pad row), `"bits"`, `"sparse"`
-    /// (entries; `shape` `[0, 2]`, its rows are the file's) or `"narrow"`, `dtype` and
-    /// `shape` the stored block's; `None` when it is stored as its block.
-    #[allow(clippy::type_complexity)]
-    fn stored_form(
-        &self,
-        name: &str,
-    ) -> Option<(&'static str, usize, usize, i64, &'static str, Vec<usize>)> {
+    /// The slot of feature `name`'s block in a rank file when it is stored compact:
+    /// its stored dtype and shape (a sparse block's rows are the file's: `[0, 2]` here),
+    /// its form and its dense block's dtype and shape; `None` when it is stored as its
+    /// block.
+    fn stored_slot(&self, name: &str) -> Option<crate::buffer::Slot> {
         if self.m.encoding != featshard::manifest::Encoding::Compact {
             return None;
         }
         let (t, entry) = (self.plan.tensor(name)?, self.m.features.get(name)?);
         let (form, dtype, shape) = featshard_exec::compact::stored_form(t, &entry.local_shape, 0)?;
-        let (axis, classes, none) = match form {
-            Form::OneHot {
-                axis, classes, map, ..
-            } => (axis, classes, if map { -1 } else { classes as i64 }),
-            _ => (0, 0, 0),
-        };
-        Some((form.name(), axis, classes, none, dtype.name(), shape))
+        let mut slot = featshard_exec::buffer::Slot::new(name, dtype, shape, None);
+        slot.compact = Some(featshard_exec::buffer::Expansion {
+            form,
+            dtype: t.dtype,
+            shape: entry.local_shape.clone(),
+        });
+        Some(crate::buffer::Slot { slot })
     }
 
     /// The dense blocks of the compact blocks `stored` (feature name, DLPack capsule of
@@ -138,12 +132,6 @@ impl ShardManifest {
         let blocks = self.compact_blocks(stored, &path)?;
         crate::expand::check_blocks(&blocks).map_err(|e| at(&path, e))?;
         Ok(())
-    }
-
-    /// Tensor feature `name`'s block on every rank: its local shape and dtype name.
-    fn block_of(&self, name: &str) -> Option<(Vec<usize>, String)> {
-        let f = self.m.features.get(name)?;
-        Some((f.local_shape.clone(), f.dtype.clone()))
     }
 
     /// `ValueError` naming `path` unless `entry` (its `featshard.rank` header entry)

@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use featshard_exec::array::Array;
 use featshard_exec::blocks::{feature_blocks, FeatureBlocks, Part, SliceSink};
-use featshard_exec::compact::Form;
 use featshard_exec::files::Sample;
 use featshard_exec::{Options, Placed, RuntimeError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
+use crate::buffer::BufferLayout;
 use crate::dlpack::{Buffer, Memory};
 
 fn runtime_error(e: RuntimeError) -> PyErr {
@@ -168,49 +168,11 @@ impl Placement {
             .collect()
     }
 
-    /// Where each placed feature's block lies in a rank's buffer (`rank_buffer`, with
-    /// one-hot features compact when `compact`): byte offsets in `features()` order, and
-    /// the buffer's length.
+    /// The layout of every rank's buffer (`rank_buffer`; with `compact`, blocks with a
+    /// compact form held in it): the executor's contract, `featshard_exec::buffer`.
     #[pyo3(signature = (compact = false))]
-    fn buffer_offsets(&self, compact: bool) -> PyResult<(Offsets, usize)> {
-        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
-        let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
-        Ok(offsets(&self.placed, &placed, part_at([0, 0], compact)))
-    }
-
-    /// Every compact form but a plain block: `(name, "one_hot", one-hot axis, classes,
-    /// index dtype, dense dtype)` for a one-hot feature or map, `(name, "bits", 0, 0,
-    /// "uint8", dense dtype)` for a mask, `(name, "sparse", 0, entries, "int64", dense
-    /// dtype)` for a sparse feature (room for `entries` rows), `(name, "narrow", 0, 0,
-    /// stored dtype, dense dtype)` for a ranged feature; sorted by name.
-    #[allow(clippy::type_complexity)]
-    fn compact_forms(
-        &self,
-    ) -> PyResult<
-        Vec<(
-            String,
-            &'static str,
-            usize,
-            usize,
-            &'static str,
-            &'static str,
-        )>,
-    > {
-        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
-        Ok(all
-            .iter()
-            .filter(|f| f.is_placed())
-            .filter_map(|f| {
-                let (form, shape) = (f.form()?, f.compact_shape()?);
-                let (axis, n) = match form {
-                    Form::OneHot { axis, classes, .. } => (axis, classes),
-                    Form::Sparse => (0, shape[0]),
-                    Form::Bits | Form::Narrow { .. } => (0, 0),
-                };
-                let stored = f.dtype_of(Part::Compact([0, 0])).name();
-                Some((f.name.clone(), form.name(), axis, n, stored, f.dtype.name()))
-            })
-            .collect())
+    fn buffer_layout(&self, compact: bool) -> PyResult<BufferLayout> {
+        Ok(BufferLayout::new(self.laid_out(compact)?))
     }
 
     /// Sample keys carried along untouched, sorted.
@@ -305,10 +267,9 @@ impl Placement {
     }
 
     /// Every placed feature's block of the rank at CP coordinate `coord`, in one buffer
-    /// allocated here (huge pages advised) on `threads` threads: the buffer as a
-    /// one-dimensional uint8 DLPack capsule, and each feature's byte offset in it
-    /// (64-byte aligned), in `features()` order. With `compact`, one-hot features'
-    /// blocks are their indices and masks' their bits (`compact_forms`).
+    /// allocated here (huge pages advised) on `threads` threads, laid out as
+    /// `buffer_layout(compact)` says: the buffer as a one-dimensional uint8 DLPack
+    /// capsule.
     #[pyo3(signature = (coord, threads = 1, compact = false))]
     fn rank_buffer<'py>(
         &self,
@@ -316,7 +277,7 @@ impl Placement {
         coord: (usize, usize),
         threads: usize,
         compact: bool,
-    ) -> PyResult<(Bound<'py, PyAny>, Offsets)> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         if self.plan.mesh.is_domain() {
             return Err(PyValueError::new_err(format!(
                 "`{}` is a domain-parallel plan: its ranks' blocks differ in shape; write each with `write_blocks`",
@@ -324,28 +285,30 @@ impl Placement {
             )));
         }
         let part = part_at(self.on_mesh(coord)?, compact);
+        let layout = self.laid_out(compact)?;
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
-        let placed: Vec<&FeatureBlocks> = all.iter().filter(|f| f.is_placed()).collect();
-        let (offsets, end) = offsets(&self.placed, &placed, part);
-        let mut buffer = Buffer::new(end).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut buffer =
+            Buffer::new(layout.bytes).map_err(|e| PyValueError::new_err(e.to_string()))?;
         self.inputs_alive(py)?;
         // The lock stays held while the inputs are read (see `inputs_alive`).
-        let mut slices = Vec::with_capacity(placed.len());
+        let mut slices = Vec::with_capacity(layout.slots.len());
         let mut rest: &mut [u8] = buffer.bytes_mut();
         let mut at = 0;
-        for (f, (_, offset)) in placed.iter().zip(&offsets) {
+        for slot in &layout.slots {
+            let f = all.iter().find(|f| f.name == slot.name).ok_or_else(|| {
+                PyValueError::new_err(format!("feature `{}`: not placed", slot.name))
+            })?;
             // Recycled memory: the alignment gaps are zeroed, each block is written whole.
-            let (gap, tail) = rest.split_at_mut(offset - at);
+            let (gap, tail) = rest.split_at_mut(slot.offset - at);
             gap.fill(0);
-            let n = f.nbytes_of(&self.placed, part);
-            let (mine, tail) = tail.split_at_mut(n);
-            slices.push((*f, mine));
+            let (mine, tail) = tail.split_at_mut(slot.nbytes());
+            slices.push((f, mine));
             rest = tail;
-            at = offset + n;
+            at = slot.offset + slot.nbytes();
         }
         write_all(&self.placed, part, slices, threads)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok((buffer.into_capsule(py)?, offsets))
+        buffer.into_capsule(py)
     }
 }
 
@@ -389,6 +352,13 @@ impl Placement {
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
+    /// The executor's layout of every rank's buffer of this placement.
+    fn laid_out(&self, compact: bool) -> PyResult<featshard_exec::buffer::BufferLayout> {
+        let slots = featshard_exec::buffer::block_slots(&self.plan, &self.placed, compact)
+            .map_err(runtime_error)?;
+        Ok(featshard_exec::buffer::BufferLayout::new(slots))
+    }
+
     /// `coord` as a mesh coordinate of this placement; `ValueError` off the mesh.
     fn on_mesh(&self, coord: (usize, usize)) -> PyResult<[usize; 2]> {
         let mesh = self.placed.layout.mesh;
@@ -411,9 +381,6 @@ impl Placement {
     }
 }
 
-/// Each feature's byte offset in a rank's buffer.
-type Offsets = Vec<(String, usize)>;
-
 /// One block to write: its feature and the memory it goes to.
 type Job<'f, 'b> = (&'f FeatureBlocks<'f, 'f>, &'b mut [u8]);
 
@@ -424,21 +391,6 @@ fn part_at(coord: [usize; 2], compact: bool) -> Part {
         false => Part::Block(coord),
     }
 }
-
-/// Each block's offset in a rank's buffer (of `part`), aligned, and the buffer's length.
-fn offsets(placement: &Placed, placed: &[&FeatureBlocks], part: Part) -> (Offsets, usize) {
-    let mut offsets = Vec::with_capacity(placed.len());
-    let mut end = 0usize;
-    for f in placed {
-        let at = end.next_multiple_of(ALIGN);
-        offsets.push((f.name.clone(), at));
-        end = at + f.nbytes_of(placement, part);
-    }
-    (offsets, end)
-}
-
-/// Alignment of each block in a rank's buffer (any dtype's, and a cache line).
-const ALIGN: usize = 64;
 
 /// An output must be `part`'s dtype and `shape` and share no byte with any other view.
 fn check_out<'m>(

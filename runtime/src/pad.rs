@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 
 use featshard_exec::array::Array;
 use featshard_exec::blocks::{FeatureBlocks, Part};
-use featshard_exec::compact::Form;
-use featshard_spec::ir::DType;
+use featshard_exec::buffer::{block_slot, Slot};
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{FeatureShapes, Plan, SampleLayout};
 use tch::{Device, Tensor};
@@ -214,24 +213,18 @@ impl Placed {
         })
     }
 
-    /// How one feature's compact block expands, its dtype and shape (`None`: it
-    /// travels as its block).
-    pub fn compact_form(
-        &self,
-        plan: &Plan,
-        name: &str,
-    ) -> Result<Option<(Form, DType, Vec<usize>)>, RuntimeError> {
-        self.with_blocks(plan, name, |blocks, _, _| {
-            let at = Part::Compact([0, 0]);
-            Ok(blocks
-                .form()
-                .zip(blocks.compact_shape())
-                .map(|(form, shape)| (form, blocks.dtype_of(at), shape)))
+    /// The slot feature `name`'s block takes in a rank's buffer (the executor's
+    /// contract, `featshard_exec::buffer`): with `compact`, its compact block where it
+    /// has a compact form.
+    pub fn slot(&self, plan: &Plan, name: &str, compact: bool) -> Result<Slot, RuntimeError> {
+        self.with_blocks(plan, name, |blocks, _, shapes| {
+            let t = crate::sample::tensor_plan(plan, name)?;
+            Ok(block_slot(t, blocks, shapes, compact))
         })
     }
 
     /// One feature's compact block on the rank at `coord` (see
-    /// [`Placed::compact_form`]) written into `out`, a tensor of its dtype and shape.
+    /// [`Placed::slot`]) written into `out`, a tensor of its dtype and shape.
     pub fn write_compact_block(
         &self,
         plan: &Plan,

@@ -394,9 +394,10 @@ fn same_compact_blocks(
     }
     assert_eq!(want.names(), got.names(), "{what}");
     let compact = |p: &Placed, name: &str, coord| {
-        let (_, dtype, shape) = p.compact_form(plan, name).unwrap()?;
-        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        let out = Tensor::zeros(dims.as_slice(), (kind_of(dtype), tch::Device::Cpu));
+        let slot = p.slot(plan, name, true).unwrap();
+        slot.compact.as_ref()?;
+        let dims: Vec<i64> = slot.shape.iter().map(|&d| d as i64).collect();
+        let out = Tensor::zeros(dims.as_slice(), (kind_of(slot.dtype), tch::Device::Cpu));
         p.write_compact_block(plan, name, coord, &out).unwrap();
         Some(out)
     };

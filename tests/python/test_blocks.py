@@ -176,7 +176,7 @@ def test_rank_buffers_outlive_their_placement_and_are_freed_with_their_blocks(
     want = oracle.rank_blocks(placements, sample, (2, 2))[3]
     placed = blocks.place(plan, sample, (2, 2), workflow="inference")
     got = placed.rank_blocks((1, 1))
-    unconsumed, _ = placed._native.rank_buffer((0, 0))  # freed by its capsule alone
+    unconsumed = placed._native.rank_buffer((0, 0))  # freed by its capsule alone
     del placed, unconsumed
     assert_same_blocks(want, got, "after the placement went")
     size = sum(b.numel() * b.element_size() for b in got.values())
@@ -293,7 +293,7 @@ def test_compact_rank_buffers_expand_to_the_dense_blocks_of_real_samples(
     for i, sample in enumerate(real_samples()):
         placed = blocks.place(plan, sample, mesh, workflow="inference")
         wire = placed.wire(compact=True)
-        assert {n for n, *_, dense in wire if dense is not None} >= {"res_type", "disto_target", "ref_element"}
+        assert {s.name for s in wire.slots if s.form is not None} >= {"res_type", "disto_target", "ref_element"}
         for rank in range(mesh[0] * mesh[1]):
             coord = featshard.coords(mesh, rank)
             dense = placed.rank_blocks(coord)
@@ -397,20 +397,21 @@ def test_sparse_and_ranged_features_travel_as_entries_and_narrowed(plan: featsha
     uint8. Both expand to the dense block."""
     sample = real_samples()[1]  # prot60_smiles: it has bonds
     placed = blocks.place(plan, sample, (2, 2), workflow="inference")
-    wire = {w[0]: w for w in placed.wire(compact=True)}
+    wire = placed.wire(compact=True)
     dense = [placed.rank_blocks(featshard.coords((2, 2), r)) for r in range(4)]
     for name in ("token_bonds", "type_bonds", "contact_threshold"):
         nonzero = [int((d[name] != 0).sum()) for d in dense]
-        assert wire[name][1:3] == ("int64", (max(nonzero), 2)), name
+        slot = wire.slot(name)
+        assert slot is not None and (slot.dtype, slot.shape) == ("int64", [max(nonzero), 2]), name
     assert max(int((d["type_bonds"] != 0).sum()) for d in dense) > 0
     for rank in range(4):
         coord = featshard.coords((2, 2), rank)
-        views = blocks.buffer_views(placed.rank_buffer(coord, compact=True), list(wire.values()))
+        views = blocks.buffer_views(placed.rank_buffer(coord, compact=True), wire)
         entries = views["type_bonds"]
         real = int((dense[rank]["type_bonds"] != 0).sum())
         assert bool((entries[:real, 0] >= 0).all()) and bool((entries[real:, 0] == -1).all())
         assert views["msa"].dtype == torch.uint8 and torch.equal(views["msa"].long(), dense[rank]["msa"])
-        expanded = blocks.expand(plan, views, list(wire.values()))
+        expanded = blocks.expand(plan, views, wire)
         names = ("token_bonds", "type_bonds", "contact_threshold", "msa", "mol_type")
         assert_same_blocks({n: dense[rank][n] for n in names}, {n: expanded[n] for n in names}, f"rank {rank}")
 
@@ -515,7 +516,7 @@ def test_a_freed_ranks_buffer_is_recycled_and_written_whole(plan: featshard.Plan
         assert torch.equal(again, want)
     wire = placed.wire(compact=True)
     views = blocks.buffer_views(placed.rank_buffer((1, 0), compact=True), wire)
-    expanded = {n for n, *_, form in wire if form is not None}
+    expanded = {s.name for s in wire.slots if s.form is not None}
     dense = {n: x for n, x in blocks.expand(plan, views, wire).items() if n in expanded}
     want = {n: x.clone() for n, x in dense.items()}
     for x in dense.values():
@@ -557,11 +558,12 @@ def test_expansion_refuses_a_dense_shape_its_feature_cannot_have(plan: featshard
     wire = placed.wire(compact=True)
     views = blocks.buffer_views(placed.rank_buffer((0, 0), compact=True), wire)
     kinds = set()
-    for name, _, stored, _, form in wire:
-        if form is None:
+    for slot in wire.slots:
+        if slot.form is None:
             continue
-        kinds.add(form[0])
-        dense = list(blocks._dense_shape(stored, form))
+        name = slot.name
+        kinds.add(slot.form)
+        dense = slot.dense_shape
         capsule = views[name].contiguous().__dlpack__
         wrong = [[*dense, 1], [2**62, *dense[1:]]]
         axis = plan.features[name].one_hot

@@ -110,8 +110,8 @@ def test_a_compact_block_read_back_is_checked_by_the_executor(tmp_path: Path) ->
     path = out / "rank-0.safetensors"
     # Expanded by torch on a device (as on a CUDA mesh; here the host) or by the
     # executor: the same bytes, for every form the file holds.
-    every = {k: x for k, x in load_file(str(path)).items() if manifest.stored_form(k)}
-    assert {manifest.stored_form(k)[0] for k in every} == {"one_hot", "bits", "sparse", "narrow"}
+    every = {k: x for k, x in load_file(str(path)).items() if manifest.stored_slot(k) is not None}
+    assert {manifest.stored_slot(k).form for k in every} == {"one_hot", "bits", "sparse", "narrow"}
     by_torch = _dense(manifest, every, path, torch.device("cpu"))
     for name, x in _dense(manifest, every, path).items():
         y = by_torch[name]

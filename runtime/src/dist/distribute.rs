@@ -156,12 +156,12 @@ impl<'m> Distributor<'m> {
             whole
                 .f_narrow(0, at as i64, n as i64)
                 .map_err(|e| DistError::Protocol {
-                    message: format!("a {}-byte buffer: {e}", a.bytes),
+                    message: format!("a {}-byte buffer: {e}", a.buffer.bytes),
                 })
         };
         let (mut buf, room) = (
-            narrow(0, a.bytes)?,
-            narrow(a.bytes, wire::expanded_bytes(&a.slots))?,
+            narrow(0, a.buffer.bytes)?,
+            narrow(a.buffer.bytes, a.buffer.expanded_bytes())?,
         );
         // A source that fails to write after its header still takes part in the
         // scatter; the status agreement then fails the step everywhere.
@@ -174,7 +174,7 @@ impl<'m> Distributor<'m> {
         drop(buffers);
         // Frees the send buffers for the pool's next sample.
         drop(prepared);
-        let outcome = wire::unpack_into(&buf, Some(&room), &a.slots)
+        let outcome = wire::unpack_into(&buf, Some(&room), &a.buffer.slots)
             .map_err(|(feature, e)| format!("feature `{feature}`: {e}"))
             .and_then(|(blocks, passthrough)| {
                 let sample = LocalSample {
@@ -207,9 +207,9 @@ impl<'m> Distributor<'m> {
     /// otherwise wait on.
     fn receive_buffer(&self, a: &Announced, receiver: bool) -> Result<Tensor, DistError> {
         let failed = |e: tch::TchError| DistError::Protocol {
-            message: format!("a {}-byte buffer: {e}", a.bytes),
+            message: format!("a {}-byte buffer: {e}", a.buffer.bytes),
         };
-        let bytes = a.bytes + wire::expanded_bytes(&a.slots);
+        let bytes = a.buffer.bytes + a.buffer.expanded_bytes();
         let (mut buf, fresh) =
             buffer(self.recv.as_ref(), bytes, self.mesh.cp().device()).map_err(failed)?;
         if fresh && a.deferred && receiver {

@@ -9,12 +9,13 @@ use featshard_spec::plan::{Plan, CP_AXES};
 use tch::{Device, Kind, Tensor};
 
 use super::pool::{buffer, BufferPool};
-use super::wire::{self, Announced, Slot};
+use super::wire::{self, Announced};
 use super::LocalSample;
 use crate::error::{torch, RuntimeError, TorchContext};
 use crate::pad::{place, Placed};
-use crate::sample::{tensor_plan, Features, Options};
+use crate::sample::{Features, Options};
 use crate::shard::coords;
+use featshard_exec::buffer::{BufferLayout, Slot};
 use featshard_exec::par::try_map;
 
 /// When a prepared sample's blocks are written into its send buffers.
@@ -98,7 +99,8 @@ impl Preparer {
         let placed = place(&self.plan, self.cp, features, &self.opts)?;
         let mut slots = block_slots(&self.plan, &placed, self.compact)?;
         slots.extend(passthrough_slots(&placed)?);
-        let bytes = wire::lay_out(&mut slots);
+        let laid_out = BufferLayout::new(slots);
+        let bytes = laid_out.bytes;
         let world: usize = self.cp.iter().product();
         let buffers = (0..world)
             .map(|_| buffer(self.pool.as_ref(), bytes, Device::Cpu).map(|(t, _)| t))
@@ -112,8 +114,7 @@ impl Preparer {
             announced: Announced {
                 sample,
                 layout: placed.layout.clone(),
-                slots,
-                bytes,
+                buffer: laid_out,
                 deferred: true,
             },
             buffers,
@@ -131,36 +132,12 @@ impl Preparer {
 }
 
 /// The slots of the placed tensors, in name order, with their DTensor metadata; with
-/// `compact`, those with a compact form hold it.
+/// `compact`, those with a compact form hold it (the executor's buffer contract).
 fn block_slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, RuntimeError> {
     placed
         .names()
         .iter()
-        .map(|name| {
-            let t = tensor_plan(plan, name)?;
-            let s = &placed.shapes[name];
-            let mut slot = Slot {
-                name: name.clone(),
-                dtype: t.dtype,
-                local_shape: s.local_shape.clone(),
-                offset: 0,
-                dtensor: Some((s.global_shape.clone(), t.placements.clone())),
-                compact: None,
-            };
-            if let Some((form, dtype, shape)) = compact
-                .then(|| placed.compact_form(plan, name))
-                .transpose()?
-                .flatten()
-            {
-                slot.compact = Some((
-                    form,
-                    slot.dtype,
-                    std::mem::replace(&mut slot.local_shape, shape),
-                ));
-                slot.dtype = dtype;
-            }
-            Ok(slot)
-        })
+        .map(|name| placed.slot(plan, name, compact))
         .collect()
 }
 
@@ -170,14 +147,8 @@ fn passthrough_slots(placed: &Placed) -> Result<Vec<Slot>, RuntimeError> {
         .passthrough
         .iter()
         .map(|(name, x)| {
-            Ok(Slot {
-                name: name.clone(),
-                dtype: dtype_of(name, x.kind())?,
-                local_shape: x.size().iter().map(|&n| n as usize).collect(),
-                offset: 0,
-                dtensor: None,
-                compact: None,
-            })
+            let shape = x.size().iter().map(|&n| n as usize).collect();
+            Ok(Slot::new(name, dtype_of(name, x.kind())?, shape, None))
         })
         .collect()
 }
@@ -214,7 +185,7 @@ impl Prepared {
         let Some(p) = self.pending.take() else {
             return Ok(());
         };
-        write_ranks(&p, &self.announced.slots, &self.buffers)?;
+        write_ranks(&p, &self.announced.buffer.slots, &self.buffers)?;
         self.announced.deferred = false;
         Ok(())
     }
@@ -231,7 +202,7 @@ impl Prepared {
             mesh: a.layout.mesh,
         })?;
         let (mut blocks, mut passthrough) =
-            wire::unpack(buf, &a.slots).map_err(|(feature, e)| torch(&feature, &e))?;
+            wire::unpack(buf, &a.buffer.slots).map_err(|(feature, e)| torch(&feature, &e))?;
         let copy = |name: &str, x: &Tensor| {
             x.f_empty_like()
                 .and_then(|mut y| y.f_copy_(x).map(|()| y))

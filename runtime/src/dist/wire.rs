@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::ir::{DType, Placement};
 use featshard_spec::plan::SampleLayout;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -12,35 +11,7 @@ use tch::{Device, Kind, Tensor};
 use super::on_device;
 use crate::kind::kind_of;
 use crate::shard::{DTensorMeta, LocalBlock};
-use featshard_exec::compact::Form;
-
-/// Byte alignment of every tensor in a rank buffer (so views of any dtype are legal).
-const ALIGN: usize = 16;
-
-/// Where one tensor sits in every rank's buffer.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Slot {
-    pub name: String,
-    pub dtype: DType,
-    pub local_shape: Vec<usize>,
-    pub offset: usize,
-    /// DTensor metadata; `None` for a passed-through feature (replicated as is).
-    pub dtensor: Option<(Vec<usize>, Vec<Placement>)>,
-    /// A compact block (`dtype` and `local_shape` are then the compact block's): how it
-    /// expands, and the dense block's dtype and shape.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compact: Option<(Form, DType, Vec<usize>)>,
-}
-
-impl Slot {
-    fn numel(&self) -> usize {
-        self.local_shape.iter().product()
-    }
-
-    pub fn nbytes(&self) -> usize {
-        self.numel() * kind_of(self.dtype).elt_size_in_bytes()
-    }
-}
+use featshard_exec::buffer::{BufferLayout, Expansion, Global, Slot, ALIGN};
 
 /// The first message of a step, from the source to its CP group.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,30 +28,17 @@ pub struct Announced {
     /// Index of the sample in the serial dataset.
     pub sample: usize,
     pub layout: SampleLayout,
-    /// Sorted by name: blocks first, then passed-through features.
-    pub slots: Vec<Slot>,
-    /// Bytes of every rank's buffer.
-    pub bytes: usize,
+    /// Every rank's buffer: blocks first, sorted by name, then passed-through features.
+    pub buffer: BufferLayout,
     /// The source writes the blocks after sending this header: receivers ready
     /// their buffers meanwhile.
     #[serde(default)]
     pub deferred: bool,
 }
 
-/// Lays slots out back to back, each at an aligned offset (their `offset` is set
-/// here); returns the buffer size.
-pub fn lay_out(slots: &mut [Slot]) -> usize {
-    let mut offset = 0;
-    for slot in slots {
-        slot.offset = offset;
-        offset = (offset + slot.nbytes()).div_ceil(ALIGN) * ALIGN;
-    }
-    offset
-}
-
 /// The typed view of one slot inside a byte buffer.
 pub fn view(buf: &Tensor, slot: &Slot) -> Result<Tensor, tch::TchError> {
-    let shape: Vec<i64> = slot.local_shape.iter().map(|&n| n as i64).collect();
+    let shape: Vec<i64> = slot.shape.iter().map(|&n| n as i64).collect();
     let kind = kind_of(slot.dtype);
     let bytes = buf.f_narrow(0, slot.offset as i64, slot.nbytes() as i64)?;
     let typed = if kind == Kind::Uint8 {
@@ -96,19 +54,6 @@ pub type Unpacked = (BTreeMap<String, LocalBlock>, BTreeMap<String, Tensor>);
 
 /// The feature whose slot failed, and why.
 pub type SlotError = (String, tch::TchError);
-
-/// Bytes past a received buffer that its compact blocks expand into (each dense block
-/// aligned), in slot order.
-pub fn expanded_bytes(slots: &[Slot]) -> usize {
-    slots
-        .iter()
-        .filter_map(|s| s.compact.as_ref())
-        .map(|(_, dtype, shape)| {
-            let n = shape.iter().product::<usize>() * kind_of(*dtype).elt_size_in_bytes();
-            n.div_ceil(ALIGN) * ALIGN
-        })
-        .sum()
-}
 
 /// Splits a received buffer into blocks (with DTensor metadata) and passed-through
 /// features; every tensor is a view of `buf` but a compact block's, expanded into a
@@ -138,8 +83,11 @@ pub fn unpack_into(
             (Some(c), None) => expand(&slot.name, &t, c).map_err(|e| (slot.name.clone(), e))?,
             (None, _) => t,
         };
-        match &slot.dtensor {
-            Some((global_shape, placements)) => {
+        match &slot.global {
+            Some(Global {
+                shape: global_shape,
+                placements,
+            }) => {
                 blocks.insert(
                     slot.name.clone(),
                     LocalBlock {
@@ -177,7 +125,7 @@ fn torch_error(e: crate::error::RuntimeError) -> tch::TchError {
 fn expand(
     name: &str,
     packed: &Tensor,
-    (form, dtype, shape): &(Form, DType, Vec<usize>),
+    Expansion { form, dtype, shape }: &Expansion,
 ) -> Result<Tensor, tch::TchError> {
     if packed.device() != Device::Cpu {
         return on_device::expanded(packed, form, *dtype, shape);
@@ -193,12 +141,12 @@ fn expand(
 fn dense_view(
     room: &Tensor,
     at: &mut usize,
-    (_, dtype, shape): &(Form, DType, Vec<usize>),
+    Expansion { dtype, shape, .. }: &Expansion,
 ) -> Result<Tensor, tch::TchError> {
     let kind = kind_of(*dtype);
     let n = shape.iter().product::<usize>() * kind.elt_size_in_bytes();
     let bytes = room.f_narrow(0, *at as i64, n as i64)?;
-    *at += n.div_ceil(ALIGN) * ALIGN;
+    *at += n.next_multiple_of(ALIGN);
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let typed = if kind == Kind::Uint8 {
         bytes
@@ -213,7 +161,7 @@ fn dense_view(
 fn expand_into(
     name: &str,
     packed: &Tensor,
-    (form, dtype, shape): &(Form, DType, Vec<usize>),
+    Expansion { form, dtype, shape }: &Expansion,
     out: &Tensor,
 ) -> Result<(), tch::TchError> {
     if packed.device() != Device::Cpu {

@@ -1,0 +1,213 @@
+//! One rank buffer's contract, for every distributor (the tch runtime's and the Python
+//! package's): the slots a sample's blocks and passed-through features take, each at an
+//! aligned offset, with what it holds (dtype and shape: a compact block's where it
+//! travels compact), how a compact block expands (its form, the dense block's dtype
+//! and shape) and its DTensor metadata. A source lays one out, writes every rank's
+//! buffer by it and sends it as its header bytes; a receiver reads the header back and
+//! reads its buffer by the same slots.
+
+use featshard_spec::ir::{DType, Placement};
+use featshard_spec::plan::{FeatureShapes, Plan, TensorPlan};
+use serde::{Deserialize, Serialize};
+
+use crate::blocks::{feature_blocks, FeatureBlocks, Part};
+use crate::compact::Form;
+use crate::dtype;
+use crate::error::RuntimeError;
+use crate::place::Placed;
+
+/// Byte alignment of every slot: any dtype's view is legal at it, and a cache line.
+pub const ALIGN: usize = 64;
+
+/// How a compact slot's block expands to the dense block the model takes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expansion {
+    /// The compact form.
+    pub form: Form,
+    /// The dense block's dtype.
+    pub dtype: DType,
+    /// The dense block's shape.
+    pub shape: Vec<usize>,
+}
+
+/// A placed feature's DTensor metadata (a passed-through feature has none).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Global {
+    /// The DTensor's global shape.
+    pub shape: Vec<usize>,
+    /// Its placements on the CP mesh axes.
+    pub placements: Vec<Placement>,
+}
+
+/// Where one tensor sits in every rank's buffer, and what it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
+    /// The feature's name.
+    pub name: String,
+    /// The dtype the buffer holds at this slot.
+    pub dtype: DType,
+    /// The shape the buffer holds at this slot.
+    pub shape: Vec<usize>,
+    /// Byte offset in the buffer ([`ALIGN`]ed).
+    pub offset: usize,
+    /// DTensor metadata; `None` for a passed-through feature (replicated as it is).
+    pub global: Option<Global>,
+    /// How the block expands, when the slot holds a compact block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact: Option<Expansion>,
+}
+
+impl Slot {
+    /// A slot of `dtype` and `shape` (offset 0 until laid out).
+    pub fn new(name: &str, dtype: DType, shape: Vec<usize>, global: Option<Global>) -> Slot {
+        Slot {
+            name: name.to_owned(),
+            dtype,
+            shape,
+            offset: 0,
+            global,
+            compact: None,
+        }
+    }
+
+    /// Bytes the buffer holds at this slot.
+    pub fn nbytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * dtype::size(self.dtype)
+    }
+
+    /// The dtype and shape of the block the model takes: the expansion's, or the slot's.
+    pub fn dense(&self) -> (DType, &[usize]) {
+        match &self.compact {
+            Some(e) => (e.dtype, &e.shape),
+            None => (self.dtype, &self.shape),
+        }
+    }
+
+    /// Bytes of the dense block.
+    pub fn dense_nbytes(&self) -> usize {
+        let (d, shape) = self.dense();
+        shape.iter().product::<usize>() * dtype::size(d)
+    }
+}
+
+/// Every slot of a rank's buffer, laid out, and the buffer's length.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferLayout {
+    /// The slots, in buffer order.
+    pub slots: Vec<Slot>,
+    /// Bytes of every rank's buffer.
+    pub bytes: usize,
+}
+
+impl BufferLayout {
+    /// `slots` laid out back to back in the order given, each at an [`ALIGN`]ed offset.
+    pub fn new(mut slots: Vec<Slot>) -> BufferLayout {
+        let mut end = 0usize;
+        for slot in &mut slots {
+            slot.offset = end.next_multiple_of(ALIGN);
+            end = slot.offset + slot.nbytes();
+        }
+        BufferLayout { slots, bytes: end }
+    }
+
+    /// Bytes the dense blocks of the compact slots take, each at an [`ALIGN`]ed offset
+    /// (room a receiver expands them into).
+    pub fn expanded_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.compact.is_some())
+            .map(|s| s.dense_nbytes().next_multiple_of(ALIGN))
+            .sum()
+    }
+
+    /// The slot of feature `name`.
+    pub fn slot(&self, name: &str) -> Option<&Slot> {
+        self.slots.iter().find(|s| s.name == name)
+    }
+
+    /// The layout as the header bytes a source sends (JSON).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A layout read back from header bytes, every slot inside the buffer; an error
+    /// saying what does not fit.
+    pub fn from_bytes(bytes: &[u8]) -> Result<BufferLayout, String> {
+        let layout: BufferLayout =
+            serde_json::from_slice(bytes).map_err(|e| format!("a buffer layout: {e}"))?;
+        for s in &layout.slots {
+            let end = s
+                .shape
+                .iter()
+                .try_fold(dtype::size(s.dtype), |n, &k| n.checked_mul(k))
+                .and_then(|n| n.checked_add(s.offset));
+            if end.is_none_or(|e| e > layout.bytes) || s.offset % ALIGN != 0 {
+                return Err(format!(
+                    "a buffer layout: slot `{}` lies outside its {} bytes",
+                    s.name, layout.bytes
+                ));
+            }
+        }
+        Ok(layout)
+    }
+}
+
+/// The slots of every feature `placed` places, in name order (see [`block_slot`]).
+pub fn block_slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, RuntimeError> {
+    let all = feature_blocks(plan, placed)?;
+    all.iter()
+        .filter(|f| f.is_placed())
+        .map(|f| {
+            let t = crate::validate::tensor_plan(plan, &f.name)?;
+            Ok(block_slot(t, f, &placed.shapes[&f.name], compact))
+        })
+        .collect()
+}
+
+/// The slot of feature `t`'s block (its writer `f`, its shapes `s`), with its DTensor
+/// metadata; with `compact`, its compact block where it has a compact form.
+pub fn block_slot(t: &TensorPlan, f: &FeatureBlocks, s: &FeatureShapes, compact: bool) -> Slot {
+    let global = Global {
+        shape: s.global_shape.clone(),
+        placements: t.placements.clone(),
+    };
+    let mut slot = Slot::new(&f.name, f.dtype, s.local_shape.clone(), Some(global));
+    if let (true, Some(form), Some(shape)) = (compact, f.form(), f.compact_shape()) {
+        slot.compact = Some(Expansion {
+            form,
+            dtype: f.dtype,
+            shape: std::mem::replace(&mut slot.shape, shape),
+        });
+        slot.dtype = f.dtype_of(Part::Compact([0, 0]));
+    }
+    slot
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_aligned_back_to_back_and_read_back_from_their_header() {
+        let one = |name: &str, d, shape: Vec<usize>| Slot::new(name, d, shape, None);
+        let layout = BufferLayout::new(vec![
+            one("a", DType::Uint8, vec![3]),
+            one("b", DType::Float64, vec![2, 5]),
+            one("c", DType::Bool, vec![0]),
+            one("d", DType::Int16, vec![7]),
+        ]);
+        let offsets: Vec<usize> = layout.slots.iter().map(|s| s.offset).collect();
+        assert_eq!(offsets, vec![0, 64, 192, 192]);
+        assert_eq!(layout.bytes, 192 + 14);
+        let back = BufferLayout::from_bytes(&layout.to_bytes()).unwrap();
+        assert_eq!(back, layout);
+        // A slot moved past the buffer's end, or off its alignment, is refused.
+        for (offset, bytes) in [(256, layout.bytes), (65, 400)] {
+            let mut bad = layout.clone();
+            bad.slots[3].offset = offset;
+            bad.bytes = bytes;
+            let e = BufferLayout::from_bytes(&bad.to_bytes()).unwrap_err();
+            assert!(e.contains("slot `d` lies outside"), "{e}");
+        }
+    }
+}
