@@ -92,7 +92,14 @@ pub fn assemble_files(
         parent.unwrap_or(Path::new(".")),
         &footprints(&plan, layout, &ranks).map_err(other)?,
     )?;
-    let ranks = dense_blocks(&plan, layout, manifest.encoding, ranks).map_err(other)?;
+    // One rank file at a time, so that a corrupt stored block names its file.
+    let mut dense = Vec::with_capacity(world);
+    for (sample, path) in ranks.into_iter().zip(&paths) {
+        let one = dense_blocks(&plan, layout, manifest.encoding, vec![sample])
+            .map_err(|e| other(format!("{}: {e}", path.display())))?;
+        dense.extend(one);
+    }
+    let ranks = dense;
     let padded = assemble(&plan, layout, manifest.workflow.as_deref(), &ranks).map_err(other)?;
     let mut result = if padded_output {
         padded

@@ -1,5 +1,6 @@
 //! The shard folder format lives in the spec crate ([`featshard_spec::shards`]); here,
-//! what writing and verifying files needs: checksums and a fresh run identity.
+//! what writing and verifying files needs: a fresh run identity (checksums are the
+//! executor's, `featshard_exec::files`).
 
 pub use featshard_spec::shards::*;
 
@@ -15,27 +16,7 @@ pub fn read_text(path: &std::path::Path) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))
 }
 
-/// A file's size and CRC-32, read in pieces (a finished sample being verified); a
-/// regular file only.
-pub fn sum_of_file(path: &std::path::Path) -> std::io::Result<FileSum> {
-    use std::io::Read;
-    let mut f = featshard_exec::files::open_regular(path)
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let (mut hasher, mut bytes) = (crc32fast::Hasher::new(), 0u64);
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        bytes += n as u64;
-    }
-    Ok(FileSum {
-        bytes,
-        crc32: hasher.finalize(),
-    })
-}
+pub use featshard_exec::files::sum_of_file;
 
 /// The stamp of a mapped sample file: its size and modification time when opened, and
 /// the SHA-256 of its header.

@@ -75,6 +75,20 @@ fn parent_of(out: &Path) -> &Path {
     }
 }
 
+/// `out`'s folder, its missing folders created (as `generate` creates its `--out`); an
+/// error naming the folder that could not be.
+fn made_parent(out: &Path) -> Result<&Path, Failure> {
+    let parent = parent_of(out);
+    std::fs::create_dir_all(parent).map_err(|e| {
+        Failure::Other(format!(
+            "cannot create the folder {} for {}: {e}",
+            parent.display(),
+            out.display()
+        ))
+    })?;
+    Ok(parent)
+}
+
 /// `.<name>.tmp-`: the prefix of every staging name of `out`.
 fn prefix(out: &Path) -> String {
     let name = out
@@ -124,8 +138,8 @@ impl StagingDir {
     /// Creates `.<out>.tmp-<pid>.<random>` next to `out`, after removing the staging
     /// folders of runs into `out` whose process is gone.
     pub fn create(out: &Path) -> Result<StagingDir, Failure> {
+        let parent = made_parent(out)?;
         remove_stale(out);
-        let parent = parent_of(out);
         let make = || {
             tempfile::Builder::new()
                 .prefix(&own_prefix(out))
@@ -180,7 +194,7 @@ impl Drop for StagingDir {
 /// or a regular file (never a device node, FIFO, folder or link).
 pub fn write_file(out: &Path, bytes: &[u8]) -> Result<(), Failure> {
     check_existing(out, false)?;
-    let parent = parent_of(out);
+    let parent = made_parent(out)?;
     let cannot =
         |e: &dyn std::fmt::Display| Failure::Other(format!("cannot write {}: {e}", out.display()));
     let make = || {

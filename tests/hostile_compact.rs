@@ -363,3 +363,196 @@ fn explain_byte_counts_do_not_wrap() {
     assert!(dense >= 0.99 * big as f64, "{line}");
     assert!(line.contains("(1.0x smaller"), "{line}");
 }
+
+/// The real `prot60_smiles` sample's tensors (name, safetensors dtype, shape, bytes),
+/// `edit`ed, written to `path` with its header metadata.
+fn real_edited(path: &Path, edit: impl FnOnce(&mut Vec<(String, String, Vec<u64>, Vec<u8>)>)) {
+    use safetensors::SafeTensors;
+    let bytes = std::fs::read(root().join("tests/data/real/prot60_smiles.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, String, Vec<u64>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let dtype = format!("{:?}", t.dtype());
+            let shape = t.shape().iter().map(|&d| d as u64).collect();
+            (n, dtype, shape, t.data().to_vec())
+        })
+        .collect();
+    edit(&mut tensors);
+    let list: Vec<T> = tensors
+        .iter()
+        .map(|(n, d, s, b)| t(n, d, s, Some(b.clone())))
+        .collect();
+    write_file(path, &list);
+}
+
+fn shard_real(input: &Path, out: &Path, extra: &[&str]) -> Output {
+    let spec = support::cli::spec();
+    let mut args = vec![
+        "shard",
+        spec.as_str(),
+        "--workflow",
+        "inference",
+        "--mesh",
+        "2x2",
+    ];
+    let (input, out) = (input.display().to_string(), out.display().to_string());
+    args.extend(["--features", &input, "--out", &out]);
+    args.extend(extra);
+    run(120, &args)
+}
+
+/// 13. A sparse feature's element keys passed through are the feature, not a key the
+///     sample lacks (before: "missing from the sample", though it was there).
+#[test]
+fn passing_through_a_sparse_feature_s_elements_says_what_they_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("pairs.safetensors");
+    real_edited(&input, |ts| {
+        let k = ts.iter().position(|x| x.0 == "token_bonds").unwrap();
+        let (_, _, shape, bytes) = ts.remove(k);
+        let nonzero: Vec<usize> = bytes
+            .chunks(4)
+            .enumerate()
+            .filter(|(_, v)| v.iter().any(|&b| b != 0))
+            .map(|(i, _)| i)
+            .collect();
+        let n = shape[1] as usize;
+        let mut coords = Vec::new();
+        for d in 0..3 {
+            for &i in &nonzero {
+                coords.push([i / n, i % n, 0][d] as i64);
+            }
+        }
+        let values: Vec<u8> = nonzero
+            .iter()
+            .flat_map(|&i| bytes[i * 4..i * 4 + 4].to_vec())
+            .collect();
+        let count = nonzero.len() as u64;
+        ts.push((
+            "token_bonds.indices".into(),
+            "I64".into(),
+            vec![3, count],
+            i64s(&coords),
+        ));
+        ts.push((
+            "token_bonds.values".into(),
+            "F32".into(),
+            vec![count],
+            values,
+        ));
+    });
+    ok(&shard_real(&input, &dir.path().join("a"), &[]));
+    refused(
+        &shard_real(
+            &input,
+            &dir.path().join("b"),
+            &["--passthrough", "token_bonds.indices"],
+        ),
+        &[
+            "feature `token_bonds`",
+            "`token_bonds.indices` is this sparse feature given as its elements: it is placed, not passed through",
+        ],
+    );
+}
+
+/// 14. One-hot indices or map rows given as floats are refused as indices that must be
+///     integers, with the dtype and shape as given (before: "expected 2 axes", and a
+///     map's shape after the incoming pads were cut); an index past 2^53 is printed as
+///     given, not rounded through a float.
+#[test]
+fn indices_given_as_floats_or_past_2_53_are_named_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("float.safetensors");
+    real_edited(&input, |ts| {
+        let k = ts.iter().position(|x| x.0 == "atom_to_token").unwrap();
+        let shape = ts[k].2.clone();
+        ts[k] = (
+            "atom_to_token".into(),
+            "F32".into(),
+            vec![shape[0]],
+            f32s(&vec![0.0; shape[0] as usize]),
+        );
+    });
+    refused(
+        &shard_real(&input, &dir.path().join("a"), &[]),
+        &[
+            "feature `atom_to_token`, axis 1 (one-hot)",
+            "given as indices (its one-hot axis left out), which are integers; given float32 [512]",
+        ],
+    );
+    let input = dir.path().join("far.safetensors");
+    real_edited(&input, |ts| {
+        let k = ts.iter().position(|x| x.0 == "atom_to_token").unwrap();
+        let n = ts[k].2[0] as usize;
+        let mut rows = vec![0i64; n];
+        rows[3] = (1 << 53) + 1;
+        ts[k] = (
+            "atom_to_token".into(),
+            "I64".into(),
+            vec![n as u64],
+            i64s(&rows),
+        );
+    });
+    refused(
+        &shard_real(&input, &dir.path().join("b"), &[]),
+        &["given as indices, 9007199254740993 names no item of the 73 `tokens` (-1: none) at [3]"],
+    );
+}
+
+/// 15. A corrupt stored block names its rank file as well as its feature.
+#[test]
+fn a_corrupt_stored_block_names_its_rank_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    let input = root().join("tests/data/real/prot60_smiles.safetensors");
+    ok(&shard_real(&input, &shards, &[]));
+    let rank2 = shards.join("rank-2.safetensors");
+    let mut bytes = std::fs::read(&rank2).unwrap();
+    let (n, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let (start, _) = header.info("res_type").unwrap().data_offsets;
+    bytes[8 + n + start] = 200;
+    std::fs::write(&rank2, &bytes).unwrap();
+    let out = dir.path().join("back.safetensors");
+    let spec = support::cli::spec();
+    refused(
+        &run(
+            120,
+            &[
+                "assemble",
+                &spec,
+                "--shards",
+                &shards.display().to_string(),
+                "--out",
+                &out.display().to_string(),
+                "--no-verify",
+            ],
+        ),
+        &["rank-2.safetensors: feature `res_type`: a stored index 200 names no class of 33"],
+    );
+}
+
+/// 17. An `--out` whose folders do not exist yet has them made (as `generate` does).
+#[test]
+fn an_out_in_folders_not_made_yet_has_them_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = root().join("tests/data/real/prot60_nomsa.safetensors");
+    let shards = dir.path().join("a/b/c");
+    ok(&shard_real(&input, &shards, &[]));
+    assert!(shards.join("manifest.json").is_file());
+    let back = dir.path().join("x/y/back.safetensors");
+    let spec = support::cli::spec();
+    ok(&run(
+        120,
+        &[
+            "assemble",
+            &spec,
+            "--shards",
+            &shards.display().to_string(),
+            "--out",
+            &back.display().to_string(),
+        ],
+    ));
+    assert!(back.is_file());
+}

@@ -102,12 +102,12 @@ pub struct BufferLayout {
 impl BufferLayout {
     /// `slots` laid out back to back in the order given, each at an [`ALIGN`]ed offset.
     pub fn new(mut slots: Vec<Slot>) -> BufferLayout {
-        let mut end = 0usize;
-        for slot in &mut slots {
-            slot.offset = end.next_multiple_of(ALIGN);
-            end = slot.offset + slot.nbytes();
+        let sizes: Vec<usize> = slots.iter().map(Slot::nbytes).collect();
+        let (offsets, bytes) = packed(&sizes);
+        for (slot, offset) in slots.iter_mut().zip(offsets) {
+            slot.offset = offset;
         }
-        BufferLayout { slots, bytes: end }
+        BufferLayout { slots, bytes }
     }
 
     /// Bytes the dense blocks of the compact slots take, each at an [`ALIGN`]ed offset
@@ -150,6 +150,22 @@ impl BufferLayout {
         }
         Ok(layout)
     }
+}
+
+/// Runs of `sizes` bytes laid back to back, each at an [`ALIGN`]ed offset: their
+/// offsets, and the bytes they span. Every buffer of several blocks is laid out so (a
+/// rank's buffer, the blocks a reader moves to a device in one copy).
+pub fn packed(sizes: &[usize]) -> (Vec<usize>, usize) {
+    let mut end = 0usize;
+    let offsets = sizes
+        .iter()
+        .map(|&n| {
+            let at = end.next_multiple_of(ALIGN);
+            end = at + n;
+            at
+        })
+        .collect();
+    (offsets, end)
 }
 
 /// The slots of every feature `placed` places, in name order (see [`block_slot`]).

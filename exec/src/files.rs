@@ -358,6 +358,26 @@ pub fn serialize(
     Ok(out)
 }
 
+/// A file's size and CRC-32, read in pieces (a finished sample being verified); a
+/// regular file only.
+pub fn sum_of_file(path: &Path) -> std::io::Result<featshard_spec::shards::FileSum> {
+    let mut f = open_regular(path).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let (mut hasher, mut bytes) = (crc32fast::Hasher::new(), 0u64);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok(featshard_spec::shards::FileSum {
+        bytes,
+        crc32: hasher.finalize(),
+    })
+}
+
 /// The size and CRC-32 of a file's bytes (a mapped rank file, checked against its
 /// manifest before it is used).
 pub fn sum_of(bytes: &[u8]) -> featshard_spec::shards::FileSum {

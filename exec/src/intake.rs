@@ -19,7 +19,9 @@ use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
 use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
 
 use crate::array::Array;
-use crate::compact::{entries_from_pairs, given_as_indices, map_given_as_indices};
+use crate::compact::{
+    entries_from_pairs, given_as_indices, map_given_as_indices, INDICES, SHAPE, VALUES,
+};
 use crate::dtype;
 use crate::error::RuntimeError;
 use crate::files::Sample;
@@ -83,6 +85,8 @@ pub(crate) fn intake_any<'a>(
     opts: &Options,
 ) -> Result<Intake<'a>, RuntimeError> {
     check_lengths(plan, features)?;
+    check_given_indices(plan, features)?;
+    check_passthrough(plan, opts)?;
     let features = &entries_from_pairs(plan, features)?;
     let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
     maps_from_indices(plan, &mut kept)?;
@@ -127,6 +131,53 @@ fn check_lengths(plan: &Plan, features: &Sample) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// One-hot features and maps given with their one-hot axis left out are given as
+/// indices, which must be integers: said with the dtype and shape as given (before any
+/// incoming pad is cut), not as a wrong rank found later.
+fn check_given_indices(plan: &Plan, features: &Sample) -> Result<(), RuntimeError> {
+    for (name, x) in features {
+        let Some(t) = plan.tensor(name) else { continue };
+        let one_hot = t
+            .one_hot
+            .filter(|&a| a + 1 == t.axes.len())
+            .or(match &t.role {
+                Role::Index(ix) => ix.one_hot.filter(|&a| a + 1 == t.axes.len()),
+                _ => None,
+            });
+        if let Some(axis) = one_hot.filter(|_| x.dim() + 1 == t.axes.len()) {
+            if !x.dtype().is_integer() {
+                return Err(RuntimeError::OneHot {
+                    feature: name.clone(),
+                    axis,
+                    message: format!(
+                        "given as indices (its one-hot axis left out), which are integers; given {} {:?}",
+                        x.dtype(),
+                        x.shape()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A sparse feature's element keys (`NAME.indices`, ...) are the feature itself, placed
+/// as it: never passed through.
+fn check_passthrough(plan: &Plan, opts: &Options) -> Result<(), RuntimeError> {
+    for (name, _) in plan.tensors().filter(|(_, t)| t.sparse) {
+        let keys = [INDICES, VALUES, SHAPE].map(|k| format!("{name}{k}"));
+        if let Some(key) = keys.iter().find(|k| opts.passthrough.contains(*k)) {
+            return Err(RuntimeError::Entries {
+                feature: name.to_owned(),
+                message: format!(
+                    "`{key}` is this sparse feature given as its elements: it is placed, not passed through (leave it out of the keys passed through)"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 type Sorted<'a> = (Sample<'a>, Vec<String>, Vec<String>);
 
 /// One-hot maps given as their indices become maps known by their rows
@@ -155,27 +206,25 @@ fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), RuntimeError>
                     "given as indices, but no other feature gives the length of `{semantic}`"
                 ),
             })?;
-        let x = &kept[&name];
+        // Read as integers of their own dtype: no value is rounded through a float.
+        let x = kept[&name].contiguous();
+        let es = dtype::size(x.dtype());
         let mut rows = Vec::with_capacity(x.numel());
-        x.for_each_row(|_, row| {
-            for &v in row {
-                rows.push(match v {
-                    -1.0 => None,
-                    v if v >= 0.0 && v < width as f64 && v.fract() == 0.0 => Some(v as usize),
-                    v => {
-                        return Err(RuntimeError::OneHot {
-                            feature: name.clone(),
-                            axis: 1,
-                            message: format!(
-                                "given as indices, {v} names no item of the {width} `{semantic}` (-1: none) at [{}]",
-                                rows.len()
-                            ),
-                        })
-                    }
-                });
-            }
-            Ok(())
-        })?;
+        for (k, b) in x.base_bytes().chunks_exact(es).enumerate() {
+            rows.push(match dtype::read_i64(x.dtype(), b) {
+                -1 => None,
+                v if (0..width as i64).contains(&v) => Some(v as usize),
+                v => {
+                    return Err(RuntimeError::OneHot {
+                        feature: name.clone(),
+                        axis: 1,
+                        message: format!(
+                            "given as indices, {v} names no item of the {width} `{semantic}` (-1: none) at [{k}]"
+                        ),
+                    })
+                }
+            });
+        }
         kept.insert(name, Array::one_hot_rows(t.dtype, &rows, width));
     }
     Ok(())

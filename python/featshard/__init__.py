@@ -154,6 +154,45 @@ class Plan:
         """The shapes of the named features under ``layout``."""
         return self._native.shapes(layout, names)
 
+    # The native plan's entry points the package's modules use; this class is the one
+    # place that reaches `_native.Plan`.
+
+    def place(self, values: dict[str, Any], mesh: tuple[int, int], workflow: str | None,
+              passthrough: set[str], threads: int) -> _native.Placement:
+        """The executor's placement of ``values`` (see :func:`featshard.blocks.place`)."""
+        return self._native.place(values, mesh, workflow, passthrough, threads)
+
+    def expand_blocks(self, blocks: list[tuple[str, list[int], Any]]) -> tuple[Any, list[int]]:
+        """Compact blocks checked and expanded by the executor into one new buffer."""
+        return self._native.expand_blocks(blocks)
+
+    def read_manifest(self, path: str | os.PathLike[str]) -> _native.ShardManifest:
+        """A pre-sharded sample's manifest, read and checked against this plan."""
+        return self._native.read_manifest(os.fspath(path))
+
+    def read_dataset(self, path: str | os.PathLike[str], mesh: tuple[int, int]) -> list[str]:
+        """A pre-sharded dataset's sample folders, its ``dataset.json`` checked against
+        this plan and ``mesh``."""
+        return self._native.read_dataset(os.fspath(path), mesh)
+
+    def check_shapes(self, shapes: dict[str, tuple[str, list[int]]]) -> dict[str, int]:
+        """The checks of ``place`` that need no values, on dtypes and shapes."""
+        return self._native.check_shapes(shapes)
+
+    def pad_multiple(self, semantic: str, mesh: tuple[int, int]) -> int:
+        """The multiple ``semantic``'s axes pad to on ``mesh``."""
+        return self._native.pad_multiple(semantic, mesh)
+
+    def repad_strides(
+        self, name: str, local: dict[str, list[int]], target: dict[str, list[int]]
+    ) -> tuple[int, int] | None:
+        """Collate's re-pad of feature ``name``'s owner-block indices: old and new stride."""
+        return self._native.repad_strides(name, local, target)
+
+    def collated_shape(self, name: str, local: list[int], batch: int, dp: int, cp: tuple[int, int]) -> list[int]:
+        """The DTensor global shape of a DP batch of feature ``name``."""
+        return self._native.collated_shape(name, local, batch, dp, cp)
+
     def block_window(
         self, feature: str, local: list[int], coord: tuple[int, int], mesh: tuple[int, int]
     ) -> list[tuple[int, int]]:

@@ -261,6 +261,7 @@ def release_buffers() -> int:
 def contiguous_stride(shape: list[int]) -> list[int]:
     """Row-major strides (in elements) of a tensor of ``shape``."""
 
+def packed_offsets(sizes: list[int]) -> tuple[list[int], int]: ...
 def repad_indices(values: list[int], old: int, new: int) -> list[int]:
     """Owner-block positions moved to a larger per-block stride; negatives stay."""
 

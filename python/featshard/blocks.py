@@ -178,7 +178,7 @@ def expand(plan: Plan, blocks: Mapping[str, torch.Tensor], wire: Wire) -> dict[s
     compact = [s for s in wire.slots if s.form is not None]
     if not compact:
         return out
-    capsule, offsets = plan._native.expand_blocks(
+    capsule, offsets = plan.expand_blocks(
         [(s.name, s.dense_shape, blocks[s.name].contiguous().__dlpack__()) for s in compact])
     buffer = from_dlpack(capsule)
     for s, at in zip(compact, offsets):
@@ -198,13 +198,11 @@ def expand_on_device(blocks: Mapping[str, torch.Tensor], wire: Wire, device: tor
 
 
 def moved_together(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """``tensors`` on ``device`` by one copy: packed into one host buffer first (each at
-    an offset aligned to 16 bytes), so that many small blocks cost one transfer, not one
-    each; each comes back as a view of the copy, of its dtype and shape."""
-    at, total = {}, 0
-    for name, x in tensors.items():
-        at[name] = total
-        total += -(-x.numel() * x.element_size() // 16) * 16
+    """``tensors`` on ``device`` by one copy: packed into one host buffer first (laid
+    out as a rank buffer is), so that many small blocks cost one transfer, not one each;
+    each comes back as a view of the copy, of its dtype and shape."""
+    offsets, total = _native.packed_offsets([x.numel() * x.element_size() for x in tensors.values()])
+    at = dict(zip(tensors, offsets))
     host = torch.empty(total, dtype=torch.uint8)
     for name, x in tensors.items():
         _bytes_at(host, at[name], x).copy_(x)
@@ -328,7 +326,7 @@ def place(
     ``TypeError`` for a spec tensor that is not a tensor.
     """
     values = _as_elements(plan, features)
-    native = plan._native.place(values, mesh, workflow, set(passthrough), threads)
+    native = plan.place(values, mesh, workflow, set(passthrough), threads)
     return Placement(plan, native, features)
 
 

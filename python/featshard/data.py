@@ -123,12 +123,12 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
         padded = []
         for i, x in enumerate(locals_[name]):
             local = {f: list(locals_[f][i].shape) for f in names}
-            strides = plan._native.repad_strides(name, local, target)
+            strides = plan.repad_strides(name, local, target)
             if strides is not None:
                 x = torch.tensor(_native.repad_indices(x.flatten().tolist(), *strides),
                                  dtype=x.dtype, device=x.device).view(x.shape)
             padded.append(_pad_to(plan, name, x, target[name]))
-        shape = plan._native.collated_shape(name, target[name], len(batch), dp_size, cp)
+        shape = plan.collated_shape(name, target[name], len(batch), dp_size, cp)
         out[name] = DTensor.from_local(
             torch.stack(padded), mesh, on_mesh[name], run_check=False,
             shape=torch.Size(shape), stride=_stride(shape),
@@ -225,7 +225,7 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         self._placements = placements(plan)
         # Read and checked against the plan and the mesh in Rust, as `featshard shard`
         # reads it on resume.
-        self.names = plan._native.read_dataset(str(self.root / "dataset.json"), self.cp)
+        self.names = plan.read_dataset(self.root / "dataset.json", self.cp)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -236,7 +236,7 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         except ImportError as e:
             raise ImportError("PreshardedDataset needs the `safetensors` package") from e
         folder = self.root / self.names[index]
-        manifest = self.plan._native.read_manifest(str(folder / "manifest.json"))
+        manifest = self.plan.read_manifest(folder / "manifest.json")
         if manifest.mesh != self.cp:
             raise ValueError(f"{folder / 'manifest.json'}: sharded for mesh {manifest.mesh}, "
                              f"this CP mesh is {self.cp}")

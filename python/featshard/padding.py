@@ -88,7 +88,7 @@ def pad_features(
 
 def pad_multiple(plan: Plan, semantic: str, mesh: tuple[int, int]) -> int:
     """The multiple ``semantic``'s axes pad to on ``mesh`` (1 when never padded)."""
-    return plan._native.pad_multiple(semantic, mesh)
+    return plan.pad_multiple(semantic, mesh)
 
 
 def padded_lengths(

@@ -492,6 +492,13 @@ fn replica_indices(
         .map_err(value_error)
 }
 
+/// Runs of `sizes` bytes laid back to back as a rank buffer lays out its blocks: their
+/// byte offsets, and the bytes they span (`featshard_exec::buffer::packed`).
+#[pyfunction]
+fn packed_offsets(sizes: Vec<usize>) -> (Vec<usize>, usize) {
+    featshard_exec::buffer::packed(&sizes)
+}
+
 /// Row-major strides (in elements) of a tensor of `shape`.
 #[pyfunction]
 fn contiguous_stride(shape: Vec<usize>) -> Vec<usize> {
@@ -556,6 +563,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(release_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(chunk_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;
+    m.add_function(wrap_pyfunction!(packed_offsets, m)?)?;
     m.add_function(wrap_pyfunction!(repad_indices, m)?)?;
     m.add_function(wrap_pyfunction!(replica_indices, m)?)?;
     Ok(())

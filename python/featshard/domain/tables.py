@@ -105,7 +105,7 @@ class DomainTables:
         self._mesh(mesh_sizes)
         named = {n: (_DTYPES.get(d, str(d).removeprefix("torch.")), [int(x) for x in s]) for n, (s, d) in shapes.items()}
         try:
-            lengths = self.plan._native.check_shapes(named)
+            lengths = self.plan.check_shapes(named)
         except ValueError as e:
             raise FeatureDistributionError(str(e)) from None
         self.global_shapes(lengths, mesh_sizes)

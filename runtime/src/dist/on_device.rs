@@ -81,16 +81,14 @@ pub fn expanded(
 }
 
 /// `tensors` on `device` by one copy: their bytes packed into one host buffer first,
-/// each at an offset aligned to 16 bytes, so that many small blocks cost one transfer,
-/// not one each; each comes back as a view of the copy, of its kind and shape.
+/// laid out as a rank buffer is (`featshard_exec::buffer::packed`), so that many small
+/// blocks cost one transfer, not one each; each comes back as a view of the copy, of
+/// its kind and shape.
 pub fn moved_together(tensors: &[&Tensor], device: Device) -> Result<Vec<Tensor>, TchError> {
-    let mut at = Vec::with_capacity(tensors.len());
-    let mut total = 0i64;
-    for t in tensors {
-        at.push(total);
-        total += (byte_len(t) + 15) / 16 * 16;
-    }
-    let host = Tensor::f_empty([total], (Kind::Uint8, Device::Cpu))?;
+    let sizes: Vec<usize> = tensors.iter().map(|t| byte_len(t) as usize).collect();
+    let (at, total) = featshard_exec::buffer::packed(&sizes);
+    let at: Vec<i64> = at.into_iter().map(|a| a as i64).collect();
+    let host = Tensor::f_empty([total as i64], (Kind::Uint8, Device::Cpu))?;
     for (t, &a) in tensors.iter().zip(&at) {
         bytes_at(&host, a, t)?.f_copy_(t)?;
     }
