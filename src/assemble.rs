@@ -6,7 +6,7 @@ use std::path::Path;
 
 use featshard_exec::assemble::{assemble, dense_blocks, footprints, unpad, Dense};
 use featshard_exec::files::{self, Mapped};
-use featshard_exec::rank_listing::{check_listing, listing_of};
+use featshard_exec::rank_file::open_checked;
 
 use crate::commands::{load, Failure};
 use crate::manifest::{self, layout_digest, Manifest, RANK_KEY};
@@ -15,16 +15,11 @@ use crate::shards::other;
 use crate::staging;
 
 /// The metadata every rank file carries in its header (rank 0's, its identity
-/// removed), which the manifest must repeat: an edited manifest is refused.
-fn rank_metadata(rank0: &Mapped, manifest: &Manifest) -> Result<files::Metadata, Failure> {
+/// removed; [`open_checked`] has compared it with the manifest's).
+fn rank_metadata(rank0: &Mapped) -> files::Metadata {
     let mut metadata = rank0.header().metadata.clone();
     metadata.remove(RANK_KEY);
-    if metadata != manifest.metadata {
-        return Err(other(
-            "the manifest's metadata differs from the rank files' (edited after the run?)",
-        ));
-    }
-    Ok(metadata)
+    metadata
 }
 
 /// The manifest of a shard folder, read and checked against the plan.
@@ -53,27 +48,11 @@ pub fn assemble_files(
         .collect();
     let mut mapped = Vec::with_capacity(world);
     for (rank, path) in paths.iter().enumerate() {
-        let file = Mapped::open(path).map_err(other)?;
-        let entry = file.header().metadata.get(RANK_KEY).map(String::as_str);
-        manifest
-            .check_rank(entry, rank, &layout_sha256)
-            .map_err(|e| other(format!("{}: {e}", path.display())))?;
-        if verify {
-            let name = format!("rank-{rank}.safetensors");
-            manifest
-                .check_file(&name, files::sum_of(file.bytes()))
-                .map_err(|e| other(format!("{}: {e}", shards.display())))?;
-        }
-        mapped.push(file);
+        mapped.push(
+            open_checked(&plan, &manifest, &layout_sha256, path, rank, verify).map_err(other)?,
+        );
     }
-    manifest
-        .check_entries(&plan)
-        .map_err(|e| other(format!("{}: {e}", shards.join("manifest.json").display())))?;
     let mut ranks: Vec<files::Sample> = mapped.iter().map(Mapped::sample).collect();
-    for (sample, path) in ranks.iter().zip(&paths) {
-        check_listing(&plan, &manifest, &listing_of(sample))
-            .map_err(|e| other(format!("{}: {e}", path.display())))?;
-    }
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();
     for sample in &mut ranks {
         for n in &manifest.passthrough {
@@ -110,7 +89,7 @@ pub fn assemble_files(
     for (file, path) in mapped.iter().zip(&paths) {
         file.check_unchanged(path).map_err(other)?;
     }
-    let metadata = rank_metadata(&mapped[0], &manifest)?;
+    let metadata = rank_metadata(&mapped[0]);
     let tensors: Vec<_> = result
         .iter()
         .map(|(n, d)| (n.as_str(), d.dtype, d.shape.clone(), d.bytes.as_slice()))

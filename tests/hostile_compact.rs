@@ -276,10 +276,8 @@ fn a_sparse_bool_feature_holding_byte_2_is_refused_on_intake() {
     let mut flags = vec![0u8; 9];
     flags[4] = 2;
     write_file(&dense, &[mask(), t("flags", "BOOL", &[3, 3], Some(flags))]);
-    refused(
-        &shard(&spec, &dense, &dir.path().join("a")),
-        &["feature `flags`", "found byte 2 at flat index 4"],
-    );
+    let out = shard(&spec, &dense, &dir.path().join("a"));
+    refused(&out, &["feature `flags`", "found byte 2 at flat index 4"]);
     let pairs = dir.path().join("pairs.safetensors");
     write_file(
         &pairs,
@@ -444,12 +442,13 @@ fn passing_through_a_sparse_feature_s_elements_says_what_they_are() {
         ));
     });
     ok(&shard_real(&input, &dir.path().join("a"), &[]));
+    let passed = shard_real(
+        &input,
+        &dir.path().join("b"),
+        &["--passthrough", "token_bonds.indices"],
+    );
     refused(
-        &shard_real(
-            &input,
-            &dir.path().join("b"),
-            &["--passthrough", "token_bonds.indices"],
-        ),
+        &passed,
         &[
             "feature `token_bonds`",
             "`token_bonds.indices` is this sparse feature given as its elements: it is placed, not passed through",
@@ -475,8 +474,9 @@ fn indices_given_as_floats_or_past_2_53_are_named_as_given() {
             f32s(&vec![0.0; shape[0] as usize]),
         );
     });
+    let floats = shard_real(&input, &dir.path().join("a"), &[]);
     refused(
-        &shard_real(&input, &dir.path().join("a"), &[]),
+        &floats,
         &[
             "feature `atom_to_token`, axis 1 (one-hot)",
             "given as indices (its one-hot axis left out), which are integers; given float32 [512]",
@@ -495,8 +495,9 @@ fn indices_given_as_floats_or_past_2_53_are_named_as_given() {
             i64s(&rows),
         );
     });
+    let far = shard_real(&input, &dir.path().join("b"), &[]);
     refused(
-        &shard_real(&input, &dir.path().join("b"), &[]),
+        &far,
         &["given as indices, 9007199254740993 names no item of the 73 `tokens` (-1: none) at [3]"],
     );
 }
@@ -516,19 +517,19 @@ fn a_corrupt_stored_block_names_its_rank_file() {
     std::fs::write(&rank2, &bytes).unwrap();
     let out = dir.path().join("back.safetensors");
     let spec = support::cli::spec();
+    let (shards, out) = (shards.display().to_string(), out.display().to_string());
+    let args = [
+        "assemble",
+        &spec,
+        "--shards",
+        &shards,
+        "--out",
+        &out,
+        "--no-verify",
+    ];
+    let back = run(120, &args);
     refused(
-        &run(
-            120,
-            &[
-                "assemble",
-                &spec,
-                "--shards",
-                &shards.display().to_string(),
-                "--out",
-                &out.display().to_string(),
-                "--no-verify",
-            ],
-        ),
+        &back,
         &["rank-2.safetensors: feature `res_type`: a stored index 200 names no class of 33"],
     );
 }

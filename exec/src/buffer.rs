@@ -110,6 +110,12 @@ impl BufferLayout {
         BufferLayout { slots, bytes }
     }
 
+    /// Where room for the compact slots' dense blocks starts when a receiver allocates
+    /// it after the buffer, in one piece: the buffer's end, [`ALIGN`]ed.
+    pub fn room_at(&self) -> usize {
+        self.bytes.next_multiple_of(ALIGN)
+    }
+
     /// Bytes the dense blocks of the compact slots take, each at an [`ALIGN`]ed offset
     /// (room a receiver expands them into).
     pub fn expanded_bytes(&self) -> usize {

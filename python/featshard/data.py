@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
-from featshard.blocks import _DTYPES, _at, expand_block, moved_together
+from featshard.blocks import _at, expand_block, moved_together
 from featshard.distribute import _device_of, cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -210,8 +210,10 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
 
     Refuses a folder sharded with another spec or mesh, a manifest whose entries are not
     what the spec makes of its layout, and a rank file that is not this rank's of this
-    run and layout, or (with ``verify``, the default) whose size or CRC-32 is not what
-    was written: one more read of the rank file per sample, in Rust.
+    run and layout, holds a tensor the manifest does not list (or lacks one, or holds
+    one of another dtype or shape), or (with ``verify``, the default) whose size or
+    CRC-32 is not what was written: one more read of the rank file per sample, by the
+    executor's reader of rank files, as ``featshard assemble`` checks them.
     """
 
     def __init__(self, plan: Plan, root: str | Path, mesh: DeviceMesh, *, verify: bool = True) -> None:
@@ -240,19 +242,14 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         if manifest.mesh != self.cp:
             raise ValueError(f"{folder / 'manifest.json'}: sharded for mesh {manifest.mesh}, "
                              f"this CP mesh is {self.cp}")
-        name = f"rank-{self.rank}.safetensors"
-        path = folder / name
+        path = folder / f"rank-{self.rank}.safetensors"
         out: dict[str, Any] = {}
+        # Checked by the one reader of rank files, then read by safetensors.
+        manifest.check_rank_file(str(path), self.rank, self.verify)
         with safe_open(str(path), framework="pt") as f:
             header = dict(f.metadata() or {})
-            manifest.check_rank(str(path), self.rank, header.pop("featshard.rank", None))
-            if header != manifest.metadata:
-                raise ValueError(f"{path}: its metadata is not the manifest's (edited after the run?)")
-            if self.verify:
-                manifest.verify_file(name, str(path))
+            header.pop("featshard.rank", None)
             tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - not a mapping
-            manifest.check_listing({k: (_DTYPES.get(x.dtype, str(x.dtype)), list(x.shape))
-                                    for k, x in tensors.items()}, str(path))
             stored = {k: x for k, x in tensors.items() if manifest.stored_slot(k) is not None}
             device = _device_of(self.cp_mesh)
             tensors.update(_dense(manifest, stored, path, device))

@@ -134,43 +134,29 @@ impl ShardManifest {
         Ok(())
     }
 
-    /// `ValueError` naming `path` unless `entry` (its `featshard.rank` header entry)
-    /// says the file is rank `rank` of this run, mesh and layout, and every feature
-    /// entry of the manifest is what the plan makes of that layout.
-    #[pyo3(signature = (path, rank, entry))]
-    fn check_rank(&self, path: PathBuf, rank: usize, entry: Option<&str>) -> PyResult<()> {
-        self.m
-            .check_rank(entry, rank, &self.layout_sha256)
-            .and_then(|()| self.m.check_entries(&self.plan))
-            .map_err(|e| at(&path, e))
-    }
-
-    /// `ValueError` naming `path` unless `listing` (every tensor of the rank file at
-    /// `path`: its dtype name and shape) is what the manifest says the file holds:
-    /// every feature and passed-through key, each block's dtype and shape (its compact
-    /// form where stored compact), nothing else (`featshard_exec::rank_listing`).
-    fn check_listing(
+    /// `ValueError` naming the file unless the rank file at `path` is rank `rank` of
+    /// this sample, as the one reader of rank files checks it
+    /// (`featshard_exec::rank_file::open_checked`: identity, with `verify` its size and
+    /// CRC-32, the manifest's entries and metadata, and every tensor it holds).
+    fn check_rank_file(
         &self,
-        listing: BTreeMap<String, (String, Vec<usize>)>,
+        py: Python<'_>,
         path: PathBuf,
+        rank: usize,
+        verify: bool,
     ) -> PyResult<()> {
-        let found = listing
-            .into_iter()
-            .map(|(n, (d, s))| (n, (featshard_spec::ir::DType::parse(&d), s)))
-            .collect();
-        featshard_exec::rank_listing::check_listing(&self.plan, &self.m, &found)
-            .map_err(|e| at(&path, e))
-    }
-
-    /// `ValueError` unless the file at `path` (rank file `name` of this sample) has
-    /// the size and CRC-32 it was written with: one read of every byte.
-    fn verify_file(&self, py: Python<'_>, name: &str, path: PathBuf) -> PyResult<()> {
         py.detach(|| {
-            featshard_exec::files::open_regular(&path).map_err(|e| e.to_string())?;
-            let got = manifest::sum_of_file(&path).map_err(|e| e.to_string())?;
-            self.m.check_file(name, got)
+            featshard_exec::rank_file::open_checked(
+                &self.plan,
+                &self.m,
+                &self.layout_sha256,
+                &path,
+                rank,
+                verify,
+            )
+            .map(drop)
         })
-        .map_err(|e| at(&path, e))
+        .map_err(PyValueError::new_err)
     }
 }
 

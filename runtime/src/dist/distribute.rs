@@ -161,7 +161,7 @@ impl<'m> Distributor<'m> {
         };
         let (mut buf, room) = (
             narrow(0, a.buffer.bytes)?,
-            narrow(a.buffer.bytes, a.buffer.expanded_bytes())?,
+            narrow(a.buffer.room_at(), a.buffer.expanded_bytes())?,
         );
         // A source that fails to write after its header still takes part in the
         // scatter; the status agreement then fails the step everywhere.
@@ -209,7 +209,7 @@ impl<'m> Distributor<'m> {
         let failed = |e: tch::TchError| DistError::Protocol {
             message: format!("a {}-byte buffer: {e}", a.buffer.bytes),
         };
-        let bytes = a.buffer.bytes + a.buffer.expanded_bytes();
+        let bytes = a.buffer.room_at() + a.buffer.expanded_bytes();
         let (mut buf, fresh) =
             buffer(self.recv.as_ref(), bytes, self.mesh.cp().device()).map_err(failed)?;
         if fresh && a.deferred && receiver {

@@ -7,11 +7,10 @@ use std::path::{Path, PathBuf};
 
 use featshard_exec::array::Array;
 use featshard_exec::compact::{check_stored, stored_form, Form};
-use featshard_exec::files::{sum_of, Mapped};
-use featshard_exec::rank_listing::{check_listing, listing_of};
+use featshard_exec::rank_file::open_checked;
 use featshard_spec::plan::Plan;
 use featshard_spec::plan::TensorPlan;
-use featshard_spec::shards::{self, layout_digest, Encoding, Manifest, RANK_KEY};
+use featshard_spec::shards::{self, layout_digest, Encoding, Manifest};
 use tch::{Device, Tensor};
 
 use super::error::DistError;
@@ -158,23 +157,8 @@ impl PreshardedDataset {
         m: &Manifest,
         rank: usize,
     ) -> Result<(), DistError> {
-        let at = |e: String| setup(format!("{}: {e}", file.display()));
-        let mapped = Mapped::open(file)?;
-        let mut header = mapped.header().metadata.clone();
-        let entry = header.remove(RANK_KEY);
         let digest = layout_digest(&m.layout).map_err(setup)?;
-        m.check_rank(entry.as_deref(), rank, &digest).map_err(at)?;
-        m.check_entries(plan).map_err(at)?;
-        check_listing(plan, m, &listing_of(&mapped.sample())).map_err(at)?;
-        if header != m.metadata {
-            return Err(at(
-                "its metadata is not the manifest's (edited after the run?)".into(),
-            ));
-        }
-        if self.verify {
-            let name = format!("rank-{rank}.safetensors");
-            m.check_file(&name, sum_of(mapped.bytes())).map_err(at)?;
-        }
+        let mapped = open_checked(plan, m, &digest, file, rank, self.verify).map_err(setup)?;
         mapped.check_unchanged(file)?;
         Ok(())
     }

@@ -1,19 +1,24 @@
-//! What a rank file must hold, checked against its sample's manifest before any block
-//! of it is trusted: every feature and passed-through key the manifest lists, each
+//! The one reader of a pre-sharded sample's rank files, for every front end
+//! (`featshard assemble`, the tch runtime's and the Python package's
+//! `PreshardedDataset`): a rank file is opened and checked against its manifest before
+//! any block of it is trusted, with the same checks and the same words everywhere:
+//! its identity (this run, rank, mesh, layout and encoding), its size and CRC-32 (when
+//! verified), the manifest's entries (what the plan makes of its layout), its metadata,
+//! and its listing: every feature and passed-through key the manifest lists, each
 //! feature's block of the dtype and shape the manifest and the plan make of it (its
 //! compact form where the file stores it compact), and nothing the manifest does not
-//! list. Every reader of rank files (`featshard assemble`, both `PreshardedDataset`s)
-//! runs it on the file's tensor list, so a file whose checksum was recomputed after an
-//! edit is still refused.
+//! list. A file whose checksum was recomputed after an edit is still refused.
 
 use std::collections::BTreeMap;
 
 use featshard_spec::ir::DType;
 use featshard_spec::plan::Plan;
-use featshard_spec::shards::{Encoding, Manifest};
+use std::path::Path;
+
+use featshard_spec::shards::{Encoding, Manifest, RANK_KEY};
 
 use crate::compact::{stored_entries_of, stored_form};
-use crate::files::Sample;
+use crate::files::{sum_of, Mapped, Sample};
 
 /// A rank file's tensors: name to dtype (`None` for one featshard has no name for) and
 /// shape.
@@ -63,4 +68,39 @@ pub fn check_listing(plan: &Plan, manifest: &Manifest, found: &Listing) -> Resul
         }
     }
     Ok(())
+}
+
+/// Rank file `path`, rank `rank` of the sample `manifest` describes (whose layout's
+/// digest is `layout_sha256`), opened and checked as the module says; with `verify`,
+/// its size and CRC-32 too (one read of every byte). The error names the file.
+pub fn open_checked(
+    plan: &Plan,
+    manifest: &Manifest,
+    layout_sha256: &str,
+    path: &Path,
+    rank: usize,
+    verify: bool,
+) -> Result<Mapped, String> {
+    let at = |e: String| format!("{}: {e}", path.display());
+    let file = Mapped::open(path).map_err(|e| e.to_string())?;
+    let mut metadata = file.header().metadata.clone();
+    let entry = metadata.remove(RANK_KEY);
+    manifest
+        .check_rank(entry.as_deref(), rank, layout_sha256)
+        .map_err(at)?;
+    if verify {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let folder = path.parent().unwrap_or(Path::new("."));
+        manifest
+            .check_file(&name, sum_of(file.bytes()))
+            .map_err(|e| format!("{}: {e}", folder.display()))?;
+    }
+    manifest.check_entries(plan).map_err(at)?;
+    if metadata != manifest.metadata {
+        return Err(at(
+            "the manifest's metadata differs from the rank files' (edited after the run?)".into(),
+        ));
+    }
+    check_listing(plan, manifest, &listing_of(&file.sample())).map_err(at)?;
+    Ok(file)
 }
