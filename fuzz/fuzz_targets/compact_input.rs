@@ -48,10 +48,12 @@ impl<I: Iterator<Item = u8>> Bytes<I> {
         self.0.next().unwrap_or(0)
     }
 
-    /// A value for an index: mostly small (a valid index or -1), sometimes extreme.
+    /// A value for an index: mostly a class of the 5 or -1, sometimes past them or
+    /// extreme.
     fn index(&mut self) -> i64 {
         match self.byte() {
-            b @ 0..=200 => i64::from(b % 40) - 1,
+            b @ 0..=180 => i64::from(b % 6) - 1,
+            b @ 181..=200 => i64::from(b),
             201..=220 => i64::MAX,
             221..=240 => i64::MIN,
             _ => (1 << 53) + 1,

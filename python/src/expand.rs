@@ -31,7 +31,14 @@ pub(crate) fn expand_blocks<'py>(
     blocks: &[Compact<'_, 'py>],
 ) -> Result<(Bound<'py, PyAny>, Vec<usize>), String> {
     let (checked, end) = check_blocks(blocks)?;
-    let mut buffer = Buffer::new(end).map_err(|e| e.to_string())?;
+    let mut buffer = Buffer::new(end).map_err(|e| {
+        let names: Vec<&str> = blocks.iter().map(|b| b.name.as_str()).collect();
+        format!(
+            "the dense blocks of feature(s) `{}`: cannot allocate {end} bytes ({:.2} GB): {e}",
+            names.join("`, `"),
+            end as f64 / 1e9
+        )
+    })?;
     let out = buffer.bytes_mut();
     let mut written = 0;
     for (b, (memory, form, offset)) in blocks.iter().zip(&checked) {

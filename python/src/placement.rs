@@ -61,6 +61,18 @@ fn sparse_keys(name: &str, features: &BTreeMap<String, Value<'_>>) -> PyResult<[
     Ok(keys)
 }
 
+/// The sparse feature whose elements key `key` is (`NAME.indices`, `NAME.values` or
+/// `NAME.shape`), if it is one.
+fn sparse_feature_of<'p>(plan: &'p featshard_spec::Plan, key: &str) -> Option<&'p str> {
+    use featshard_exec::compact::{INDICES, SHAPE, VALUES};
+    let stem = [INDICES, VALUES, SHAPE]
+        .iter()
+        .find_map(|suffix| key.strip_suffix(suffix))?;
+    plan.tensors()
+        .find(|(n, t)| t.sparse && *n == stem)
+        .map(|(n, _)| n)
+}
+
 /// Validates and places `features` (see `Plan.place` in `_native.pyi`).
 pub(crate) fn place(
     py: Python<'_>,
@@ -110,6 +122,12 @@ pub(crate) fn place(
         );
     }
     for (name, what) in opaque {
+        if let Some(feature) = sparse_feature_of(plan, &name) {
+            let message = format!(
+                "feature `{feature}`: `{name}` (its elements) must be a tensor of a spec dtype, got {what}"
+            );
+            return Err(PyTypeError::new_err(message));
+        }
         if let Some(t) = plan.tensor(&name) {
             let message = format!(
                 "feature `{name}`: expected a {} tensor, got {what}",
@@ -287,8 +305,13 @@ impl Placement {
         let part = part_at(self.on_mesh(coord)?, compact);
         let layout = self.laid_out(compact)?;
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
-        let mut buffer =
-            Buffer::new(layout.bytes).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut buffer = Buffer::new(layout.bytes).map_err(|e| {
+            PyValueError::new_err(format!(
+                "the buffer of the rank at {coord:?}: cannot allocate {} bytes ({:.2} GB): {e}",
+                layout.bytes,
+                layout.bytes as f64 / 1e9
+            ))
+        })?;
         self.inputs_alive(py)?;
         // The lock stays held while the inputs are read (see `inputs_alive`).
         let mut slices = Vec::with_capacity(layout.slots.len());

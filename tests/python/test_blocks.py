@@ -640,3 +640,32 @@ def test_a_map_as_wide_as_a_huge_feature_is_refused_by_the_length_limit(plan: fe
     with pytest.raises(ValueError, match=re.escape(
             "axis 0 (tokens): `tokens` length 2147483648 is more than the limit of 134217728")):
         blocks.place(plan, dict(sample, token_pad_mask=huge), (2, 2), workflow="inference")
+
+
+def test_sparse_input_the_executor_cannot_read_is_named_by_its_feature(plan: featshard.Plan) -> None:
+    """A sparse feature on ``meta``, with complex values, or its elements as a Python
+    list, is refused naming the feature and what was given (before: torch's message
+    with no feature, or "given [0] uint8"); an expansion too large for memory names
+    the feature and the bytes (before: "Cannot allocate memory (os error 12)")."""
+    sample = real_samples()[1]
+    coo = sample["token_bonds"].to_sparse()
+    meta = torch.sparse_coo_tensor(coo.indices(), coo.values(), coo.shape, device="meta", check_invariants=False)
+    complex_values = torch.sparse_coo_tensor(coo.indices(), coo.values().to(torch.complex64), coo.shape,
+                                             check_invariants=False)
+    pairs = as_elements(sample, pairs=True)
+    for given, message in [
+        (dict(sample, token_bonds=meta),
+         "feature `token_bonds`: expected a float32 tensor, got a sparse meta tensor (no data)"),
+        (dict(sample, token_bonds=complex_values),
+         "feature `token_bonds`: expected a float32 tensor, got a sparse tensor of complex64 elements"),
+        (dict(pairs, **{"token_bonds.values": pairs["token_bonds.values"].tolist()}),
+         "feature `token_bonds`: `token_bonds.values` (its elements) must be a tensor of a spec dtype, got list"),
+    ]:
+        with pytest.raises(TypeError) as raised:
+            blocks.place(plan, given, (2, 2), workflow="inference")
+        assert str(raised.value) == message
+    placed = blocks.place(plan, sample, (2, 2), workflow="inference")
+    wire = placed.wire(compact=True)
+    entries = blocks.buffer_views(placed.rank_buffer((0, 0), compact=True), wire)["token_bonds"]
+    with pytest.raises(ValueError, match=r"feature\(s\) `token_bonds`: cannot allocate 4398046511104 bytes"):
+        plan.expand_blocks([("token_bonds", [2**20, 2**20, 1], entries.contiguous().__dlpack__())])
