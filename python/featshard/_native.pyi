@@ -259,7 +259,10 @@ def release_buffers() -> int:
 def contiguous_stride(shape: list[int]) -> list[int]:
     """Row-major strides (in elements) of a tensor of ``shape``."""
 
+ROWS_TABLE_MAX: int
+
 def packed_offsets(sizes: list[int]) -> tuple[list[int], int]: ...
+def expansion_vectors() -> list[tuple[Slot, bytes, bytes]]: ...
 def repad_indices(values: list[int], old: int, new: int) -> list[int]:
     """Owner-block positions moved to a larger per-block stride; negatives stay."""
 

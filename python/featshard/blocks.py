@@ -298,9 +298,9 @@ def expand_one_hot(
     return out
 
 
-# The most classes a one-hot axis is expanded from a table of its rows ((classes + 1) x
-# classes elements: 0.5 MB of int64 at 256); beyond, a scatter into zeros.
-_ROWS_TABLE_MAX = 256
+# The most classes a one-hot axis is expanded from a table of its rows, the executor's
+# number for both torch executors; beyond, a scatter into zeros.
+_ROWS_TABLE_MAX: int = _native.ROWS_TABLE_MAX
 
 
 @functools.cache

@@ -492,6 +492,27 @@ fn replica_indices(
         .map_err(value_error)
 }
 
+/// The executor's expansion vectors, which every executor of compact blocks is held
+/// to: each stored block's slot (its form, dense dtype and shape), its bytes, and the
+/// dense bytes the executor makes of it (`featshard_exec::compact::vectors`).
+#[pyfunction]
+fn expansion_vectors(
+    py: Python<'_>,
+) -> Vec<(
+    buffer::Slot,
+    Bound<'_, pyo3::types::PyBytes>,
+    Bound<'_, pyo3::types::PyBytes>,
+)> {
+    featshard_exec::compact::vectors::expansion_vectors()
+        .into_iter()
+        .map(|v| {
+            let packed = pyo3::types::PyBytes::new(py, &v.packed);
+            let dense = pyo3::types::PyBytes::new(py, &v.dense);
+            (buffer::Slot { slot: v.slot }, packed, dense)
+        })
+        .collect()
+}
+
 /// Runs of `sizes` bytes laid back to back as a rank buffer lays out its blocks: their
 /// byte offsets, and the bytes they span (`featshard_exec::buffer::packed`).
 #[pyfunction]
@@ -564,6 +585,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chunk_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;
     m.add_function(wrap_pyfunction!(packed_offsets, m)?)?;
+    m.add_function(wrap_pyfunction!(expansion_vectors, m)?)?;
+    m.add("ROWS_TABLE_MAX", featshard_exec::compact::ROWS_TABLE_MAX)?;
     m.add_function(wrap_pyfunction!(repad_indices, m)?)?;
     m.add_function(wrap_pyfunction!(replica_indices, m)?)?;
     Ok(())

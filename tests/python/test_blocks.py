@@ -669,3 +669,20 @@ def test_sparse_input_the_executor_cannot_read_is_named_by_its_feature(plan: fea
     entries = blocks.buffer_views(placed.rank_buffer((0, 0), compact=True), wire)["token_bonds"]
     with pytest.raises(ValueError, match=r"feature\(s\) `token_bonds`: cannot allocate 4398046511104 bytes"):
         plan.expand_blocks([("token_bonds", [2**20, 2**20, 1], entries.contiguous().__dlpack__())])
+
+
+def test_torch_expands_every_shared_vector_as_the_executor_does() -> None:
+    """The executor's expansion vectors (every form, every dense dtype, rows of none, a
+    partial last byte, ``-0.0`` and entries past the last, narrow ends): torch's
+    expansion on a device (here the host) gives each one's dense bytes exactly, as the
+    tch runtime's does on the same vectors (``runtime/src/dist/on_device.rs``)."""
+    from featshard import _native
+
+    vectors = _native.expansion_vectors()
+    assert len(vectors) > 40
+    for slot, packed, dense in vectors:
+        raw = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
+        stored = raw.view(blocks._BY_NAME[slot.dtype]).view(slot.shape)
+        got = blocks.expand_block(stored, slot, torch.device("cpu"))
+        assert (got.dtype, list(got.shape)) == (blocks._BY_NAME[slot.dense_dtype], slot.dense_shape), slot.name
+        assert got.contiguous().view(torch.uint8).flatten().numpy().tobytes() == dense, slot.name

@@ -29,6 +29,7 @@ mod given;
 mod given_entries;
 mod narrow;
 mod stored;
+pub mod vectors;
 
 use bits::unpack_bits_into;
 pub use bits::{bits_len, unpack_bits, Bits};
@@ -45,6 +46,12 @@ use serde::{Deserialize, Serialize};
 use crate::array::Array;
 use crate::dtype;
 use crate::error::RuntimeError;
+
+/// The most classes a torch executor expands a one-hot block of from a table of its
+/// rows (`(classes + 1) x classes` elements, 0.5 MB of int64 at 256); beyond, it
+/// scatters into zeros. Both torch executors (the Python package's and the tch
+/// runtime's) follow it.
+pub const ROWS_TABLE_MAX: usize = 256;
 
 /// How a compact block expands to its dense block (what a receiver is told).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

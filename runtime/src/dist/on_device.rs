@@ -4,7 +4,7 @@
 //! executor expands them instead (`featshard_exec::compact::Form::expand_into`, which
 //! also checks them); this module writes the same bytes with torch's own kernels.
 
-use featshard_exec::compact::{Form, ENTRY_BYTES};
+use featshard_exec::compact::{Form, ENTRY_BYTES, ROWS_TABLE_MAX};
 use featshard_spec::ir::DType;
 use tch::{Device, Kind, TchError, Tensor};
 
@@ -23,6 +23,21 @@ pub fn expand_into(
     let kind = kind_of(dtype);
     let mut out = out.shallow_clone();
     match *form {
+        Form::OneHot { axis, classes, .. } if classes <= ROWS_TABLE_MAX => {
+            // Each row read from a table of the rows there are (row `classes`: zeros, for
+            // a row of none): a few kernels, the Python package's recipe too.
+            let c = classes as i64;
+            let idx = packed.f_to_kind(Kind::Int64)?.f_clamp(-1, c)?;
+            let idx = idx.f_where_scalarother(&idx.f_ge(0)?, c)?;
+            let table = Tensor::f_eye_m(c + 1, c, (kind, packed.device()))?;
+            let mut shape = idx.size();
+            shape.push(c);
+            let rows = table
+                .f_index_select(0, &idx.f_view([-1])?)?
+                .f_view(shape.as_slice())?;
+            let last = shape.len() as i64 - 1;
+            out.f_copy_(&rows.f_movedim(&[last], &[axis as i64])?)?;
+        }
         Form::OneHot { axis, classes, .. } => {
             let idx = packed.f_to_kind(Kind::Int64)?;
             let real = idx.f_ge(0)?.f_logical_and(&idx.f_lt(classes as i64)?)?;
@@ -237,6 +252,29 @@ mod tests {
                 &[2, 3],
             );
             assert!(got == want, "{index:?} to {d:?}");
+        }
+    }
+
+    /// The executor's shared expansion vectors (every form, every dense dtype, the
+    /// edge rows): torch's expansion gives each vector's dense bytes exactly.
+    #[test]
+    fn torch_expands_every_shared_vector_as_the_executor_does() {
+        let all = featshard_exec::compact::vectors::expansion_vectors();
+        assert!(all.len() > 40);
+        for v in &all {
+            let s = &v.slot;
+            let e = s.compact.as_ref().expect("a compact slot");
+            let dims: Vec<i64> = s.shape.iter().map(|&d| d as i64).collect();
+            let packed = Tensor::from_slice(&v.packed)
+                .view_dtype(kind_of(s.dtype))
+                .view(dims.as_slice());
+            let out = expanded(&packed, &e.form, e.dtype, &e.shape).expect("expanded");
+            let mut got = vec![0u8; v.dense.len()];
+            out.contiguous()
+                .view_dtype(Kind::Uint8)
+                .view([-1])
+                .copy_data_u8(&mut got, v.dense.len());
+            assert!(got == v.dense, "vector {}", s.name);
         }
     }
 
