@@ -36,7 +36,7 @@ pub fn expand_into(
                 .f_index_select(0, &idx.f_view([-1])?)?
                 .f_view(shape.as_slice())?;
             let last = shape.len() as i64 - 1;
-            out.f_copy_(&rows.f_movedim(&[last], &[axis as i64])?)?;
+            out.f_copy_(&rows.f_movedim([last], [axis as i64])?)?;
         }
         Form::OneHot { axis, classes, .. } => {
             let idx = packed.f_to_kind(Kind::Int64)?;
