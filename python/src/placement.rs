@@ -73,25 +73,25 @@ fn sparse_feature_of<'p>(plan: &'p featshard_spec::Plan, key: &str) -> Option<&'
         .map(|(n, _)| n)
 }
 
-/// Validates and places `features` (see `Plan.place` in `_native.pyi`).
-pub(crate) fn place(
-    py: Python<'_>,
-    plan: &Arc<featshard_spec::Plan>,
-    features: BTreeMap<String, Value<'_>>,
-    mesh: [usize; 2],
-    opts: Options,
-) -> PyResult<Placement> {
-    let mut inputs = Vec::new();
-    let mut opaque = Vec::new();
-    let mut shapes = Vec::new();
+/// The tensors a sample's values are (a sparse tensor's parts under their element
+/// keys), the values the executor cannot read (with what they are), and the sparse
+/// tensors' sizes under their `NAME.shape` keys.
+type Gathered = (
+    Vec<(String, Memory)>,
+    Vec<(String, String)>,
+    Vec<(String, Vec<usize>)>,
+);
+
+fn gathered(features: &BTreeMap<String, Value<'_>>) -> PyResult<Gathered> {
+    let (mut inputs, mut opaque, mut shapes) = (Vec::new(), Vec::new(), Vec::new());
     let memory = |name: &str, (c, storage): &Capsule<'_>| {
         Memory::new(name, c)?.with_storage(name, storage.clone())
     };
-    for (name, value) in &features {
+    for (name, value) in features {
         match value {
             Value::Tensor(t) => inputs.push((name.clone(), memory(name, t)?)),
             Value::Sparse((indices, values, size)) => {
-                let [ik, vk, sk] = sparse_keys(name, &features)?;
+                let [ik, vk, sk] = sparse_keys(name, features)?;
                 inputs.push((ik, memory(name, indices)?));
                 inputs.push((vk, memory(name, values)?));
                 shapes.push((sk, size.clone()));
@@ -99,28 +99,17 @@ pub(crate) fn place(
             Value::Other(what) => opaque.push((name.clone(), what.clone())),
         }
     }
-    let mut sample = Sample::new();
-    for (key, size) in shapes {
-        let bytes = size
-            .iter()
-            .flat_map(|&n| (n as i64).to_le_bytes())
-            .collect();
-        let shape = vec![size.len()];
-        sample.insert(
-            key,
-            Array::owned(featshard_spec::ir::DType::Int64, shape, bytes),
-        );
-    }
-    for (name, m) in &inputs {
-        // SAFETY: the slice lives in `Placement::placed`, which drops before `inputs`
-        // (or in `sample` below, dropped before this function returns `inputs`).
-        #[allow(unsafe_code)]
-        let bytes = unsafe { m.bytes_unbound() };
-        sample.insert(
-            name.clone(),
-            Array::borrowed(m.dtype, m.shape.clone(), bytes, None),
-        );
-    }
+    Ok((inputs, opaque, shapes))
+}
+
+/// The values the executor cannot read, each an empty placeholder (dropped or passed
+/// through by name, never read); a `TypeError` naming the feature for one that is a
+/// feature's tensor or a sparse feature's elements.
+fn opaque_arrays(
+    plan: &featshard_spec::Plan,
+    opaque: Vec<(String, String)>,
+    sample: &mut Sample<'_>,
+) -> PyResult<()> {
     for (name, what) in opaque {
         if let Some(feature) = sparse_feature_of(plan, &name) {
             let message = format!(
@@ -135,12 +124,44 @@ pub(crate) fn place(
             );
             return Err(PyTypeError::new_err(message));
         }
-        // Opaque: dropped or passed through by name, never read.
         sample.insert(
             name,
             Array::owned(featshard_spec::ir::DType::Uint8, vec![0], Vec::new()),
         );
     }
+    Ok(())
+}
+
+/// Validates and places `features` (see `Plan.place` in `_native.pyi`).
+pub(crate) fn place(
+    py: Python<'_>,
+    plan: &Arc<featshard_spec::Plan>,
+    features: BTreeMap<String, Value<'_>>,
+    mesh: [usize; 2],
+    opts: Options,
+) -> PyResult<Placement> {
+    let (inputs, opaque, shapes) = gathered(&features)?;
+    let mut sample = Sample::new();
+    for (key, size) in shapes {
+        let bytes = size
+            .iter()
+            .flat_map(|&n| (n as i64).to_le_bytes())
+            .collect();
+        let shape = vec![size.len()];
+        let array = Array::owned(featshard_spec::ir::DType::Int64, shape, bytes);
+        sample.insert(key, array);
+    }
+    for (name, m) in &inputs {
+        // SAFETY: the slice lives in `Placement::placed`, which drops before `inputs`
+        // (or in `sample` below, dropped before this function returns `inputs`).
+        #[allow(unsafe_code)]
+        let bytes = unsafe { m.bytes_unbound() };
+        sample.insert(
+            name.clone(),
+            Array::borrowed(m.dtype, m.shape.clone(), bytes, None),
+        );
+    }
+    opaque_arrays(plan, opaque, &mut sample)?;
     // A domain plan's blocks differ per rank: written one rank at a time, never as
     // one buffer shape for all (`rank_buffer` refuses them).
     let place = if plan.mesh.is_domain() {

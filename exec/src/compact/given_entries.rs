@@ -64,6 +64,60 @@ pub fn entries_from_pairs<'a>(
     Ok(out)
 }
 
+/// The elements' axis count and number, when `indices` is `[axes, n]` integers and
+/// `values` `[n]` of the feature's dtype.
+fn pair_shape(
+    t: &TensorPlan,
+    shape: &[usize],
+    indices: &Array,
+    values: &Array,
+) -> Result<(usize, usize), String> {
+    let (rank, n) = match indices.shape()[..] {
+        [r, n] if r == shape.len() && indices.dtype().is_integer() => (r, n),
+        _ => {
+            return Err(format!(
+                "`.indices` holds each element's coordinate along its {} axes, as integers `[{}, n]`; given {:?} {}",
+                shape.len(),
+                shape.len(),
+                indices.shape(),
+                indices.dtype()
+            ))
+        }
+    };
+    if values.shape() != [n] || values.dtype() != t.dtype {
+        return Err(format!(
+            "`.values` holds the {n} elements as {}; given {:?} {}",
+            t.dtype,
+            values.shape(),
+            values.dtype()
+        ));
+    }
+    Ok((rank, n))
+}
+
+/// `n` elements within [`limits::MAX_ENTRIES`], and a dense form of `shape` whose
+/// element count fits an int64 (so that no flat position wraps).
+fn check_counts(name: &str, shape: &[usize], n: usize) -> Result<(), RuntimeError> {
+    let too_large = |message: String| RuntimeError::TooLarge {
+        feature: name.to_owned(),
+        message,
+    };
+    if n > limits::MAX_ENTRIES {
+        return Err(too_large(format!(
+            "given as {n} elements, more than the limit of {}",
+            limits::MAX_ENTRIES
+        )));
+    }
+    let numel = shape.iter().try_fold(1u64, |a, &k| a.checked_mul(k as u64));
+    if numel.is_none_or(|e| e > i64::MAX as u64) {
+        return Err(too_large(format!(
+            "its dense shape {shape:?} has more than {} elements, the most a tensor can hold",
+            i64::MAX
+        )));
+    }
+    Ok(())
+}
+
 /// A sparse feature's own shape (`NAME.shape`, one integer an axis) is the shape the
 /// plan and the other features make.
 fn check_given_shape(given: &Array, shape: &[usize]) -> Result<(), String> {
@@ -141,45 +195,8 @@ fn entry_list(
         feature: name.to_owned(),
         message,
     };
-    let (rank, n) = match indices.shape()[..] {
-        [r, n] if r == shape.len() && indices.dtype().is_integer() => (r, n),
-        _ => {
-            return Err(fault(format!(
-                "`.indices` holds each element's coordinate along its {} axes, as integers `[{}, n]`; given {:?} {}",
-                shape.len(),
-                shape.len(),
-                indices.shape(),
-                indices.dtype()
-            )))
-        }
-    };
-    if values.shape() != [n] || values.dtype() != t.dtype {
-        return Err(fault(format!(
-            "`.values` holds the {n} elements as {}; given {:?} {}",
-            t.dtype,
-            values.shape(),
-            values.dtype()
-        )));
-    }
-    if n > limits::MAX_ENTRIES {
-        return Err(RuntimeError::TooLarge {
-            feature: name.to_owned(),
-            message: format!(
-                "given as {n} elements, more than the limit of {}",
-                limits::MAX_ENTRIES
-            ),
-        });
-    }
-    let numel = shape.iter().try_fold(1u64, |a, &k| a.checked_mul(k as u64));
-    if numel.is_none_or(|e| e > i64::MAX as u64) {
-        return Err(RuntimeError::TooLarge {
-            feature: name.to_owned(),
-            message: format!(
-                "its dense shape {shape:?} has more than {} elements, the most a tensor can hold",
-                i64::MAX
-            ),
-        });
-    }
+    let (rank, n) = pair_shape(t, shape, indices, values).map_err(fault)?;
+    check_counts(name, shape, n)?;
     let (ib, vb) = (indices.contiguous(), values.contiguous());
     let (ies, ves) = (dtype::size(indices.dtype()), dtype::size(t.dtype));
     let coord = |d: usize, k: usize| {
