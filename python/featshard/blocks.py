@@ -22,7 +22,7 @@ from torch.utils.dlpack import from_dlpack
 
 from featshard import Layout, Plan, _native
 
-__all__ = ["Placement", "Slot", "Wire", "buffer_views", "expand", "expand_block", "expand_on_device", "place", "rank_blocks", "release_buffers"]
+__all__ = ["Placement", "Slot", "Wire", "buffer_views", "dtype_name", "expand", "expand_block", "expand_on_device", "place", "rank_blocks", "release_buffers", "torch_dtype", "view_at"]
 
 # The spec's dtypes, by the names the spec and the executor use.
 _DTYPES: dict[torch.dtype, str] = {
@@ -38,6 +38,17 @@ _DTYPES: dict[torch.dtype, str] = {
     torch.float64: "float64",
 }
 _BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name the spec and the executor give ``dtype`` (torch's own name for one the
+    spec has no name for, which the executor then refuses by name)."""
+    return _DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a spec dtype name (as the executor's slots and tables give it)."""
+    return _BY_NAME[name]
 
 # Every rank's buffer of a placement: where each block lies, what it holds and how a
 # compact block expands (the executor's contract, read from it, never computed here).
@@ -156,16 +167,16 @@ class Placement:
         return self._native.buffer_layout(compact)
 
 
-def _at(buffer: torch.Tensor, offset: int, nbytes: int, dtype_name: str, shape: list[int]) -> torch.Tensor:
-    """The ``nbytes`` bytes of ``buffer`` from ``offset`` as a tensor of ``dtype_name``
-    and ``shape``: a view."""
-    return buffer[offset : offset + nbytes].view(_BY_NAME[dtype_name]).view(shape)
+def view_at(buffer: torch.Tensor, offset: int, nbytes: int, dtype: str, shape: list[int]) -> torch.Tensor:
+    """The ``nbytes`` bytes of ``buffer`` from ``offset`` as a tensor of the spec dtype
+    ``dtype`` and ``shape``: a view (what a slot of a rank's buffer holds)."""
+    return buffer[offset : offset + nbytes].view(_BY_NAME[dtype]).view(shape)
 
 
 def buffer_views(buffer: torch.Tensor, wire: Wire) -> dict[str, torch.Tensor]:
     """The blocks in a rank's buffer (``Placement.wire`` tells where), views of it: a
     compact block as it is held."""
-    return {s.name: _at(buffer, s.offset, s.nbytes, s.dtype, s.shape) for s in wire.slots}
+    return {s.name: view_at(buffer, s.offset, s.nbytes, s.dtype, s.shape) for s in wire.slots}
 
 
 def expand(plan: Plan, blocks: Mapping[str, torch.Tensor], wire: Wire) -> dict[str, torch.Tensor]:
@@ -182,7 +193,7 @@ def expand(plan: Plan, blocks: Mapping[str, torch.Tensor], wire: Wire) -> dict[s
         [(s.name, s.dense_shape, blocks[s.name].contiguous().__dlpack__()) for s in compact])
     buffer = from_dlpack(capsule)
     for s, at in zip(compact, offsets):
-        out[s.name] = _at(buffer, at, s.dense_nbytes, s.dense_dtype, s.dense_shape)
+        out[s.name] = view_at(buffer, at, s.dense_nbytes, s.dense_dtype, s.dense_shape)
     return out
 
 

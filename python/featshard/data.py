@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
-from featshard.blocks import _at, expand_block, moved_together
+from featshard.blocks import expand_block, moved_together, view_at
 from featshard.distribute import _device_of, cp_group, distribute_features, placements
 from featshard.errors import FeatureDistributionError
 
@@ -288,7 +288,7 @@ def _dense(
     out = {}
     for name, at in zip(stored, offsets):
         slot = manifest.stored_slot(name)
-        out[name] = _at(buffer, at, slot.dense_nbytes, slot.dense_dtype, slot.dense_shape)
+        out[name] = view_at(buffer, at, slot.dense_nbytes, slot.dense_dtype, slot.dense_shape)
     return out
 
 

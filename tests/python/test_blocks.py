@@ -682,7 +682,7 @@ def test_torch_expands_every_shared_vector_as_the_executor_does() -> None:
     assert len(vectors) > 40
     for slot, packed, dense in vectors:
         raw = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
-        stored = raw.view(blocks._BY_NAME[slot.dtype]).view(slot.shape)
+        stored = raw.view(blocks.torch_dtype(slot.dtype)).view(slot.shape)
         got = blocks.expand_block(stored, slot, torch.device("cpu"))
-        assert (got.dtype, list(got.shape)) == (blocks._BY_NAME[slot.dense_dtype], slot.dense_shape), slot.name
+        assert (got.dtype, list(got.shape)) == (blocks.torch_dtype(slot.dense_dtype), slot.dense_shape), slot.name
         assert got.contiguous().view(torch.uint8).flatten().numpy().tobytes() == dense, slot.name

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from featshard import _native
-from featshard.blocks import _BY_NAME
+from featshard.blocks import torch_dtype
 from featshard.domain.tables import DomainTables
 from featshard.errors import (
     FeatureDistributionError,
@@ -223,7 +223,7 @@ class DomainScatter(DomainTables):
             found, _ = _native.read_header(os.fspath(path))
         except ValueError as e:
             raise FeatureDistributionError(str(e)) from None
-        entries = {n: _Entry(_BY_NAME[d], tuple(shape), at) for n, d, shape, at in found}
+        entries = {n: _Entry(torch_dtype(d), tuple(shape), at) for n, d, shape, at in found}
         shapes = {n: (e.shape, e.dtype) for n, e in entries.items()}
         lengths = self.check_shapes(shapes, (1,) * len(self.domain_axes))
         fd = os.open(os.fspath(path), os.O_RDONLY)

@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement, Replicate
 
 from featshard import Feature, Plan, Semantic, blocks
-from featshard.blocks import _DTYPES, place
+from featshard.blocks import dtype_name, place
 from featshard.distribute import placements
 from featshard.errors import FeatureDistributionError
 
@@ -103,7 +103,7 @@ class DomainTables:
         """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say): the
         executor's checks that need no values, then the layout's on `mesh_sizes`."""
         self._mesh(mesh_sizes)
-        named = {n: (_DTYPES.get(d, str(d).removeprefix("torch.")), [int(x) for x in s]) for n, (s, d) in shapes.items()}
+        named = {n: (dtype_name(d), [int(x) for x in s]) for n, (s, d) in shapes.items()}
         try:
             lengths = self.plan.check_shapes(named)
         except ValueError as e:
