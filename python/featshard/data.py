@@ -372,7 +372,9 @@ def lightning_datamodule(
     seed: int = 0,
     workflow: str | None = None,
 ) -> Any:
-    """A ``LightningDataModule`` over serial datasets (lightning must be importable).
+    """A ``LightningDataModule`` over serial datasets, or pre-sharded ones
+    (:class:`PreshardedDataset`, whose samples each rank reads from its own rank files),
+    for each stage (lightning must be importable).
 
     ``mesh`` is the model's mesh, (cp0, cp1) or (dp, cp0, cp1), on any device. Each
     sample moves from its CP group's source over gloo groups the pipeline creates
@@ -402,7 +404,11 @@ def lightning_datamodule(
     def loader(serial: Dataset[Any] | None, shuffle: bool) -> DataLoader[Any]:
         if serial is None:
             raise ValueError("no dataset was given for this stage")
-        dataset = DistributedFeatureDataset(plan, serial, mesh, retries=retries, workflow=workflow)
+        # A pre-sharded dataset already gives each rank its own DTensors.
+        dataset: Dataset[Any] = (
+            serial if isinstance(serial, PreshardedDataset)
+            else DistributedFeatureDataset(plan, serial, mesh, retries=retries, workflow=workflow)
+        )
         sampler = dp_sampler(dataset, mesh, shuffle=shuffle, seed=seed)
         if mesh.mesh.dim() == 3:
             return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=0,

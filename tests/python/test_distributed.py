@@ -284,6 +284,14 @@ def _check_presharded(P: Any, D: Any, mesh: Any, root: Path, dp: bool) -> None:
             assert torch.equal(x.to_local(), y.to_local()), f"{n}: blocks differ"
     if dp:
         return
+    # The Lightning data module reads a pre-sharded dataset as it is: the same DTensors.
+    via = list(D.lightning_datamodule(mesh, predict=ds, workflow="inference").predict_dataloader())
+    assert len(via) == len(offline)
+    for a, b in zip(via, offline):
+        tensors = sorted(n for n in b if isinstance(b[n], DTensor))
+        assert sorted(n for n in a if isinstance(a[n], DTensor)) == tensors
+        for n in tensors:
+            assert a[n].shape == b[n].shape and torch.equal(a[n].to_local(), b[n].to_local()), n
     # Refused: a folder sharded for another mesh, and a rank file that is another rank's.
     try:
         D.PreshardedDataset(root.parent / "sharded_2x2", mesh)
