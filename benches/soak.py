@@ -15,7 +15,9 @@ it (compact rank files) and read by every rank through the Lightning data module
 as many go through `distribute_features` from the CP group's source. Each rank records,
 every `WINDOW` samples, its resident set (VmRSS), its open file descriptors and the
 window's samples per second; the first `WARM` samples are warm-up. Printed: per phase
-and rank, the growth of both after warm-up and the spread of the windows' throughput.
+and rank, the growth of both after warm-up (and of the resident set in the second half
+alone: a leak grows as much there as in the first) and the spread of the windows'
+throughput.
 """
 
 from __future__ import annotations
@@ -87,9 +89,10 @@ def _worker(rank: int, folder: str) -> None:
 
 def _summary(phase: str, rank: int, rows: list[dict[str, float]]) -> str:
     warm = [r for r in rows if r["samples"] > WARM]
-    first, last = warm[0], warm[-1]
+    first, middle, last = warm[0], warm[len(warm) // 2], warm[-1]
     rates = [r["per_s"] for r in warm]
     return (f"| {phase} | {rank} | {first['rss'] / 1e6:.1f} | {(last['rss'] - first['rss']) / 1e6:+.1f} "
+            f"| {(last['rss'] - middle['rss']) / 1e6:+.1f} "
             f"| {first['fds']:.0f} | {last['fds'] - first['fds']:+.0f} | {statistics.median(rates):.0f} "
             f"| {min(rates):.0f}-{max(rates):.0f} |")
 
@@ -110,9 +113,9 @@ def main() -> None:
         start = time.perf_counter()
         spawn(_worker, args=(folder,), nprocs=RANKS, join=True)
         print(f"{RANKS} ranks, both phases: {time.perf_counter() - start:.0f} s")
-        print("| phase | rank | RSS after warm-up (MB) | RSS growth (MB) | fds after warm-up | fd growth "
-              "| samples/s (median) | samples/s (range) |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| phase | rank | RSS after warm-up (MB) | RSS growth (MB) | of it, in the second half | fds after "
+              "warm-up | fd growth | samples/s (median) | samples/s (range) |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for rank in range(RANKS):
             records = json.loads(Path(folder, f"rank-{rank}.json").read_text())
             for phase in ("presharded", "distribute"):

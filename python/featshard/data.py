@@ -200,9 +200,9 @@ class DistributedFeatureDataset(Dataset[dict[str, Any]]):
 
 class PreshardedDataset(Dataset[dict[str, Any]]):
     """Samples pre-sharded by ``featshard shard`` over a dataset (``ROOT/<sample>/``):
-    each rank opens only its own rank file of each sample, memory-mapped (safetensors
-    must be importable), and builds its DTensors with explicit shape, stride and
-    placements from the sample's manifest. Compact blocks are checked by the executor,
+    each rank opens only its own rank file of each sample (checked and read by the
+    executor's one reader of rank files into one buffer), and builds its DTensors with
+    explicit shape, stride and placements from the sample's manifest. Compact blocks are checked by the executor,
     then expanded by it on the host, or on a CUDA mesh by torch on the rank's GPU (only
     they cross to it). No source rank, no collective; the same
     indices on every rank of a CP group (see :func:`dp_sampler`) give the online
@@ -233,38 +233,32 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         return len(self.names)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        try:
-            from safetensors import safe_open
-        except ImportError as e:
-            raise ImportError("PreshardedDataset needs the `safetensors` package") from e
         folder = self.root / self.names[index]
         manifest = self.plan.read_manifest(folder / "manifest.json")
         if manifest.mesh != self.cp:
             raise ValueError(f"{folder / 'manifest.json'}: sharded for mesh {manifest.mesh}, "
                              f"this CP mesh is {self.cp}")
         path = folder / f"rank-{self.rank}.safetensors"
+        # Checked and read by the executor's one reader of rank files, into one buffer.
+        capsule, listed, header = manifest.read_rank_file(str(path), self.rank, self.verify)
+        buffer = from_dlpack(capsule)
+        tensors = {name: view_at(buffer, at, nbytes, dtype, shape) for name, dtype, shape, at, nbytes in listed}
+        stored = {k: x for k, x in tensors.items() if manifest.stored_slot(k) is not None}
+        device = _device_of(self.cp_mesh)
+        tensors.update(_dense(manifest, stored, path, device))
         out: dict[str, Any] = {}
-        # Checked by the one reader of rank files, then read by safetensors.
-        manifest.check_rank_file(str(path), self.rank, self.verify)
-        with safe_open(str(path), framework="pt") as f:
-            header = dict(f.metadata() or {})
-            header.pop("featshard.rank", None)
-            tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - not a mapping
-            stored = {k: x for k, x in tensors.items() if manifest.stored_slot(k) is not None}
-            device = _device_of(self.cp_mesh)
-            tensors.update(_dense(manifest, stored, path, device))
-            for key, x in tensors.items():
-                dtensor = manifest.dtensor_shape(key)
-                if dtensor is None:
-                    out[key] = x
-                    continue
-                shape, stride = dtensor
-                # On a CUDA mesh every block is on its GPU, as the online path gives it:
-                # the expanded ones already, the rest copied as they are stored.
-                out[key] = DTensor.from_local(
-                    x if device is None else x.to(device), self.cp_mesh, self._placements[key], run_check=False,
-                    shape=torch.Size(shape), stride=tuple(stride),
-                )
+        for key, x in tensors.items():
+            dtensor = manifest.dtensor_shape(key)
+            if dtensor is None:
+                out[key] = x
+                continue
+            shape, stride = dtensor
+            # On a CUDA mesh every block is on its GPU, as the online path gives it:
+            # the expanded ones already, the rest copied as they are stored.
+            out[key] = DTensor.from_local(
+                x if device is None else x.to(device), self.cp_mesh, self._placements[key], run_check=False,
+                shape=torch.Size(shape), stride=tuple(stride),
+            )
         out.update(header)
         return out
 

@@ -134,29 +134,61 @@ impl ShardManifest {
         Ok(())
     }
 
-    /// `ValueError` naming the file unless the rank file at `path` is rank `rank` of
-    /// this sample, as the one reader of rank files checks it
-    /// (`featshard_exec::rank_file::open_checked`: identity, with `verify` its size and
-    /// CRC-32, the manifest's entries and metadata, and every tensor it holds).
-    fn check_rank_file(
+    /// The rank file at `path`, rank `rank` of this sample, checked by the one reader
+    /// of rank files (`featshard_exec::rank_file::open_checked`: identity, with
+    /// `verify` its size and CRC-32, the manifest's entries and metadata, every tensor
+    /// it holds) and read into one new buffer (blocks laid out as a
+    /// rank's buffer is): the buffer as a uint8 DLPack capsule, every tensor's `(name,
+    /// dtype, shape, byte offset, bytes)` sorted by name, and the header's metadata (the
+    /// file's identity left out). The file is unmapped before this returns.
+    #[allow(clippy::type_complexity)]
+    fn read_rank_file<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         path: PathBuf,
         rank: usize,
         verify: bool,
-    ) -> PyResult<()> {
-        py.detach(|| {
-            featshard_exec::rank_file::open_checked(
-                &self.plan,
-                &self.m,
-                &self.layout_sha256,
-                &path,
-                rank,
-                verify,
-            )
-            .map(drop)
-        })
-        .map_err(PyValueError::new_err)
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        Vec<(String, &'static str, Vec<usize>, usize, usize)>,
+        BTreeMap<String, String>,
+    )> {
+        let file = py
+            .detach(|| {
+                featshard_exec::rank_file::open_checked(
+                    &self.plan,
+                    &self.m,
+                    &self.layout_sha256,
+                    &path,
+                    rank,
+                    verify,
+                )
+            })
+            .map_err(PyValueError::new_err)?;
+        let header = file.header();
+        let sizes: Vec<usize> = header
+            .entries
+            .iter()
+            .map(|e| (e.offsets.1 - e.offsets.0) as usize)
+            .collect();
+        let (offsets, total) = featshard_exec::buffer::packed(&sizes);
+        let mut buffer = crate::dlpack::Buffer::new(total).map_err(|e| at(&path, e))?;
+        let out = buffer.bytes_mut();
+        let data = &file.bytes()[header.data_start as usize..];
+        let mut listed = Vec::with_capacity(sizes.len());
+        let mut end = 0;
+        for (e, &at) in header.entries.iter().zip(&offsets) {
+            let (a, b) = (e.offsets.0 as usize, e.offsets.1 as usize);
+            // Recycled memory: the alignment gaps are zeroed, each tensor copied whole.
+            out[end..at].fill(0);
+            out[at..at + (b - a)].copy_from_slice(&data[a..b]);
+            end = at + (b - a);
+            listed.push((e.name.clone(), e.dtype.name(), e.shape.clone(), at, b - a));
+        }
+        file.check_unchanged(&path).map_err(|e| at(&path, e))?;
+        let mut metadata = header.metadata.clone();
+        metadata.remove(featshard::manifest::RANK_KEY);
+        Ok((buffer.into_capsule(py)?, listed, metadata))
     }
 }
 
