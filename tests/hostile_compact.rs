@@ -5,12 +5,11 @@
 //! refusal by name (exit 1), never an abort.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 mod support;
 
-use support::cli::root;
+use support::cli::{root, within};
 
 /// One tensor of a hand-written safetensors file: its bytes, or `None` for a tensor
 /// of zeros left as a hole in the file (any size, nothing on disk).
@@ -100,23 +99,9 @@ fn spec_with_atoms(dir: &Path) -> PathBuf {
 
 /// `featshard ARGS` run from the repository root, failing the test past `secs`.
 fn run(secs: u64, args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_featshard"))
-        .args(args)
-        .current_dir(root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("still running after {secs} s: featshard {args:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_featshard"));
+    cmd.args(args).current_dir(root());
+    within(secs, cmd)
 }
 
 fn shard(spec: &Path, input: &Path, out: &Path) -> Output {

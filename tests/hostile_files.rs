@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::cli::{featshard, root, shard, shard_command, shard_encoded, spec};
+use support::cli::{featshard, root, shard, shard_command, shard_encoded, spec, within};
 
 fn real(name: &str) -> PathBuf {
     root().join("tests/data/real").join(name)
@@ -428,25 +428,6 @@ fn rewrite(sample: &Path, out: &Path, edit: impl Fn(&str, &mut Vec<usize>, &mut 
         .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
         .collect();
     safetensors::serialize_to_file(views, meta.metadata().clone(), out).unwrap();
-}
-
-/// A child's output, or a failure when it runs past `secs` (a hang is a defect).
-fn within(secs: u64, mut cmd: Command) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("still running after {secs} s: {cmd:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
 }
 
 fn shard_cmd(features: &str, out: &Path) -> Command {

@@ -51,3 +51,23 @@ pub fn shard_encoded(features: &Path, mesh: &str, out: &Path, encoding: &str) ->
         .output()
         .expect("run featshard")
 }
+
+/// A child's output, or a failure when it runs past `secs` (a hang is a defect).
+#[allow(dead_code)]
+pub fn within(secs: u64, mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running after {secs} s: {cmd:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
