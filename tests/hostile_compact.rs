@@ -494,12 +494,7 @@ fn a_corrupt_stored_block_names_its_rank_file() {
     let shards = dir.path().join("shards");
     let input = root().join("tests/data/real/prot60_smiles.safetensors");
     ok(&shard_real(&input, &shards, &[]));
-    let rank2 = shards.join("rank-2.safetensors");
-    let mut bytes = std::fs::read(&rank2).unwrap();
-    let (n, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let (start, _) = header.info("res_type").unwrap().data_offsets;
-    bytes[8 + n + start] = 200;
-    std::fs::write(&rank2, &bytes).unwrap();
+    support::cli::corrupt_first_byte(&shards.join("rank-2.safetensors"), "res_type", 200);
     let out = dir.path().join("back.safetensors");
     let spec = support::cli::spec();
     let (shards, out) = (shards.display().to_string(), out.display().to_string());

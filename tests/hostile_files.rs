@@ -752,12 +752,7 @@ fn compact_rank_files_with_a_bad_index_or_an_edited_encoding_are_refused_by_name
     );
     std::fs::write(&manifest, &text).unwrap();
     // A residue index past the 33 classes, the checksum not checked.
-    let rank0 = shards.join("rank-0.safetensors");
-    let mut bytes = std::fs::read(&rank0).unwrap();
-    let (n, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let (start, _) = header.info("res_type").unwrap().data_offsets;
-    bytes[8 + n + start] = 200;
-    std::fs::write(&rank0, &bytes).unwrap();
+    support::cli::corrupt_first_byte(&shards.join("rank-0.safetensors"), "res_type", 200);
     let out = dir.path().join("b.safetensors");
     refused(
         &assemble(&shards, &out, &["--no-verify"]),

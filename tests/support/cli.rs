@@ -71,3 +71,14 @@ pub fn within(secs: u64, mut cmd: Command) -> Output {
     }
     child.wait_with_output().unwrap()
 }
+
+/// Sets the first stored byte of tensor `name` in the rank file at `path` to `value`
+/// (its checksum left stale): a corrupt stored block.
+#[allow(dead_code)]
+pub fn corrupt_first_byte(path: &Path, name: &str, value: u8) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let (n, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let (start, _) = header.info(name).unwrap().data_offsets;
+    bytes[8 + n + start] = value;
+    std::fs::write(path, &bytes).unwrap();
+}
