@@ -87,7 +87,8 @@ def _worker(rank: int, folder: str, how: str) -> None:
     import featshard
     from featshard.distribute import cp_group, distribute_features
 
-    plan, group = featshard.Plan(SPEC), cp_group(mesh)
+    plan = featshard.Plan(SPEC)
+    group = cp_group(plan, mesh)
 
     def run(x: object) -> dict[str, object]:
         return distribute_features(plan, x, mesh, workflow="inference", group=group,

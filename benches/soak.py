@@ -78,7 +78,7 @@ def _worker(rank: int, folder: str) -> None:
     ds = PreshardedDataset(plan, Path(folder) / "sharded", mesh)
     dm = lightning_datamodule(plan, mesh, predict=ds, workflow="inference")
     _watch(dm.predict_dataloader(), records["presharded"])
-    group = cp_group(mesh)
+    group = cp_group(plan, mesh)
     sample = load_file(str(REAL)) if rank == 0 else None
     steps = (distribute_features(plan, sample, mesh, workflow="inference", group=group) for _ in range(SAMPLES))
     _watch(steps, records["distribute"])

@@ -41,9 +41,9 @@ enum Command {
     /// Print every feature's placement, padded global shape and local shape on a mesh.
     Explain {
         spec: PathBuf,
-        /// CP mesh sizes, e.g. 3x3 or 2x3.
+        /// Mesh sizes, one per axis of the spec's mesh: 3x3 or 2x3 for (cp0, cp1), 8 for (cp,).
         #[arg(long, value_parser = commands::parse_mesh)]
-        mesh: [usize; 2],
+        mesh: commands::MeshArg,
         /// Run-time lengths, e.g. tokens=2048,atoms=20000,msa=4096.
         #[arg(long, value_parser = parse_lengths)]
         lengths: Option<LengthArg>,
@@ -71,9 +71,9 @@ enum Command {
         /// Threads of each job, or of the one sample, sharing its rank files.
         #[arg(long, default_value_t = 1)]
         threads: usize,
-        /// CP mesh sizes, e.g. 3x3 or 2x3.
+        /// Mesh sizes, one per axis of the spec's mesh: 3x3 or 2x3 for (cp0, cp1), 8 for (cp,).
         #[arg(long, value_parser = commands::parse_mesh)]
-        mesh: [usize; 2],
+        mesh: commands::MeshArg,
         /// Only the features of this workflow.
         #[arg(long)]
         workflow: Option<String>,
@@ -240,7 +240,7 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             let view = explain_view(svg.as_deref(), feature.as_deref());
             commands::explain(
                 &spec,
-                mesh,
+                &mesh,
                 lengths.as_ref().map(|l| l.0.as_slice()),
                 workflow.as_deref(),
                 view,

@@ -161,27 +161,47 @@ pub fn check(path: &Path, out: &Path) -> Result<String, Failure> {
     }
 }
 
-/// Parses `3x3` into CP mesh sizes.
-pub fn parse_mesh(s: &str) -> Result<[usize; CP_AXES], String> {
+/// Mesh sizes as given on the command line, one per axis: `8` for a one-axis CP mesh
+/// `(cp,)` or a one-axis domain mesh, `3x3` for `(cp0, cp1)`. Which it must be is the
+/// spec's to say: [`MeshArg::sizes`] checks it against the plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MeshArg(pub Vec<usize>);
+
+impl MeshArg {
+    /// The sizes as the two axes geometry takes, refused by name unless the plan's
+    /// mesh has one axis per size.
+    pub fn sizes(&self, plan: &Plan) -> Result<[usize; CP_AXES], Failure> {
+        plan.mesh_sizes(&self.0)
+            .map_err(|e| Failure::Other(format!("--mesh {self}: {e}")))
+    }
+}
+
+impl std::fmt::Display for MeshArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&parts.join("x"))
+    }
+}
+
+/// Parses `3x3` (two axes) or `8` (one axis) into mesh sizes of at least 1 each.
+pub fn parse_mesh(s: &str) -> Result<MeshArg, String> {
     let parts: Vec<&str> = s.split(['x', 'X']).collect();
-    let (a, b) = match parts.as_slice() {
-        [a] => (*a, "1"),
-        [a, b] => (*a, *b),
-        _ => {
-            return Err(format!(
-            "mesh `{s}`: expected CP0xCP1 (3x3, 2x3), or one size for a one-axis domain mesh (4)"
-        ))
-        }
-    };
-    let parse = |p: &str| -> Result<usize, String> {
-        match p.trim().parse::<usize>() {
+    if !(1..=CP_AXES).contains(&parts.len()) {
+        return Err(format!(
+            "mesh `{s}`: expected one size per mesh axis: CP0xCP1 (3x3, 2x3) for a two-axis mesh, one size (8) for a one-axis mesh"
+        ));
+    }
+    let sizes = parts
+        .iter()
+        .map(|p| match p.trim().parse::<usize>() {
             Ok(n) if n >= 1 => Ok(n),
             _ => Err(format!("mesh `{s}`: `{p}` is not a size of at least 1")),
-        }
-    };
-    let mesh = [parse(a)?, parse(b)?];
-    featshard_spec::limits::check_mesh(&mesh)?;
-    Ok(mesh)
+        })
+        .collect::<Result<Vec<usize>, String>>()?;
+    let mut padded = [1; CP_AXES];
+    padded[..sizes.len()].copy_from_slice(&sizes);
+    featshard_spec::limits::check_mesh(&padded)?;
+    Ok(MeshArg(sizes))
 }
 
 /// Parses `tokens=2048,atoms=20000` into semantic lengths.
@@ -229,14 +249,13 @@ pub enum View<'a> {
 /// semantics.
 pub fn explain(
     path: &Path,
-    mesh: [usize; CP_AXES],
+    mesh: &MeshArg,
     lengths: Option<&[(String, usize)]>,
     workflow: Option<&str>,
     view: View,
 ) -> Result<String, Failure> {
     let (_, plan) = load(path)?;
-    plan.check_mesh(mesh)
-        .map_err(|e| Failure::Other(e.to_string()))?;
+    let mesh = mesh.sizes(&plan)?;
     let names = plan
         .feature_names(workflow)
         .map_err(|e| Failure::Other(e.to_string()))?;
@@ -348,11 +367,14 @@ fn explain_table(
         }
         Some(row)
     }));
+    let sizes: Vec<String> = mesh[..plan.mesh.axes().len().min(CP_AXES)]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let mut out = format!(
-        "mesh ({}) = ({}, {}): {} {} ranks{}\n\n",
+        "mesh ({}) = ({}): {} {} ranks{}\n\n",
         plan.mesh.axes().join(", "),
-        mesh[0],
-        mesh[1],
+        sizes.join(", "),
         mesh[0] * mesh[1],
         if plan.mesh.is_domain() {
             "domain"

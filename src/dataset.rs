@@ -93,8 +93,8 @@ fn read_list(path: &Path) -> Result<String, String> {
 
 /// How a dataset run goes: its jobs and the threads of each.
 pub struct Run<'a> {
-    /// The CP mesh `(cp0, cp1)`.
-    pub mesh: [usize; 2],
+    /// The mesh sizes as given (checked against the spec's mesh when it is loaded).
+    pub mesh: crate::commands::MeshArg,
     /// The workflow every sample is for (`None`: every feature of the spec).
     pub workflow: Option<&'a str>,
     /// Keys not in the spec carried along into every rank file.
@@ -124,7 +124,7 @@ pub fn shard_dataset(
     std::fs::create_dir_all(out)
         .map_err(|e| Failure::Other(format!("cannot create {}: {e}", out.display())))?;
     let bar = progress(list.len());
-    let req = Request::new(&plan, run, false);
+    let req = Request::new(&plan, run, false)?;
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<SampleEntry>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
@@ -148,7 +148,7 @@ pub fn shard_dataset(
         .into_inner()
         .map_err(|_| Failure::Other("a job panicked".into()))?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
-    write_manifest(&plan, run, out, &entries)?;
+    write_manifest(&plan, req.mesh, run, out, &entries)?;
     summary(&entries, out)
 }
 
@@ -199,6 +199,7 @@ fn progress(len: usize) -> ProgressBar {
 
 fn write_manifest(
     plan: &featshard_spec::Plan,
+    mesh: [usize; 2],
     run: &Run,
     out: &Path,
     entries: &[SampleEntry],
@@ -206,7 +207,7 @@ fn write_manifest(
     let m = DatasetManifest {
         version: DATASET_VERSION,
         spec: plan.source.clone(),
-        mesh: run.mesh,
+        mesh,
         workflow: run.workflow.map(str::to_owned),
         samples: entries.to_vec(),
     };

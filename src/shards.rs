@@ -79,18 +79,19 @@ pub struct Request<'a> {
 }
 
 impl<'a> Request<'a> {
-    /// A request for `plan` with `run`'s settings.
-    pub fn new(plan: &'a Plan, run: &Run<'a>, verbose: bool) -> Request<'a> {
-        Request {
+    /// A request for `plan` with `run`'s settings; a mesh that is not the spec's is
+    /// refused by name.
+    pub fn new(plan: &'a Plan, run: &Run<'a>, verbose: bool) -> Result<Request<'a>, Failure> {
+        Ok(Request {
             plan,
-            mesh: run.mesh,
+            mesh: run.mesh.sizes(plan)?,
             workflow: run.workflow,
             passthrough: run.passthrough,
             threads: run.threads,
             verbose,
             max_growth: run.max_growth,
             encoding: run.encoding,
-        }
+        })
     }
 }
 
@@ -104,10 +105,11 @@ pub fn shard(spec: &Path, features: &Path, run: &Run, out: &Path) -> Result<Stri
             out.display()
         )));
     }
-    shard_sample(&Request::new(&plan, run, true), features, out)?;
+    let req = Request::new(&plan, run, true)?;
+    shard_sample(&req, features, out)?;
     Ok(format!(
         "wrote {} rank files and manifest.json to {}",
-        run.mesh[0] * run.mesh[1],
+        req.mesh[0] * req.mesh[1],
         out.display()
     ))
 }

@@ -59,7 +59,10 @@ fn an_even_domain_axis_pads_to_a_multiple() {
     let (_, plan) = compile_str("spec.yaml", &text).unwrap();
     assert_eq!(
         plan.semantics["height"].padding,
-        Padding::Multiple { mesh_axes: vec![0] }
+        Padding::Multiple {
+            mesh_axes: vec![0],
+            window: None
+        }
     );
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 mod support;
 
 use featshard_runtime::synthetic::{self, Shape};
-use support::cli::{featshard, root, shard, shard_encoded, spec};
+use support::cli::{featshard, root, shard, shard_encoded, spec, spec_for};
 use tch::Tensor;
 
 fn write_sample(path: &Path, drop: Option<&str>) -> BTreeMap<String, Tensor> {
@@ -233,8 +233,8 @@ fn real(name: &str) -> PathBuf {
 /// by libtorch) make of the same rank files, serialized by safetensors, byte for byte
 /// (`padded`: the padded layout, `--padded`). Before the runtime became an adapter,
 /// this held against its own tensor implementation on every real sample and mesh.
-fn assert_same_as_tch(shards: &Path, serial_out: &Path, padded: bool, what: &str) {
-    let (_, plan) = featshard::spec::compile_file(&root().join("examples/boltz2.yaml")).unwrap();
+fn assert_same_as_tch(spec: &str, shards: &Path, serial_out: &Path, padded: bool, what: &str) {
+    let (_, plan) = featshard::spec::compile_file(Path::new(spec)).unwrap();
     let text = std::fs::read_to_string(shards.join("manifest.json")).unwrap();
     let manifest = featshard::manifest::parse(&text, &plan).unwrap();
     let world: usize = manifest.mesh.iter().product();
@@ -257,7 +257,7 @@ fn assert_same_as_tch(shards: &Path, serial_out: &Path, padded: bool, what: &str
         let out = serial_out.with_extension("padded.safetensors");
         let run = featshard(&[
             "assemble",
-            &spec(),
+            spec,
             "--shards",
             &shards.display().to_string(),
             "--out",
@@ -280,11 +280,10 @@ fn assert_same_as_tch(shards: &Path, serial_out: &Path, padded: bool, what: &str
 }
 
 /// `featshard assemble` of a shard folder (`--padded` with `padded`): the file's bytes.
-fn assembled(shards: &Path, padded: bool) -> Vec<u8> {
+fn assembled(spec: &str, shards: &Path, padded: bool) -> Vec<u8> {
     let out = shards.with_extension(format!("assembled-{padded}.safetensors"));
     let (shards, file) = (shards.display().to_string(), out.display().to_string());
-    let spec_path = spec();
-    let mut args = vec!["assemble", &spec_path, "--shards", &shards, "--out", &file];
+    let mut args = vec!["assemble", spec, "--shards", &shards, "--out", &file];
     if padded {
         args.push("--padded");
     }
@@ -307,9 +306,10 @@ fn folder_bytes(shards: &Path) -> u64 {
         .sum()
 }
 
-/// Each real sample, unchanged, through `shard` and `assemble`: the round trip gives
-/// the sample's real items (incoming atom pads dropped, as the manifest records), the
-/// dropped keys gone and the derived pair mask made.
+/// Each real sample, unchanged, through `shard` and `assemble`, on (cp0, cp1) meshes and
+/// on one-axis meshes `(cp,)` of 1, 2, 3, 4 and 8 ranks (the same spec, its `mesh:` line
+/// changed): the round trip gives the sample's real items (incoming atom pads dropped,
+/// as the manifest records), the dropped keys gone and the derived pair mask made.
 #[test]
 fn real_featurizer_samples_shard_and_assemble_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -323,7 +323,8 @@ fn real_featurizer_samples_shard_and_assemble_back() {
         let real_atoms = sample["atom_pad_mask"]
             .sum(tch::Kind::Int64)
             .int64_value(&[]);
-        for mesh in ["1x1", "2x2", "3x3", "2x3"] {
+        for mesh in ["1x1", "2x2", "3x3", "2x3", "1", "2", "3", "4", "8"] {
+            let spec = spec_for(mesh);
             let shards = dir
                 .path()
                 .join(format!("{}-{mesh}", name.replace('/', "_")));
@@ -355,7 +356,7 @@ fn real_featurizer_samples_shard_and_assemble_back() {
             let back = shards.with_extension("back.safetensors");
             let out = featshard(&[
                 "assemble",
-                &spec(),
+                &spec,
                 "--shards",
                 &shards.display().to_string(),
                 "--out",
@@ -367,15 +368,15 @@ fn real_featurizer_samples_shard_and_assemble_back() {
                 String::from_utf8_lossy(&out.stderr)
             );
             for padded in [false, true] {
-                assert_same_as_tch(&shards, &back, padded, &format!("{name} {mesh}"));
+                assert_same_as_tch(&spec, &shards, &back, padded, &format!("{name} {mesh}"));
             }
             // Compact rank files assemble to the same bytes, serial and padded: every
             // block expands to the dense one (masks, pads and remapped ids included).
             for padded in [false, true] {
                 let what = format!("{name} {mesh} padded {padded}");
                 assert_eq!(
-                    assembled(&compact, padded),
-                    assembled(&shards, padded),
+                    assembled(&spec, &compact, padded),
+                    assembled(&spec, &shards, padded),
                     "{what}: compact and dense rank files assemble differently"
                 );
             }
@@ -628,8 +629,8 @@ fn one_hot_features_given_as_indices_shard_as_the_dense_sample() {
                 }
                 for padded in [false, true] {
                     assert_eq!(
-                        assembled(&a, padded),
-                        assembled(&b, padded),
+                        assembled(&spec(), &a, padded),
+                        assembled(&spec(), &b, padded),
                         "{what} padded {padded}"
                     );
                 }

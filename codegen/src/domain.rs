@@ -89,7 +89,7 @@ fn semantic_rows(plan: &Plan) -> Vec<SemanticRow> {
             batch: py_bool(s.batch),
             pad_mesh_axes: py_tuple(
                 match &s.padding {
-                    Padding::Multiple { mesh_axes } => mesh_axes.clone(),
+                    Padding::Multiple { mesh_axes, .. } => mesh_axes.clone(),
                     _ => Vec::new(),
                 }
                 .iter()

@@ -207,7 +207,7 @@ fn context(plan: &Plan) -> Ctx {
 fn semantic_row(name: &str, s: &SemanticPlan) -> SemanticRow {
     let (padding, mesh_axes, owner) = match &s.padding {
         Padding::None => ("none", Vec::new(), None),
-        Padding::Multiple { mesh_axes } => ("multiple", mesh_axes.clone(), None),
+        Padding::Multiple { mesh_axes, .. } => ("multiple", mesh_axes.clone(), None),
         Padding::OwnerBlocks {
             owner,
             root,

@@ -2,10 +2,10 @@
 //!
 //! ```text
 //! struct: module = "name" | spec = "path.yaml" | workflow = "name"
-//!         | mesh(cp0, cp1, dp = dp) | workflows(training, inference)
+//!         | mesh(cp0, cp1, dp = dp) | mesh(cp, dp = dp) | workflows(training, inference)
 //!         | semantic(NAME [, shard] [, owner = SEM [, counts = FEATURE] [, map = FEATURE]]
 //!                    [, window = N] [, incoming_pads(mask = FEATURE) | incoming_pads(counts)]
-//!                    [, unowned_rows = pad | refuse])
+//!                    [, unowned_rows = pad | refuse] [, on_1d = whole | shard])
 //!         | other_keys = refuse | drop | pass | drop(KEY, ...)
 //! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
 //!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS])
@@ -62,6 +62,7 @@ pub struct SemanticAttr {
     pub window: Option<At<u32>>,
     pub incoming: Option<At<IncomingAttr>>,
     pub unowned_rows: Option<At<String>>,
+    pub on_1d: Option<At<String>>,
 }
 
 /// `incoming_pads(mask = FEATURE)` or `incoming_pads(counts)`.
@@ -256,6 +257,7 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
         window: None,
         incoming: None,
         unowned_rows: None,
+        on_1d: None,
     };
     meta.parse_nested_meta(|m| {
         let p = &m.path;
@@ -291,6 +293,8 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             once(&mut s.incoming, At::new(inc, span), &m)?;
         } else if p.is_ident("unowned_rows") {
             once(&mut s.unowned_rows, ident_string(&m)?, &m)?;
+        } else if p.is_ident("on_1d") {
+            once(&mut s.on_1d, ident_string(&m)?, &m)?;
         } else if name.is_none()
             && !m.input.peek(syn::Token![=])
             && !m.input.peek(syn::token::Paren)
@@ -303,7 +307,7 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             return Err(unknown(
                 &m,
                 "semantic",
-                "`shard`, `owner`, `counts`, `map`, `window`, `incoming_pads`, `unowned_rows`",
+                "`shard`, `owner`, `counts`, `map`, `window`, `incoming_pads`, `unowned_rows`, `on_1d`",
             ));
         }
         Ok(())

@@ -123,6 +123,12 @@ class Plan:
         """The mesh axes that split a sample: ``(cp0, cp1)``, or a domain mesh's axes."""
         return self._native.mesh_axes
 
+    def mesh_dims(self, names: Sequence[str] | None, ndim: int) -> tuple[int | None, list[int]]:
+        """Where a device mesh of ``ndim`` dimensions named ``names`` has the DP axis (if
+        any) and the sample's axes, found by the spec's names for them; a mesh whose
+        names are not the spec's is refused by name (``ValueError``)."""
+        return self._native.mesh_dims(list(names) if names is not None else None, ndim)
+
     @property
     def dp_axis(self) -> str | None:
         """The data-parallel axis's name, if the spec names one."""
@@ -157,7 +163,7 @@ class Plan:
     # The native plan's entry points the package's modules use; this class is the one
     # place that reaches `_native.Plan`.
 
-    def place(self, values: dict[str, Any], mesh: tuple[int, int], workflow: str | None,
+    def place(self, values: dict[str, Any], mesh: tuple[int, ...], workflow: str | None,
               passthrough: set[str], threads: int) -> _native.Placement:
         """The executor's placement of ``values`` (see :func:`featshard.blocks.place`)."""
         return self._native.place(values, mesh, workflow, passthrough, threads)
@@ -170,7 +176,7 @@ class Plan:
         """A pre-sharded sample's manifest, read and checked against this plan."""
         return self._native.read_manifest(os.fspath(path))
 
-    def read_dataset(self, path: str | os.PathLike[str], mesh: tuple[int, int]) -> list[str]:
+    def read_dataset(self, path: str | os.PathLike[str], mesh: tuple[int, ...]) -> list[str]:
         """A pre-sharded dataset's sample folders, its ``dataset.json`` checked against
         this plan and ``mesh``."""
         return self._native.read_dataset(os.fspath(path), mesh)
@@ -179,7 +185,7 @@ class Plan:
         """The checks of ``place`` that need no values, on dtypes and shapes."""
         return self._native.check_shapes(shapes)
 
-    def pad_multiple(self, semantic: str, mesh: tuple[int, int]) -> int:
+    def pad_multiple(self, semantic: str, mesh: tuple[int, ...]) -> int:
         """The multiple ``semantic``'s axes pad to on ``mesh``."""
         return self._native.pad_multiple(semantic, mesh)
 
@@ -189,12 +195,12 @@ class Plan:
         """Collate's re-pad of feature ``name``'s owner-block indices: old and new stride."""
         return self._native.repad_strides(name, local, target)
 
-    def collated_shape(self, name: str, local: list[int], batch: int, dp: int, cp: tuple[int, int]) -> list[int]:
+    def collated_shape(self, name: str, local: list[int], batch: int, dp: int, cp: tuple[int, ...]) -> list[int]:
         """The DTensor global shape of a DP batch of feature ``name``."""
         return self._native.collated_shape(name, local, batch, dp, cp)
 
     def block_window(
-        self, feature: str, local: list[int], coord: tuple[int, int], mesh: tuple[int, int]
+        self, feature: str, local: list[int], coord: tuple[int, ...], mesh: tuple[int, ...]
     ) -> list[tuple[int, int]]:
         """The ``(start, len)`` per axis of the feature's padded layout that the rank at CP
         coordinate ``coord`` of ``mesh`` holds; ``ValueError`` for a coordinate off the

@@ -103,14 +103,14 @@ class Placement:
         return {n: torch.empty(s, dtype=d) for n, (d, s) in chosen.items()}
 
     def write_blocks(
-        self, coord: tuple[int, int], outs: Mapping[str, torch.Tensor], threads: int = 1
+        self, coord: tuple[int, ...], outs: Mapping[str, torch.Tensor], threads: int = 1
     ) -> None:
         """Writes the blocks of the rank at CP coordinate ``coord`` into ``outs``
         (contiguous CPU tensors of each block's dtype and shape)."""
         capsules = [(n, t.__dlpack__()) for n, t in outs.items()]
         self._native.write_blocks(coord, capsules, threads)
 
-    def blocks_at(self, coord: tuple[int, int], threads: int = 1) -> dict[str, torch.Tensor]:
+    def blocks_at(self, coord: tuple[int, ...], threads: int = 1) -> dict[str, torch.Tensor]:
         """The blocks of the rank at ``coord``, each in a tensor of its own: on a
         domain-parallel plan, whose ranks' blocks differ in shape, that rank's shapes."""
         out = self._empty(dict(self._native.block_shapes(coord)))
@@ -137,13 +137,13 @@ class Placement:
     def _empty(self, shapes: Mapping[str, list[int]]) -> dict[str, torch.Tensor]:
         return {n: torch.empty(tuple(s), dtype=self._features[n][0]) for n, s in shapes.items()}
 
-    def rank_blocks(self, coord: tuple[int, int], threads: int = 1) -> dict[str, torch.Tensor]:
+    def rank_blocks(self, coord: tuple[int, ...], threads: int = 1) -> dict[str, torch.Tensor]:
         """The blocks of the rank at CP coordinate ``coord``, every placed feature: views
         of one buffer the executor allocated (huge pages advised) and wrote, freed when
         the last of them goes."""
         return self.views(self.rank_buffer(coord, threads))
 
-    def rank_buffer(self, coord: tuple[int, int], threads: int = 1, *, compact: bool = False) -> torch.Tensor:
+    def rank_buffer(self, coord: tuple[int, ...], threads: int = 1, *, compact: bool = False) -> torch.Tensor:
         """The blocks of the rank at ``coord`` in one uint8 tensor, laid out as
         :meth:`wire` says: what a source sends that rank. With ``compact``, each block
         with a compact form holds it (:func:`expand` makes it dense)."""
@@ -323,7 +323,7 @@ def _one_hot_rows(classes: int, dtype: torch.dtype, device: torch.device) -> tor
 def place(
     plan: Plan,
     features: Mapping[str, Any],
-    mesh: tuple[int, int],
+    mesh: tuple[int, ...],
     *,
     workflow: str | None = None,
     passthrough: Iterable[str] = (),
@@ -371,7 +371,7 @@ def _sparse_value(x: torch.Tensor) -> Any:
 def rank_blocks(
     plan: Plan,
     features: Mapping[str, Any],
-    mesh: tuple[int, int],
+    mesh: tuple[int, ...],
     *,
     workflow: str | None = None,
     threads: int = 1,

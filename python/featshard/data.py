@@ -22,7 +22,7 @@ from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
 from featshard.blocks import expand_block, moved_together, view_at
-from featshard.distribute import _device_of, cp_group, distribute_features, placements
+from featshard.distribute import _device_of, cp_group, distribute_features, mesh_dims, placements
 from featshard.errors import FeatureDistributionError
 
 __all__ = [
@@ -103,13 +103,15 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     Placements are the plan's DP placements (``Shard(0)`` over dp). Metadata become lists.
     The blocks stay on the device they are on (the mesh's), and so does the batch.
     """
-    if mesh.mesh.dim() != 3 or mesh.mesh_dim_names is None:
-        raise ValueError("collate: expected a (dp, cp0, cp1) mesh with mesh_dim_names")
+    dp, cp_dims = mesh_dims(plan, mesh)
+    if dp is None or mesh.mesh_dim_names is None:
+        raise ValueError(f"collate: the device mesh has no DP axis `{plan.dp_axis}`: collate"
+                         " stacks the samples of DP replicas")
     if not batch:
         raise ValueError("collate: empty batch")
-    dp_group = mesh.get_group(mesh.mesh_dim_names[0])
-    dp_size = int(mesh.mesh.shape[0])
-    cp = (int(mesh.mesh.shape[1]), int(mesh.mesh.shape[2]))
+    dp_group = mesh.get_group(mesh.mesh_dim_names[dp])
+    dp_size = int(mesh.mesh.shape[dp])
+    cp = tuple(int(mesh.mesh.shape[d]) for d in cp_dims)
     names = sorted(n for n in batch[0] if isinstance(batch[0][n], DTensor))
     for s in batch:
         if sorted(n for n in s if isinstance(s[n], DTensor)) != names:
@@ -187,7 +189,7 @@ class DistributedFeatureDataset(Dataset[dict[str, Any]]):
         return len(self.serial)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        group = cp_group(self.mesh)
+        group = cp_group(self.plan, self.mesh)
         features: Mapping[str, Any] | None = None
         if dist.get_rank() == group[1][0]:
             try:
@@ -221,8 +223,8 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         self.verify = verify
         self.root = Path(root)
         self.mesh = mesh
-        _, ranks, self.cp_mesh = cp_group(mesh)
-        self.cp = (self.cp_mesh.size(0), self.cp_mesh.size(1))
+        _, ranks, self.cp_mesh = cp_group(plan, mesh)
+        self.cp = tuple(self.cp_mesh.size(d) for d in range(self.cp_mesh.ndim))
         self.rank = ranks.index(dist.get_rank())
         self._placements = placements(plan)
         # Read and checked against the plan and the mesh in Rust, as `featshard shard`
@@ -292,14 +294,16 @@ class DpSampler(Sampler[int]):
     and epoch (:meth:`set_epoch`); the tail wraps around so every replica reads as many
     (``drop_last`` drops it instead)."""
 
-    def __init__(self, dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool,
+    def __init__(self, plan: Plan, dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool,
                  seed: int = 0, drop_last: bool = False) -> None:
         self.n = len(dataset)  # type: ignore[arg-type]
-        if mesh.mesh.dim() == 3:
+        # The DP axis by the spec's name for it, never by the mesh's dimension count.
+        dp, _ = mesh_dims(plan, mesh)
+        if dp is not None:
             coord = mesh.get_coordinate()
             if coord is None:
                 raise ValueError("dp_sampler: this rank is not on the mesh")
-            self.replicas, self.replica = int(mesh.mesh.shape[0]), coord[0]
+            self.replicas, self.replica = int(mesh.mesh.shape[dp]), coord[dp]
         else:
             self.replicas, self.replica = 1, 0
         self.seed = seed if shuffle else None
@@ -322,11 +326,12 @@ class DpSampler(Sampler[int]):
 
 
 def dp_sampler(
-    dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool, seed: int = 0
+    plan: Plan, dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool, seed: int = 0
 ) -> DpSampler:
-    """A sampler over data-parallel replicas: every rank of a CP group gets the same
-    indices (inference: in order; training: shuffled by seed and ``set_epoch``)."""
-    return DpSampler(dataset, mesh, shuffle=shuffle, seed=seed)
+    """A sampler over data-parallel replicas, found on ``mesh`` by the spec's name for
+    the DP axis: every rank of a CP group gets the same indices (inference: in order;
+    training: shuffled by seed and ``set_epoch``)."""
+    return DpSampler(plan, dataset, mesh, shuffle=shuffle, seed=seed)
 
 
 def to_device_mesh(
@@ -337,7 +342,7 @@ def to_device_mesh(
     and stride (blocks already on ``device`` are not copied); a single sample from a
     (cp0, cp1) mesh gains a leading batch axis of 1, and its metadata becomes one-item
     lists."""
-    unbatched = mesh.mesh.dim() == 2
+    unbatched = mesh_dims(plan, mesh)[0] is None
     on_dp = placements(plan, dp=True)
     out: dict[str, Any] = {}
     for name, x in batch.items():
@@ -403,8 +408,8 @@ def lightning_datamodule(
             serial if isinstance(serial, PreshardedDataset)
             else DistributedFeatureDataset(plan, serial, mesh, retries=retries, workflow=workflow)
         )
-        sampler = dp_sampler(dataset, mesh, shuffle=shuffle, seed=seed)
-        if mesh.mesh.dim() == 3:
+        sampler = dp_sampler(plan, dataset, mesh, shuffle=shuffle, seed=seed)
+        if mesh_dims(plan, mesh)[0] is not None:
             return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=0,
                               collate_fn=lambda batch: collate(plan, batch, mesh))
         return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=0)

@@ -35,12 +35,12 @@ from featshard.errors import (
     status_of,
 )
 
-__all__ = ["FeatureDistributionError", "cp_group", "distribute_features", "placements"]
+__all__ = ["FeatureDistributionError", "cp_group", "distribute_features", "mesh_dims", "placements"]
 
 
 def placements(plan: Plan, *, dp: bool = False) -> dict[str, tuple[Placement, ...]]:
-    """Every tensor feature's DTensor placements on the (cp0, cp1) mesh, or with ``dp``
-    on (dp, cp0, cp1) after collate, from the plan."""
+    """Every tensor feature's DTensor placements on the spec's CP mesh ((cp0, cp1) or
+    (cp,)), or with ``dp`` with the DP axis in front after collate, from the plan."""
     return {
         name: tuple(
             Replicate() if d is None else Shard(d)
@@ -56,17 +56,25 @@ CpGroup = tuple[dist.ProcessGroup, list[int], DeviceMesh]
 _GROUPS: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup] = {}
 
 
-def cp_group(mesh: DeviceMesh) -> CpGroup:
-    """This rank's CP process group, its ranks in mesh order and the (cp0, cp1) sub-mesh.
-    ``mesh`` is (cp0, cp1), or (dp, cp0, cp1) with names. Collective the first time a
-    layout is seen: every rank calls it."""
+def mesh_dims(plan: Plan, mesh: DeviceMesh) -> tuple[int | None, list[int]]:
+    """The DP dimension of ``mesh`` (if it has one) and its CP dimensions, by the spec's
+    names for them (``mesh_dim_names``); a mesh named otherwise is refused by name."""
+    names = mesh.mesh_dim_names
+    return plan.mesh_dims(list(names) if names is not None else None, mesh.mesh.dim())
+
+
+def cp_group(plan: Plan, mesh: DeviceMesh) -> CpGroup:
+    """This rank's CP process group, its ranks in mesh order and the CP sub-mesh.
+    ``mesh`` is the spec's CP mesh ((cp0, cp1) or (cp,)), with the DP axis in front if
+    it has one, its dimensions named as the spec names them. Collective the first time
+    a layout is seen: every rank calls it."""
+    dp, cp_dims = mesh_dims(plan, mesh)
     full = mesh.mesh
-    if full.dim() == 2:
+    if dp is None:
         planes, cp_mesh = [full], mesh
-    elif full.dim() == 3 and mesh.mesh_dim_names is not None:
-        planes, cp_mesh = list(full), mesh[mesh.mesh_dim_names[1:]]
     else:
-        raise ValueError("mesh: expected (cp0, cp1), or (dp, cp0, cp1) with mesh_dim_names")
+        names = mesh.mesh_dim_names or ()
+        planes, cp_mesh = list(full), mesh[tuple(names[d] for d in cp_dims)]
     groups = tuple(tuple(int(r) for r in p.flatten().tolist()) for p in planes)
     mine = next(list(g) for g in groups if dist.get_rank() in g)
     if groups not in _GROUPS:
@@ -98,8 +106,8 @@ def distribute_features(
     returned (by default it is looked up again). With ``compact``, one-hot features
     travel as indices; the DTensors are the same either way.
     """
-    pg, ranks, cp_mesh = group if group is not None else cp_group(mesh)
-    sizes = (cp_mesh.size(0), cp_mesh.size(1))
+    pg, ranks, cp_mesh = group if group is not None else cp_group(plan, mesh)
+    sizes = tuple(cp_mesh.size(d) for d in range(cp_mesh.ndim))
     source = ranks[0] if src is None else src
     # A failure once every rank has the header (the source writing a buffer, a block,
     # `check`) is agreed on below, so that every rank raises it and none is left waiting.
@@ -134,7 +142,7 @@ def distribute_features(
 def _send_blocks(
     plan: Plan,
     features: Mapping[str, Any] | None,
-    sizes: tuple[int, int],
+    sizes: tuple[int, ...],
     to: tuple[dist.ProcessGroup, list[int], int],
     *,
     workflow: str | None,
@@ -177,7 +185,7 @@ def _send_blocks(
 
 
 def _written(
-    placed: blocks.Placement, coord: tuple[int, int], threads: int, compact: bool, late: Status | None
+    placed: blocks.Placement, coord: tuple[int, ...], threads: int, compact: bool, late: Status | None
 ) -> tuple[torch.Tensor, Status | None]:
     """The buffer of the rank at ``coord``, and the first failure to write one so far: a
     buffer that cannot be written is sent as zeros of its length, so that every rank

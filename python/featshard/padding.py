@@ -48,7 +48,7 @@ def intake(
 def layouts(
     plan: Plan,
     features: Mapping[str, Any],
-    mesh: tuple[int, int],
+    mesh: tuple[int, ...],
     *,
     workflow: str | None = None,
 ) -> dict[str, SemanticLayout]:
@@ -69,7 +69,7 @@ def layouts(
 def pad_features(
     plan: Plan,
     features: Mapping[str, Any],
-    mesh: tuple[int, int],
+    mesh: tuple[int, ...],
     *,
     workflow: str | None = None,
     threads: int = 1,
@@ -86,14 +86,14 @@ def pad_features(
     return dict(sorted({**placed.padded(threads), **placed.passthrough}.items()))
 
 
-def pad_multiple(plan: Plan, semantic: str, mesh: tuple[int, int]) -> int:
+def pad_multiple(plan: Plan, semantic: str, mesh: tuple[int, ...]) -> int:
     """The multiple ``semantic``'s axes pad to on ``mesh`` (1 when never padded)."""
     return plan.pad_multiple(semantic, mesh)
 
 
 def padded_lengths(
     plan: Plan,
-    mesh: tuple[int, int],
+    mesh: tuple[int, ...],
     lengths: Mapping[str, int],
     owner_counts: Mapping[str, Any] | None = None,
 ) -> dict[str, int]:

@@ -24,6 +24,7 @@ use featshard_spec::plan::Ownership;
 use featshard_spec::replicas::Order;
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 use pythonize::pythonize;
 
 fn value_error(e: impl std::fmt::Display) -> PyErr {
@@ -130,16 +131,16 @@ impl Plan {
         local: Vec<usize>,
         batch: usize,
         dp: usize,
-        cp: (usize, usize),
+        cp: Vec<usize>,
     ) -> PyResult<Vec<usize>> {
         let t = tensor(&self.plan, name, local.len())?;
-        Ok(t.collated_global_shape(&local, batch, dp, [cp.0, cp.1]))
+        let cp = self.plan.mesh_sizes(&cp).map_err(value_error)?;
+        Ok(t.collated_global_shape(&local, batch, dp, cp))
     }
 
     /// The multiple `semantic`'s axes pad to on `mesh` (1 when never padded).
-    fn pad_multiple(&self, semantic: &str, mesh: (usize, usize)) -> PyResult<usize> {
-        let mesh = [mesh.0, mesh.1];
-        featshard_spec::limits::check_mesh(&mesh).map_err(value_error)?;
+    fn pad_multiple(&self, semantic: &str, mesh: Vec<usize>) -> PyResult<usize> {
+        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
         self.semantic(semantic)?;
         Ok(self.plan.pad_multiple(semantic, mesh))
     }
@@ -184,7 +185,7 @@ impl Plan {
         &self,
         py: Python<'_>,
         features: BTreeMap<String, placement::Value<'_>>,
-        mesh: (usize, usize),
+        mesh: Vec<usize>,
         workflow: Option<String>,
         passthrough: BTreeSet<String>,
         threads: usize,
@@ -194,7 +195,8 @@ impl Plan {
             passthrough,
             threads,
         };
-        placement::place(py, &self.plan, features, [mesh.0, mesh.1], opts)
+        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
+        placement::place(py, &self.plan, features, mesh, opts)
     }
 
     /// The generated module's name.
@@ -233,12 +235,13 @@ impl Plan {
         &self,
         py: Python<'_>,
         path: std::path::PathBuf,
-        mesh: (usize, usize),
+        mesh: Vec<usize>,
     ) -> PyResult<Vec<String>> {
+        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
         let text = py
             .detach(|| featshard::manifest::read_text(&path))
             .map_err(value_error)?;
-        let d = featshard_spec::shards::parse_dataset(&text, &self.plan, [mesh.0, mesh.1])
+        let d = featshard_spec::shards::parse_dataset(&text, &self.plan, mesh)
             .map_err(|e| value_error(format!("{}: {e}", path.display())))?;
         Ok(d.samples
             .into_iter()
@@ -320,6 +323,22 @@ impl Plan {
         self.plan.mesh.axes().to_vec()
     }
 
+    /// The DP dimension (if any) and the sample dimensions of a device mesh of `ndim`
+    /// dimensions named `names`, found by the spec's names (`MeshPlan::dims`).
+    #[pyo3(signature = (names, ndim))]
+    fn mesh_dims(
+        &self,
+        names: Option<Vec<String>>,
+        ndim: usize,
+    ) -> PyResult<(Option<usize>, Vec<usize>)> {
+        let d = self
+            .plan
+            .mesh
+            .dims(names.as_deref(), ndim)
+            .map_err(value_error)?;
+        Ok((d.dp, d.sample))
+    }
+
     /// The data-parallel axis's name, if the spec names one.
     #[getter]
     fn dp_axis(&self) -> Option<String> {
@@ -340,24 +359,20 @@ impl Plan {
         &self,
         feature: &str,
         local: Vec<usize>,
-        coord: (usize, usize),
-        mesh: (usize, usize),
+        coord: Vec<usize>,
+        mesh: Vec<usize>,
     ) -> PyResult<Vec<(usize, usize)>> {
         let t = tensor(&self.plan, feature, local.len())?;
-        featshard_spec::limits::check_mesh(&[mesh.0, mesh.1])
+        let sizes = self
+            .plan
+            .mesh_sizes(&mesh)
             .map_err(|e| value_error(format!("mesh: {e}")))?;
-        if coord.0 >= mesh.0 || coord.1 >= mesh.1 {
-            return Err(value_error(format!(
-                "coord: {coord:?} is not on the {}x{} mesh",
-                mesh.0, mesh.1
-            )));
-        }
-        t.checked_block_window(&local, [coord.0, coord.1])
-            .ok_or_else(|| {
-                value_error(format!(
-                    "coord: {coord:?} puts a block of {local:?} past the largest layout"
-                ))
-            })
+        let at = coord_on(&coord, sizes)?;
+        t.checked_block_window(&local, at).ok_or_else(|| {
+            value_error(format!(
+                "coord: {coord:?} puts a block of {local:?} past the largest layout"
+            ))
+        })
     }
 }
 
@@ -386,7 +401,19 @@ fn dtype_named(feature: &str, name: &str) -> PyResult<DType> {
 
 /// A mesh coordinate of one or two axes as the spec crate takes it (a missing second
 /// axis is 0), for a mesh given to [`featshard_spec::Plan::mesh_sizes`].
-fn coord_of(v: &[usize]) -> PyResult<[usize; 2]> {
+/// `coord` (one or two axes) checked to lie on a mesh of `sizes`.
+pub(crate) fn coord_on(coord: &[usize], sizes: [usize; 2]) -> PyResult<[usize; 2]> {
+    let at = coord_of(coord)?;
+    if at[0] < sizes[0] && at[1] < sizes[1] {
+        return Ok(at);
+    }
+    Err(value_error(format!(
+        "coord: {coord:?} is not on the {}x{} mesh",
+        sizes[0], sizes[1]
+    )))
+}
+
+pub(crate) fn coord_of(v: &[usize]) -> PyResult<[usize; 2]> {
     match *v {
         [a] => Ok([a, 0]),
         [a, b] => Ok([a, b]),
@@ -430,12 +457,17 @@ fn release_buffers() -> usize {
     pool::release()
 }
 
-/// The CP mesh coordinate `(i, j)` of rank `i * cp1 + j`.
+/// The mesh coordinate of rank `rank`: `(i, j)` of rank `i * cp1 + j` on a two-axis
+/// mesh, `(rank,)` on a one-axis mesh.
 #[pyfunction]
-fn coords(mesh: (usize, usize), rank: usize) -> PyResult<(usize, usize)> {
-    let [i, j] =
-        featshard_spec::layout::checked_coords([mesh.0, mesh.1], rank).map_err(value_error)?;
-    Ok((i, j))
+fn coords(py: Python<'_>, mesh: Vec<usize>, rank: usize) -> PyResult<Bound<'_, PyTuple>> {
+    let sizes = match *mesh.as_slice() {
+        [a] => [a, 1],
+        [a, b] => [a, b],
+        _ => return Err(value_error(format!("mesh {mesh:?}: one or two sizes"))),
+    };
+    let at = featshard_spec::layout::checked_coords(sizes, rank).map_err(value_error)?;
+    PyTuple::new(py, &at[..mesh.len()])
 }
 
 /// The `torch.chunk` pieces of `len` items over `ranks` (how ShardTensor splits an

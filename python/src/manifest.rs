@@ -10,6 +10,7 @@ use std::sync::Arc;
 use featshard::manifest::{self, Manifest};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 fn at(path: &std::path::Path, e: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{}: {e}", path.display()))
@@ -50,10 +51,11 @@ impl ShardManifest {
         &self.m.run
     }
 
-    /// Mesh sizes `(cp0, cp1)`.
+    /// Mesh sizes, one per axis of the spec's mesh: `(cp0, cp1)` or `(cp,)`.
     #[getter]
-    fn mesh(&self) -> (usize, usize) {
-        (self.m.mesh[0], self.m.mesh[1])
+    fn mesh<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let axes = self.plan.mesh.axes().len().clamp(1, 2);
+        PyTuple::new(py, &self.m.mesh[..axes])
     }
 
     /// The workflow sharded, if one was chosen.

@@ -240,7 +240,7 @@ impl Placement {
     fn write_blocks(
         &self,
         py: Python<'_>,
-        coord: (usize, usize),
+        coord: Vec<usize>,
         outs: Vec<(String, Bound<'_, PyCapsule>)>,
         threads: usize,
     ) -> PyResult<()> {
@@ -250,7 +250,7 @@ impl Placement {
 
     /// Every placed feature's block shape at coordinate `coord` (on a domain plan, that
     /// rank's own), in `features()` order.
-    fn block_shapes(&self, coord: (usize, usize)) -> PyResult<Vec<(String, Vec<usize>)>> {
+    fn block_shapes(&self, coord: Vec<usize>) -> PyResult<Vec<(String, Vec<usize>)>> {
         let coord = self.on_mesh(coord)?;
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         Ok(all
@@ -313,7 +313,7 @@ impl Placement {
     fn rank_buffer<'py>(
         &self,
         py: Python<'py>,
-        coord: (usize, usize),
+        coord: Vec<usize>,
         threads: usize,
         compact: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -323,7 +323,7 @@ impl Placement {
                 self.plan.module
             )));
         }
-        let part = part_at(self.on_mesh(coord)?, compact);
+        let part = part_at(self.on_mesh(coord.clone())?, compact);
         let layout = self.laid_out(compact)?;
         let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         let mut buffer = Buffer::new(layout.bytes).map_err(|e| {
@@ -404,15 +404,8 @@ impl Placement {
     }
 
     /// `coord` as a mesh coordinate of this placement; `ValueError` off the mesh.
-    fn on_mesh(&self, coord: (usize, usize)) -> PyResult<[usize; 2]> {
-        let mesh = self.placed.layout.mesh;
-        if coord.0 < mesh[0] && coord.1 < mesh[1] {
-            return Ok([coord.0, coord.1]);
-        }
-        Err(PyValueError::new_err(format!(
-            "coord: {coord:?} is not on the {}x{} mesh",
-            mesh[0], mesh[1]
-        )))
+    fn on_mesh(&self, coord: Vec<usize>) -> PyResult<[usize; 2]> {
+        crate::coord_on(&coord, self.placed.layout.mesh)
     }
 
     /// `Err` naming the first input tensor resized or freed since the sample was

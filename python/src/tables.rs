@@ -131,7 +131,7 @@ impl Semantic {
             sharded: s.sharded,
             batch: s.batch,
             pad_mesh_axes: match &s.padding {
-                Padding::Multiple { mesh_axes } => mesh_axes.clone(),
+                Padding::Multiple { mesh_axes, .. } => mesh_axes.clone(),
                 _ => Vec::new(),
             },
             stride: s.stride.max(1),

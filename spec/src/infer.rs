@@ -3,6 +3,12 @@
 //! Walk the axes in order; each axis of a sharded semantic that is not co-sharded (and
 //! not declared whole) takes the next free CP mesh axis (cp0, then cp1). Co-sharded
 //! followers take their leader's mesh axis. Mesh axes left over are `Replicate()`.
+//!
+//! A one-axis CP mesh `(cp,)` splits one axis of a tensor: the first axis of a sharded
+//! semantic that is not co-sharded and not kept whole (`replicate_axes`, or the
+//! semantic's `on_1d: whole`). A pair's rows take it (a row slab), its columns stay
+//! whole; two different semantics competing for it are refused by name. Co-sharded
+//! followers stay whole there: a one-axis model reads its maps with global columns.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -10,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::diag::SpecError;
 use crate::ir::*;
 
-/// Number of CP mesh axes.
+/// The most CP mesh axes a spec names (a one-axis mesh `(cp,)` is held as `(cp, 1)`
+/// wherever geometry takes mesh sizes).
 pub const CP_AXES: usize = 2;
 
 /// How one tensor axis is split over the CP mesh.
@@ -87,6 +94,9 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
 /// Every axis' split: sharded semantics take the mesh axes in order, co-sharded axes
 /// follow their leader, replicated ones stay whole.
 fn splits(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Vec<Split>, Box<SpecError>> {
+    if spec.mesh.is_cp_1d() {
+        return one_axis_splits(spec, name, t);
+    }
     let mut splits = vec![Split::Whole; t.axes.len()];
     let mesh_axes = spec.mesh.axes().len();
     let kind = if spec.mesh.is_domain() {
@@ -96,13 +106,7 @@ fn splits(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Vec<Split>, Box<
     };
     let mut next_free = 0;
     for (i, axis) in t.axes.iter().enumerate() {
-        let sharded = axis
-            .semantic()
-            .and_then(|s| spec.semantics.get(s))
-            .is_some_and(|s| s.sharded);
-        let follower = t.coshard.iter().any(|c| c.axis == i);
-        let kept_whole = t.replicate_axes.iter().any(|(a, _)| *a == i);
-        if !sharded || follower || kept_whole || t.replicated {
+        if !candidate(spec, t, i) {
             continue;
         }
         if next_free == mesh_axes {
@@ -133,6 +137,53 @@ fn splits(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Vec<Split>, Box<
             };
         }
     }
+    Ok(splits)
+}
+
+/// Whether axis `i` of `t` may take a mesh axis: its semantic is sharded, it is not a
+/// co-sharded follower nor kept whole, and the feature is not replicated.
+fn candidate(spec: &Spec, t: &TensorFeature, i: usize) -> bool {
+    let sharded = t.axes[i]
+        .semantic()
+        .and_then(|s| spec.semantics.get(s))
+        .is_some_and(|s| s.sharded && !(spec.mesh.is_cp_1d() && s.whole_on_1d));
+    let follower = t.coshard.iter().any(|c| c.axis == i);
+    let kept_whole = t.replicate_axes.iter().any(|(a, _)| *a == i);
+    sharded && !follower && !kept_whole && !t.replicated
+}
+
+/// The splits on a one-axis CP mesh: the first candidate axis takes it; every other
+/// axis stays whole. Candidates of two semantics are ambiguous and refused.
+fn one_axis_splits(
+    spec: &Spec,
+    name: &str,
+    t: &TensorFeature,
+) -> Result<Vec<Split>, Box<SpecError>> {
+    let mut splits = vec![Split::Whole; t.axes.len()];
+    let mut candidates = (0..t.axes.len()).filter(|&i| candidate(spec, t, i));
+    let Some(first) = candidates.next() else {
+        return Ok(splits);
+    };
+    let semantic = t.axes[first].semantic();
+    if let Some(other) = candidates.find(|&i| t.axes[i].semantic() != semantic) {
+        let axis = &t.axes[other];
+        return Err(Box::new(
+            SpecError::new(
+                format!(
+                    "a one-axis CP mesh splits one axis of a tensor: axis {first} (`{}`) and axis {other} (`{}`) are both sharded",
+                    semantic.unwrap_or_default(),
+                    axis.semantic().unwrap_or_default(),
+                ),
+                axis.loc,
+            )
+            .feature(name)
+            .axis(other, &axis.kind)
+            .help(format!(
+                "keep one whole: `replicate_axes: [{other}]` on the feature, or `on_1d: whole` on the semantic"
+            )),
+        ));
+    }
+    splits[first] = Split::Mesh { mesh_axis: 0 };
     Ok(splits)
 }
 

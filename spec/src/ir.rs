@@ -118,8 +118,8 @@ pub struct Mesh {
 /// into PhysicsNeMo ShardTensors (padded, or `torch.chunk` pieces on uneven axes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MeshSplit {
-    /// The two context-parallel axes `(cp0, cp1)`: DTensor blocks, padded, even.
-    Cp([Named; 2]),
+    /// The context-parallel axes, `(cp0, cp1)` or `(cp,)`: DTensor blocks, padded, even.
+    Cp(Vec<Named>),
     /// The one or two axes of a domain-parallel mesh: ShardTensors.
     Domain {
         /// The axes, in order.
@@ -150,6 +150,11 @@ impl Mesh {
             MeshSplit::Domain { uneven, .. } => uneven.get(m).copied().unwrap_or(false),
         }
     }
+
+    /// Whether this is a one-axis CP mesh `(cp,)`.
+    pub fn is_cp_1d(&self) -> bool {
+        matches!(&self.split, MeshSplit::Cp(axes) if axes.len() == 1)
+    }
 }
 
 /// What an axis counts, declared once for the whole spec.
@@ -170,6 +175,8 @@ pub struct Semantic {
     pub incoming: Option<Incoming>,
     /// Rows of the owner map with no owner are pads (dropped), not an error.
     pub unowned_rows: Option<Loc>,
+    /// On a one-axis CP mesh, axes of this semantic stay whole (`on_1d: whole`).
+    pub whole_on_1d: bool,
     /// Shard constraints of a domain-parallel spec (stencils, downsampling).
     pub shards: ShardRule,
     /// Where it was written.

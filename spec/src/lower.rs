@@ -208,8 +208,9 @@ impl Lower {
                 None
             }
         };
-        let split = split
-            .unwrap_or_else(|| MeshSplit::Cp(["cp0", "cp1"].map(|a| Named::new(a, Loc::UNKNOWN))));
+        let split = split.unwrap_or_else(|| {
+            MeshSplit::Cp(["cp0", "cp1"].map(|a| Named::new(a, Loc::UNKNOWN)).to_vec())
+        });
         if !matches!(split, MeshSplit::Domain { .. }) {
             if let Some(u) = raw.value.uneven.first() {
                 self.err(SpecError::new(
@@ -229,22 +230,22 @@ impl Lower {
         }
     }
 
-    /// The CP mesh: exactly two axes.
+    /// The CP mesh: one axis `[cp]` or two `[cp0, cp1]`.
     fn cp_axes(&mut self, axes: Vec<Named>, at: Loc) -> Option<MeshSplit> {
-        let given = axes.len();
-        match <[Named; 2]>::try_from(axes) {
-            Ok(pair) => Some(MeshSplit::Cp(pair)),
-            Err(_) => {
-                self.err(
-                    SpecError::new(
-                        format!("the CP mesh has exactly two axes `[cp0, cp1]`, {given} given"),
-                        at,
-                    )
-                    .help("a 1D CP mesh is the 2D mesh with cp1 = 1 at run time"),
-                );
-                None
-            }
+        if (1..=2).contains(&axes.len()) {
+            return Some(MeshSplit::Cp(axes));
         }
+        self.err(
+            SpecError::new(
+                format!(
+                    "a CP mesh has one axis `[cp]` or two `[cp0, cp1]`, {} given",
+                    axes.len()
+                ),
+                at,
+            )
+            .help("a 2-D tile `[cp0, cp1]`, or one axis of any size `[cp]`"),
+        );
+        None
     }
 
     /// A semantic's owner: `owner` with `counts`, `map` or both.
@@ -403,6 +404,7 @@ impl Lower {
                 .incoming_pads
                 .and_then(|i| self.incoming(&name, owner.as_ref(), i));
             let unowned_rows = body.unowned_rows.and_then(|u| self.unowned_rows(&name, u));
+            let whole_on_1d = body.on_1d.is_some_and(|o| self.on_1d(&name, o));
             out.insert(
                 name.clone(),
                 Semantic {
@@ -413,6 +415,7 @@ impl Lower {
                     batch: body.batch.as_ref().is_some_and(|b| b.value.0),
                     incoming,
                     unowned_rows,
+                    whole_on_1d,
                     shards,
                     loc: loc(&key),
                 },
@@ -551,6 +554,24 @@ impl Lower {
                         .help("`pad` (rows without an owner are pads) or `refuse` (the default)"),
                 );
                 None
+            }
+        }
+    }
+
+    /// `on_1d: whole | shard`: whether a one-axis CP mesh keeps the semantic whole.
+    fn on_1d(&mut self, name: &str, raw: Spanned<String>) -> bool {
+        match raw.value.as_str() {
+            "whole" => true,
+            "shard" => false,
+            other => {
+                self.err(
+                    SpecError::new(format!("unknown `on_1d` value `{other}`"), loc(&raw))
+                        .semantic(name)
+                        .help(
+                            "`whole` (kept whole on a one-axis CP mesh) or `shard` (the default)",
+                        ),
+                );
+                false
             }
         }
     }

@@ -86,10 +86,11 @@ pub struct RawSpec {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawMesh {
-    /// The two context-parallel mesh axes, in order: `[cp0, cp1]` (DTensor, padded
-    /// even shards). A spec names either `cp` or `domain`.
+    /// The context-parallel mesh axes, in order: `[cp0, cp1]` (a 2-D tile) or `[cp]`
+    /// (one axis of any size); DTensor, padded even shards. A spec names either `cp` or
+    /// `domain`.
     #[serde(default)]
-    #[schemars(with = "Option<Vec<String>>", length(equal = 2))]
+    #[schemars(with = "Option<Vec<String>>", length(min = 1, max = 2))]
     pub cp: Option<Spanned<Vec<Spanned<String>>>>,
     /// The domain-parallel mesh axes (one or two) of a PhysicsNeMo ShardTensor model.
     #[serde(default)]
@@ -153,9 +154,27 @@ pub struct RawSemantic {
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub unowned_rows: Option<Spanned<String>>,
+    /// On a one-axis CP mesh `(cp,)`: `whole` keeps axes of this semantic whole, so
+    /// that a tensor's other sharded axis takes the mesh axis (MSA rows whole, tokens
+    /// on cp); `shard` (the default) lets them take it. Ignored on a 2-D mesh.
+    #[serde(default)]
+    #[schemars(with = "Option<OnOneAxis>")]
+    pub on_1d: Option<Spanned<String>>,
     /// Free text for the spec's readers.
     #[serde(default)]
     pub doc: Option<String>,
+}
+
+/// What a one-axis CP mesh does with axes of a semantic (only for the JSON Schema; the
+/// parser reads a string and names a wrong value with its line and column).
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum OnOneAxis {
+    /// Axes of this semantic may take the mesh axis (the default).
+    Shard,
+    /// Axes of this semantic stay whole on a one-axis mesh.
+    Whole,
 }
 
 /// How the real items of a semantic that arrives padded are known.

@@ -248,7 +248,7 @@ def _check_predict(P: Any, D: Any, mesh: Any) -> None:
     # The data moved over the gloo groups the pipeline made, not over the default group.
     from featshard.distribute import cp_group
 
-    assert dist.get_backend(cp_group(mesh)[0]) == "gloo"
+    assert dist.get_backend(cp_group(D.plan(), mesh)[0]) == "gloo"
     del torch
 
 

@@ -44,7 +44,7 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     from featshard.distribute import cp_group, distribute_features
 
     plan = featshard.Plan(SPEC)
-    group = cp_group(mesh)
+    group = cp_group(plan, mesh)
     source = rank == group[1][0]
     coord = mesh.get_coordinate()
     assert coord is not None

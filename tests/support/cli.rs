@@ -14,6 +14,30 @@ pub fn spec() -> String {
     root().join("examples/boltz2.yaml").display().to_string()
 }
 
+/// The shipped Boltz-2 spec on a one-axis CP mesh: its `mesh:` line changed to
+/// `cp: [cp]` and nothing else (written once per test binary).
+#[allow(dead_code)]
+pub fn spec_1d() -> String {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        let text = std::fs::read_to_string(root().join("examples/boltz2.yaml")).unwrap();
+        assert!(text.contains("cp: [cp0, cp1]"));
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("boltz2_1d.yaml");
+        std::fs::write(&path, text.replace("cp: [cp0, cp1]", "cp: [cp]")).unwrap();
+        path
+    });
+    path.display().to_string()
+}
+
+/// The spec a mesh argument is for: `3x3` the shipped (cp0, cp1) one, `8` [`spec_1d`].
+#[allow(dead_code)]
+pub fn spec_for(mesh: &str) -> String {
+    match mesh.contains('x') {
+        true => spec(),
+        false => spec_1d(),
+    }
+}
+
 /// `featshard ARGS`, run to its end.
 pub fn featshard(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_featshard"))
@@ -28,7 +52,7 @@ pub fn featshard(args: &[&str]) -> Output {
 /// inference workflow into `out`, not yet started.
 pub fn shard_command(features: &str, mesh: &str, out: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_featshard"));
-    cmd.args(["shard", &spec(), "--features", features])
+    cmd.args(["shard", &spec_for(mesh), "--features", features])
         .args(["--mesh", mesh, "--workflow", "inference", "--out"])
         .arg(out)
         .current_dir(root())

@@ -220,13 +220,23 @@ fn padding(
         return Padding::None;
     }
     match &s.owner {
+        // A one-axis model reads owned items in serial order, split evenly (its maps
+        // keep global columns); padded to a multiple of the window too, since windowed
+        // attention runs over the whole axis.
+        Some(_) if spec.mesh.is_cp_1d() => Padding::Multiple {
+            mesh_axes,
+            window: s.window,
+        },
         Some(o) if root != s.name => Padding::OwnerBlocks {
             owner: o.owner.name.clone(),
             root: root.to_owned(),
             source: o.source.clone(),
             mesh_axes,
         },
-        _ => Padding::Multiple { mesh_axes },
+        _ => Padding::Multiple {
+            mesh_axes,
+            window: None,
+        },
     }
 }
 
@@ -234,7 +244,14 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
     let Role::Index(ix) = &t.role else {
         return Remap::None;
     };
-    match (ix.one_hot, ix.scope) {
+    // A one-axis mesh keeps co-sharded maps whole: their ids stay global.
+    let scope = match ix.scope {
+        IndexScope::ShardLocal if spec.mesh.is_cp_1d() && ix.one_hot.is_some() => {
+            IndexScope::PaddedGlobal
+        }
+        scope => scope,
+    };
+    match (ix.one_hot, scope) {
         (_, IndexScope::Serial) => Remap::None,
         // Moving one-hot columns with their axis is the padded layout already.
         (Some(_), IndexScope::PaddedGlobal) => Remap::None,
@@ -245,10 +262,11 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
         },
         (None, IndexScope::PaddedGlobal) => Remap::ToPaddedLayout {
             of: ix.of.clone(),
-            repad: spec
-                .semantics
-                .get(&ix.of)
-                .is_some_and(|s| s.sharded && s.owner.is_some()),
+            repad: !spec.mesh.is_cp_1d()
+                && spec
+                    .semantics
+                    .get(&ix.of)
+                    .is_some_and(|s| s.sharded && s.owner.is_some()),
         },
         (None, IndexScope::ShardLocal) => Remap::ShardLocal {
             of: ix.of.clone(),
@@ -260,7 +278,7 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
 fn mesh_plan(mesh: &Mesh) -> MeshPlan {
     let name = |n: &Named| n.name.clone();
     let split = match &mesh.split {
-        MeshSplit::Cp(axes) => SplitPlan::Cp(axes.each_ref().map(name)),
+        MeshSplit::Cp(axes) => SplitPlan::Cp(axes.iter().map(name).collect()),
         MeshSplit::Domain { axes, uneven } => SplitPlan::Domain {
             axes: axes.iter().map(name).collect(),
             uneven: uneven.clone(),

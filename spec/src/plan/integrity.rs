@@ -71,25 +71,34 @@ fn feature(plan: &Plan, name: &str) -> Result<(), String> {
     }
 }
 
-fn mesh_axes(axes: &[usize]) -> Result<(), String> {
-    match axes.iter().find(|&&m| m >= CP_AXES) {
-        Some(m) => Err(format!("mesh axis {m} (a mesh has {CP_AXES})")),
+fn mesh_axes(plan: &Plan, axes: &[usize]) -> Result<(), String> {
+    let count = plan.mesh.axes().len().min(CP_AXES);
+    match axes.iter().find(|&&m| m >= count) {
+        Some(m) => Err(format!("mesh axis {m} (the mesh has {count})")),
         None => Ok(()),
     }
 }
 
 fn check_semantic(plan: &Plan, name: &str, s: &super::SemanticPlan) -> Result<(), String> {
-    mesh_axes(&s.sharded_on)?;
+    mesh_axes(plan, &s.sharded_on)?;
     match &s.padding {
         Padding::None => {}
-        Padding::Multiple { mesh_axes: m } => mesh_axes(m)?,
+        Padding::Multiple {
+            mesh_axes: m,
+            window,
+        } => {
+            mesh_axes(plan, m)?;
+            if *window == Some(0) {
+                return Err("a window of 0".into());
+            }
+        }
         Padding::OwnerBlocks {
             owner,
             root,
             source,
             mesh_axes: m,
         } => {
-            mesh_axes(m)?;
+            mesh_axes(plan, m)?;
             semantic(plan, owner)?;
             semantic(plan, root)?;
             if owner == name || root == name {
@@ -138,7 +147,7 @@ fn check_axes(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
                 ))
             }
         }
-        mesh_axes(&a.split.mesh_axis().into_iter().collect::<Vec<_>>())
+        mesh_axes(plan, &a.split.mesh_axis().into_iter().collect::<Vec<_>>())
             .map_err(|e| format!("axis {d}: {e}"))?;
         if let Split::Follows { leader, .. } = a.split {
             if leader >= rank || leader == d {
@@ -219,7 +228,7 @@ fn check_remap(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
         Remap::ToPaddedLayout { of, .. } => semantic(plan, of)?,
         Remap::ShardLocal { of, mesh_axis } => {
             semantic(plan, of)?;
-            mesh_axes(&[*mesh_axis])?;
+            mesh_axes(plan, &[*mesh_axis])?;
         }
         Remap::DiagonalBlock {
             of,
@@ -227,7 +236,7 @@ fn check_remap(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
             mesh_axis,
         } => {
             semantic(plan, of)?;
-            mesh_axes(&[*mesh_axis])?;
+            mesh_axes(plan, &[*mesh_axis])?;
             if *axis >= t.axes.len() {
                 return Err(format!(
                     "diagonal block on axis {axis}, past its {} axes",

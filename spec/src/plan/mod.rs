@@ -72,12 +72,22 @@ pub struct MeshPlan {
     pub dp: Option<String>,
 }
 
-/// How one sample is split: the two CP axes `(cp0, cp1)` (DTensor blocks, padded), or
-/// the one or two axes of a domain-parallel mesh (ShardTensors; uneven axes chunked).
+/// Where a device mesh's DP axis and sample axes are ([`MeshPlan::dims`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MeshDims {
+    /// The DP dimension, if the device mesh has one.
+    pub dp: Option<usize>,
+    /// The dimensions that split a sample, in the spec's order.
+    pub sample: Vec<usize>,
+}
+
+/// How one sample is split: the CP axes `(cp0, cp1)` or `(cp,)` (DTensor blocks,
+/// padded), or the one or two axes of a domain-parallel mesh (ShardTensors; uneven
+/// axes chunked).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SplitPlan {
-    /// The two context-parallel axes `(cp0, cp1)`.
-    Cp([String; CP_AXES]),
+    /// The context-parallel axes: `(cp0, cp1)`, or one axis `(cp,)`.
+    Cp(Vec<String>),
     /// The one or two axes of a domain-parallel mesh.
     Domain {
         /// The axes, in order.
@@ -99,6 +109,61 @@ impl MeshPlan {
     /// Whether this is a domain-parallel (ShardTensor) mesh.
     pub fn is_domain(&self) -> bool {
         matches!(self.split, SplitPlan::Domain { .. })
+    }
+
+    /// Whether this is a one-axis CP mesh `(cp,)`.
+    pub fn is_cp_1d(&self) -> bool {
+        matches!(&self.split, SplitPlan::Cp(axes) if axes.len() == 1)
+    }
+
+    /// Which dimensions of a device mesh of `ndim` dimensions named `names` are the
+    /// DP axis and the sample's axes, found by the spec's names for them: the DP axis
+    /// first when there is one, then the sample's axes in order. A mesh without names
+    /// must be the sample's axes alone. Anything else is refused by name: a DP axis
+    /// guessed from a dimension count would give two replicas the same samples.
+    pub fn dims(&self, names: Option<&[String]>, ndim: usize) -> Result<MeshDims, String> {
+        let axes = self.axes();
+        let expected = || {
+            let dp = self.dp.iter().map(|d| format!("{d}, "));
+            format!("({}{})", dp.collect::<String>(), axes.join(", "))
+        };
+        let Some(names) = names else {
+            if ndim == axes.len() {
+                return Ok(MeshDims {
+                    dp: None,
+                    sample: (0..ndim).collect(),
+                });
+            }
+            return Err(format!(
+                "a device mesh of {ndim} dimensions without names: name its dimensions (mesh_dim_names) after the spec's mesh {}",
+                expected()
+            ));
+        };
+        if let Some(n) = names
+            .iter()
+            .find(|n| !axes.contains(n) && self.dp.as_ref() != Some(n))
+        {
+            return Err(format!(
+                "device mesh dimension `{n}` is not an axis of the spec's mesh {}",
+                expected()
+            ));
+        }
+        let dp = self
+            .dp
+            .as_ref()
+            .and_then(|d| names.iter().position(|n| n == d));
+        let start = usize::from(dp.is_some());
+        if dp.is_some_and(|d| d != 0) || names[start..] != *axes || names.len() != ndim {
+            return Err(format!(
+                "device mesh dimensions ({}) are not the spec's mesh {} in its order",
+                names.join(", "),
+                expected()
+            ));
+        }
+        Ok(MeshDims {
+            dp,
+            sample: (start..ndim).collect(),
+        })
     }
 
     /// Whether mesh axis `m` splits into uneven chunks (only a domain axis can).
@@ -153,9 +218,13 @@ impl TryFrom<MeshRepr> for MeshPlan {
 
     fn try_from(r: MeshRepr) -> Result<Self, String> {
         let split = match r.domain {
-            None => SplitPlan::Cp(<[String; CP_AXES]>::try_from(r.cp).map_err(|cp| {
-                format!("a CP mesh has {CP_AXES} axes, this plan names {}", cp.len())
-            })?),
+            None if (1..=CP_AXES).contains(&r.cp.len()) => SplitPlan::Cp(r.cp),
+            None => {
+                return Err(format!(
+                    "a CP mesh has one or two axes, this plan names {}",
+                    r.cp.len()
+                ))
+            }
             Some(d) if d.uneven.len() == r.cp.len() && (1..=2).contains(&r.cp.len()) => {
                 SplitPlan::Domain {
                     axes: r.cp,
@@ -177,7 +246,7 @@ impl TryFrom<MeshRepr> for MeshPlan {
 impl From<MeshPlan> for MeshRepr {
     fn from(m: MeshPlan) -> Self {
         let (cp, domain) = match m.split {
-            SplitPlan::Cp(axes) => (axes.to_vec(), None),
+            SplitPlan::Cp(axes) => (axes, None),
             SplitPlan::Domain { axes, uneven } => (axes, Some(DomainRepr { uneven })),
         };
         MeshRepr {
@@ -248,10 +317,15 @@ impl SemanticPlan {
 pub enum Padding {
     /// Never padded.
     None,
-    /// Padded at the end to a multiple of the lcm of these mesh axes' sizes.
+    /// Padded at the end to a multiple of the lcm of these mesh axes' sizes (and of
+    /// the window, when one is given).
     Multiple {
         /// The mesh axes that split it.
         mesh_axes: Vec<usize>,
+        /// An attention window the padded length is a multiple of too (an owned
+        /// semantic on a one-axis CP mesh, laid out in serial order).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window: Option<u32>,
     },
     /// Owner-partitioned: the root owner's padded axis is split into lcm(mesh_axes)
     /// equal blocks; each block holds its owners' items, padded to the largest block.

@@ -79,6 +79,8 @@ pub enum ResolveError {
     MeshRank {
         /// The sizes given.
         mesh: Vec<usize>,
+        /// The plan's mesh axes.
+        axes: Vec<String>,
     },
     /// A mesh with more axes than the plan's domain mesh: a one-axis domain plan
     /// given a second axis larger than 1.
@@ -169,13 +171,17 @@ impl fmt::Display for ResolveError {
         match self {
             ResolveError::MeshAxes { mesh, axes } => write!(
                 f,
-                "mesh sizes {mesh:?}: the plan's domain mesh has {} axis {axes:?}; give one size per axis (e.g. --mesh {})",
+                "mesh sizes {mesh:?}: the spec's mesh has {} axis {axes:?}; give one size per axis (e.g. --mesh {})",
                 axes.len(),
                 mesh[0]
             ),
-            ResolveError::MeshRank { mesh } => write!(
+            ResolveError::MeshRank { mesh, axes } => write!(
                 f,
-                "mesh sizes {mesh:?}: a mesh has one or two axes (a CP mesh two, a domain mesh one per axis)"
+                "mesh sizes {mesh:?}: the spec's mesh is ({}), {} {} given; one size per axis ({})",
+                axes.join(", "),
+                mesh.len(),
+                if mesh.len() == 1 { "axis" } else { "axes" },
+                if axes.len() == 1 { "`8`" } else { "`3x3`" },
             ),
             ResolveError::BadMesh { mesh } => write!(f, "mesh sizes {mesh:?}: every CP mesh axis needs size at least 1, and the mesh at most {} ranks", crate::limits::MAX_RANKS),
             ResolveError::MissingLength { semantic, feature, axis } => write!(
@@ -270,8 +276,10 @@ impl Plan {
             return 1;
         };
         match &s.padding {
-            Padding::Multiple { mesh_axes } => {
-                lcm_of(mesh_axes.iter().map(|&m| mesh[m])) * s.stride.max(1) as usize
+            Padding::Multiple { mesh_axes, window } => {
+                let window = window.map_or(1, |w| w as usize);
+                lcm_of(mesh_axes.iter().map(|&m| mesh[m]).chain([window]))
+                    * s.stride.max(1) as usize
             }
             Padding::OwnerBlocks { mesh_axes, .. } => lcm_of(mesh_axes.iter().map(|&m| mesh[m])),
             Padding::None => 1,
@@ -312,7 +320,7 @@ impl Plan {
     pub fn padded_length(&self, semantic: &str, len: usize, mesh: [usize; CP_AXES]) -> usize {
         let halo_min = match self.semantics.get(semantic) {
             Some(SemanticPlan {
-                padding: Padding::Multiple { mesh_axes },
+                padding: Padding::Multiple { mesh_axes, .. },
                 halo,
                 ..
             }) => {
@@ -455,16 +463,19 @@ impl Plan {
         self.layout_from_roots(mesh, sizes, roots)
     }
 
-    /// The sizes of a mesh given with one size per axis (a CP mesh two, a domain mesh
-    /// one or two) as the two axes every geometry function takes (a missing second axis
-    /// has size 1), checked by [`Plan::check_mesh`].
+    /// The sizes of a mesh given with one size per axis of the plan's mesh (one or
+    /// two) as the two axes every geometry function takes (a missing second axis has
+    /// size 1), checked by [`Plan::check_mesh`]. A count that is not the plan's is
+    /// refused by name: `3` is no `(cp0, cp1)` mesh, and `2x2` no `(cp,)` mesh.
     pub fn mesh_sizes(&self, sizes: &[usize]) -> Result<[usize; CP_AXES], ResolveError> {
+        let axes = self.mesh.axes();
         let mesh = match *sizes {
-            [a] => [a, 1],
-            [a, b] => [a, b],
+            [a] if axes.len() == 1 => [a, 1],
+            [a, b] if axes.len() == 2 => [a, b],
             _ => {
                 return Err(ResolveError::MeshRank {
                     mesh: sizes.to_vec(),
+                    axes: axes.to_vec(),
                 })
             }
         };
@@ -501,7 +512,7 @@ impl Plan {
             });
         }
         let axes = self.mesh.axes();
-        if self.mesh.is_domain() && axes.len() == 1 && mesh[1] != 1 {
+        if axes.len() == 1 && mesh[1] != 1 {
             return Err(ResolveError::MeshAxes {
                 mesh: mesh.to_vec(),
                 axes: axes.to_vec(),
