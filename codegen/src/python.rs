@@ -75,8 +75,11 @@ struct Ctx {
     header: String,
     module: String,
     sha256: String,
-    cp0: String,
-    cp1: String,
+    /// The CP mesh axes as a Python tuple, and its type.
+    cp_axes: String,
+    cp_axes_type: String,
+    /// The meshes the generated parity test runs on: 2-D tiles, or one-axis meshes.
+    test_meshes: String,
     dp: String,
     semantics: Vec<SemanticRow>,
     semantic_order: Vec<String>,
@@ -169,8 +172,15 @@ fn context(plan: &Plan) -> Ctx {
             .collect(),
         module: plan.module.clone(),
         sha256: plan.source.sha256.clone(),
-        cp0: py_str(plan.mesh.axes().first().map_or("cp0", String::as_str)),
-        cp1: py_str(plan.mesh.axes().get(1).map_or("cp1", String::as_str)),
+        cp_axes: py_tuple(plan.mesh.axes().iter().map(|a| py_str(a))),
+        test_meshes: match plan.mesh.axes().len() {
+            1 => "[(1,), (2,), (3,), (4,)]".into(),
+            _ => "[(1, 1), (2, 2), (3, 3), (2, 3)]".into(),
+        },
+        cp_axes_type: format!(
+            "tuple[{}]",
+            vec!["str"; plan.mesh.axes().len()].join(", ")
+        ),
         dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
         semantic_order: plan
             .semantic_order()

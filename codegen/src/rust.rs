@@ -100,9 +100,8 @@ pub fn module_tokens(plan: &Plan) -> TokenStream {
 /// The spec's hash, mesh axis names, and the value types the tables use.
 fn consts(plan: &Plan) -> TokenStream {
     let sha = &plan.source.sha256;
-    // A domain spec may have one axis; its Rust tables are not emitted, but never panic.
-    let cp0 = plan.mesh.axes().first().map_or("cp0", String::as_str);
-    let cp1 = plan.mesh.axes().get(1).map_or("cp1", String::as_str);
+    let axes = plan.mesh.axes();
+    let count = axes.len();
     let dp = match &plan.mesh.dp {
         Some(d) => quote!(Some(#d)),
         None => quote!(None),
@@ -110,8 +109,8 @@ fn consts(plan: &Plan) -> TokenStream {
     quote! {
         /// SHA-256 of the spec text this module was generated from.
         pub const SPEC_SHA256: &str = #sha;
-        /// Names of the CP mesh axes `(cp0, cp1)`.
-        pub const CP_MESH_AXES: [&str; 2] = [#cp0, #cp1];
+        /// Names of the CP mesh axes: `(cp0, cp1)`, or `(cp,)` for a one-axis mesh.
+        pub const CP_MESH_AXES: [&str; #count] = [#(#axes),*];
         /// Name of the data-parallel mesh axis, if any.
         pub const DP_MESH_AXIS: Option<&str> = #dp;
 
@@ -404,12 +403,12 @@ fn feature_enum(plan: &Plan) -> TokenStream {
                 #channels_arms
             }
 
-            /// Placements on the CP sub-mesh `(cp0, cp1)`.
+            /// Placements on the CP sub-mesh, one per axis of `CP_MESH_AXES`.
             pub const fn placements(self) -> &'static [Placement] {
                 #placements_arms
             }
 
-            /// Placements on `(dp, cp0, cp1)`.
+            /// Placements with the DP axis in front of the CP sub-mesh's.
             pub const fn placements_dp(self) -> &'static [Placement] {
                 #placements_dp_arms
             }

@@ -379,7 +379,7 @@ def rank_blocks(
     """Every rank's blocks of one serial sample; rank ``i * cp1 + j`` holds (i, j)."""
     placed = place(plan, features, mesh, workflow=workflow, threads=threads)
     return [
-        placed.rank_blocks(_native.coords(mesh, r), threads) for r in range(mesh[0] * mesh[1])
+        placed.rank_blocks(_native.coords(mesh, r), threads) for r in range(math.prod(mesh))
     ]
 
 

@@ -41,7 +41,7 @@ def intake(
     ``other_keys``, incoming pads cut, unowned owner-map rows dropped where the spec says
     they are pads, derived features made (or checked when given). The sample is
     validated as well. Idempotent: a taken sample comes back unchanged."""
-    placed = place(plan, features, (1, 1), workflow=workflow)
+    placed = place(plan, features, (1,) * len(plan.mesh_axes), workflow=workflow)
     return dict(sorted({**placed.serial(), **placed.passthrough}.items()))
 
 
