@@ -759,7 +759,11 @@ fn a_one_axis_domain_spec_refuses_a_two_axis_mesh() {
     let run = featshard(&["explain", "examples/weather.yaml", "--mesh", "3x3"]);
     refused(
         &run,
-        &["mesh sizes [3, 3]", "domain mesh has 1 axis", "--mesh 3"],
+        &[
+            "mesh sizes [3, 3]",
+            "the spec's mesh is (domain), 2 axes given",
+            "one size per axis (`3`)",
+        ],
     );
     let ok = featshard(&["explain", "examples/weather.yaml", "--mesh", "3"]);
     assert!(ok.status.success(), "{}", stderr(&ok));

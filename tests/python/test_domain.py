@@ -488,7 +488,7 @@ def test_a_one_axis_domain_plan_refuses_a_two_axis_mesh_by_name() -> None:
     from featshard import blocks
 
     plan = featshard.Plan(ROOT / "examples" / "weather.yaml")
-    want = "mesh sizes [3, 2]: the plan's domain mesh has 1 axis [\"domain\"]"
+    want = "mesh sizes [3, 2]: the spec's mesh is (domain), 2 axes given; one size per axis (`3`)"
     with pytest.raises(ValueError) as placed:
         blocks.place(plan, weather_inputs(), (3, 2))
     assert want in str(placed.value)

@@ -181,7 +181,11 @@ impl fmt::Display for ResolveError {
                 axes.join(", "),
                 mesh.len(),
                 if mesh.len() == 1 { "axis" } else { "axes" },
-                if axes.len() == 1 { "`8`" } else { "`3x3`" },
+                match (axes.len(), mesh.first()) {
+                    (1, Some(a)) => format!("`{a}`"),
+                    (_, Some(a)) => format!("`{a}x{}`", mesh.get(1).unwrap_or(a)),
+                    _ => "`3x3`, or `8` on one axis".to_owned(),
+                },
             ),
             ResolveError::BadMesh { mesh } => write!(f, "mesh sizes {mesh:?}: every CP mesh axis needs size at least 1, and the mesh at most {} ranks", crate::limits::MAX_RANKS),
             ResolveError::MissingLength { semantic, feature, axis } => write!(

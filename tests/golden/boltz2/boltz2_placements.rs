@@ -4,8 +4,8 @@
 //! Placements and padding plan of the `boltz2_placements` feature spec.
 /// SHA-256 of the spec text this module was generated from.
 pub const SPEC_SHA256: &str = "674cfeae0bbfba78a514e8f5d3c49646e0b22881d5c1e9fd84562bc2cc9316f1";
-/// Names of the CP mesh axes `(cp0, cp1)`.
-pub const CP_MESH_AXES: [&str; 2] = ["cp0", "cp1"];
+/// Names of the CP mesh axes: `(cp0, cp1)`, or `(cp,)` for a one-axis mesh.
+pub const CP_MESH_AXES: [&str; 2usize] = ["cp0", "cp1"];
 /// Name of the data-parallel mesh axis, if any.
 pub const DP_MESH_AXIS: Option<&str> = Some("dp");
 /// A DTensor placement on one mesh axis.
@@ -1100,7 +1100,7 @@ impl Feature {
             Feature::TokenBonds => &[None, None, Some(1)],
         }
     }
-    /// Placements on the CP sub-mesh `(cp0, cp1)`.
+    /// Placements on the CP sub-mesh, one per axis of `CP_MESH_AXES`.
     pub const fn placements(self) -> &'static [Placement] {
         match self {
             Feature::AffinityMw
@@ -1196,7 +1196,7 @@ impl Feature {
             | Feature::VisibilityIds => &[Placement::Shard(1), Placement::Replicate],
         }
     }
-    /// Placements on `(dp, cp0, cp1)`.
+    /// Placements with the DP axis in front of the CP sub-mesh's.
     pub const fn placements_dp(self) -> &'static [Placement] {
         match self {
             Feature::AffinityMw
