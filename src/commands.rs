@@ -245,7 +245,8 @@ pub enum View<'a> {
 }
 
 /// `featshard explain`: a feature's layout on a mesh, as a table, a terminal picture or
-/// SVG. With `lengths`, shapes are numbers; without, they are written in terms of the
+/// SVG. With `lengths`, shapes are numbers (and the table ends with each rank's bytes on
+/// every CP topology of as many ranks); without, they are written in terms of the
 /// semantics.
 pub fn explain(
     path: &Path,
@@ -254,7 +255,7 @@ pub fn explain(
     workflow: Option<&str>,
     view: View,
 ) -> Result<String, Failure> {
-    let (_, plan) = load(path)?;
+    let (spec, plan) = load(path)?;
     let mesh = mesh.sizes(&plan)?;
     let names = plan
         .feature_names(workflow)
@@ -267,7 +268,12 @@ pub fn explain(
         )?),
     };
     let out = match view {
-        View::Table => explain_table(&plan, mesh, &names, workflow, resolved.as_ref()),
+        View::Table => {
+            let table = explain_table(&plan, mesh, &names, workflow, resolved.as_ref());
+            let topologies = lengths
+                .and_then(|given| crate::topology::table(&spec, &plan, mesh, given, workflow));
+            table + &topologies.unwrap_or_default()
+        }
         View::Picture { feature, color } => {
             let p = crate::picture::picture(&plan, mesh, feature, resolved.as_ref())?;
             crate::picture::render_text(&p, color)
@@ -402,7 +408,7 @@ fn explain_table(
 /// others as they are). A sparse feature's compact bytes depend on its values: `None`.
 /// Counted in `u128`, saturating: `explain` takes any length, and a count past memory
 /// is shown as large, never wrapped to a small one.
-fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (u128, Option<u128>) {
+pub(crate) fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (u128, Option<u128>) {
     let bytes = |shape: &[usize], d| {
         shape
             .iter()
@@ -449,7 +455,7 @@ fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
 }
 
 /// Bytes for people: B, KB, MB, GB, TB, PB (powers of 1000); past that in powers of ten.
-fn human(n: u128) -> String {
+pub(crate) fn human(n: u128) -> String {
     let units = [
         ("PB", 1e15),
         ("TB", 1e12),
@@ -590,7 +596,7 @@ fn local_text(plan: &Plan, t: &TensorPlan, s: &FeatureShapes, mesh: [usize; 2]) 
     format!("[{}]", dims.join(", "))
 }
 
-fn explain_lengths(
+pub(crate) fn explain_lengths(
     plan: &Plan,
     given: &[(String, usize)],
     notes: &mut Vec<String>,

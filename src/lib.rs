@@ -18,6 +18,7 @@ pub mod manifest;
 pub mod picture;
 pub mod room;
 pub mod staging;
+mod topology;
 
 #[cfg(feature = "derive")]
 pub use featshard_macros::Features;

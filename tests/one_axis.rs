@@ -292,3 +292,50 @@ fn a_mesh_with_the_wrong_number_of_axes_is_refused_and_nothing_written() {
     let text = String::from_utf8_lossy(&run.stdout);
     assert!(text.starts_with("mesh (cp) = (4): 4 CP ranks"), "{text}");
 }
+
+/// With lengths, `explain` ends with each rank's bytes on `(cp,)` and on every tile of as
+/// many ranks, the same figures from either spec (one inference, the mesh line changed).
+#[test]
+fn explain_puts_every_topology_of_the_rank_count_side_by_side() {
+    let lengths = "tokens=256,atoms=2000,msa=64,rset=200,ensemble=1,disto_ensemble=1,templates=1";
+    let table = |spec: &str, mesh: &str| {
+        let run = featshard(&["explain", spec, "--mesh", mesh, "--lengths", lengths]);
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let text = String::from_utf8_lossy(&run.stdout).into_owned();
+        let start = text
+            .find("on every CP topology of 6 ranks")
+            .expect("no topology table");
+        text[start..]
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('('))
+            .map(|l| l.replace("this spec", "").trim_end().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let from_tile = table(&spec(), "2x3");
+    let from_axis = table(&spec_1d(), "6");
+    let labels: Vec<&str> = from_tile
+        .iter()
+        .map(|l| l.split("  ").next().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "(cp,) = (6)",
+            "(cp0, cp1) = (1, 6)",
+            "(cp0, cp1) = (2, 3)",
+            "(cp0, cp1) = (3, 2)",
+            "(cp0, cp1) = (6, 1)"
+        ]
+    );
+    assert_eq!(from_tile, from_axis);
+    // Each row is that mesh's own plan: its per-rank bytes are what `explain` reports
+    // for it alone (one row checked against the table's byte column).
+    assert!(from_tile
+        .iter()
+        .all(|l| l.contains(" MB") || l.contains(" KB")));
+}

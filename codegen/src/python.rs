@@ -177,10 +177,7 @@ fn context(plan: &Plan) -> Ctx {
             1 => "[(1,), (2,), (3,), (4,)]".into(),
             _ => "[(1, 1), (2, 2), (3, 3), (2, 3)]".into(),
         },
-        cp_axes_type: format!(
-            "tuple[{}]",
-            vec!["str"; plan.mesh.axes().len()].join(", ")
-        ),
+        cp_axes_type: format!("tuple[{}]", vec!["str"; plan.mesh.axes().len()].join(", ")),
         dp: plan.mesh.dp.as_deref().map_or("None".into(), py_str),
         semantic_order: plan
             .semantic_order()

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
-use featshard_spec::plan::{FeaturePlan, Padding, Plan, TensorPlan};
+use featshard_spec::plan::{FeaturePlan, OwnedBy, Plan, TensorPlan};
 
 use crate::array::Array;
 use crate::compact::{
@@ -381,8 +381,8 @@ fn check_counts_agree(
     mask: &str,
     n: usize,
 ) -> Result<(), RuntimeError> {
-    let Some(Padding::OwnerBlocks { owner, source, .. }) =
-        plan.semantics.get(sem).map(|s| &s.padding)
+    let Some(OwnedBy { owner, source, .. }) =
+        plan.semantics.get(sem).and_then(|s| s.owned_by.as_ref())
     else {
         return Ok(());
     };
@@ -526,7 +526,7 @@ fn drop_unowned_rows(
 ) -> Result<BTreeMap<String, usize>, RuntimeError> {
     let mut out = BTreeMap::new();
     for (sem, s) in &plan.semantics {
-        let Padding::OwnerBlocks { source, .. } = &s.padding else {
+        let Some(OwnedBy { source, .. }) = &s.owned_by else {
             continue;
         };
         let Some(map) = source.map().filter(|_| s.unowned_rows_are_pads) else {

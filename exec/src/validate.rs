@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use featshard_spec::ir::DType;
 use featshard_spec::ir::Role;
 use featshard_spec::layout::count_total;
-use featshard_spec::plan::{Ownership, Padding, Plan, ResolveError, TensorPlan};
+use featshard_spec::plan::{OwnedBy, Ownership, Plan, ResolveError, TensorPlan};
 
 use crate::array::Array;
 use crate::compact::{
@@ -271,7 +271,7 @@ fn ownership(
 ) -> Result<BTreeMap<String, Ownership>, RuntimeError> {
     let mut owners = BTreeMap::new();
     for (sem, s) in &plan.semantics {
-        let Padding::OwnerBlocks { owner, source, .. } = &s.padding else {
+        let Some(OwnedBy { owner, source, .. }) = &s.owned_by else {
             continue;
         };
         let Some(&len) = sizes.get(sem) else { continue };

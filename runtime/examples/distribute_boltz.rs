@@ -291,7 +291,7 @@ pub fn run(args: &Args, step_start: &mut Instant) -> Result<String, DistError> {
     let (_, plan) =
         featshard_spec::compile_file(args.spec.as_ref()).map_err(|d| setup(d.render_plain()))?;
     let plan = Arc::new(plan);
-    let (dp, cp) = Mesh::parse_shape(&args.mesh)?;
+    let (dp, cp) = Mesh::parse_shape(&args.mesh, &plan)?;
     let rdv = Rendezvous::from_env(GroupOptions {
         timeout: Duration::from_secs(args.timeout),
         ..GroupOptions::default()

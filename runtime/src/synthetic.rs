@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::ir::{OwnerSource, Role};
-use featshard_spec::plan::{Padding, Plan};
+use featshard_spec::plan::{OwnedBy, Plan};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
@@ -64,8 +64,8 @@ pub fn sample(
     // Direct owner of every item of each owned semantic.
     let mut owner_of: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for sem in plan.semantic_order() {
-        let Some(Padding::OwnerBlocks { owner, source, .. }) =
-            plan.semantics.get(sem).map(|s| &s.padding)
+        let Some(OwnedBy { owner, source, .. }) =
+            plan.semantics.get(sem).and_then(|s| s.owned_by.as_ref())
         else {
             continue;
         };
@@ -159,7 +159,7 @@ fn structured(
             .map(Some);
     }
     for (sem, s) in &plan.semantics {
-        let Padding::OwnerBlocks { owner, source, .. } = &s.padding else {
+        let Some(OwnedBy { owner, source, .. }) = &s.owned_by else {
             continue;
         };
         let is_counts = source.counts() == Some(name);
@@ -214,11 +214,8 @@ fn owner_chain(
     let mut map: Vec<usize> = owner_of.get(item)?.clone();
     let mut cur = item;
     loop {
-        let Some(Padding::OwnerBlocks { owner: next, .. }) =
-            plan.semantics.get(cur).map(|s| &s.padding)
-        else {
-            return None;
-        };
+        let OwnedBy { owner: next, .. } =
+            plan.semantics.get(cur).and_then(|s| s.owned_by.as_ref())?;
         if next == owner {
             return Some(map);
         }

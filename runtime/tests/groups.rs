@@ -8,6 +8,17 @@ use std::time::{Duration, Instant};
 use featshard_runtime::dist::{DistError, GroupOptions, ReduceOp, Rendezvous};
 use tch::{Kind, Tensor};
 
+/// A small two-axis spec; its one-axis form is the same with `cp: [cp]`.
+const TILE: &str = "\
+version: 1
+module: demo
+mesh: {cp: [cp0, cp1], dp: dp}
+semantics:
+  tokens: {shard: true}
+features:
+  x: {axes: [tokens, tokens], dtype: float32}
+";
+
 /// Runs `f(rendezvous)` on `n` threads and returns their results in rank order.
 fn on_threads<T: Send + 'static>(
     n: usize,
@@ -204,6 +215,21 @@ fn a_mesh_that_does_not_hold_the_world_is_an_error() {
             Some("distributed setup: mesh dp=1 x cp=(3, 3) holds 9 ranks, but the world has 4")
         );
     }
-    assert!(Mesh::parse_shape("2x0").is_err());
-    assert_eq!(Mesh::parse_shape("2x2x2").unwrap(), (2, [2, 2]));
+    let tile = featshard_spec::compile_str("s.yaml", TILE).unwrap().1;
+    let axis = featshard_spec::compile_str("s.yaml", &TILE.replace("[cp0, cp1]", "[cp]"))
+        .unwrap()
+        .1;
+    assert!(Mesh::parse_shape("2x0", &tile).is_err());
+    assert_eq!(Mesh::parse_shape("2x2x2", &tile).unwrap(), (2, [2, 2]));
+    assert_eq!(Mesh::parse_shape("2x3", &tile).unwrap(), (1, [2, 3]));
+    // One axis: the size alone, or the DP size in front; never a tile.
+    assert_eq!(Mesh::parse_shape("8", &axis).unwrap(), (1, [8, 1]));
+    assert_eq!(Mesh::parse_shape("2x3", &axis).unwrap(), (2, [3, 1]));
+    let err = Mesh::parse_shape("3", &tile).unwrap_err().to_string();
+    assert!(
+        err.contains("1 sizes for the spec's mesh (cp0, cp1)"),
+        "{err}"
+    );
+    let err = Mesh::parse_shape("2x2x2", &axis).unwrap_err().to_string();
+    assert!(err.contains("3 sizes for the spec's mesh (cp)"), "{err}");
 }

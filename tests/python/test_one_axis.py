@@ -47,6 +47,8 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, module: str,
     try:
         if scenario == "real":
             _check_real(P, D, mesh, shape[-1])
+        elif scenario == "layer":
+            _check_layer(D, mesh, shape[-1])
         elif scenario == "dp":
             out.update(_dp_indices(D, mesh, names))
         out["status"] = "ok"
@@ -101,6 +103,69 @@ def _check_real(P: Any, D: Any, mesh: Any, cp: int) -> None:
         assert torch.equal(full["frames_idx"][:, :n], real["frames_idx"][:, :n])
 
 
+def _layer_1d(got: dict[str, Any], pg: Any, cp: int) -> dict[str, Any]:
+    """A stand-in for a one-axis model's first layers, reading its inputs as such a layer
+    does: single features by rows (token columns all-gathered over cp), a pair feature as
+    a row slab, the MSA with its rows whole, and ``atom_to_token`` with global token
+    columns (each rank's partial atom-to-token sums reduced over cp, its own rows kept).
+    The same arithmetic as :func:`_layer_serial`, on this rank's blocks."""
+    import torch
+    import torch.distributed as dist
+
+    def columns(x: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(cp)]
+        dist.all_gather(parts, x.contiguous(), group=pg)
+        return torch.cat(parts)
+
+    res, asym = got["residue_index"].to_local(), got["asym_id"].to_local()
+    rel = (res[:, None] - columns(res)[None, :]).clamp(-32, 32) * (asym[:, None] == columns(asym)[None, :])
+    pair = rel.float() * got["token_pair_pad_mask"].to_local() + got["token_bonds"].to_local()[..., 0]
+    rows = got["token_pad_mask"].to_local().shape[0]
+    partial = got["atom_to_token"].to_local().float().T @ got["ref_pos"].to_local()
+    dist.all_reduce(partial, group=pg)
+    me = dist.get_rank(pg)
+    token_pos = partial[me * rows:(me + 1) * rows]
+    msa = got["msa"].to_local()
+    profile = torch.nn.functional.one_hot(msa, 33).float().mean(0) * got["token_pad_mask"].to_local()[:, None]
+    return {"pair": pair, "token_pos": token_pos, "profile": profile}
+
+
+def _layer_serial(real: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_layer_1d` on the serial sample, its real tokens and atoms only."""
+    import torch
+
+    n, a = int(real["token_pad_mask"].sum()), int(real["atom_pad_mask"].sum())
+    res, asym = real["residue_index"][:n], real["asym_id"][:n]
+    rel = (res[:, None] - res[None, :]).clamp(-32, 32) * (asym[:, None] == asym[None, :])
+    pair = rel.float() + real["token_bonds"][:n, :n, 0]
+    token_pos = real["atom_to_token"][:a, :n].float().T @ real["ref_pos"][:a]
+    profile = torch.nn.functional.one_hot(real["msa"][:, :n], 33).float().mean(0)
+    return {"pair": pair, "token_pos": token_pos, "profile": profile}
+
+
+def _check_layer(D: Any, mesh: Any, cp: int) -> None:
+    """DTensors on (cp,) drive the one-axis stand-in to the serial result: every rank's
+    rows gathered are the serial rows, and the pad rows are zero."""
+    import torch
+    import torch.distributed as dist
+    from boltz_samples import real_samples
+    from featshard.distribute import cp_group
+
+    pg = cp_group(D.plan(), mesh)[0]
+    i = mesh.get_coordinate()[0]
+    for real in real_samples():
+        got = D.distribute_features(real if i == 0 else None, mesh, workflow="inference")
+        mine, want = _layer_1d(got, pg, cp), _layer_serial(real)
+        n = int(real["token_pad_mask"].sum())
+        for name, x in mine.items():
+            parts = [torch.empty_like(x) for _ in range(cp)]
+            dist.all_gather(parts, x.contiguous(), group=pg)
+            full = torch.cat(parts)
+            real_part = full[:n, :n] if name == "pair" else full[:n]
+            assert torch.allclose(real_part, want[name], rtol=1e-6, atol=1e-5), name
+            assert full[n:].eq(0).all() and (name != "pair" or full[:, n:].eq(0).all()), f"{name}: pads"
+
+
 def _dp_indices(D: Any, mesh: Any, names: tuple[str, ...]) -> dict[str, Any]:
     """The samples this rank's sampler draws, in order and shuffled, and its DP replica."""
     dataset = list(range(7))
@@ -131,6 +196,12 @@ def test_real_samples_on_a_one_axis_mesh_are_the_serial_sample_in_row_slabs(
     one_axis_dir: Path, tmp_path: Path, cp: int
 ) -> None:
     _run(one_axis_dir, MODULE, (cp,), ("cp",), "real", tmp_path)
+
+
+def test_dtensors_on_a_one_axis_mesh_drive_a_one_axis_layer_to_the_serial_result(
+    one_axis_dir: Path, tmp_path: Path
+) -> None:
+    _run(one_axis_dir, MODULE, (3,), ("cp",), "layer", tmp_path)
 
 
 def test_real_samples_on_dp2_cp3(one_axis_dir: Path, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 //! The device mesh `(dp, cp0, cp1)`: row-major global ranks and this rank's groups.
 
 use featshard_spec::layout::coords;
-use featshard_spec::plan::CP_AXES;
+use featshard_spec::plan::{Plan, CP_AXES};
 use featshard_spec::replicas::{mesh_position, mesh_rank};
 
 use super::error::DistError;
@@ -70,17 +70,31 @@ impl Mesh {
         })
     }
 
-    /// Parses `3x3` (cp only, dp = 1) or `2x2x2` (dp x cp0 x cp1).
-    pub fn parse_shape(s: &str) -> Result<(usize, [usize; CP_AXES]), DistError> {
-        let parts: Result<Vec<usize>, _> =
-            s.split('x').map(|p| p.trim().parse::<usize>()).collect();
-        match parts.as_deref() {
-            Ok([a, b]) if *a > 0 && *b > 0 => Ok((1, [*a, *b])),
-            Ok([d, a, b]) if *d > 0 && *a > 0 && *b > 0 => Ok((*d, [*a, *b])),
-            _ => Err(DistError::Setup {
-                message: format!("mesh `{s}`: expected CP0xCP1 or DPxCP0xCP1 with positive sizes, e.g. 3x3 or 2x2x2"),
-            }),
-        }
+    /// Parses a mesh shape for `plan`'s mesh: one size per CP axis (`3x3` on
+    /// `(cp0, cp1)`, `8` on `(cp,)`; dp = 1), or the DP size in front (`2x2x2`, `2x3`).
+    /// Any other count is refused by name, never read as another mesh.
+    pub fn parse_shape(s: &str, plan: &Plan) -> Result<(usize, [usize; CP_AXES]), DistError> {
+        let bad = |why: String| DistError::Setup {
+            message: format!("mesh `{s}`: {why}"),
+        };
+        let sizes: Vec<usize> = s
+            .split('x')
+            .map(|p| p.trim().parse::<usize>().ok().filter(|&n| n > 0))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad("sizes must be positive integers, e.g. 3x3, 2x2x2 or 8".into()))?;
+        let axes = plan.mesh.axes().len();
+        let (dp, cp) = match sizes.len() {
+            n if n == axes => (1, &sizes[..]),
+            n if n == axes + 1 => (sizes[0], &sizes[1..]),
+            n => {
+                return Err(bad(format!(
+                "{n} sizes for the spec's mesh ({}): one per axis, the DP size optionally in front",
+                plan.mesh.axes().join(", ")
+            )))
+            }
+        };
+        let cp = plan.mesh_sizes(cp).map_err(|e| bad(e.to_string()))?;
+        Ok((dp, cp))
     }
 
     /// How many data-parallel replicas.

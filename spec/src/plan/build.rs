@@ -160,6 +160,7 @@ fn semantic_plans(
                 window: s.window,
                 incoming: s.incoming.as_ref().map(|i| i.source.clone()),
                 unowned_rows_are_pads: s.unowned_rows.is_some(),
+                owned_by: owned_by(spec, s, &roots, &sharded_on),
                 stride: s.shards.stride.unwrap_or(1).max(1),
                 halo: s.shards.halo.unwrap_or(0),
             };
@@ -237,6 +238,26 @@ fn padding(
             mesh_axes,
             window: None,
         },
+    }
+}
+
+/// The ownership of a sharded owned semantic whose root is another semantic: what a 2-D
+/// tile lays out in owner blocks, and what intake checks on any mesh.
+fn owned_by(
+    spec: &Spec,
+    s: &Semantic,
+    roots: &BTreeMap<&str, &str>,
+    sharded_on: &BTreeMap<&str, BTreeSet<usize>>,
+) -> Option<OwnedBy> {
+    let on_axes = !matches!(padding(spec, s, roots, sharded_on), Padding::None);
+    let root = roots.get(s.name.as_str()).copied()?;
+    match &s.owner {
+        Some(o) if on_axes && root != s.name => Some(OwnedBy {
+            owner: o.owner.name.clone(),
+            root: root.to_owned(),
+            source: o.source.clone(),
+        }),
+        _ => None,
     }
 }
 

@@ -106,7 +106,24 @@ fn check_semantic(plan: &Plan, name: &str, s: &super::SemanticPlan) -> Result<()
             }
             source.counts().map(|c| feature(plan, c)).transpose()?;
             source.map().map(|c| feature(plan, c)).transpose()?;
+            // The layout's owner is the ownership's.
+            let same = s
+                .owned_by
+                .as_ref()
+                .is_some_and(|o| (&o.owner, &o.root, &o.source) == (owner, root, source));
+            if !same {
+                return Err("owner blocks without the same `owned_by`".into());
+            }
         }
+    }
+    if let Some(o) = &s.owned_by {
+        semantic(plan, &o.owner)?;
+        semantic(plan, &o.root)?;
+        if o.owner == name || o.root == name {
+            return Err("owns itself".into());
+        }
+        o.source.counts().map(|c| feature(plan, c)).transpose()?;
+        o.source.map().map(|c| feature(plan, c)).transpose()?;
     }
     for m in &s.masked_by {
         feature(plan, m)?;

@@ -281,12 +281,30 @@ pub struct SemanticPlan {
     /// Owner-map rows without an owner are pads (dropped), not an error.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unowned_rows_are_pads: bool,
+    /// Who owns each item and how a sample says so, on any mesh: checked on intake
+    /// (counts against the map, rows without an owner) whatever the layout. On a 2-D
+    /// tile the items are laid out in owner blocks (`padding`); on one axis, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_by: Option<OwnedBy>,
     /// Every shard of this semantic's axes is a multiple of `stride` long.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub stride: u32,
     /// Every shard of this semantic's axes is at least `halo` long.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub halo: u32,
+}
+
+/// An owned semantic's owner, the root of its ownership tree, and how a sample gives
+/// each item's owner.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OwnedBy {
+    /// Direct owner semantic.
+    pub owner: String,
+    /// Root of the ownership tree.
+    pub root: String,
+    /// How the sample gives each item's owner.
+    pub source: OwnerSource,
 }
 
 fn one() -> u32 {
@@ -580,15 +598,9 @@ impl Plan {
 
     /// Semantics with every owner before what it owns, ties in name order.
     pub fn semantic_order(&self) -> Vec<&str> {
-        let owner_of = |name: &str| match self.semantics.get_key_value(name) {
-            Some((
-                _,
-                SemanticPlan {
-                    padding: Padding::OwnerBlocks { owner, .. },
-                    ..
-                },
-            )) => Some(owner.as_str()),
-            _ => None,
+        let owner_of = |name: &str| {
+            let owned = self.semantics.get(name)?.owned_by.as_ref()?;
+            Some(owned.owner.as_str())
         };
         let depth = |name: &str| chain(name, owner_of, self.semantics.len()).len();
         let mut order: Vec<&str> = self.semantics.keys().map(String::as_str).collect();
