@@ -16,7 +16,7 @@ use featshard::Features;
     semantic(atoms, shard, owner = tokens, counts = atom_counts_per_token, map = atom_to_token,
              window = 32, incoming_pads(mask = atom_pad_mask)),
     semantic(rset, shard, owner = atoms, map = r_set_to_rep_atom, unowned_rows = pad),
-    semantic(msa, shard),
+    semantic(msa, shard, on_1d = whole),
     semantic(ensemble),
     semantic(disto_ensemble),
     semantic(templates),
@@ -305,6 +305,34 @@ fn without_source(mut p: featshard::spec::Plan) -> featshard::spec::Plan {
         sha256: String::new(),
     };
     p
+}
+
+mod one_axis {
+    use super::*;
+
+    /// A one-axis CP mesh in the derive: `mesh(cp, ...)`, MSA rows kept whole.
+    #[derive(Features)]
+    #[featshard(module = "one_axis_demo", mesh(cp, dp = dp))]
+    #[featshard(semantic(tokens, shard), semantic(msa, shard, on_1d = whole))]
+    #[allow(dead_code)]
+    pub struct OneAxis {
+        #[featshard(axes(tokens, tokens, 4), dtype = float32)]
+        pair: Tensor,
+        #[featshard(axes(msa, tokens), dtype = int64)]
+        msa: Tensor,
+    }
+}
+
+#[test]
+fn a_one_axis_mesh_in_the_derive_places_as_the_yaml_does() {
+    use featshard::spec::Placement;
+    let plan = one_axis::OneAxis::plan();
+    assert_eq!(plan.mesh.axes(), ["cp"]);
+    assert_eq!(plan.tensor("pair").unwrap().placements, [Placement::Shard(0)]);
+    assert_eq!(plan.tensor("msa").unwrap().placements, [Placement::Shard(1)]);
+    let yaml = "version: 1\nmodule: one_axis_demo\nmesh: {cp: [cp], dp: dp}\nsemantics:\n  tokens: {shard: true}\n  msa: {shard: true, on_1d: whole}\nfeatures:\n  pair: {axes: [tokens, tokens, 4], dtype: float32}\n  msa: {axes: [msa, tokens], dtype: int64}\n";
+    let (_, from_yaml) = featshard::spec::compile_str("one_axis.yaml", yaml).unwrap();
+    assert_eq!(without_source(plan.clone()), without_source(from_yaml));
 }
 
 #[test]

@@ -230,6 +230,17 @@ fn a_draft_without_ambiguities_validates_and_places_as_the_example() {
         "{draft}"
     );
     let _ = assert_same_placements(&draft, &plan);
+    // Either topology: with its mesh line changed, the draft places as the example does
+    // on one CP axis (MSA rows whole, tokens on cp).
+    assert!(
+        draft.contains("msa: {shard: true, on_1d: whole}"),
+        "{draft}"
+    );
+    let one_axis = |t: &str| t.replacen("cp: [cp0, cp1]", "cp: [cp]", 1);
+    let example = std::fs::read_to_string(root().join("examples/boltz2.yaml")).unwrap();
+    let (_, plan_1d) = featshard::spec::compile_str("boltz2.yaml", &one_axis(&example)).unwrap();
+    assert_eq!(plan_1d.mesh.axes(), ["cp"]);
+    let _ = assert_same_placements(&one_axis(&draft), &plan_1d);
 }
 
 #[test]

@@ -40,7 +40,11 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
         .map(|a| SemanticDraft {
             name: a.semantic.to_owned(),
             sharded: a.sharded,
-            keys: Vec::new(),
+            // A one-axis model keeps MSA rows whole and splits their tokens.
+            keys: match a.semantic {
+                "msa" => vec!["on_1d: whole".to_owned()],
+                _ => Vec::new(),
+            },
             proposed: false,
             note: format!("length {} (axis 0 of {})", a.len, a.key),
         })

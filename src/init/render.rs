@@ -36,7 +36,7 @@ pub fn spec(
     let _ = writeln!(out, "# `optional: true`.");
     let _ = writeln!(
         out,
-        "version: 1\nmodule: {module}\nmesh:\n  cp: [cp0, cp1]\n  dp: dp\nsemantics:"
+        "version: 1\nmodule: {module}\nmesh:\n  cp: [cp0, cp1]  # a 2-D tile; or `cp: [cp]`: one CP axis of any size, nothing else changes\n  dp: dp\nsemantics:"
     );
     for s in &p.semantics {
         let keys: String = s.keys.iter().map(|k| format!(", {k}")).collect();
