@@ -328,8 +328,14 @@ fn a_one_axis_mesh_in_the_derive_places_as_the_yaml_does() {
     use featshard::spec::Placement;
     let plan = one_axis::OneAxis::plan();
     assert_eq!(plan.mesh.axes(), ["cp"]);
-    assert_eq!(plan.tensor("pair").unwrap().placements, [Placement::Shard(0)]);
-    assert_eq!(plan.tensor("msa").unwrap().placements, [Placement::Shard(1)]);
+    assert_eq!(
+        plan.tensor("pair").unwrap().placements,
+        [Placement::Shard(0)]
+    );
+    assert_eq!(
+        plan.tensor("msa").unwrap().placements,
+        [Placement::Shard(1)]
+    );
     let yaml = "version: 1\nmodule: one_axis_demo\nmesh: {cp: [cp], dp: dp}\nsemantics:\n  tokens: {shard: true}\n  msa: {shard: true, on_1d: whole}\nfeatures:\n  pair: {axes: [tokens, tokens, 4], dtype: float32}\n  msa: {axes: [msa, tokens], dtype: int64}\n";
     let (_, from_yaml) = featshard::spec::compile_str("one_axis.yaml", yaml).unwrap();
     assert_eq!(without_source(plan.clone()), without_source(from_yaml));

@@ -543,7 +543,10 @@ fn cp_mesh_has_one_or_two_axes() {
     let text = BASE.replace("cp: [cp0, cp1]", "cp: [cp0, cp1, cp2]");
     assert_error(
         &text,
-        &["spec.yaml:4:7", "a CP mesh has one axis `[cp]` or two `[cp0, cp1]`, 3 given"],
+        &[
+            "spec.yaml:4:7",
+            "a CP mesh has one axis `[cp]` or two `[cp0, cp1]`, 3 given",
+        ],
     );
     let text = BASE.replace("cp: [cp0, cp1]", "cp: []");
     assert_error(&text, &["spec.yaml:4:7", "0 given"]);
