@@ -22,7 +22,13 @@ from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
 from featshard.blocks import expand_block, moved_together, view_at
-from featshard.distribute import _device_of, cp_group, distribute_features, mesh_dims, placements
+from featshard.distribute import (
+    _device_of,
+    cp_group,
+    distribute_features,
+    mesh_dims,
+    placements,
+)
 from featshard.errors import FeatureDistributionError
 
 __all__ = [

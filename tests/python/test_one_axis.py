@@ -47,6 +47,8 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, module: str,
     try:
         if scenario == "real":
             _check_real(P, D, mesh, shape[-1])
+        elif scenario == "presharded":
+            _check_presharded(D, mesh, Path(results).parent / "sharded", "dp" in names)
         elif scenario == "layer":
             _check_layer(D, mesh, shape[-1])
         elif scenario == "dp":
@@ -101,6 +103,41 @@ def _check_real(P: Any, D: Any, mesh: Any, cp: int) -> None:
         assert torch.equal(full["token_bonds"][:n, :n], real["token_bonds"][:n, :n])
         # Atom ids keep their serial values: the atoms did not move.
         assert torch.equal(full["frames_idx"][:, :n], real["frames_idx"][:, :n])
+
+
+def _check_presharded(D: Any, mesh: Any, root: Path, dp: bool) -> None:
+    """Real samples sharded by `featshard shard` on (cp,) (dataset mode), each rank
+    reading only its own rank files: the DTensors `distribute_features` gives, collated
+    over DP on (dp, cp), and through the Lightning data module on (cp,)."""
+    import torch
+    from boltz_samples import real_samples
+    from torch.distributed.tensor import DTensor
+
+    samples = real_samples()
+    ds = D.PreshardedDataset(root, mesh)
+    source = mesh.get_coordinate()[-1] == 0
+    indices = list(D.dp_sampler(ds, mesh, shuffle=False))
+    offline = [ds[i] for i in indices]
+    online = [D.distribute_features(samples[i] if source else None, mesh, workflow="inference")
+              for i in indices]
+    if dp:
+        offline = [D.collate([x], mesh) for x in offline]
+        online = [D.collate([x], mesh) for x in online]
+    else:
+        via = list(D.lightning_datamodule(mesh, predict=ds, workflow="inference").predict_dataloader())
+        assert len(via) == len(offline)
+        online += via
+        offline += offline[:]
+    for a, b in zip(offline, online):
+        names = sorted(n for n in b if isinstance(b[n], DTensor))
+        assert sorted(n for n in a if isinstance(a[n], DTensor)) == names
+        for n in names:
+            x, y = a[n], b[n]
+            assert tuple(x.placements) == tuple(y.placements), n
+            assert x.shape == y.shape and x.stride() == y.stride(), n
+            assert torch.equal(x.to_local(), y.to_local()), f"{n}: blocks differ"
+            if dp:
+                assert len(x.placements) == 2 and x.shape[0] == 2, n
 
 
 def _layer_1d(got: dict[str, Any], pg: Any, cp: int) -> dict[str, Any]:
@@ -191,7 +228,7 @@ def _run(gen_dir: Path, module: str, shape: tuple[int, ...], names: tuple[str, .
     return out
 
 
-@pytest.mark.parametrize("cp", [1, 3, 4])
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
 def test_real_samples_on_a_one_axis_mesh_are_the_serial_sample_in_row_slabs(
     one_axis_dir: Path, tmp_path: Path, cp: int
 ) -> None:
@@ -202,6 +239,30 @@ def test_dtensors_on_a_one_axis_mesh_drive_a_one_axis_layer_to_the_serial_result
     one_axis_dir: Path, tmp_path: Path
 ) -> None:
     _run(one_axis_dir, MODULE, (3,), ("cp",), "layer", tmp_path)
+
+
+def _shard_real(tmp: Path, spec: Path, cp: int) -> None:
+    """The real samples sharded into ``tmp/sharded`` on (cp,) by `featshard shard`'s
+    dataset mode (compact rank files, the default)."""
+    import shutil
+
+    from boltz_samples import REAL, REAL_NAMES
+
+    data = tmp / "data"
+    data.mkdir()
+    for i, name in enumerate(REAL_NAMES):
+        shutil.copy(REAL / f"{name}.safetensors", data / f"s{i}.safetensors")
+    subprocess.run([str(featshard_bin()), "shard", str(spec), "--features", str(data), "--mesh", str(cp),
+                    "--workflow", "inference", "--out", str(tmp / "sharded")], check=True)
+
+
+@pytest.mark.parametrize(("shape", "names"), [((3,), ("cp",)), ((2, 3), ("dp", "cp"))],
+                         ids=["cp3", "dp2xcp3"])
+def test_presharded_samples_on_a_one_axis_mesh_equal_the_online_path(
+    one_axis_dir: Path, tmp_path: Path, shape: tuple[int, ...], names: tuple[str, ...]
+) -> None:
+    _shard_real(tmp_path, one_axis_dir / "boltz2_1d.yaml", shape[-1])
+    _run(one_axis_dir, MODULE, shape, names, "presharded", tmp_path)
 
 
 def test_real_samples_on_dp2_cp3(one_axis_dir: Path, tmp_path: Path) -> None:
