@@ -5,7 +5,7 @@
 
 use featshard_spec::ir::{DeriveRule, IncomingSource, IndexScope, PadValue, Placement, Role};
 use featshard_spec::plan::Split;
-use featshard_spec::plan::{FeaturePlan, Padding, Plan, Remap, SemanticPlan, TensorPlan};
+use featshard_spec::plan::{FeaturePlan, OwnedBy, Padding, Plan, Remap, SemanticPlan, TensorPlan};
 use serde::Serialize;
 use tera::{Context, Tera};
 
@@ -212,23 +212,24 @@ fn context(plan: &Plan) -> Ctx {
 
 /// One semantic's row of the `SEMANTICS` table.
 fn semantic_row(name: &str, s: &SemanticPlan) -> SemanticRow {
-    let (padding, mesh_axes, owner) = match &s.padding {
-        Padding::None => ("none", Vec::new(), None),
-        Padding::Multiple { mesh_axes, .. } => ("multiple", mesh_axes.clone(), None),
-        Padding::OwnerBlocks {
+    let (padding, mesh_axes) = match &s.padding {
+        Padding::None => ("none", Vec::new()),
+        Padding::Multiple { mesh_axes, .. } => ("multiple", mesh_axes.clone()),
+        Padding::OwnerBlocks { mesh_axes, .. } => ("owner_blocks", mesh_axes.clone()),
+    };
+    // Ownership on any mesh (in serial order on one axis, in owner blocks on a tile).
+    let opt = |f: Option<&str>| f.map_or("None".into(), py_str);
+    let (o, r, counts, map) = match &s.owned_by {
+        Some(OwnedBy {
             owner,
             root,
             source,
-            mesh_axes,
-        } => (
-            "owner_blocks",
-            mesh_axes.clone(),
-            Some((owner, root, source)),
+        }) => (
+            py_str(owner),
+            py_str(root),
+            opt(source.counts()),
+            opt(source.map()),
         ),
-    };
-    let opt = |f: Option<&str>| f.map_or("None".into(), py_str);
-    let (o, r, counts, map) = match owner {
-        Some((o, r, src)) => (py_str(o), py_str(r), opt(src.counts()), opt(src.map())),
         None => ("None".into(), "None".into(), "None".into(), "None".into()),
     };
     let incoming = match &s.incoming {
