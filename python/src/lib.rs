@@ -407,8 +407,14 @@ pub(crate) fn coord_on(coord: &[usize], sizes: [usize; 2]) -> PyResult<[usize; 2
     if at[0] < sizes[0] && at[1] < sizes[1] {
         return Ok(at);
     }
+    // Written as Python writes the tuple it was given.
+    let parts: Vec<String> = coord.iter().map(ToString::to_string).collect();
+    let tuple = match parts.len() {
+        1 => format!("({},)", parts[0]),
+        _ => format!("({})", parts.join(", ")),
+    };
     Err(value_error(format!(
-        "coord: {coord:?} is not on the {}x{} mesh",
+        "coord: {tuple} is not on the {}x{} mesh",
         sizes[0], sizes[1]
     )))
 }

@@ -396,7 +396,7 @@ for name, change in changes.items():
     change(x)
     got = {}
     try:
-        place(P.plan(), x, (1, 1))
+        place(P.plan(), x, (1,))
     except ValueError as e:
         got["executor"] = str(e)
     for how, call in (("scatter", lambda: P.scatter(x, mesh)),
@@ -503,5 +503,5 @@ def test_a_one_axis_domain_plan_refuses_a_two_axis_mesh_by_name() -> None:
                  lambda: plan.domain_window("state", [1, 26, 7, 12], [3, 2], [0, 0])):
         with pytest.raises(ValueError, match=re.escape(want)):
             call()
-    with pytest.raises(ValueError, match=r"mesh sizes \[2, 2, 2\]: a mesh has one or two axes"):
+    with pytest.raises(ValueError, match=r"mesh sizes \[2, 2, 2\]: the spec's mesh is \(domain\), 3 axes given"):
         plan.padded_length("lat", 7, [2, 2, 2])

@@ -90,14 +90,14 @@ class DomainTables:
             raise FeatureDistributionError(str(e)) from None
         return placed, placed.layout.sizes
 
-    def _mesh(self, mesh_sizes: Sequence[int]) -> tuple[int, int]:
-        """A domain mesh of this plan's axes, as the executor takes it (a second axis of 1)."""
+    def _mesh(self, mesh_sizes: Sequence[int]) -> tuple[int, ...]:
+        """A domain mesh of this plan's axes: one size per axis, as the executor takes it."""
         sizes = tuple(int(n) for n in mesh_sizes)
         if len(sizes) != len(self.domain_axes):
             raise FeatureDistributionError(
                 f"a domain mesh of {len(self.domain_axes)} axes {self.domain_axes}, got sizes {sizes}"
             )
-        return (sizes[0], sizes[1] if len(sizes) > 1 else 1)
+        return sizes
 
     def check_shapes(self, shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_sizes: Sequence[int]) -> dict[str, int]:
         """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say): the
@@ -195,7 +195,7 @@ class DomainTables:
             placed = place(self.plan, inputs, mesh, threads=threads)
         except ValueError as e:
             raise FeatureDistributionError(str(e)) from None
-        coords = itertools.product(range(mesh[0]), range(mesh[1]))
+        coords = itertools.product(*(range(n) for n in mesh))
         return [placed.blocks_at(c, threads) for c in coords]
 
     def domain_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
