@@ -79,10 +79,13 @@ def _worker(rank: int, folder: str, how: str) -> None:
         out = run(sample, warm=False)
         dist.barrier()
         seconds.append(time.perf_counter() - start)
-    blocks = sum(x.to_local().numel() * x.to_local().element_size()
-                 for x in out.values() if hasattr(x, "to_local"))
+    peak = status("VmHWM") - before
+    dtensors = {n: x.to_local() for n, x in out.items() if hasattr(x, "to_local")}
+    blocks = sum(x.numel() * x.element_size() for x in dtensors.values())
+    # What each rank holds, to check the paths agree: every block's sum and shape.
+    held = {n: [float(x.double().sum()), list(x.shape)] for n, x in dtensors.items()}
     Path(folder, f"{how}-{rank}.json").write_text(json.dumps(
-        {"peak": status("VmHWM") - before, "block": blocks, "s": seconds}))
+        {"peak": peak, "block": blocks, "s": seconds, "held": held}))
     del out
     dist.barrier()
     dist.destroy_process_group()
@@ -161,6 +164,14 @@ def bench(folder: Path) -> None:
         for label, row in (("0 (source)", rows[0]), (f"1-{RANKS - 1} (largest)", largest)):
             print(f"| {how} | {label} | {row['block'] / 1e6:.1f} MB | {row['peak'] / 1e6:.1f} MB | "
                   f"{row['peak'] / max(row['block'], 1):.2f} | {walls[how]:.2f} s |")
+    held = {how: [json.loads((folder / f"{how}-{r}.json").read_text())["held"] for r in range(RANKS)]
+            for how in paths}
+    for how in paths[1:]:
+        # Boltz-CP receives every feature of the padded sample; compare the ones both hold.
+        differ = sorted({n for a, b in zip(held[paths[0]], held[how]) for n in a.keys() & b.keys()
+                         if a[n] != b[n]})
+        print(f"{how}: every rank's blocks {'equal' if not differ else 'differ from'} {paths[0]}'s"
+              + (f": {differ}" if differ else ""))
     if "boltz-cp" in walls:
         for how in PATHS[:2]:
             print(f"{how}: {walls['boltz-cp'] / walls[how]:.2f}x faster than boltz-cp")
