@@ -46,6 +46,8 @@ pub struct Picture {
     pub whole: Vec<String>,
     /// Co-sharded axes: each rank keeps the diagonal block.
     pub diagonal: Vec<String>,
+    /// The names of the mesh axes (one or two).
+    pub mesh_axes: Vec<String>,
     /// Every tile, row by row.
     pub tiles: Vec<Tile>,
 }
@@ -114,12 +116,15 @@ pub fn picture(
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        placements: t
-            .placements
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", "),
+        // As Python writes the tuple: `(Shard(0),)` on one axis.
+        placements: match t.placements.as_slice() {
+            [one] => format!("{one},"),
+            all => all
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        },
         global_shape: shapes.map_or_else(
             || crate::commands::extents(&symbolic.global),
             |s| crate::commands::shape(&s.global_shape),
@@ -130,6 +135,7 @@ pub fn picture(
         col_cut: cut(1),
         whole: whole_axes(t),
         diagonal: diagonal_axes(plan, t),
+        mesh_axes: plan.mesh.axes().to_vec(),
         tiles: grid.tiles(t, shapes.zip(resolved), &local_shape),
     })
 }
@@ -237,12 +243,20 @@ pub fn render_text(p: &Picture, color: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{} {} -> ({})", p.feature, p.axes, p.placements);
     let _ = writeln!(out, "global shape {}", p.global_shape);
-    let _ = writeln!(
-        out,
-        "rows: {}; columns: {}",
-        p.row_cut.as_deref().unwrap_or("replicated over cp0"),
-        p.col_cut.as_deref().unwrap_or("replicated over cp1")
-    );
+    let replicated = |m: usize| {
+        let axis = p.mesh_axes.get(m).map_or("the mesh", String::as_str);
+        format!("replicated over {axis}")
+    };
+    let rows = p.row_cut.clone().unwrap_or_else(|| replicated(0));
+    match p.mesh_axes.len() {
+        1 => {
+            let _ = writeln!(out, "rows: {rows}");
+        }
+        _ => {
+            let cols = p.col_cut.clone().unwrap_or_else(|| replicated(1));
+            let _ = writeln!(out, "rows: {rows}; columns: {cols}");
+        }
+    }
     if !p.whole.is_empty() {
         let _ = writeln!(out, "whole on every rank: {}", p.whole.join(", "));
     }

@@ -61,41 +61,7 @@ pub fn sample(
 ) -> Result<Features, RuntimeError> {
     tch::manual_seed(seed);
     let mut sizes = shape.sizes.clone();
-    // Direct owner of every item of each owned semantic.
-    let mut owner_of: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for sem in plan.semantic_order() {
-        let Some(OwnedBy { owner, source, .. }) =
-            plan.semantics.get(sem).and_then(|s| s.owned_by.as_ref())
-        else {
-            continue;
-        };
-        let by_counts = match source {
-            OwnerSource::Counts { .. } => true,
-            OwnerSource::Map { .. } => false,
-            OwnerSource::CountsOrMap { .. } => shape.counts.contains_key(sem),
-        };
-        let owners = match by_counts {
-            true => {
-                let counts = shape.counts.get(sem).cloned().unwrap_or_default();
-                counts
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(o, &c)| std::iter::repeat_n(o, c))
-                    .collect::<Vec<_>>()
-            }
-            false => {
-                let n = shape.mapped.get(sem).copied().unwrap_or(0);
-                let owner_len = sizes.get(owner).copied().unwrap_or(0);
-                if owner_len == 0 {
-                    Vec::new()
-                } else {
-                    (0..n).map(|r| r * owner_len / n.max(1)).collect()
-                }
-            }
-        };
-        sizes.insert(sem.to_owned(), owners.len());
-        owner_of.insert(sem.to_owned(), owners);
-    }
+    let owner_of = owners_of_items(plan, shape, &mut sizes);
     let names = plan.feature_names(workflow)?;
     let mut out = Features::new();
     for name in names {
@@ -137,6 +103,50 @@ pub fn sample(
         out.insert(name.to_owned(), x);
     }
     Ok(out)
+}
+
+/// The direct owner of every item of each owned semantic, its count set in `sizes`:
+/// items spread over their owners by `shape`'s counts, or evenly for a map.
+fn owners_of_items(
+    plan: &Plan,
+    shape: &Shape,
+    sizes: &mut BTreeMap<String, usize>,
+) -> BTreeMap<String, Vec<usize>> {
+    let mut owner_of: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for sem in plan.semantic_order() {
+        let Some(OwnedBy { owner, source, .. }) =
+            plan.semantics.get(sem).and_then(|s| s.owned_by.as_ref())
+        else {
+            continue;
+        };
+        let by_counts = match source {
+            OwnerSource::Counts { .. } => true,
+            OwnerSource::Map { .. } => false,
+            OwnerSource::CountsOrMap { .. } => shape.counts.contains_key(sem),
+        };
+        let owners = match by_counts {
+            true => {
+                let counts = shape.counts.get(sem).cloned().unwrap_or_default();
+                counts
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(o, &c)| std::iter::repeat_n(o, c))
+                    .collect::<Vec<_>>()
+            }
+            false => {
+                let n = shape.mapped.get(sem).copied().unwrap_or(0);
+                let owner_len = sizes.get(owner).copied().unwrap_or(0);
+                if owner_len == 0 {
+                    Vec::new()
+                } else {
+                    (0..n).map(|r| r * owner_len / n.max(1)).collect()
+                }
+            }
+        };
+        sizes.insert(sem.to_owned(), owners.len());
+        owner_of.insert(sem.to_owned(), owners);
+    }
+    owner_of
 }
 
 /// Owner counts, owner maps and one-hot maps between an owner and its items.

@@ -108,7 +108,7 @@ def test_one_buffer_for_every_ranks_blocks_is_refused_on_a_domain_plan(weather: 
     (what `featshard.distribute` sends) is refused by name, not written short."""
     from featshard import blocks
 
-    placed = blocks.place(weather.plan(), weather_inputs(), (3, 1))
+    placed = blocks.place(weather.plan(), weather_inputs(), (3,))
     with pytest.raises(ValueError, match="`weather_placements` is a domain-parallel plan"):
         placed.rank_buffer((0, 0))
     assert placed.blocks_at((2, 0))["state"].shape == (1, 26, 1, 12)
