@@ -198,9 +198,8 @@ pub fn parse_mesh(s: &str) -> Result<MeshArg, String> {
             _ => Err(format!("mesh `{s}`: `{p}` is not a size of at least 1")),
         })
         .collect::<Result<Vec<usize>, String>>()?;
-    let mut padded = [1; CP_AXES];
-    padded[..sizes.len()].copy_from_slice(&sizes);
-    featshard_spec::limits::check_mesh(&padded)?;
+    let two = featshard_spec::layout::two_axes(&sizes, 1).unwrap_or([1; CP_AXES]);
+    featshard_spec::limits::check_mesh(&two)?;
     Ok(MeshArg(sizes))
 }
 
@@ -408,7 +407,7 @@ fn explain_table(
 /// others as they are). A sparse feature's compact bytes depend on its values: `None`.
 /// Counted in `u128`, saturating: `explain` takes any length, and a count past memory
 /// is shown as large, never wrapped to a small one.
-pub(crate) fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (u128, Option<u128>) {
+fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (u128, Option<u128>) {
     let bytes = |shape: &[usize], d| {
         shape
             .iter()
@@ -427,17 +426,10 @@ pub(crate) fn feature_bytes(t: &TensorPlan, global: &[usize]) -> (u128, Option<u
 
 /// Every tensor feature's padded bytes, dense and compact, and their totals.
 fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
-    let (mut dense, mut compact, mut sparse) = (0u128, 0u128, 0usize);
-    for &name in names {
-        if let (Some(t), Some(s)) = (plan.tensor(name), r.features.get(name)) {
-            let (d, c) = feature_bytes(t, &s.global_shape);
-            dense = dense.saturating_add(d);
-            match c {
-                Some(c) => compact = compact.saturating_add(c),
-                None => sparse += 1,
-            }
-        }
-    }
+    let shapes = names
+        .iter()
+        .filter_map(|&n| Some((n, r.features.get(n)?.global_shape.as_slice())));
+    let (dense, compact, sparse) = total_bytes(plan, shapes);
     let ratio = if compact == 0 {
         1.0
     } else {
@@ -452,6 +444,25 @@ fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
         human(dense),
         human(compact)
     )
+}
+
+/// The bytes of features at these shapes: dense, compact (sparse features left out, their
+/// bytes depend on values) and how many sparse features there are.
+pub(crate) fn total_bytes<'a>(
+    plan: &Plan,
+    shapes: impl Iterator<Item = (&'a str, &'a [usize])>,
+) -> (u128, u128, usize) {
+    let (mut dense, mut compact, mut sparse) = (0u128, 0u128, 0usize);
+    for (name, shape) in shapes {
+        let Some(t) = plan.tensor(name) else { continue };
+        let (d, c) = feature_bytes(t, shape);
+        dense = dense.saturating_add(d);
+        match c {
+            Some(c) => compact = compact.saturating_add(c),
+            None => sparse += 1,
+        }
+    }
+    (dense, compact, sparse)
 }
 
 /// Bytes for people: B, KB, MB, GB, TB, PB (powers of 1000); past that in powers of ten.

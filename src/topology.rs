@@ -10,7 +10,7 @@ use featshard_spec::loc::Loc;
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::Plan;
 
-use crate::commands::{explain_lengths, feature_bytes, human};
+use crate::commands::{explain_lengths, human, total_bytes};
 
 /// One topology of `ranks` ranks: its label, mesh sizes and the plan it gets.
 struct Topology {
@@ -115,17 +115,11 @@ fn per_rank(
     let resolved = plan
         .resolve(mesh, &lengths, workflow)
         .map_err(|e| e.to_string())?;
-    let (mut dense, mut compact, mut sparse) = (0u128, 0u128, 0);
-    for (name, shapes) in &resolved.features {
-        let Some(t) = plan.tensor(name) else { continue };
-        let (d, c) = feature_bytes(t, &shapes.local_shape);
-        dense = dense.saturating_add(d);
-        match c {
-            Some(c) => compact = compact.saturating_add(c),
-            None => sparse += 1,
-        }
-    }
-    Ok((dense, compact, sparse))
+    let shapes = resolved
+        .features
+        .iter()
+        .map(|(n, s)| (n.as_str(), s.local_shape.as_slice()));
+    Ok(total_bytes(plan, shapes))
 }
 
 fn compact_text(bytes: u128, sparse: usize) -> String {

@@ -420,13 +420,11 @@ pub(crate) fn coord_on(coord: &[usize], sizes: [usize; 2]) -> PyResult<[usize; 2
 }
 
 pub(crate) fn coord_of(v: &[usize]) -> PyResult<[usize; 2]> {
-    match *v {
-        [a] => Ok([a, 0]),
-        [a, b] => Ok([a, b]),
-        _ => Err(value_error(format!(
+    featshard_spec::layout::two_axes(v, 0).ok_or_else(|| {
+        value_error(format!(
             "coord {v:?}: a mesh coordinate has one or two axes"
-        ))),
-    }
+        ))
+    })
 }
 
 /// Tensor feature `name` of the plan, whose blocks have `rank` axes.
@@ -467,11 +465,8 @@ fn release_buffers() -> usize {
 /// mesh, `(rank,)` on a one-axis mesh.
 #[pyfunction]
 fn coords(py: Python<'_>, mesh: Vec<usize>, rank: usize) -> PyResult<Bound<'_, PyTuple>> {
-    let sizes = match *mesh.as_slice() {
-        [a] => [a, 1],
-        [a, b] => [a, b],
-        _ => return Err(value_error(format!("mesh {mesh:?}: one or two sizes"))),
-    };
+    let sizes = featshard_spec::layout::two_axes(&mesh, 1)
+        .ok_or_else(|| value_error(format!("mesh {mesh:?}: one or two sizes")))?;
     let at = featshard_spec::layout::checked_coords(sizes, rank).map_err(value_error)?;
     PyTuple::new(py, &at[..mesh.len()])
 }

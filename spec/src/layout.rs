@@ -160,6 +160,17 @@ pub fn round_up(n: usize, m: usize) -> usize {
     }
 }
 
+/// Sizes (or a coordinate) given one per mesh axis, one or two, as the two axes every
+/// geometry function takes: a missing second axis is `fill` (1 for a size, 0 for a
+/// coordinate). `None` for any other count.
+pub fn two_axes(v: &[usize], fill: usize) -> Option<[usize; 2]> {
+    match *v {
+        [a] => Some([a, fill]),
+        [a, b] => Some([a, b]),
+        _ => None,
+    }
+}
+
 /// The CP mesh coordinate `(i, j)` of rank `rank = i * cp1 + j` on mesh `(cp0, cp1)`.
 pub fn coords(mesh: [usize; 2], rank: usize) -> [usize; 2] {
     [rank / mesh[1].max(1), rank % mesh[1].max(1)]

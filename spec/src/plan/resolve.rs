@@ -473,16 +473,12 @@ impl Plan {
     /// refused by name: `3` is no `(cp0, cp1)` mesh, and `2x2` no `(cp,)` mesh.
     pub fn mesh_sizes(&self, sizes: &[usize]) -> Result<[usize; CP_AXES], ResolveError> {
         let axes = self.mesh.axes();
-        let mesh = match *sizes {
-            [a] if axes.len() == 1 => [a, 1],
-            [a, b] if axes.len() == 2 => [a, b],
-            _ => {
-                return Err(ResolveError::MeshRank {
-                    mesh: sizes.to_vec(),
-                    axes: axes.to_vec(),
-                })
-            }
-        };
+        let mesh = crate::layout::two_axes(sizes, 1)
+            .filter(|_| sizes.len() == axes.len())
+            .ok_or_else(|| ResolveError::MeshRank {
+                mesh: sizes.to_vec(),
+                axes: axes.to_vec(),
+            })?;
         self.check_mesh(mesh)?;
         Ok(mesh)
     }
