@@ -131,7 +131,7 @@ pub fn check(path: &Path, out: &Path) -> Result<String, Failure> {
             let mut text = String::new();
             std::io::Read::read_to_string(&mut file, &mut text)
                 .map(|_| text)
-                .map_err(|e| featshard_exec::RuntimeError::Io {
+                .map_err(|e| featshard_exec::ExecError::Io {
                     path: dest.display().to_string(),
                     message: e.to_string(),
                 })

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use featshard_exec::files::{Mapped, Metadata};
 use featshard_exec::rank_files::{rank_file_sizes, write_rank_files};
-use featshard_exec::{place, Options, Placed, RuntimeError};
+use featshard_exec::{place, ExecError, Options, Placed};
 use featshard_spec::plan::{FeaturePlan, Plan};
 
 use crate::commands::{load, Failure};
@@ -39,8 +39,8 @@ fn sample_metadata(
 
 /// Without `--workflow` every feature of the spec is required; a missing one that only
 /// some workflows have says so, and names them.
-fn without_workflow(req: &Request, e: RuntimeError) -> Failure {
-    let RuntimeError::Missing { feature } = &e else {
+fn without_workflow(req: &Request, e: ExecError) -> Failure {
+    let ExecError::Missing { feature } = &e else {
         return other(e);
     };
     let with: Vec<&str> = req
@@ -196,7 +196,7 @@ fn write_shards(
     let features = shapes
         .iter()
         .map(|(n, s)| {
-            let t = featshard_exec::validate::tensor_plan(plan, n).map_err(other)?;
+            let t = featshard_exec::tensor_plan(plan, n).map_err(other)?;
             Ok((n.clone(), FeatureEntry::new(t, s)))
         })
         .collect::<Result<_, Failure>>()?;

@@ -2,10 +2,10 @@
 //! machine can give fails as an error naming what it was for (an allocation failure
 //! in Rust's ordinary collections aborts the process instead).
 
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// `bytes` zeroed bytes for `what` (say "feature `res_type`'s dense block").
-pub(crate) fn zeroed(what: &str, bytes: usize) -> Result<Vec<u8>, RuntimeError> {
+pub(crate) fn zeroed(what: &str, bytes: usize) -> Result<Vec<u8>, ExecError> {
     let mut out = with_capacity(what, bytes, 1)?;
     out.resize(bytes, 0);
     Ok(out)
@@ -16,9 +16,9 @@ pub(crate) fn with_capacity<T>(
     what: &str,
     n: usize,
     item_bytes: usize,
-) -> Result<Vec<T>, RuntimeError> {
+) -> Result<Vec<T>, ExecError> {
     let mut out = Vec::new();
-    out.try_reserve_exact(n).map_err(|e| RuntimeError::Alloc {
+    out.try_reserve_exact(n).map_err(|e| ExecError::Alloc {
         what: what.to_owned(),
         bytes: n.saturating_mul(item_bytes),
         message: e.to_string(),

@@ -12,13 +12,12 @@ use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan}
 
 use featshard_spec::shards::Encoding;
 
-use crate::array::Array;
 use crate::compact::{expand_stored, stored_entries, stored_form};
 use crate::dtype;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
+use crate::feature::tensor_plan;
 use crate::files::Sample;
 use crate::local_ids::{self, for_each_index, Direction};
-use crate::validate::tensor_plan;
 
 /// One feature's values, owned: dtype, shape and row-major bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,15 +30,8 @@ pub struct Dense {
     pub bytes: Vec<u8>,
 }
 
-impl Dense {
-    /// As an array (a view of these bytes).
-    pub fn into_array(self) -> Array<'static> {
-        Array::owned(self.dtype, self.shape, self.bytes)
-    }
-}
-
-fn blocks_error(feature: &str, message: String) -> RuntimeError {
-    RuntimeError::Blocks {
+fn blocks_error(feature: &str, message: String) -> ExecError {
+    ExecError::Blocks {
         feature: feature.to_owned(),
         message,
     }
@@ -53,7 +45,7 @@ pub fn assemble(
     layout: &SampleLayout,
     workflow: Option<&str>,
     ranks: &[Sample],
-) -> Result<BTreeMap<String, Dense>, RuntimeError> {
+) -> Result<BTreeMap<String, Dense>, ExecError> {
     let shapes = assembled_shapes(plan, layout, workflow, ranks)?;
     shapes
         .iter()
@@ -85,7 +77,7 @@ pub fn footprints(
     plan: &Plan,
     layout: &SampleLayout,
     ranks: &[Sample],
-) -> Result<Vec<Footprint>, RuntimeError> {
+) -> Result<Vec<Footprint>, ExecError> {
     let world: u128 = layout.mesh.iter().map(|&n| n as u128).product();
     let present = plan
         .tensors()
@@ -121,7 +113,7 @@ pub fn dense_blocks<'a>(
     layout: &SampleLayout,
     encoding: Encoding,
     ranks: Vec<Sample<'a>>,
-) -> Result<Vec<Sample<'a>>, RuntimeError> {
+) -> Result<Vec<Sample<'a>>, ExecError> {
     if encoding == Encoding::Dense {
         return Ok(ranks);
     }
@@ -153,11 +145,11 @@ fn assembled_shapes(
     layout: &SampleLayout,
     workflow: Option<&str>,
     ranks: &[Sample],
-) -> Result<BTreeMap<String, FeatureShapes>, RuntimeError> {
+) -> Result<BTreeMap<String, FeatureShapes>, ExecError> {
     let mesh = layout.mesh;
     let world: usize = mesh.iter().product();
     if ranks.len() != world {
-        return Err(RuntimeError::RankCount {
+        return Err(ExecError::RankCount {
             what: "ranks' blocks",
             given: ranks.len(),
             mesh,
@@ -188,7 +180,7 @@ fn assemble_feature(
     name: &str,
     s: &FeatureShapes,
     ranks: &[Sample],
-) -> Result<Dense, RuntimeError> {
+) -> Result<Dense, ExecError> {
     let t = tensor_plan(plan, name)?;
     let es = dtype::size(t.dtype);
     let pad = dtype::pad_bytes(t.dtype, t.pad_value);
@@ -305,7 +297,7 @@ pub fn unpad(
     plan: &Plan,
     layout: &SampleLayout,
     padded: BTreeMap<String, Dense>,
-) -> Result<BTreeMap<String, Dense>, RuntimeError> {
+) -> Result<BTreeMap<String, Dense>, ExecError> {
     padded
         .into_iter()
         .map(|(name, x)| {
@@ -321,7 +313,7 @@ fn unpad_feature(
     t: &TensorPlan,
     layout: &SampleLayout,
     x: &Dense,
-) -> Result<Dense, RuntimeError> {
+) -> Result<Dense, ExecError> {
     let mut select: Vec<Vec<usize>> = Vec::with_capacity(t.axes.len());
     for (a, &n) in t.axes.iter().zip(&x.shape) {
         let items = match &a.semantic {
@@ -374,7 +366,7 @@ fn to_serial_ids(
     of: &str,
     layout: &SampleLayout,
     y: &mut Dense,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ExecError> {
     let (Some(pos), Some(&padded)) = (layout.positions.get(of), layout.padded.get(of)) else {
         return Ok(());
     };

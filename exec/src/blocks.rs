@@ -13,10 +13,11 @@ use crate::compact::{
     expand, given_as_indices, given_narrow, narrowed, stored_form, Bits, Cast, Entries, Form,
 };
 use crate::dtype;
-use crate::error::RuntimeError;
-use crate::place::{axis_maps, AxisMap, Placed};
-use crate::validate::tensor_plan;
-use crate::window::{put_entries, write_entries_window, write_window, Sink};
+use crate::error::ExecError;
+use crate::feature::tensor_plan;
+use crate::placed::{axis_maps, Placed};
+use crate::sink::Sink;
+use crate::window::{write_entries_window, write_window, AxisMap};
 
 /// One feature of a placed sample, ready to have any rank's block written.
 #[derive(Debug)]
@@ -49,15 +50,12 @@ pub struct FeatureBlocks<'p, 'a> {
 pub fn feature_blocks<'p, 'a>(
     plan: &'p Plan,
     placed: &'p Placed<'a>,
-) -> Result<Vec<FeatureBlocks<'p, 'a>>, RuntimeError> {
+) -> Result<Vec<FeatureBlocks<'p, 'a>>, ExecError> {
     let mut out = Vec::new();
     for (name, x) in &placed.arrays {
-        let shapes = placed
-            .shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::Missing {
-                feature: name.clone(),
-            })?;
+        let shapes = placed.shapes.get(name).ok_or_else(|| ExecError::Missing {
+            feature: name.clone(),
+        })?;
         let blocks = FeatureBlocks::placed(plan, name, x, shapes, &placed.layout)?;
         out.push(
             blocks
@@ -93,7 +91,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
         x: &'p Array<'a>,
         shapes: &FeatureShapes,
         layout: &'p SampleLayout,
-    ) -> Result<Self, RuntimeError> {
+    ) -> Result<Self, ExecError> {
         let t = tensor_plan(plan, name)?;
         let narrow = given_narrow(t, x.dtype());
         Ok(FeatureBlocks {
@@ -155,14 +153,14 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
 
     /// The entries of a sparse feature's block on the rank at `coord` (of any
     /// feature: its nonzero elements).
-    pub fn count_entries(&self, coord: [usize; 2]) -> io::Result<usize> {
+    pub(crate) fn count_entries(&self, coord: [usize; 2]) -> io::Result<usize> {
         let mut count = Entries::counter(self.dtype);
         self.write(coord, &mut count)?;
         Ok(count.count())
     }
 
     /// Whether the feature is a mask, which travels compact as bits.
-    pub fn is_mask(&self) -> bool {
+    pub(crate) fn is_mask(&self) -> bool {
         matches!(&self.placed, Some((t, _)) if matches!(t.role, Role::Mask { .. }))
     }
 
@@ -282,11 +280,6 @@ impl FeatureBlocks<'_, '_> {
             (Part::Compact(_), Some((_, dtype, _))) => dtype,
             _ => self.dtype,
         }
-    }
-
-    /// Bytes of `part` of the feature.
-    pub fn nbytes_of(&self, placed: &Placed, part: Part) -> usize {
-        self.shape_of(placed, part).iter().product::<usize>() * dtype::size(self.dtype_of(part))
     }
 
     /// The shape of `part` of the feature: a rank's block (on a domain plan, that
@@ -517,62 +510,5 @@ impl<S: Sink> Sink for InWindow<'_, S> {
 
     fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
         self.out.fill(pad, count)
-    }
-}
-
-/// A block written into memory the caller owns, exactly filled.
-#[derive(Debug)]
-pub struct SliceSink<'b> {
-    out: &'b mut [u8],
-    at: usize,
-}
-
-impl<'b> SliceSink<'b> {
-    /// Writes into `out` from its start.
-    pub fn new(out: &'b mut [u8]) -> Self {
-        SliceSink { out, at: 0 }
-    }
-
-    /// Bytes written so far.
-    pub fn written(&self) -> usize {
-        self.at
-    }
-
-    fn next(&mut self, n: usize) -> io::Result<&mut [u8]> {
-        let end = self.at + n;
-        if end > self.out.len() {
-            return Err(io::Error::other(format!(
-                "a block of {} bytes does not hold {end}",
-                self.out.len()
-            )));
-        }
-        let part = &mut self.out[self.at..end];
-        self.at = end;
-        Ok(part)
-    }
-}
-
-impl Sink for SliceSink<'_> {
-    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.next(bytes.len())?.copy_from_slice(bytes);
-        Ok(())
-    }
-
-    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
-        let part = self.next(pad.len() * count)?;
-        if pad.iter().all(|&b| b == pad[0]) {
-            part.fill(pad.first().copied().unwrap_or(0));
-        } else {
-            part.chunks_exact_mut(pad.len())
-                .for_each(|c| c.copy_from_slice(pad));
-        }
-        Ok(())
-    }
-
-    fn sparse(&mut self, len: usize, es: usize, entries: &[(usize, u64)]) -> io::Result<()> {
-        let part = self.next(len * es)?;
-        part.fill(0);
-        put_entries(part, es, entries);
-        Ok(())
     }
 }

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::blocks::{feature_blocks, FeatureBlocks, Part};
 use crate::compact::Form;
 use crate::dtype;
-use crate::error::RuntimeError;
-use crate::place::Placed;
+use crate::error::ExecError;
+use crate::placed::Placed;
 
 /// Byte alignment of every slot: any dtype's view is legal at it, and a cache line.
 pub const ALIGN: usize = 64;
@@ -175,12 +175,12 @@ pub fn packed(sizes: &[usize]) -> (Vec<usize>, usize) {
 }
 
 /// The slots of every feature `placed` places, in name order (see [`block_slot`]).
-pub fn block_slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, RuntimeError> {
+pub fn block_slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, ExecError> {
     let all = feature_blocks(plan, placed)?;
     all.iter()
         .filter(|f| f.is_placed())
         .map(|f| {
-            let t = crate::validate::tensor_plan(plan, &f.name)?;
+            let t = crate::feature::tensor_plan(plan, &f.name)?;
             Ok(block_slot(t, f, &placed.shapes[&f.name], compact))
         })
         .collect()

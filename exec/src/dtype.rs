@@ -73,7 +73,7 @@ pub fn decode_into(d: DType, bytes: &[u8], out: &mut Vec<f64>) {
 }
 
 /// Elements converted at a time by [`cast`] and its kin: a small buffer of `i64`.
-pub const PIECE: usize = 1024;
+pub(crate) const PIECE: usize = 1024;
 
 /// The elements of `bytes` (whole elements of `from`) written into `out` as elements
 /// of `to`, each as `encode_i64(to, read_i64(from, e))` writes it, in tight loops per
@@ -98,7 +98,7 @@ pub fn cast(from: DType, bytes: &[u8], to: DType, out: &mut [u8]) {
 /// `f` called with each piece of [`PIECE`] elements of `bytes` (whole elements of `d`),
 /// read as `i64` in a tight loop per type, and the index of its first element; the
 /// first error `f` returns ends the walk and is returned.
-pub fn by_piece<E>(
+pub(crate) fn by_piece<E>(
     d: DType,
     bytes: &[u8],
     mut f: impl FnMut(usize, &mut [i64]) -> Result<(), E>,
@@ -114,7 +114,7 @@ pub fn by_piece<E>(
 }
 
 /// Elements of `d` in `bytes` read as `i64` into `out`, as [`read_i64`] reads each.
-pub fn read_ints(d: DType, bytes: &[u8], out: &mut [i64]) {
+pub(crate) fn read_ints(d: DType, bytes: &[u8], out: &mut [i64]) {
     macro_rules! each {
         ($t:ty) => {{
             const N: usize = std::mem::size_of::<$t>();
@@ -138,7 +138,7 @@ pub fn read_ints(d: DType, bytes: &[u8], out: &mut [i64]) {
 }
 
 /// The value 1 as one element of `d`, `N` bytes wide (`N` is `d`'s size; zeros if not).
-pub fn one_as<const N: usize>(d: DType) -> [u8; N] {
+pub(crate) fn one_as<const N: usize>(d: DType) -> [u8; N] {
     let mut one = Vec::with_capacity(N);
     encode_i64(d, 1, &mut one);
     one.try_into().unwrap_or([0; N])
@@ -175,7 +175,7 @@ pub fn write_ints(d: DType, values: &[i64], out: &mut [u8]) {
 }
 
 /// One element read as `i64` (integers exactly; floats truncated toward zero).
-pub fn read_i64(d: DType, bytes: &[u8]) -> i64 {
+pub(crate) fn read_i64(d: DType, bytes: &[u8]) -> i64 {
     fn le<const N: usize>(bytes: &[u8]) -> [u8; N] {
         bytes
             .get(..N)

@@ -8,7 +8,7 @@ use featshard_spec::plan::ResolveError;
 /// Why a sample could not be laid out, sharded or assembled.
 #[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]
-pub enum RuntimeError {
+pub enum ExecError {
     /// A feature of the spec (or workflow) is not in the sample.
     Missing {
         feature: String,
@@ -168,9 +168,9 @@ pub enum RuntimeError {
     },
 }
 
-impl fmt::Display for RuntimeError {
+impl fmt::Display for ExecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use RuntimeError::*;
+        use ExecError::*;
         match self {
             Missing { feature } => write!(f, "feature `{feature}`: missing from the sample"),
             Unknown { features } => write!(
@@ -271,11 +271,11 @@ impl fmt::Display for RuntimeError {
     }
 }
 
-impl std::error::Error for RuntimeError {}
+impl std::error::Error for ExecError {}
 
-impl From<ResolveError> for RuntimeError {
+impl From<ResolveError> for ExecError {
     fn from(e: ResolveError) -> Self {
-        RuntimeError::Plan(e)
+        ExecError::Plan(e)
     }
 }
 

@@ -10,7 +10,7 @@ use featshard_spec::ir::DType;
 
 use crate::array::Array;
 use crate::dtype;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 use crate::mapping::Mapping;
 
 /// The header's `__metadata__`: name -> text.
@@ -21,8 +21,8 @@ pub type Sample<'a> = BTreeMap<String, Array<'a>>;
 /// Largest safetensors header read (the format's own limit is 100 MB).
 const MAX_HEADER_BYTES: u64 = 100 * 1000 * 1000;
 
-fn io(path: &Path, message: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Io {
+fn io(path: &Path, message: impl std::fmt::Display) -> ExecError {
+    ExecError::Io {
         path: path.display().to_string(),
         message: message.to_string(),
     }
@@ -54,14 +54,14 @@ pub struct Header {
 
 /// A safetensors file's header, read alone and bounded by the file's size (a regular
 /// file is required): every tensor's dtype, shape and data range checked.
-pub fn read_header(path: &Path) -> Result<Header, RuntimeError> {
+pub fn read_header(path: &Path) -> Result<Header, ExecError> {
     header_of(header_json(path)?, path)
 }
 
 fn header_of(
     (value, data, start): (serde_json::Value, u64, u64),
     path: &Path,
-) -> Result<Header, RuntimeError> {
+) -> Result<Header, ExecError> {
     let Some(object) = value.as_object() else {
         return Err(io(path, "its header is not a JSON object"));
     };
@@ -88,7 +88,7 @@ fn header_of(
 }
 
 /// The `__metadata__` of a safetensors file's header (empty when it has none).
-pub fn read_metadata(path: &Path) -> Result<Metadata, RuntimeError> {
+pub fn read_metadata(path: &Path) -> Result<Metadata, ExecError> {
     let (value, _, _) = header_json(path)?;
     Ok(value
         .get("__metadata__")
@@ -103,7 +103,7 @@ pub fn read_metadata(path: &Path) -> Result<Metadata, RuntimeError> {
 
 /// Opens `path` for reading without blocking on a FIFO or a device (the type is
 /// checked before any read): a regular file is required.
-pub fn open_regular(path: &Path) -> Result<std::fs::File, RuntimeError> {
+pub fn open_regular(path: &Path) -> Result<std::fs::File, ExecError> {
     use std::os::unix::fs::OpenOptionsExt;
     let bad = |e: String| io(path, format!("cannot read: {e}"));
     let file = std::fs::File::options()
@@ -120,7 +120,7 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File, RuntimeError> {
 
 /// A regular file's bytes, at most `limit` of them: more is an error naming the file
 /// (an endless or huge file is refused, not read until memory ends).
-pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, RuntimeError> {
+pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, ExecError> {
     let file = open_regular(path)?;
     let mut bytes = Vec::new();
     file.take(limit.saturating_add(1))
@@ -133,7 +133,7 @@ pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, RuntimeError> {
 }
 
 /// The header as JSON, the size of the data after it, and where the data starts.
-fn header_json(path: &Path) -> Result<(serde_json::Value, u64, u64), RuntimeError> {
+fn header_json(path: &Path) -> Result<(serde_json::Value, u64, u64), ExecError> {
     header_json_of(&mut open_regular(path)?, path)
 }
 
@@ -141,7 +141,7 @@ fn header_json(path: &Path) -> Result<(serde_json::Value, u64, u64), RuntimeErro
 fn header_json_of(
     file: &mut std::fs::File,
     path: &Path,
-) -> Result<(serde_json::Value, u64, u64), RuntimeError> {
+) -> Result<(serde_json::Value, u64, u64), ExecError> {
     let bad = |e: String| io(path, format!("cannot read: {e}"));
     let size = file.metadata().map_err(|e| bad(e.to_string()))?.len();
     let mut len = [0u8; 8];
@@ -166,7 +166,7 @@ fn parse_entry(
     name: &str,
     entry: &serde_json::Value,
     data: u64,
-) -> Result<Entry, RuntimeError> {
+) -> Result<Entry, ExecError> {
     let bad = |what: String| io(path, format!("feature `{name}`: {what}"));
     let name_of = entry["dtype"].as_str().unwrap_or("?");
     let dtype = serde_json::from_value::<safetensors::Dtype>(entry["dtype"].clone())
@@ -219,7 +219,7 @@ pub struct Mapped {
 
 impl Mapped {
     /// Checks the header of `path`, then maps the file.
-    pub fn open(path: &Path) -> Result<Mapped, RuntimeError> {
+    pub fn open(path: &Path) -> Result<Mapped, ExecError> {
         let mut file = open_regular(path)?;
         let header = header_of(header_json_of(&mut file, path)?, path)?;
         let mapping = Mapping::open(file).map_err(|e| io(path, format!("cannot map: {e}")))?;
@@ -241,7 +241,7 @@ impl Mapped {
 
     /// `Err` naming `path` when the file was truncated or written while mapped (see
     /// [`Mapping::check_unchanged`]); writers call it before they put an output in place.
-    pub fn check_unchanged(&self, path: &Path) -> Result<(), RuntimeError> {
+    pub fn check_unchanged(&self, path: &Path) -> Result<(), ExecError> {
         self.mapping
             .check_unchanged()
             .map_err(|why| io(path, format!("{why}; nothing was written from it")))
@@ -301,9 +301,9 @@ pub fn data_order(entries: &[(&str, DType, Vec<usize>)]) -> Vec<usize> {
 pub fn header(
     entries: &[(&str, DType, Vec<usize>)],
     metadata: &Metadata,
-) -> Result<Vec<u8>, RuntimeError> {
+) -> Result<Vec<u8>, ExecError> {
     use safetensors::tensor::{Metadata as Layout, TensorInfo};
-    let bad = |message: String| RuntimeError::Safetensors { message };
+    let bad = |message: String| ExecError::Safetensors { message };
     let mut offset = 0;
     let mut infos = Vec::with_capacity(entries.len());
     for (name, d, shape) in entries {
@@ -338,7 +338,7 @@ pub fn header(
 pub fn serialize(
     tensors: &[(&str, DType, Vec<usize>, &[u8])],
     metadata: &Metadata,
-) -> Result<Vec<u8>, RuntimeError> {
+) -> Result<Vec<u8>, ExecError> {
     let keyed: Vec<(&str, DType, Vec<usize>)> = tensors
         .iter()
         .map(|(n, d, s, _)| (*n, *d, s.clone()))
@@ -380,7 +380,7 @@ pub fn sum_of_file(path: &Path) -> std::io::Result<featshard_spec::shards::FileS
 
 /// The size and CRC-32 of a file's bytes (a mapped rank file, checked against its
 /// manifest before it is used).
-pub fn sum_of(bytes: &[u8]) -> featshard_spec::shards::FileSum {
+pub(crate) fn sum_of(bytes: &[u8]) -> featshard_spec::shards::FileSum {
     featshard_spec::shards::FileSum {
         bytes: bytes.len() as u64,
         crc32: crc32fast::hash(bytes),

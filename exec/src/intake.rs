@@ -23,9 +23,9 @@ use crate::compact::{
     entries_from_pairs, given_as_indices, map_given_as_indices, INDICES, SHAPE, VALUES,
 };
 use crate::dtype;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
+use crate::feature::{axis_length, row_sums, tensor_plan, to_i64};
 use crate::files::Sample;
-use crate::validate::{row_sums, tensor_plan, to_i64};
 use featshard_spec::layout::count_total;
 use featshard_spec::limits;
 
@@ -65,9 +65,9 @@ pub fn intake<'a>(
     plan: &Plan,
     features: &Sample<'a>,
     opts: &Options,
-) -> Result<Intake<'a>, RuntimeError> {
+) -> Result<Intake<'a>, ExecError> {
     if plan.mesh.is_domain() {
-        return Err(RuntimeError::Unsupported {
+        return Err(ExecError::Unsupported {
             message: format!(
                 "`{}` is a domain-parallel (ShardTensor) plan: its generated Python module scatters it; this runtime shards CP (DTensor) plans",
                 plan.module
@@ -83,7 +83,7 @@ pub(crate) fn intake_any<'a>(
     plan: &Plan,
     features: &Sample<'a>,
     opts: &Options,
-) -> Result<Intake<'a>, RuntimeError> {
+) -> Result<Intake<'a>, ExecError> {
     check_lengths(plan, features)?;
     check_given_indices(plan, features)?;
     check_passthrough(plan, opts)?;
@@ -115,13 +115,13 @@ pub(crate) fn intake_any<'a>(
 /// Every semantic axis the sample's features give within the length limit, before
 /// anything is allocated from a length: a file's header may declare any, and a map
 /// given as indices is as wide as another feature says its items' semantic is long.
-fn check_lengths(plan: &Plan, features: &Sample) -> Result<(), RuntimeError> {
+fn check_lengths(plan: &Plan, features: &Sample) -> Result<(), ExecError> {
     for (name, x) in features {
         let Some(t) = plan.tensor(name) else { continue };
         // Given as declared, or as indices (the one-hot axis, the last, left out).
         for (axis, (a, &n)) in t.axes.iter().zip(&x.shape()).enumerate() {
             if let Some(s) = &a.semantic {
-                limits::check_length(s, n).map_err(|message| RuntimeError::TooLarge {
+                limits::check_length(s, n).map_err(|message| ExecError::TooLarge {
                     feature: name.clone(),
                     message: format!("axis {axis} ({s}): {message}"),
                 })?;
@@ -134,7 +134,7 @@ fn check_lengths(plan: &Plan, features: &Sample) -> Result<(), RuntimeError> {
 /// One-hot features and maps given with their one-hot axis left out are given as
 /// indices, which must be integers: said with the dtype and shape as given (before any
 /// incoming pad is cut), not as a wrong rank found later.
-fn check_given_indices(plan: &Plan, features: &Sample) -> Result<(), RuntimeError> {
+fn check_given_indices(plan: &Plan, features: &Sample) -> Result<(), ExecError> {
     for (name, x) in features {
         let Some(t) = plan.tensor(name) else { continue };
         let one_hot = t
@@ -146,7 +146,7 @@ fn check_given_indices(plan: &Plan, features: &Sample) -> Result<(), RuntimeErro
             });
         if let Some(axis) = one_hot.filter(|_| x.dim() + 1 == t.axes.len()) {
             if !x.dtype().is_integer() {
-                return Err(RuntimeError::OneHot {
+                return Err(ExecError::OneHot {
                     feature: name.clone(),
                     axis,
                     message: format!(
@@ -163,11 +163,11 @@ fn check_given_indices(plan: &Plan, features: &Sample) -> Result<(), RuntimeErro
 
 /// A sparse feature's element keys (`NAME.indices`, ...) are the feature itself, placed
 /// as it: never passed through.
-fn check_passthrough(plan: &Plan, opts: &Options) -> Result<(), RuntimeError> {
+fn check_passthrough(plan: &Plan, opts: &Options) -> Result<(), ExecError> {
     for (name, _) in plan.tensors().filter(|(_, t)| t.sparse) {
         let keys = [INDICES, VALUES, SHAPE].map(|k| format!("{name}{k}"));
         if let Some(key) = keys.iter().find(|k| opts.passthrough.contains(*k)) {
-            return Err(RuntimeError::Entries {
+            return Err(ExecError::Entries {
                 feature: name.to_owned(),
                 message: format!(
                     "`{key}` is this sparse feature given as its elements: it is placed, not passed through (leave it out of the keys passed through)"
@@ -183,7 +183,7 @@ type Sorted<'a> = (Sample<'a>, Vec<String>, Vec<String>);
 /// One-hot maps given as their indices become maps known by their rows
 /// ([`Array::one_hot_rows`]), as wide as the other features say their items' semantic
 /// is: every later check reads them as it reads a dense map, and none is ever made.
-fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), RuntimeError> {
+fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), ExecError> {
     let given: Vec<String> = kept
         .iter()
         .filter(|(n, x)| {
@@ -199,7 +199,7 @@ fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), RuntimeError>
             .iter()
             .filter(|(n, _)| **n != name)
             .find_map(|(n, x)| axis_length(plan, n, x, &semantic))
-            .ok_or_else(|| RuntimeError::OneHot {
+            .ok_or_else(|| ExecError::OneHot {
                 feature: name.clone(),
                 axis: 1,
                 message: format!(
@@ -215,7 +215,7 @@ fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), RuntimeError>
                 -1 => None,
                 v if (0..width as i64).contains(&v) => Some(v as usize),
                 v => {
-                    return Err(RuntimeError::OneHot {
+                    return Err(ExecError::OneHot {
                         feature: name.clone(),
                         axis: 1,
                         message: format!(
@@ -230,26 +230,12 @@ fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), RuntimeError>
     Ok(())
 }
 
-/// The length of feature `name`'s axis of `semantic`, when it has one of its declared
-/// rank (a map given as indices has no axis for its items).
-pub(crate) fn axis_length(plan: &Plan, name: &str, x: &Array, semantic: &str) -> Option<usize> {
-    let t = plan.tensor(name)?;
-    if t.axes.len() != x.dim() {
-        return None;
-    }
-    let d = t
-        .axes
-        .iter()
-        .position(|a| a.semantic.as_deref() == Some(semantic))?;
-    Some(x.shape()[d])
-}
-
 /// The tensor features to lay out, the names passed through, the names dropped.
 fn sort_keys<'a>(
     plan: &Plan,
     features: &Sample<'a>,
     opts: &Options,
-) -> Result<Sorted<'a>, RuntimeError> {
+) -> Result<Sorted<'a>, ExecError> {
     // A domain model's parameters and outputs are the model's, never in a sample.
     let model = |n: &str| matches!(plan.features.get(n), Some(FeaturePlan::Tensor(t)) if t.parameter || t.output);
     let wanted: BTreeSet<&str> = plan
@@ -281,7 +267,7 @@ fn sort_keys<'a>(
         }
     }
     if !unknown.is_empty() {
-        return Err(RuntimeError::Unknown { features: unknown });
+        return Err(ExecError::Unknown { features: unknown });
     }
     if let (false, Some(workflow)) = (elsewhere.is_empty(), &opts.workflow) {
         let features = elsewhere
@@ -291,21 +277,21 @@ fn sort_keys<'a>(
                 (n.clone(), ws.map(|(w, _)| w.clone()).collect())
             })
             .collect();
-        return Err(RuntimeError::OtherWorkflow {
+        return Err(ExecError::OtherWorkflow {
             workflow: workflow.clone(),
             features,
         });
     }
     // A key asked to be passed through must be there: a typo would silently drop it.
     if let Some(absent) = opts.passthrough.iter().find(|n| !features.contains_key(*n)) {
-        return Err(RuntimeError::Missing {
+        return Err(ExecError::Missing {
             feature: absent.clone(),
         });
     }
     for name in &wanted {
         if let Some(t) = plan.tensor(name) {
             if !t.optional && t.derived.is_none() && !kept.contains_key(*name) {
-                return Err(RuntimeError::Missing {
+                return Err(ExecError::Missing {
                     feature: (*name).to_owned(),
                 });
             }
@@ -315,7 +301,7 @@ fn sort_keys<'a>(
 }
 
 /// The number of real items of every semantic that arrives padded (and is present).
-fn real_lengths(plan: &Plan, kept: &Sample) -> Result<BTreeMap<String, usize>, RuntimeError> {
+fn real_lengths(plan: &Plan, kept: &Sample) -> Result<BTreeMap<String, usize>, ExecError> {
     let mut out = BTreeMap::new();
     for (sem, s) in &plan.semantics {
         let Some(source) = &s.incoming else { continue };
@@ -324,7 +310,7 @@ fn real_lengths(plan: &Plan, kept: &Sample) -> Result<BTreeMap<String, usize>, R
         let n = match source {
             IncomingSource::Mask { .. } => mask_prefix(fname, sem, x)?,
             IncomingSource::Counts { .. } => {
-                count_total(to_i64(x)).map_err(|e| RuntimeError::Ownership {
+                count_total(to_i64(x)).map_err(|e| ExecError::Ownership {
                     feature: fname.to_owned(),
                     axis: 0,
                     semantic: sem.clone(),
@@ -342,8 +328,8 @@ fn real_lengths(plan: &Plan, kept: &Sample) -> Result<BTreeMap<String, usize>, R
 
 /// How many leading ones a 1-D incoming-pad mask holds; its values must be 0 or 1,
 /// ones first.
-fn mask_prefix(fname: &str, sem: &str, x: &Array) -> Result<usize, RuntimeError> {
-    let bad = |message: String| RuntimeError::Incoming {
+fn mask_prefix(fname: &str, sem: &str, x: &Array) -> Result<usize, ExecError> {
+    let bad = |message: String| ExecError::Incoming {
         feature: fname.to_owned(),
         axis: 0,
         semantic: sem.to_owned(),
@@ -380,7 +366,7 @@ fn check_counts_agree(
     sem: &str,
     mask: &str,
     n: usize,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ExecError> {
     let Some(OwnedBy { owner, source, .. }) =
         plan.semantics.get(sem).and_then(|s| s.owned_by.as_ref())
     else {
@@ -389,7 +375,7 @@ fn check_counts_agree(
     let Some((cname, counts)) = source.counts().and_then(|c| Some((c, kept.get(c)?))) else {
         return Ok(());
     };
-    let bad = |message: String| RuntimeError::Ownership {
+    let bad = |message: String| ExecError::Ownership {
         feature: cname.to_owned(),
         axis: 0,
         semantic: owner.clone(),
@@ -411,7 +397,7 @@ fn cut_to_real(
     kept: &mut Sample,
     sem: &str,
     n: usize,
-) -> Result<Option<usize>, RuntimeError> {
+) -> Result<Option<usize>, ExecError> {
     let mut arrived = None;
     let reference = arrival_length(plan, kept, sem)?;
     for (name, x) in kept.iter_mut() {
@@ -426,7 +412,7 @@ fn cut_to_real(
             let declared = x.dim() == t.axes.len() || given_as_indices(t, x.dtype(), &x.shape());
             let reference = reference.as_ref().filter(|_| declared);
             if len < n {
-                return Err(RuntimeError::Incoming {
+                return Err(ExecError::Incoming {
                     feature: name.clone(),
                     axis: d,
                     semantic: sem.to_owned(),
@@ -435,7 +421,7 @@ fn cut_to_real(
             }
             if let Some((by, want)) = reference {
                 if len != *want {
-                    return Err(RuntimeError::Incoming {
+                    return Err(ExecError::Incoming {
                         feature: name.clone(),
                         axis: d,
                         semantic: sem.to_owned(),
@@ -462,7 +448,7 @@ fn arrival_length(
     plan: &Plan,
     kept: &Sample,
     sem: &str,
-) -> Result<Option<(String, usize)>, RuntimeError> {
+) -> Result<Option<(String, usize)>, ExecError> {
     let source = plan
         .semantics
         .get(sem)
@@ -495,7 +481,7 @@ fn check_cut_is_empty(
     d: usize,
     n: usize,
     sem: &str,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ExecError> {
     let Role::Index(ix) = &t.role else {
         return Ok(());
     };
@@ -508,7 +494,7 @@ fn check_cut_is_empty(
         false => Err(()),
     });
     if found.is_err() {
-        return Err(RuntimeError::Incoming {
+        return Err(ExecError::Incoming {
             feature: name.to_owned(),
             axis: d,
             semantic: sem.to_owned(),
@@ -520,10 +506,7 @@ fn check_cut_is_empty(
 
 /// Drops owner-map rows with no owner where the plan says they are pads, on every
 /// axis of their semantic.
-fn drop_unowned_rows(
-    plan: &Plan,
-    kept: &mut Sample,
-) -> Result<BTreeMap<String, usize>, RuntimeError> {
+fn drop_unowned_rows(plan: &Plan, kept: &mut Sample) -> Result<BTreeMap<String, usize>, ExecError> {
     let mut out = BTreeMap::new();
     for (sem, s) in &plan.semantics {
         let Some(OwnedBy { source, .. }) = &s.owned_by else {
@@ -552,7 +535,7 @@ fn drop_unowned_rows(
 }
 
 /// Makes every derived feature of the workflow, or checks the one given.
-fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), RuntimeError> {
+fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), ExecError> {
     for name in plan.feature_names(opts.workflow.as_deref())? {
         let Some(t) = plan.tensor(name) else {
             continue;
@@ -562,7 +545,7 @@ fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), RuntimeE
             DeriveRule::Outer { of: [a, b] } => match (kept.get(a), kept.get(b)) {
                 (Some(x), Some(y)) => outer(x, y, t.dtype),
                 _ => {
-                    return Err(RuntimeError::Missing {
+                    return Err(ExecError::Missing {
                         feature: if kept.contains_key(a) { b } else { a }.clone(),
                     })
                 }
@@ -574,7 +557,7 @@ fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), RuntimeE
                     && given.dtype() == made.dtype()
                     && equal_values(given, &made);
                 if !same {
-                    return Err(RuntimeError::Derived {
+                    return Err(ExecError::Derived {
                         feature: name.to_owned(),
                         rule: describe(rule),
                     });

@@ -7,7 +7,7 @@
 use featshard_spec::plan::{Remap, SampleLayout, TensorPlan};
 
 use crate::dtype;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// Which way a block's ids move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,13 +28,13 @@ pub fn shift(
     coord: [usize; 2],
     bytes: &mut [u8],
     direction: Direction,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ExecError> {
     let Remap::ShardLocal { of, mesh_axis } = &t.remap else {
         return Ok(());
     };
     let start = layout
         .shard_start(of, *mesh_axis, coord)
-        .ok_or_else(|| RuntimeError::Blocks {
+        .ok_or_else(|| ExecError::Blocks {
             feature: name.to_owned(),
             message: format!("the layout has no length for `{of}`"),
         })? as i64;
@@ -44,7 +44,7 @@ pub fn shift(
     };
     let es = dtype::size(t.dtype);
     if bytes.len() != local.iter().product::<usize>() * es {
-        return Err(RuntimeError::Blocks {
+        return Err(ExecError::Blocks {
             feature: name.to_owned(),
             message: format!(
                 "a block of {} bytes is not one of shape {local:?} ({})",

@@ -22,10 +22,10 @@ use crate::files::{sum_of, Mapped, Sample};
 
 /// A rank file's tensors: name to dtype (`None` for one featshard has no name for) and
 /// shape.
-pub type Listing = BTreeMap<String, (Option<DType>, Vec<usize>)>;
+pub(crate) type Listing = BTreeMap<String, (Option<DType>, Vec<usize>)>;
 
 /// The listing of a rank file read by this crate's reader.
-pub fn listing_of(sample: &Sample) -> Listing {
+pub(crate) fn listing_of(sample: &Sample) -> Listing {
     sample
         .iter()
         .map(|(n, x)| (n.clone(), (Some(x.dtype()), x.shape())))
@@ -34,7 +34,11 @@ pub fn listing_of(sample: &Sample) -> Listing {
 
 /// `Err` naming the first tensor of `found` (a rank file's listing) that is not what
 /// `manifest` (checked against `plan`) says the file holds, or the first one missing.
-pub fn check_listing(plan: &Plan, manifest: &Manifest, found: &Listing) -> Result<(), String> {
+pub(crate) fn check_listing(
+    plan: &Plan,
+    manifest: &Manifest,
+    found: &Listing,
+) -> Result<(), String> {
     for name in manifest.features.keys().chain(&manifest.passthrough) {
         if !found.contains_key(name) {
             return Err(format!(

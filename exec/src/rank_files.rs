@@ -13,10 +13,10 @@ use featshard_spec::plan::Plan;
 pub use featshard_spec::shards::{Encoding, FileSum};
 
 use crate::blocks::{feature_blocks, FeatureBlocks, Part};
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 use crate::files::{self, Metadata};
-use crate::place::Placed;
-use crate::window::Sink;
+use crate::placed::Placed;
+use crate::sink::Sink;
 
 pub use featshard_spec::layout::coords;
 
@@ -30,12 +30,12 @@ pub fn write_rank_files(
     paths: &[PathBuf],
     threads: usize,
     encoding: Encoding,
-) -> Result<Vec<FileSum>, RuntimeError> {
+) -> Result<Vec<FileSum>, ExecError> {
     let world = placed.layout.mesh.iter().product::<usize>();
     for (what, given) in [("headers", headers.len()), ("paths", paths.len())] {
         if given != world {
             let mesh = placed.layout.mesh;
-            return Err(RuntimeError::RankCount { what, given, mesh });
+            return Err(ExecError::RankCount { what, given, mesh });
         }
     }
     let entries = entries(plan, placed, encoding)?;
@@ -48,7 +48,7 @@ pub fn write_rank_files(
         };
         file.write(&paths[rank], &headers[rank])
     };
-    let done: Vec<Result<FileSum, RuntimeError>> = std::thread::scope(|scope| {
+    let done: Vec<Result<FileSum, ExecError>> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|k| {
                 let write = &write;
@@ -60,7 +60,7 @@ pub fn write_rank_files(
                 })
             })
             .collect();
-        let mut all: Vec<(usize, Result<FileSum, RuntimeError>)> = workers
+        let mut all: Vec<(usize, Result<FileSum, ExecError>)> = workers
             .into_iter()
             // A panic while writing is a bug, not an input error: it propagates.
             .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
@@ -78,7 +78,7 @@ pub fn rank_file_sizes(
     placed: &Placed,
     headers: &[Metadata],
     encoding: Encoding,
-) -> Result<Vec<u64>, RuntimeError> {
+) -> Result<Vec<u64>, ExecError> {
     let entries = entries(plan, placed, encoding)?;
     let keyed = keyed(&entries, encoding);
     let data = keyed.iter().fold(0u64, |sum, (_, dtype, shape)| {
@@ -100,7 +100,7 @@ fn entries<'p, 'a>(
     plan: &'p Plan,
     placed: &'p Placed<'a>,
     encoding: Encoding,
-) -> Result<Vec<FeatureBlocks<'p, 'a>>, RuntimeError> {
+) -> Result<Vec<FeatureBlocks<'p, 'a>>, ExecError> {
     let out = feature_blocks(plan, placed)?;
     let order = files::data_order(&keyed(&out, encoding));
     let mut slots: Vec<Option<FeatureBlocks>> = out.into_iter().map(Some).collect();
@@ -134,7 +134,7 @@ struct RankFile<'r, 'p, 'a> {
 }
 
 impl RankFile<'_, '_, '_> {
-    fn write(&self, path: &Path, header: &Metadata) -> Result<FileSum, RuntimeError> {
+    fn write(&self, path: &Path, header: &Metadata) -> Result<FileSum, ExecError> {
         let mut out = Out::create(path)?;
         out.copy(&files::header(&keyed(self.entries, self.encoding), header)?)
             .map_err(|e| write_error(path, e))?;
@@ -162,7 +162,7 @@ struct Out {
 const FILL_CHUNK: usize = 64 << 10;
 
 impl Out {
-    fn create(path: &Path) -> Result<Out, RuntimeError> {
+    fn create(path: &Path) -> Result<Out, ExecError> {
         let file = File::options()
             .write(true)
             .create_new(true)
@@ -177,7 +177,7 @@ impl Out {
         })
     }
 
-    fn finish(mut self) -> Result<FileSum, RuntimeError> {
+    fn finish(mut self) -> Result<FileSum, ExecError> {
         self.file.flush().map_err(|e| write_error(&self.path, e))?;
         Ok(FileSum {
             bytes: self.bytes,
@@ -211,8 +211,8 @@ impl Sink for Out {
     }
 }
 
-fn write_error(path: &Path, e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Io {
+fn write_error(path: &Path, e: impl std::fmt::Display) -> ExecError {
+    ExecError::Io {
         path: path.display().to_string(),
         message: format!("cannot write: {e}"),
     }

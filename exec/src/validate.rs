@@ -7,13 +7,14 @@ use std::collections::BTreeMap;
 use featshard_spec::ir::DType;
 use featshard_spec::ir::Role;
 use featshard_spec::layout::count_total;
-use featshard_spec::plan::{OwnedBy, Ownership, Plan, ResolveError, TensorPlan};
+use featshard_spec::plan::{OwnedBy, Ownership, Plan, ResolveError};
 
 use crate::array::Array;
 use crate::compact::{
     check_range, given_as_indices, given_narrow, indices, indices_given, narrow_hint, OneHot,
 };
-use crate::error::RuntimeError;
+use crate::error::ExecError;
+use crate::feature::{tensor_plan, to_i64, two_d};
 use crate::files::Sample;
 use crate::intake::Intake;
 use crate::par;
@@ -34,43 +35,9 @@ pub struct Checked {
     pub compact: BTreeMap<String, Array<'static>>,
 }
 
-/// The tensor plan of a feature; metadata and unknown names are `Missing`.
-pub fn tensor_plan<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, RuntimeError> {
-    plan.tensor(name).ok_or_else(|| RuntimeError::Missing {
-        feature: name.to_owned(),
-    })
-}
-
-/// A small feature's values as integers (floats truncated toward zero).
-pub(crate) fn to_i64(x: &Array) -> Vec<i64> {
-    x.values().into_iter().map(|v| v as i64).collect()
-}
-
-/// The sum of every row of a 2-D `[items, owner]` map.
-pub(crate) fn row_sums(plan: &Plan, name: &str, x: &Array) -> Result<Vec<f64>, RuntimeError> {
-    two_d(plan, name, x)?;
-    let mut sums = Vec::with_capacity(x.shape()[0]);
-    let _ = x.for_each_row_nonzero(|_, nz| {
-        sums.push(nz.iter().map(|&(_, v)| v).sum());
-        Ok::<(), ()>(())
-    });
-    Ok(sums)
-}
-
-fn two_d(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
-    if x.dim() == 2 {
-        return Ok(());
-    }
-    Err(RuntimeError::Rank {
-        feature: name.to_owned(),
-        expected: tensor_plan(plan, name).map_or(2, |t| t.axes.len()),
-        got: x.shape().iter().map(|&d| d as i64).collect(),
-    })
-}
-
 /// Checks a sample after [`intake`](crate::intake::intake) (see the module
 /// documentation).
-pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, RuntimeError> {
+pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, ExecError> {
     let features = &taken.features;
     let passthrough = taken.passthrough.clone();
     let names: Vec<String> = features
@@ -110,7 +77,7 @@ fn check_values_on(
     taken: &Intake,
     names: &[String],
     sizes: &BTreeMap<String, usize>,
-) -> Vec<Result<Option<Array<'static>>, RuntimeError>> {
+) -> Vec<Result<Option<Array<'static>>, ExecError>> {
     let features = &taken.features;
     let bytes =
         |k: usize| features[&names[k]].numel() * crate::dtype::size(features[&names[k]].dtype());
@@ -139,7 +106,7 @@ fn check_values(
     name: &str,
     x: &Array,
     sizes: &BTreeMap<String, usize>,
-) -> Result<Option<Array<'static>>, RuntimeError> {
+) -> Result<Option<Array<'static>>, ExecError> {
     check_index(plan, name, x, sizes)?;
     check_mask(plan, name, x)?;
     check_bool(name, x)?;
@@ -164,11 +131,11 @@ fn check_values(
 pub fn check_shapes(
     plan: &Plan,
     shapes: &BTreeMap<String, (DType, Vec<usize>)>,
-) -> Result<BTreeMap<String, usize>, RuntimeError> {
+) -> Result<BTreeMap<String, usize>, ExecError> {
     let (mut sizes, mut first) = (BTreeMap::new(), BTreeMap::new());
     // A domain model's parameters and outputs are the model's, never in a sample.
     for (name, _) in plan.tensors().filter(|(_, t)| !t.parameter && !t.output) {
-        let (dtype, shape) = shapes.get(name).ok_or_else(|| RuntimeError::Missing {
+        let (dtype, shape) = shapes.get(name).ok_or_else(|| ExecError::Missing {
             feature: name.to_owned(),
         })?;
         let (dtype, shape) = declared(plan, name, *dtype, shape.clone())?;
@@ -185,7 +152,7 @@ fn declared(
     name: &str,
     dtype: DType,
     mut shape: Vec<usize>,
-) -> Result<(DType, Vec<usize>), RuntimeError> {
+) -> Result<(DType, Vec<usize>), ExecError> {
     let t = tensor_plan(plan, name)?;
     if given_narrow(t, dtype) {
         return Ok((t.dtype, shape));
@@ -207,17 +174,17 @@ fn check_shape(
     shape: &[usize],
     sizes: &mut BTreeMap<String, usize>,
     first: &mut BTreeMap<String, String>,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ExecError> {
     let t = tensor_plan(plan, name)?;
     if shape.len() != t.axes.len() {
-        return Err(RuntimeError::Rank {
+        return Err(ExecError::Rank {
             feature: name.to_owned(),
             expected: t.axes.len(),
             got: shape.iter().map(|&d| d as i64).collect(),
         });
     }
     if dtype != t.dtype {
-        return Err(RuntimeError::DType {
+        return Err(ExecError::DType {
             feature: name.to_owned(),
             expected: format!("{}{}", t.dtype.name(), narrow_hint(t)),
             got: dtype.name().to_owned(),
@@ -226,7 +193,7 @@ fn check_shape(
     for (axis, (a, &n)) in t.axes.iter().zip(shape).enumerate() {
         match (&a.semantic, a.size) {
             (None, Some(size)) if n as u64 != size => {
-                return Err(RuntimeError::ChannelSize {
+                return Err(ExecError::ChannelSize {
                     feature: name.to_owned(),
                     axis,
                     expected: size,
@@ -234,7 +201,7 @@ fn check_shape(
                 });
             }
             (Some(s), _) if n != 1 && plan.semantics.get(s).is_some_and(|p| p.batch) => {
-                return Err(RuntimeError::BatchSize {
+                return Err(ExecError::BatchSize {
                     feature: name.to_owned(),
                     axis,
                     semantic: s.clone(),
@@ -243,7 +210,7 @@ fn check_shape(
             }
             (Some(s), _) => match sizes.get(s) {
                 Some(&expected) if expected != n => {
-                    return Err(RuntimeError::Length {
+                    return Err(ExecError::Length {
                         feature: name.to_owned(),
                         axis,
                         semantic: s.clone(),
@@ -268,7 +235,7 @@ fn ownership(
     plan: &Plan,
     features: &Sample,
     sizes: &BTreeMap<String, usize>,
-) -> Result<BTreeMap<String, Ownership>, RuntimeError> {
+) -> Result<BTreeMap<String, Ownership>, ExecError> {
     let mut owners = BTreeMap::new();
     for (sem, s) in &plan.semantics {
         let Some(OwnedBy { owner, source, .. }) = &s.owned_by else {
@@ -290,7 +257,7 @@ fn ownership(
                 Ownership::Owners(map_owners(plan, m, &features[m], sem, owner, owner_len)?)
             }
             (None, None) => {
-                return Err(RuntimeError::Missing {
+                return Err(ExecError::Missing {
                     feature: source.feature().to_owned(),
                 })
             }
@@ -306,9 +273,9 @@ fn owner_counts(
     sem: &str,
     owner: &str,
     len: usize,
-) -> Result<Vec<usize>, RuntimeError> {
+) -> Result<Vec<usize>, ExecError> {
     let counts = to_i64(x);
-    let bad = |message: String| RuntimeError::Ownership {
+    let bad = |message: String| ExecError::Ownership {
         feature: fname.to_owned(),
         axis: 0,
         semantic: owner.to_owned(),
@@ -335,7 +302,7 @@ fn map_owners(
     sem: &str,
     owner: &str,
     owner_len: usize,
-) -> Result<Vec<usize>, RuntimeError> {
+) -> Result<Vec<usize>, ExecError> {
     two_d(plan, fname, x)?;
     let mut of = Vec::with_capacity(x.shape()[0]);
     let mut bad = None;
@@ -353,7 +320,7 @@ fn map_owners(
         Ok(())
     });
     if let Some((r, n)) = bad {
-        return Err(RuntimeError::Ownership {
+        return Err(ExecError::Ownership {
             feature: fname.to_owned(),
             axis: 1,
             semantic: owner.to_owned(),
@@ -376,14 +343,14 @@ fn check_map_counts(
     counts: &[usize],
     sem: &str,
     owner: &str,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ExecError> {
     let by_counts: Vec<usize> = counts
         .iter()
         .enumerate()
         .flat_map(|(o, &c)| std::iter::repeat_n(o, c))
         .collect();
     let shape = x.shape();
-    let bad = |message: String| RuntimeError::Ownership {
+    let bad = |message: String| ExecError::Ownership {
         feature: mname.to_owned(),
         axis: 1,
         semantic: owner.to_owned(),
@@ -425,7 +392,7 @@ fn check_map_counts(
 /// A mask's values are 0 or 1: `false`/`true` (bytes 0 and 1: a bool byte of 2 is
 /// neither, though torch reads it as true), integers 0 and 1, floats 0.0 and 1.0 (NaN
 /// is neither).
-fn check_mask(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
+fn check_mask(plan: &Plan, name: &str, x: &Array) -> Result<(), ExecError> {
     let t = tensor_plan(plan, name)?;
     if !matches!(t.role, Role::Mask { .. }) {
         return Ok(());
@@ -433,7 +400,7 @@ fn check_mask(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
     let found = x.first_outside([0.0, 1.0]).map(|(i, v)| (i as i64, v));
     match found {
         None => Ok(()),
-        Some((index, value)) => Err(RuntimeError::MaskValue {
+        Some((index, value)) => Err(ExecError::MaskValue {
             feature: name.to_owned(),
             index,
             value,
@@ -444,13 +411,13 @@ fn check_mask(plan: &Plan, name: &str, x: &Array) -> Result<(), RuntimeError> {
 /// A `bool` feature's bytes are 0 or 1 (torch reads any other byte as true, so a
 /// block holding one would not come back as written). Masks are checked as masks, and
 /// a feature given as its elements had its values checked as they were read.
-fn check_bool(name: &str, x: &Array) -> Result<(), RuntimeError> {
+fn check_bool(name: &str, x: &Array) -> Result<(), ExecError> {
     if x.dtype() != DType::Bool || x.entry_list().is_some() || x.is_rows_only() {
         return Ok(());
     }
     match x.first_outside([0.0, 1.0]) {
         None => Ok(()),
-        Some((index, _)) => Err(RuntimeError::Entries {
+        Some((index, _)) => Err(ExecError::Entries {
             feature: name.to_owned(),
             message: format!(
                 "a bool holds byte 0 (false) or 1 (true), found byte {} at flat index {index}",
@@ -470,7 +437,7 @@ fn check_index(
     name: &str,
     x: &Array,
     sizes: &BTreeMap<String, usize>,
-) -> Result<(), RuntimeError> {
+) -> Result<(), ExecError> {
     let t = tensor_plan(plan, name)?;
     let Role::Index(ix) = &t.role else {
         return Ok(());
@@ -481,7 +448,7 @@ fn check_index(
     match ix.one_hot {
         None => {
             let len = sizes.get(&ix.of).copied().ok_or_else(|| {
-                RuntimeError::Plan(ResolveError::MissingLength {
+                ExecError::Plan(ResolveError::MissingLength {
                     semantic: ix.of.clone(),
                     feature: name.to_owned(),
                     axis: 0,
@@ -496,7 +463,7 @@ fn check_index(
                 Ok::<(), ()>(())
             });
             if min < 0 || usize::try_from(max).map_or(true, |m| m >= len) {
-                return Err(RuntimeError::IndexRange {
+                return Err(ExecError::IndexRange {
                     feature: name.to_owned(),
                     semantic: ix.of.clone(),
                     min,
@@ -511,8 +478,8 @@ fn check_index(
 }
 
 /// Values 0 or 1, and at most one 1 along `axis` in every row.
-fn check_one_hot(name: &str, x: &Array, axis: usize) -> Result<(), RuntimeError> {
-    let bad = |message: String| RuntimeError::OneHot {
+fn check_one_hot(name: &str, x: &Array, axis: usize) -> Result<(), ExecError> {
+    let bad = |message: String| ExecError::OneHot {
         feature: name.to_owned(),
         axis,
         message,

@@ -7,49 +7,27 @@ use std::io;
 use std::ops::Range;
 
 use crate::array::{Array, Sel, RELEASE_BYTES};
-use crate::place::AxisMap;
+use crate::sink::Sink;
 
-/// Where a window's bytes go.
-pub trait Sink {
-    /// Appends bytes of whole elements.
-    fn copy(&mut self, bytes: &[u8]) -> io::Result<()>;
-    /// Appends `count` copies of the element `pad`.
-    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()>;
-    /// Appends `len` elements of `es` bytes, zero but for `entries`: each an element's
-    /// position among them and its bits, in ascending position. A sink that keeps
-    /// entries, or zeroes memory it owns, takes them without the dense bytes.
-    fn sparse(&mut self, len: usize, es: usize, entries: &[(usize, u64)]) -> io::Result<()> {
-        let mut out = vec![0u8; len * es];
-        put_entries(&mut out, es, entries);
-        self.copy(&out)
-    }
+/// Where one axis' serial items go in the padded layout.
+#[derive(Clone, Copy, Debug)]
+pub struct AxisMap<'a> {
+    /// The padded length.
+    pub padded: usize,
+    /// Position of every item; `None`: items keep their place and the end is padded.
+    pub positions: Option<&'a [usize]>,
 }
 
-/// Each of `entries` (position, bits) written into `out`, elements of `es` bytes.
-pub fn put_entries(out: &mut [u8], es: usize, entries: &[(usize, u64)]) {
-    for &(p, v) in entries {
-        out[p * es..(p + 1) * es].copy_from_slice(&v.to_le_bytes()[..es]);
-    }
-}
-
-impl Sink for Vec<u8> {
-    fn copy(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.extend_from_slice(bytes);
-        Ok(())
-    }
-
-    fn fill(&mut self, pad: &[u8], count: usize) -> io::Result<()> {
-        self.reserve(pad.len() * count);
-        for _ in 0..count {
-            self.extend_from_slice(pad);
-        }
-        Ok(())
+impl AxisMap<'_> {
+    /// The padded position of serial item `i`.
+    pub fn position(&self, i: usize) -> usize {
+        self.positions.map_or(i, |p| p[i])
     }
 }
 
 /// A stretch of one axis of a window: `len` items from base item `src` on, or pads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Piece {
+pub(crate) struct Piece {
     /// Items in the stretch.
     pub len: usize,
     /// The first base item, `None` for pads.
@@ -58,7 +36,7 @@ pub struct Piece {
 
 /// The pieces of one axis inside `window` (`(start, len)` of the padded axis), in
 /// window order: runs of items consecutive in both the padded layout and the base.
-pub fn pieces(sel: &Sel, axis: &AxisMap, (start, wlen): (usize, usize)) -> Vec<Piece> {
+pub(crate) fn pieces(sel: &Sel, axis: &AxisMap, (start, wlen): (usize, usize)) -> Vec<Piece> {
     let end = start + wlen;
     let items = items_in(sel, axis.positions, start..end);
     let mut out: Vec<Piece> = Vec::new();
@@ -170,7 +148,7 @@ pub fn write_window(
 /// whose pads are zero: the elements landing in the window go to the sink as entries
 /// ([`Sink::sparse`]), so the time goes with the window and the elements (with the
 /// elements alone for a sink keeping entries), never with the base.
-pub fn write_entries_window(
+pub(crate) fn write_entries_window(
     x: &Array,
     axes: &[AxisMap],
     window: &[(usize, usize)],
@@ -314,7 +292,7 @@ mod tests {
             write_entries_window(&by_entries, &axes, &window, &mut plain).unwrap();
             proptest::prop_assert_eq!(&plain, &want);
             let mut slice = vec![0xAB; want.len()];
-            write_entries_window(&by_entries, &axes, &window, &mut crate::blocks::SliceSink::new(&mut slice)).unwrap();
+            write_entries_window(&by_entries, &axes, &window, &mut crate::sink::SliceSink::new(&mut slice)).unwrap();
             proptest::prop_assert_eq!(&slice, &want);
             let mut kept = crate::compact::Entries::new(DType::Int32);
             write_entries_window(&by_entries, &axes, &window, &mut kept).unwrap();

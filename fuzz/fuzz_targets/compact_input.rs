@@ -9,7 +9,8 @@
 use std::sync::OnceLock;
 
 use featshard::exec::array::Array;
-use featshard::exec::blocks::{feature_blocks, SliceSink};
+use featshard::exec::blocks::feature_blocks;
+use featshard::exec::sink::SliceSink;
 use featshard::exec::files::Sample;
 use featshard::exec::{dtype, place, Options};
 use featshard::spec::ir::DType;

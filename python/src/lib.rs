@@ -527,7 +527,7 @@ fn replica_indices(
 
 /// The executor's expansion vectors, which every executor of compact blocks is held
 /// to: each stored block's slot (its form, dense dtype and shape), its bytes, and the
-/// dense bytes the executor makes of it (`featshard_exec::compact::vectors`).
+/// dense bytes the executor makes of it (`featshard_exec::vectors`).
 #[pyfunction]
 fn expansion_vectors(
     py: Python<'_>,
@@ -536,7 +536,7 @@ fn expansion_vectors(
     Bound<'_, pyo3::types::PyBytes>,
     Bound<'_, pyo3::types::PyBytes>,
 )> {
-    featshard_exec::compact::vectors::expansion_vectors()
+    featshard_exec::vectors::expansion_vectors()
         .into_iter()
         .map(|v| {
             let packed = pyo3::types::PyBytes::new(py, &v.packed);

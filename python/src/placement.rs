@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use featshard_exec::array::Array;
-use featshard_exec::blocks::{feature_blocks, FeatureBlocks, Part, SliceSink};
+use featshard_exec::blocks::{feature_blocks, FeatureBlocks, Part};
 use featshard_exec::files::Sample;
-use featshard_exec::{Options, Placed, RuntimeError};
+use featshard_exec::sink::SliceSink;
+use featshard_exec::{ExecError, Options, Placed};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -20,7 +21,7 @@ use pyo3::types::PyCapsule;
 use crate::buffer::BufferLayout;
 use crate::dlpack::{Buffer, Memory};
 
-fn runtime_error(e: RuntimeError) -> PyErr {
+fn runtime_error(e: ExecError) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 

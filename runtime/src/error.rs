@@ -1,7 +1,7 @@
 //! Runtime errors: the executors' shared [`RuntimeError`], and libtorch's errors
 //! attached to the feature they happened on.
 
-pub use featshard_exec::RuntimeError;
+pub use featshard_exec::ExecError as RuntimeError;
 
 /// Attaches the feature name to a libtorch error.
 pub(crate) trait TorchContext<T> {

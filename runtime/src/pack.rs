@@ -16,7 +16,7 @@ use crate::pad::{pad_feature, Padded};
 use crate::sample::{Features, Options};
 use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
 use crate::views::{new_written, view};
-use featshard_exec::place::AxisMap;
+use featshard_exec::window::AxisMap;
 
 /// A sample with one semantic packed.
 #[derive(Debug)]

@@ -281,7 +281,7 @@ pub(crate) fn pad_feature(
     shapes: &FeatureShapes,
 ) -> Result<Tensor, RuntimeError> {
     let seen = view(plan, name, x)?;
-    let placed = featshard_exec::place::place_feature(plan, name, &seen, layout, shapes)?;
+    let placed = featshard_exec::placed::place_feature(plan, name, &seen, layout, shapes)?;
     let blocks = FeatureBlocks::placed(plan, name, &placed, shapes, layout)?;
     let whole: Vec<(usize, usize)> = shapes.padded_shape.iter().map(|&n| (0, n)).collect();
     let kind = kind_of(blocks.dtype);

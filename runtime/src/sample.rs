@@ -22,7 +22,7 @@ pub(crate) fn handles(features: &Features) -> Features {
         .collect()
 }
 
-pub use featshard_exec::validate::tensor_plan;
+pub use featshard_exec::tensor_plan;
 
 /// Reads a small integer tensor into a vector.
 pub(crate) fn to_vec_i64(x: &Tensor, name: &str) -> Result<Vec<i64>, RuntimeError> {

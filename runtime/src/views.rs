@@ -11,8 +11,8 @@
 use std::io;
 
 use featshard_exec::array::{Array, Sel};
-use featshard_exec::blocks::SliceSink;
 use featshard_exec::files::Sample;
+use featshard_exec::sink::SliceSink;
 use featshard_spec::ir::DType;
 use featshard_spec::plan::Plan;
 use tch::{Device, Kind, Tensor};

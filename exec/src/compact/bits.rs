@@ -6,7 +6,7 @@ use featshard_spec::ir::DType;
 
 use super::{bits, one_and_negative_zero};
 use crate::dtype;
-use crate::window::Sink;
+use crate::sink::Sink;
 
 /// A sink packing a mask's elements into bits as its block is written: bit `i % 8` of
 /// byte `i / 8` is element `i` (1 for any value but zero, either sign). Call
@@ -136,18 +136,19 @@ fn octet_bits<const N: usize>(octet: &[u8], value: u64) -> u8 {
 }
 
 /// Bytes of a mask of `numel` elements packed into bits.
-pub fn bits_len(numel: usize) -> usize {
+pub(crate) fn bits_len(numel: usize) -> usize {
     numel.div_ceil(8)
 }
 
 /// The dense bytes (`numel` elements of `dtype`, 0 or 1) of a mask packed by [`Bits`].
-pub fn unpack_bits(packed: &[u8], numel: usize, dtype: DType) -> Vec<u8> {
+#[cfg(test)]
+pub(crate) fn unpack_bits(packed: &[u8], numel: usize, dtype: DType) -> Vec<u8> {
     let mut out = vec![0u8; numel * dtype::size(dtype)];
     unpack_bits_into(packed, numel, dtype, &mut out);
     out
 }
 
-/// [`unpack_bits`] into `out` (exactly the mask's bytes, each written).
+/// A mask packed by [`Bits`] unpacked into `out` (exactly the mask's bytes, each written).
 pub(super) fn unpack_bits_into(packed: &[u8], numel: usize, dtype: DType, out: &mut [u8]) {
     match dtype::size(dtype) {
         1 => unpack::<1>(packed, numel, dtype, out),

@@ -12,7 +12,7 @@ use featshard_spec::ir::DType;
 
 use super::{bits, for_each_nonzero};
 use crate::dtype;
-use crate::window::Sink;
+use crate::sink::Sink;
 
 /// Bytes of one entry: its position and its value, two `int64`.
 pub const ENTRY_BYTES: usize = 16;
@@ -20,7 +20,7 @@ pub const ENTRY_BYTES: usize = 16;
 /// A sink that keeps the nonzero elements written into it as entries (or only counts
 /// them): a sparse block made from the same windows as its dense block.
 #[derive(Debug)]
-pub struct Entries {
+pub(crate) struct Entries {
     es: usize,
     /// Elements seen so far: the position of the next one.
     at: usize,
@@ -41,7 +41,7 @@ impl Entries {
     }
 
     /// Counts the entries of elements of `dtype`, keeping none.
-    pub fn counter(dtype: DType) -> Self {
+    pub(crate) fn counter(dtype: DType) -> Self {
         Entries {
             rows: None,
             ..Entries::new(dtype)

@@ -7,7 +7,7 @@ use featshard_spec::plan::TensorPlan;
 use super::{unravel, OneHot, SCAN_CHUNK};
 use crate::array::Array;
 use crate::dtype;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// Whether feature `t`, given with `dtype` and `shape`, arrives as its one-hot
 /// indices: a feature declared `one_hot` on its last axis, given with that axis left
@@ -21,7 +21,7 @@ pub fn given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bool {
 /// Whether feature `t`, given with `dtype` and `shape`, is a one-hot map (`[rows,
 /// items]`, as `atom_to_token`) given as its indices: the column of each row's 1 as
 /// integers, -1 for a row with none.
-pub fn map_given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bool {
+pub(crate) fn map_given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bool {
     matches!(&t.role, Role::Index(ix) if ix.one_hot == Some(1))
         && t.axes.len() == 2
         && shape.len() == 1
@@ -33,7 +33,7 @@ pub fn map_given_as_indices(t: &TensorPlan, dtype: DType, shape: &[usize]) -> bo
 /// type holding its range. Its blocks are the declared dtype's, widened as written.
 /// Derived features are made in the declared dtype, and sparse and one-hot ones have
 /// compact forms of their own: none of them is taken narrowed.
-pub fn given_narrow(t: &TensorPlan, dtype: DType) -> bool {
+pub(crate) fn given_narrow(t: &TensorPlan, dtype: DType) -> bool {
     let plain = t.derived.is_none() && !t.sparse && t.one_hot.is_none();
     if !plain || dtype == t.dtype || dtype::size(dtype) >= dtype::size(t.dtype) {
         return false;
@@ -47,7 +47,7 @@ pub fn given_narrow(t: &TensorPlan, dtype: DType) -> bool {
 
 /// What else a feature may be given as besides its declared dtype, for a message:
 /// ` (or bool: a mask)`, ` (or an integer type holding its range [lo, hi])`, or empty.
-pub fn narrow_hint(t: &TensorPlan) -> String {
+pub(crate) fn narrow_hint(t: &TensorPlan) -> String {
     if given_narrow(t, DType::Bool) {
         return " (or bool: a mask)".into();
     }
@@ -62,7 +62,11 @@ pub fn narrow_hint(t: &TensorPlan) -> String {
 /// The indices of one-hot feature `name` given as its indices (`x`, see
 /// [`given_as_indices`]), in the form [`indices`] makes: every value names a class or
 /// is -1 (no class), else it is refused naming the feature, the axis and the position.
-pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, RuntimeError> {
+pub(crate) fn indices_given(
+    name: &str,
+    x: &Array,
+    oh: &OneHot,
+) -> Result<Array<'static>, ExecError> {
     let given = x.contiguous();
     let shape = given.shape();
     let d = given.dtype();
@@ -73,7 +77,7 @@ pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static
         // Read, checked and written a piece at a time, in tight loops per type.
         dtype::by_piece(d, chunk, |p, wide| {
             let first = c * SCAN_CHUNK / es + p;
-            as_classes(wide, oh).map_err(|(k, v)| RuntimeError::OneHot {
+            as_classes(wide, oh).map_err(|(k, v)| ExecError::OneHot {
                 feature: name.to_owned(),
                 axis: oh.axis,
                 message: format!(
@@ -84,7 +88,7 @@ pub fn indices_given(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static
             })?;
             let at = first * is;
             dtype::write_ints(oh.index, wide, &mut out[at..at + wide.len() * is]);
-            Ok::<(), RuntimeError>(())
+            Ok::<(), ExecError>(())
         })?;
         // Pages of a mapped sample are given back as the scan passes them.
         given.release_bytes(c * SCAN_CHUNK, c * SCAN_CHUNK + chunk.len());

@@ -13,7 +13,7 @@ use super::bits;
 use crate::alloc;
 use crate::array::{Array, EntryList};
 use crate::dtype;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 use crate::files::Sample;
 
 /// The key of a sparse feature's coordinates.
@@ -29,15 +29,15 @@ pub const SHAPE: &str = ".shape";
 /// features say. Coordinates outside the feature, an element given twice, a shape
 /// that is not the feature's, or one half of the pair without the other are refused
 /// naming the feature (and the axis).
-pub fn entries_from_pairs<'a>(
+pub(crate) fn entries_from_pairs<'a>(
     plan: &Plan,
     features: &Sample<'a>,
-) -> Result<Sample<'a>, RuntimeError> {
+) -> Result<Sample<'a>, ExecError> {
     let mut out = features.clone();
     for (name, t) in plan.tensors().filter(|(_, t)| t.sparse) {
         let keys = [INDICES, VALUES, SHAPE].map(|k| format!("{name}{k}"));
         let [ik, vk, sk] = &keys;
-        let fault = |message: String| RuntimeError::Entries {
+        let fault = |message: String| ExecError::Entries {
             feature: name.to_owned(),
             message,
         };
@@ -97,8 +97,8 @@ fn pair_shape(
 
 /// `n` elements within [`limits::MAX_ENTRIES`], and a dense form of `shape` whose
 /// element count fits an int64 (so that no flat position wraps).
-fn check_counts(name: &str, shape: &[usize], n: usize) -> Result<(), RuntimeError> {
-    let too_large = |message: String| RuntimeError::TooLarge {
+fn check_counts(name: &str, shape: &[usize], n: usize) -> Result<(), ExecError> {
+    let too_large = |message: String| ExecError::TooLarge {
         feature: name.to_owned(),
         message,
     };
@@ -168,7 +168,7 @@ fn dense_shape(
                 let n = others
                     .iter()
                     .filter(|(n, _)| *n != name)
-                    .find_map(|(n, x)| crate::intake::axis_length(plan, n, x, s))
+                    .find_map(|(n, x)| crate::feature::axis_length(plan, n, x, s))
                     .ok_or_else(|| {
                         format!("given as elements, but no other feature gives the length of `{s}`")
                     })?;
@@ -190,8 +190,8 @@ fn entry_list(
     shape: &[usize],
     indices: &Array,
     values: &Array,
-) -> Result<EntryList, RuntimeError> {
-    let fault = |message: String| RuntimeError::Entries {
+) -> Result<EntryList, ExecError> {
+    let fault = |message: String| ExecError::Entries {
         feature: name.to_owned(),
         message,
     };

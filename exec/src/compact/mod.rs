@@ -29,15 +29,20 @@ mod given;
 mod given_entries;
 mod narrow;
 mod stored;
-pub mod vectors;
 
+pub(crate) use bits::bits_len;
 use bits::unpack_bits_into;
-pub use bits::{bits_len, unpack_bits, Bits};
-pub use entries::{Entries, ENTRY_BYTES};
-pub use given::{given_as_indices, given_narrow, indices_given, map_given_as_indices, narrow_hint};
-pub use given_entries::{entries_from_pairs, INDICES, SHAPE, VALUES};
-pub use narrow::{check_range, narrow_dtype, narrowed, Cast};
-pub use stored::{check_stored, expand_stored, stored_entries, stored_entries_of, stored_form};
+pub use bits::Bits;
+pub(crate) use entries::Entries;
+pub use entries::ENTRY_BYTES;
+pub use given::given_as_indices;
+pub(crate) use given::{given_narrow, indices_given, map_given_as_indices, narrow_hint};
+pub(crate) use given_entries::entries_from_pairs;
+pub use given_entries::{INDICES, SHAPE, VALUES};
+pub use narrow::narrowed;
+pub(crate) use narrow::{check_range, Cast};
+pub use stored::{check_stored, expand_stored, stored_form};
+pub(crate) use stored::{stored_entries, stored_entries_of};
 
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;
@@ -45,7 +50,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::array::Array;
 use crate::dtype;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// The most classes a torch executor expands a one-hot block of from a table of its
 /// rows (`(classes + 1) x classes` elements, 0.5 MB of int64 at 256); beyond, it
@@ -186,7 +191,7 @@ impl OneHot {
     }
 
     /// One index element holding [`OneHot::none`].
-    pub fn none_bytes(&self) -> Vec<u8> {
+    pub(crate) fn none_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         dtype::encode_i64(self.index, self.none(), &mut out);
         out
@@ -206,11 +211,6 @@ impl OneHot {
         let mut s = compact.to_vec();
         s.insert(self.axis.min(s.len()), self.classes);
         s
-    }
-
-    /// Bytes of the compact form of a dense feature of `shape`.
-    pub fn compact_bytes(&self, dense: &[usize]) -> usize {
-        self.compact_shape(dense).iter().product::<usize>() * dtype::size(self.index)
     }
 
     /// `(outer, inner)` element counts around the one-hot axis of `dense`.
@@ -257,14 +257,14 @@ pub(crate) fn one_and_negative_zero(d: DType) -> (u64, Option<u64>) {
 /// The indices of one-hot feature `name` (`x` at its serial shape), validating it: every
 /// value is 0 or 1, and every row along the one-hot axis holds at most one 1. A fault
 /// names the feature, the axis and the first bad position.
-pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, RuntimeError> {
+pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, ExecError> {
     let dense = x.contiguous();
     let shape = dense.shape();
     let bytes = dense.base_bytes();
     let es = dtype::size(oh.dense);
     let (outer, inner) = oh.around(&shape);
     let (one, negative_zero) = one_and_negative_zero(oh.dense);
-    let fault = |flat: usize, message: String| RuntimeError::OneHot {
+    let fault = |flat: usize, message: String| ExecError::OneHot {
         feature: name.to_owned(),
         axis: oh.axis,
         message: format!("{message} at {:?}", unravel(flat, &shape)),
@@ -272,7 +272,7 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Run
     let none = oh.classes;
     let mut found = vec![none; outer * inner];
     let per_outer = oh.classes * inner;
-    let mut visit = |flat: usize, v: u64| -> Result<(), RuntimeError> {
+    let mut visit = |flat: usize, v: u64| -> Result<(), ExecError> {
         if v != one {
             let mut value = Vec::new();
             dtype::decode_into(oh.dense, &bytes[flat * es..(flat + 1) * es], &mut value);
@@ -355,7 +355,7 @@ fn word(b: &[u8]) -> u64 {
 /// A one-hot map's indices (`x` at its serial shape, already checked): each row's 1 as
 /// the padded position of its column (`positions`, or the column itself on an
 /// end-padded semantic), -1 for a row with none.
-pub fn map_indices(x: &Array, positions: Option<&[usize]>) -> Array<'static> {
+pub(crate) fn map_indices(x: &Array, positions: Option<&[usize]>) -> Array<'static> {
     let shape = x.shape();
     let mut out = Vec::with_capacity(x.numel() / shape.last().copied().unwrap_or(1).max(1) * 4);
     let _ = x.for_each_row_nonzero(|_, nz| {
@@ -478,7 +478,8 @@ pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::Sink;
+    use crate::compact::bits::unpack_bits;
+    use crate::sink::Sink;
 
     fn oh(axis: usize, classes: usize, dense: DType) -> OneHot {
         OneHot {

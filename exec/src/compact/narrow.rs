@@ -9,11 +9,11 @@ use featshard_spec::plan::TensorPlan;
 use super::{unravel, SCAN_CHUNK};
 use crate::array::Array;
 use crate::dtype;
-use crate::error::RuntimeError;
-use crate::window::Sink;
+use crate::error::ExecError;
+use crate::sink::Sink;
 
 /// The smallest integer type holding `lo..=hi` narrower than `dense`, if any.
-pub fn narrow_dtype(dense: DType, [lo, hi]: [i64; 2]) -> Option<DType> {
+pub(crate) fn narrow_dtype(dense: DType, [lo, hi]: [i64; 2]) -> Option<DType> {
     [DType::Uint8, DType::Int8, DType::Int16, DType::Int32]
         .into_iter()
         .find(|d| d.int_range().is_some_and(|(a, b)| a <= lo && hi <= b))
@@ -28,7 +28,7 @@ pub fn narrowed(t: &TensorPlan) -> Option<DType> {
 
 /// Checks every value of ranged feature `name` (`x`) lies in `[lo, hi]`, naming the
 /// first that does not and its position.
-pub fn check_range(name: &str, x: &Array, [lo, hi]: [i64; 2]) -> Result<(), RuntimeError> {
+pub(crate) fn check_range(name: &str, x: &Array, [lo, hi]: [i64; 2]) -> Result<(), ExecError> {
     let x = x.contiguous();
     let (d, es) = (x.dtype(), dtype::size(x.dtype()));
     let bytes = x.base_bytes();
@@ -41,7 +41,7 @@ pub fn check_range(name: &str, x: &Array, [lo, hi]: [i64; 2]) -> Result<(), Runt
                 .enumerate()
                 .find(|&(_, v)| v < lo || v > hi)
                 .unwrap_or((0, min));
-            return Err(RuntimeError::Range {
+            return Err(ExecError::Range {
                 feature: name.to_owned(),
                 value: v,
                 at: unravel(c * SCAN_CHUNK / es + k, &x.shape()),
@@ -91,7 +91,7 @@ fn min_max(d: DType, bytes: &[u8]) -> (i64, i64) {
 /// time: a ranged block narrowed, or a block given narrower (a mask as `bool`, ranged
 /// ids as `uint8`) widened to its declared dtype. The values fit: checked on intake.
 #[derive(Debug)]
-pub struct Cast<'o, S> {
+pub(crate) struct Cast<'o, S> {
     out: &'o mut S,
     from: DType,
     to: DType,

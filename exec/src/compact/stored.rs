@@ -8,7 +8,7 @@ use super::entries::entries_fault;
 use super::{bits_len, check_range, narrowed, Form, OneHot};
 use crate::array::Array;
 use crate::dtype;
-use crate::error::RuntimeError;
+use crate::error::ExecError;
 
 /// How a block of feature `t` (block shape `block`) is stored and sent compact: its
 /// form, and the compact block's dtype and shape; `None` for a feature kept as its
@@ -35,12 +35,12 @@ pub fn stored_form(
 }
 
 /// The room a stored sparse block makes for entries: the rows it holds.
-pub fn stored_entries(stored: &Array) -> usize {
+pub(crate) fn stored_entries(stored: &Array) -> usize {
     stored_entries_of(&stored.shape())
 }
 
 /// The room a stored sparse block of shape `shape` makes for entries.
-pub fn stored_entries_of(shape: &[usize]) -> usize {
+pub(crate) fn stored_entries_of(shape: &[usize]) -> usize {
     shape.first().copied().unwrap_or(0)
 }
 
@@ -52,7 +52,7 @@ pub fn expand_stored(
     t: &TensorPlan,
     block: &[usize],
     stored: &Array,
-) -> Result<Array<'static>, RuntimeError> {
+) -> Result<Array<'static>, ExecError> {
     let form = check_stored(name, t, block, stored)?;
     // `check_stored` showed the block's bytes addressable; memory may still lack them.
     let bytes = block.iter().product::<usize>() * dtype::size(t.dtype);
@@ -68,8 +68,8 @@ pub fn check_stored(
     t: &TensorPlan,
     block: &[usize],
     stored: &Array,
-) -> Result<Form, RuntimeError> {
-    let fault = |message: String| RuntimeError::Blocks {
+) -> Result<Form, ExecError> {
+    let fault = |message: String| ExecError::Blocks {
         feature: name.to_owned(),
         message,
     };

@@ -259,7 +259,7 @@ mod tests {
     /// edge rows): torch's expansion gives each vector's dense bytes exactly.
     #[test]
     fn torch_expands_every_shared_vector_as_the_executor_does() {
-        let all = featshard_exec::compact::vectors::expansion_vectors();
+        let all = featshard_exec::vectors::expansion_vectors();
         assert!(all.len() > 40);
         for v in &all {
             let s = &v.slot;

@@ -2,7 +2,7 @@
 //! bytes and kept: every later check of the feature (owners, one-hot rows, incoming
 //! cuts, diagonal blocks) reads them instead of the base.
 
-use crate::array::{nonzeros, RELEASE_BYTES};
+use super::{nonzeros, RELEASE_BYTES};
 use featshard_spec::ir::DType;
 
 use crate::dtype::size;

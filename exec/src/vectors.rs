@@ -8,8 +8,8 @@
 
 use featshard_spec::ir::DType;
 
-use super::{Form, ENTRY_BYTES};
 use crate::buffer::{Expansion, Slot};
+use crate::compact::{Form, ENTRY_BYTES};
 use crate::dtype;
 
 /// One stored block and the dense block it expands to.

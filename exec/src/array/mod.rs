@@ -2,13 +2,15 @@
 //! or owned) and, per axis, which base items the view holds. Cutting incoming pads and
 //! dropping unowned rows select items; nothing is copied until a block is written.
 
+mod sparse;
+
 use std::sync::{Arc, OnceLock};
 
 use featshard_spec::ir::DType;
 
 use crate::dtype::{decode_into, size};
 use crate::mapping::Pages;
-use crate::sparse::Sparse;
+use sparse::Sparse;
 
 /// The base items one axis of a view holds, in view order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,7 +110,11 @@ impl<'a> Array<'a> {
     /// `cols` columns wide, whose dense bytes are never made: its rows are read through
     /// [`Array::for_each_row_nonzero`], and it is written from its indices (see
     /// [`Array::is_rows_only`]).
-    pub fn one_hot_rows(dtype: DType, rows: &[Option<usize>], cols: usize) -> Array<'static> {
+    pub(crate) fn one_hot_rows(
+        dtype: DType,
+        rows: &[Option<usize>],
+        cols: usize,
+    ) -> Array<'static> {
         let mut a = Array::new(dtype, vec![rows.len(), cols], Base::Owned(Arc::default()));
         let sparse = Sparse::from_rows(rows);
         a.sparse = Arc::new(OnceLock::from(Some(sparse)));
@@ -119,7 +125,7 @@ impl<'a> Array<'a> {
     /// A sparse feature given as its nonzero elements (`list`, of a base of `shape`),
     /// whose dense bytes are never made by the executor's own paths: blocks are written
     /// from the entries ([`crate::window::write_entries_window`]).
-    pub fn from_entries(dtype: DType, shape: Vec<usize>, list: EntryList) -> Array<'static> {
+    pub(crate) fn from_entries(dtype: DType, shape: Vec<usize>, list: EntryList) -> Array<'static> {
         let mut a = Array::new(dtype, shape, Base::Owned(Arc::default()));
         a.entries = Some(Arc::new(list));
         a
@@ -237,7 +243,7 @@ impl<'a> Array<'a> {
     }
 
     /// Bytes between consecutive items of every base axis.
-    pub fn base_strides(&self) -> Vec<usize> {
+    pub(crate) fn base_strides(&self) -> Vec<usize> {
         let mut s = vec![size(self.dtype); self.base_shape.len()];
         for d in (0..s.len().saturating_sub(1)).rev() {
             s[d] = s[d + 1] * self.base_shape[d + 1];
@@ -275,7 +281,7 @@ impl<'a> Array<'a> {
     }
 
     /// Whether the view is its whole base, in order.
-    pub fn is_whole(&self) -> bool {
+    pub(crate) fn is_whole(&self) -> bool {
         self.sel
             .iter()
             .zip(&self.base_shape)
@@ -285,7 +291,7 @@ impl<'a> Array<'a> {
     /// Calls `f` with each row of the last axis (the whole view for a 0-D array), in
     /// row-major order: the outer index and the row's values as `f64`. A mapped base
     /// gives back its pages as the rows go by.
-    pub fn for_each_row<E>(
+    pub(crate) fn for_each_row<E>(
         &self,
         mut f: impl FnMut(&[usize], &[f64]) -> Result<(), E>,
     ) -> Result<(), E> {
@@ -337,7 +343,7 @@ impl<'a> Array<'a> {
     /// The bytes of the view's row (its last axis) at outer index `idx`, when that axis
     /// holds a run of base items (`None` when it selects items out of order); a 0-D
     /// view's one element.
-    pub fn row_bytes(&self, idx: &[usize]) -> Option<&[u8]> {
+    pub(crate) fn row_bytes(&self, idx: &[usize]) -> Option<&[u8]> {
         let es = size(self.dtype);
         let bytes = self.base_bytes();
         let Some(last) = self.sel.last() else {
@@ -350,23 +356,10 @@ impl<'a> Array<'a> {
         bytes.get(off..off + len * es)
     }
 
-    /// The value at view index `idx` (one per axis, each within the view's length).
-    pub fn value_at(&self, idx: &[usize]) -> f64 {
-        let strides = self.base_strides();
-        let off = self.offset(idx, &strides);
-        let mut v = Vec::with_capacity(1);
-        decode_into(
-            self.dtype,
-            &self.base_bytes()[off..off + size(self.dtype)],
-            &mut v,
-        );
-        v.first().copied().unwrap_or(0.0)
-    }
-
     /// [`for_each_row`](Self::for_each_row), with only the nonzero entries of each row
     /// (column, value): a one-hot map's rows of zeros are skipped a block of bytes at a
     /// time, never decoded.
-    pub fn for_each_row_nonzero<E>(
+    pub(crate) fn for_each_row_nonzero<E>(
         &self,
         mut f: impl FnMut(&[usize], &[(usize, f64)]) -> Result<(), E>,
     ) -> Result<(), E> {
@@ -449,7 +442,7 @@ impl<'a> Array<'a> {
     /// The first element (flat row-major index, value) that is none of `allowed`, compared
     /// as bit patterns of the dtype (a float `-0.0` counts as `0.0`; NaN is never
     /// allowed): a branch-free pass over the raw bytes, for large masks.
-    pub fn first_outside(&self, allowed: [f64; 2]) -> Option<(usize, f64)> {
+    pub(crate) fn first_outside(&self, allowed: [f64; 2]) -> Option<(usize, f64)> {
         let es = size(self.dtype);
         let mut ok = [0u64; 3];
         for (k, v) in [
@@ -564,7 +557,7 @@ impl<'a> Array<'a> {
     }
 
     /// Gives back the pages of base rows (axis 0) `from..to` of a mapped base.
-    pub fn release_rows(&self, from: usize, to: usize) {
+    pub(crate) fn release_rows(&self, from: usize, to: usize) {
         let Base::Mapped(bytes, Some(pages)) = &self.base else {
             return;
         };
@@ -574,7 +567,7 @@ impl<'a> Array<'a> {
     }
 
     /// Gives back the pages of base bytes `from..to` of a mapped base.
-    pub fn release_bytes(&self, from: usize, to: usize) {
+    pub(crate) fn release_bytes(&self, from: usize, to: usize) {
         if let Base::Mapped(bytes, Some(pages)) = &self.base {
             let (a, b) = (from.min(bytes.len()), to.min(bytes.len()));
             pages.release(&bytes[a..b]);
@@ -582,7 +575,7 @@ impl<'a> Array<'a> {
     }
 
     /// Gives back every page of a mapped base.
-    pub fn release_all(&self) {
+    pub(crate) fn release_all(&self) {
         if let Base::Mapped(bytes, Some(pages)) = &self.base {
             pages.release(bytes);
         }
