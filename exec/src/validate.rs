@@ -11,7 +11,8 @@ use featshard_spec::plan::{OwnedBy, Ownership, Plan, ResolveError};
 
 use crate::array::Array;
 use crate::compact::{
-    check_range, given_as_indices, given_narrow, indices, indices_given, narrow_hint, OneHot,
+    check_map_rows, check_range, given_as_indices, given_narrow, indices, indices_given,
+    narrow_hint, OneHot,
 };
 use crate::error::ExecError;
 use crate::feature::{tensor_plan, to_i64, two_d};
@@ -473,55 +474,6 @@ fn check_index(
             }
             Ok(())
         }
-        Some(axis) => check_one_hot(name, x, axis),
+        Some(axis) => check_map_rows(name, x, axis),
     }
-}
-
-/// Values 0 or 1, and at most one 1 along `axis` in every row.
-fn check_one_hot(name: &str, x: &Array, axis: usize) -> Result<(), ExecError> {
-    let bad = |message: String| ExecError::OneHot {
-        feature: name.to_owned(),
-        axis,
-        message,
-    };
-    let shape = x.shape();
-    let last = shape.len() - 1;
-    // Sums along `axis`, keyed by the index without it.
-    let mut sums: Vec<f64> = if axis == last {
-        Vec::new()
-    } else {
-        vec![0.0; x.numel() / shape[axis].max(1)]
-    };
-    let (mut bad_value, mut per_row) = (false, 0.0f64);
-    let _ = x.for_each_row_nonzero(|idx, nz| {
-        if nz.iter().any(|&(_, v)| v != 1.0) {
-            bad_value = true;
-            return Err(());
-        }
-        if axis == last {
-            per_row = per_row.max(nz.len() as f64);
-            return Ok(());
-        }
-        let key = idx
-            .iter()
-            .enumerate()
-            .filter(|&(d, _)| d != axis)
-            .fold(0, |k, (d, &i)| k * shape[d] + i);
-        for &(j, v) in nz {
-            let s = &mut sums[key * shape[last] + j];
-            *s += v;
-            per_row = per_row.max(*s);
-        }
-        Ok(())
-    });
-    if bad_value {
-        return Err(bad("values must be 0 or 1".into()));
-    }
-    if per_row > 1.0 {
-        return Err(bad(format!(
-            "a row points at {} items; one-hot rows hold at most one 1",
-            per_row as i64
-        )));
-    }
-    Ok(())
 }

@@ -264,11 +264,7 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Exe
     let es = dtype::size(oh.dense);
     let (outer, inner) = oh.around(&shape);
     let (one, negative_zero) = one_and_negative_zero(oh.dense);
-    let fault = |flat: usize, message: String| ExecError::OneHot {
-        feature: name.to_owned(),
-        axis: oh.axis,
-        message: format!("{message} at {:?}", unravel(flat, &shape)),
-    };
+    let fault = |flat: usize, f: RowFault| f.at(name, oh.axis, &unravel(flat, &shape));
     let none = oh.classes;
     let mut found = vec![none; outer * inner];
     let per_outer = oh.classes * inner;
@@ -276,18 +272,13 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Exe
         if v != one {
             let mut value = Vec::new();
             dtype::decode_into(oh.dense, &bytes[flat * es..(flat + 1) * es], &mut value);
-            let shown = value.first().copied().unwrap_or(f64::NAN);
-            let message = format!("a one-hot row holds only 0 and 1, found {shown}");
-            return Err(fault(flat, message));
+            let found = value.first().copied().unwrap_or(f64::NAN);
+            return Err(fault(flat, RowFault::Value(found)));
         }
         let (o, k, i) = (flat / per_outer, flat % per_outer / inner, flat % inner);
         let row = &mut found[o * inner + i];
         if *row != none {
-            let first = *row;
-            return Err(fault(
-                flat,
-                format!("a one-hot row holds one 1 (or none, a pad row), found a second 1 (classes {first} and {k})"),
-            ));
+            return Err(fault(flat, RowFault::Second(*row, k)));
         }
         *row = k;
         Ok(())
@@ -302,6 +293,68 @@ pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, Exe
     let mut out = vec![0u8; found.len() * dtype::size(oh.index)];
     dtype::write_ints(oh.index, &found, &mut out);
     Ok(Array::owned(oh.index, oh.compact_shape(&shape), out))
+}
+
+/// A row that breaks the one-hot rule, for one-hot features and maps alike.
+#[derive(Clone, Copy, Debug)]
+enum RowFault {
+    /// An element neither 0 nor 1.
+    Value(f64),
+    /// A second 1 in a row: the classes of the first and the second.
+    Second(usize, usize),
+}
+
+impl RowFault {
+    /// The error naming feature `name`, its one-hot `axis` and the position `at`.
+    fn at(self, name: &str, axis: usize, at: &[usize]) -> ExecError {
+        let message = match self {
+            RowFault::Value(v) => format!("a one-hot row holds only 0 and 1, found {v}"),
+            RowFault::Second(first, second) => format!(
+                "a one-hot row holds one 1 (or none, a pad row), found a second 1 (classes {first} and {second})"
+            ),
+        };
+        ExecError::OneHot {
+            feature: name.to_owned(),
+            axis,
+            message: format!("{message} at {at:?}"),
+        }
+    }
+}
+
+/// Checks one-hot map `name` (`x` at its serial shape, one-hot along `axis`): the
+/// one-hot rule of [`indices`], with its wording, read through the rows' nonzero
+/// entries (a map's rows are read once, and that index serves its compact form too).
+pub(crate) fn check_map_rows(name: &str, x: &Array, axis: usize) -> Result<(), ExecError> {
+    let shape = x.shape();
+    let last = shape.len() - 1;
+    // Along a last axis a row is one call; along another, each one's class is kept,
+    // keyed by the position without `axis`.
+    let mut first: Vec<Option<usize>> = match axis == last {
+        true => Vec::new(),
+        false => vec![None; x.numel() / shape[axis].max(1)],
+    };
+    x.for_each_row_nonzero(|idx, nz| {
+        let at = |j: usize| [idx, &[j]].concat();
+        if let Some(&(j, v)) = nz.iter().find(|&&(_, v)| v != 1.0) {
+            return Err(RowFault::Value(v).at(name, axis, &at(j)));
+        }
+        if axis == last {
+            return match nz {
+                [(a, _), (b, _), ..] => Err(RowFault::Second(*a, *b).at(name, axis, &at(*b))),
+                _ => Ok(()),
+            };
+        }
+        let key = (0..last)
+            .filter(|&d| d != axis)
+            .fold(0, |k, d| k * shape[d] + idx[d]);
+        for &(j, _) in nz {
+            match first[key * shape[last] + j].replace(idx[axis]) {
+                Some(a) => return Err(RowFault::Second(a, idx[axis]).at(name, axis, &at(j))),
+                None => continue,
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Bytes of a sample scanned before its pages are given back (a multiple of every
@@ -584,6 +637,29 @@ mod tests {
         );
         let e = indices("res", &other, &o).expect_err("a 2").to_string();
         assert!(e.contains("found 2 at [0, 1]"), "{e}");
+    }
+
+    #[test]
+    fn maps_and_features_break_the_one_hot_rule_in_the_same_words() {
+        // (shape, values, one-hot axis): a second 1 and a value not 0 or 1, on the last
+        // axis and on one before it.
+        let cases = [
+            (vec![2, 3], vec![0, 0, 1, 1, 0, 1], 1),
+            (vec![2, 3], vec![0, 2, 0, 1, 0, 0], 1),
+            (vec![2, 3, 2], vec![0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 0, 1], 1),
+            (vec![2, 3, 2], vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 3], 1),
+            (vec![2, 2], vec![1, 0, 0, 1], 1),
+        ];
+        let mut faults = 0;
+        for (shape, values, axis) in cases {
+            let x = Array::owned(DType::Int64, shape.clone(), encode(DType::Int64, &values));
+            let o = oh(axis, shape[axis], DType::Int64);
+            let feature = indices("f", &x, &o).err().map(|e| e.to_string());
+            let map = check_map_rows("f", &x, axis).err().map(|e| e.to_string());
+            assert_eq!(feature, map, "{shape:?} {values:?}");
+            faults += usize::from(map.is_some());
+        }
+        assert_eq!(faults, 4);
     }
 
     #[test]
