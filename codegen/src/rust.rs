@@ -342,18 +342,7 @@ fn feature_enum(plan: &Plan) -> TokenStream {
     let names: Vec<&String> = plan.features.keys().collect();
     let idents: Vec<Ident> = names.iter().map(|n| ident(n)).collect();
     let count = names.len();
-    let c = Columns::of(plan);
-    let is_meta_arms = grouped_arms(&idents, c.is_meta);
-    let may_lack_arms = grouped_arms(&idents, c.may_lack);
-    let dtypes_arms = grouped_arms(&idents, c.dtypes);
-    let axes_arms = grouped_arms(&idents, c.axes);
-    let channels_arms = grouped_arms(&idents, c.channels);
-    let placements_arms = grouped_arms(&idents, c.placements);
-    let placements_dp_arms = grouped_arms(&idents, c.placements_dp);
-    let pads_arms = grouped_arms(&idents, c.pads);
-    let masks_arms = grouped_arms(&idents, c.masks);
-    let indices_arms = grouped_arms(&idents, c.indices);
-    let workflows_arms = grouped_arms(&idents, c.workflows);
+    let tables = feature_tables(plan, &idents);
     quote! {
         /// Features of the spec, in sorted name order.
         // Variants are the spec's names; a name may repeat the enum's (`method_feature`).
@@ -378,57 +367,77 @@ fn feature_enum(plan: &Plan) -> TokenStream {
                 Some(Feature::ALL[i])
             }
 
-            /// Non-tensor metadata, passed through untouched.
-            pub const fn is_metadata(self) -> bool {
-                #is_meta_arms
-            }
+            #tables
+        }
+    }
+}
 
-            /// Whether a sample may lack this feature: it is optional, or the pipeline
-            /// derives it.
-            pub const fn may_be_absent(self) -> bool {
-                #may_lack_arms
-            }
+/// The `Feature` methods that read the spec's tables: one match per column, features
+/// that share a value in one arm.
+fn feature_tables(plan: &Plan, idents: &[Ident]) -> TokenStream {
+    let c = Columns::of(plan);
+    let is_meta_arms = grouped_arms(idents, c.is_meta);
+    let may_lack_arms = grouped_arms(idents, c.may_lack);
+    let dtypes_arms = grouped_arms(idents, c.dtypes);
+    let axes_arms = grouped_arms(idents, c.axes);
+    let channels_arms = grouped_arms(idents, c.channels);
+    let placements_arms = grouped_arms(idents, c.placements);
+    let placements_dp_arms = grouped_arms(idents, c.placements_dp);
+    let pads_arms = grouped_arms(idents, c.pads);
+    let masks_arms = grouped_arms(idents, c.masks);
+    let indices_arms = grouped_arms(idents, c.indices);
+    let workflows_arms = grouped_arms(idents, c.workflows);
+    quote! {
+        /// Non-tensor metadata, passed through untouched.
+        pub const fn is_metadata(self) -> bool {
+            #is_meta_arms
+        }
 
-            pub const fn dtype(self) -> Option<DType> {
-                #dtypes_arms
-            }
+        /// Whether a sample may lack this feature: it is optional, or the pipeline
+        /// derives it.
+        pub const fn may_be_absent(self) -> bool {
+            #may_lack_arms
+        }
 
-            /// The semantic of every axis, `None` for channel axes.
-            pub const fn axis_semantics(self) -> &'static [Option<Semantic>] {
-                #axes_arms
-            }
+        pub const fn dtype(self) -> Option<DType> {
+            #dtypes_arms
+        }
 
-            /// The fixed size of every channel axis, `None` for semantic axes.
-            pub const fn channel_sizes(self) -> &'static [Option<u64>] {
-                #channels_arms
-            }
+        /// The semantic of every axis, `None` for channel axes.
+        pub const fn axis_semantics(self) -> &'static [Option<Semantic>] {
+            #axes_arms
+        }
 
-            /// Placements on the CP sub-mesh, one per axis of `CP_MESH_AXES`.
-            pub const fn placements(self) -> &'static [Placement] {
-                #placements_arms
-            }
+        /// The fixed size of every channel axis, `None` for semantic axes.
+        pub const fn channel_sizes(self) -> &'static [Option<u64>] {
+            #channels_arms
+        }
 
-            /// Placements with the DP axis in front of the CP sub-mesh's.
-            pub const fn placements_dp(self) -> &'static [Placement] {
-                #placements_dp_arms
-            }
+        /// Placements on the CP sub-mesh, one per axis of `CP_MESH_AXES`.
+        pub const fn placements(self) -> &'static [Placement] {
+            #placements_arms
+        }
 
-            pub const fn pad_value(self) -> Option<PadValue> {
-                #pads_arms
-            }
+        /// Placements with the DP axis in front of the CP sub-mesh's.
+        pub const fn placements_dp(self) -> &'static [Placement] {
+            #placements_dp_arms
+        }
 
-            /// For mask features (1 = valid): the semantics whose pads they zero.
-            pub const fn mask_of(self) -> &'static [Semantic] {
-                #masks_arms
-            }
+        pub const fn pad_value(self) -> Option<PadValue> {
+            #pads_arms
+        }
 
-            pub const fn index(self) -> Option<IndexRole> {
-                #indices_arms
-            }
+        /// For mask features (1 = valid): the semantics whose pads they zero.
+        pub const fn mask_of(self) -> &'static [Semantic] {
+            #masks_arms
+        }
 
-            pub const fn workflows(self) -> &'static [Workflow] {
-                #workflows_arms
-            }
+        pub const fn index(self) -> Option<IndexRole> {
+            #indices_arms
+        }
+
+        pub const fn workflows(self) -> &'static [Workflow] {
+            #workflows_arms
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod files;
 pub mod intake;
 pub mod local_ids;
 mod mapping;
+pub mod packed;
 pub mod par;
 mod place;
 pub mod placed;

@@ -153,6 +153,7 @@ fn plan_items(names: &Names, model: &Model) -> syn::Result<TokenStream> {
 /// The methods that hand the struct to the runtime: pad, blocks, distribute, assemble.
 fn runtime_methods(names: &Names) -> TokenStream {
     let local = &names.local;
+    let distribution = distribution_methods(local);
     quote! {
         /// Validates and pads the sample for a CP mesh.
         pub fn pad(
@@ -175,51 +176,7 @@ fn runtime_methods(names: &Names) -> TokenStream {
             #local::from_features(features)
         }
 
-        /// A distributor of this struct's samples over `mesh`: the blocks written
-        /// once the header is out, while the other ranks ready their buffers. Give it
-        /// buffer pools to reuse memory from step to step.
-        pub fn distributor(
-            mesh: &::featshard::runtime::dist::Mesh,
-        ) -> ::featshard::runtime::dist::Distributor<'_> {
-            ::featshard::runtime::dist::Distributor::new(mesh, ::std::sync::Arc::clone(Self::shared_plan()))
-                .options(Self::options())
-                .write(::featshard::runtime::dist::Write::InStep)
-        }
-
-        /// Distributes one sample over the CP group of `mesh` through c10d. Every
-        /// rank calls it; the source rank (CP coordinate `(0, 0)`) passes the sample
-        /// and its dataset index, the others `None`. Each rank receives exactly its
-        /// blocks, with their DTensor metadata; a failure on any rank is every
-        /// rank's error.
-        pub fn distribute(
-            mesh: &::featshard::runtime::dist::Mesh,
-            source: ::core::option::Option<(usize, &Self)>,
-        ) -> ::core::result::Result<
-            ::featshard::runtime::dist::Distributed<#local>,
-            ::featshard::runtime::dist::DistError,
-        > {
-            Self::distribute_with(&Self::distributor(mesh), source)
-        }
-
-        /// [`Self::distribute`] through `distributor` (from [`Self::distributor`],
-        /// with its buffer pools).
-        pub fn distribute_with(
-            distributor: &::featshard::runtime::dist::Distributor<'_>,
-            source: ::core::option::Option<(usize, &Self)>,
-        ) -> ::core::result::Result<
-            ::featshard::runtime::dist::Distributed<#local>,
-            ::featshard::runtime::dist::DistError,
-        > {
-            let source = source.map(|(index, sample)| {
-                distributor
-                    .prepare(index, &sample.to_features())
-                    .map_err(|e| ::featshard::runtime::dist::SourceFailure {
-                        sample: ::core::option::Option::Some(index),
-                        message: e.to_string(),
-                    })
-            });
-            distributor.step_then(source, |local| local.typed(#local::from_features))
-        }
+        #distribution
 
         /// Every rank's typed blocks back into the serial struct.
         pub fn assemble(
@@ -231,6 +188,58 @@ fn runtime_methods(names: &Names) -> TokenStream {
             let global = ::featshard::runtime::assemble(Self::plan(), layout, Self::WORKFLOW, &ranks)?;
             Self::from_features(::featshard::runtime::unpad(Self::plan(), layout, &global)?)
         }
+    }
+}
+
+/// The methods that distribute a sample over a c10d mesh, each rank's blocks typed as
+/// `local`.
+fn distribution_methods(local: &syn::Ident) -> TokenStream {
+    quote! {
+    /// A distributor of this struct's samples over `mesh`: the blocks written
+    /// once the header is out, while the other ranks ready their buffers. Give it
+    /// buffer pools to reuse memory from step to step.
+    pub fn distributor(
+        mesh: &::featshard::runtime::dist::Mesh,
+    ) -> ::featshard::runtime::dist::Distributor<'_> {
+        ::featshard::runtime::dist::Distributor::new(mesh, ::std::sync::Arc::clone(Self::shared_plan()))
+            .options(Self::options())
+            .write(::featshard::runtime::dist::Write::InStep)
+    }
+
+    /// Distributes one sample over the CP group of `mesh` through c10d. Every
+    /// rank calls it; the source rank (CP coordinate `(0, 0)`) passes the sample
+    /// and its dataset index, the others `None`. Each rank receives exactly its
+    /// blocks, with their DTensor metadata; a failure on any rank is every
+    /// rank's error.
+    pub fn distribute(
+        mesh: &::featshard::runtime::dist::Mesh,
+        source: ::core::option::Option<(usize, &Self)>,
+    ) -> ::core::result::Result<
+        ::featshard::runtime::dist::Distributed<#local>,
+        ::featshard::runtime::dist::DistError,
+    > {
+        Self::distribute_with(&Self::distributor(mesh), source)
+    }
+
+    /// [`Self::distribute`] through `distributor` (from [`Self::distributor`],
+    /// with its buffer pools).
+    pub fn distribute_with(
+        distributor: &::featshard::runtime::dist::Distributor<'_>,
+        source: ::core::option::Option<(usize, &Self)>,
+    ) -> ::core::result::Result<
+        ::featshard::runtime::dist::Distributed<#local>,
+        ::featshard::runtime::dist::DistError,
+    > {
+        let source = source.map(|(index, sample)| {
+            distributor
+                .prepare(index, &sample.to_features())
+                .map_err(|e| ::featshard::runtime::dist::SourceFailure {
+                    sample: ::core::option::Option::Some(index),
+                    message: e.to_string(),
+                })
+        });
+        distributor.step_then(source, |local| local.typed(#local::from_features))
+    }
     }
 }
 

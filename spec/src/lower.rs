@@ -658,7 +658,7 @@ impl Lower {
         out
     }
 
-    fn feature(&mut self, name: &str, at: Loc, raw: RawFeature) -> Option<Feature> {
+    fn feature(&mut self, name: &str, at: Loc, mut raw: RawFeature) -> Option<Feature> {
         let only = raw.only.as_ref().map(|o| {
             o.value
                 .iter()
@@ -666,17 +666,25 @@ impl Lower {
                 .collect()
         });
         let optional = raw.optional.as_ref().filter(|o| o.value.0).map(loc);
-        if raw.metadata.as_ref().is_some_and(|m| m.value.0) {
+        let doc = raw.doc.take();
+        let kind = if raw.metadata.as_ref().is_some_and(|m| m.value.0) {
             self.metadata_extras(name, &raw);
-            return Some(Feature {
-                name: name.to_owned(),
-                kind: FeatureKind::Metadata,
-                only,
-                optional,
-                doc: raw.doc,
-                loc: at,
-            });
-        }
+            FeatureKind::Metadata
+        } else {
+            FeatureKind::Tensor(Box::new(self.tensor_feature(name, at, raw)?))
+        };
+        Some(Feature {
+            name: name.to_owned(),
+            kind,
+            only,
+            optional,
+            doc,
+            loc: at,
+        })
+    }
+
+    /// A tensor feature's keys lowered (`axes` and `dtype` required).
+    fn tensor_feature(&mut self, name: &str, at: Loc, raw: RawFeature) -> Option<TensorFeature> {
         let Some(axes_raw) = raw.axes else {
             self.err(
                 SpecError::new("needs `axes` (or `metadata: true`)", at)
@@ -700,47 +708,40 @@ impl Lower {
         let derived = raw.derive.and_then(|d| self.derive(name, d));
         let (pad, pad_loc) = self.pad(name, at, raw.pad);
         let range = raw.range.and_then(|r| self.range(name, r));
-        Some(Feature {
-            name: name.to_owned(),
-            kind: FeatureKind::Tensor(Box::new(TensorFeature {
-                axes,
-                axes_loc: loc(&axes_raw),
-                dtype,
-                dtype_loc: loc(&dtype_raw),
-                pad,
-                pad_loc,
-                role,
-                role_loc,
-                one_hot: raw.one_hot.as_ref().map(|a| (a.value, loc(a))),
-                sparse: raw.sparse.as_ref().filter(|s| s.value.0).map(loc),
-                range,
-                coshard: raw
-                    .coshard
-                    .map(|c| {
-                        c.value
-                            .iter()
-                            .map(|c| CoShard {
-                                axis: c.value.axis,
-                                follows: c.value.follows,
-                                loc: loc(c),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                replicate_axes: raw
-                    .replicate_axes
-                    .map(|r| r.value.iter().map(|a| (a.value, loc(a))).collect())
-                    .unwrap_or_default(),
-                replicated: raw.replicated.is_some_and(|r| r.value.0),
-                placement,
-                derived,
-                parameter: raw.parameter.as_ref().filter(|p| p.value.0).map(loc),
-                output: raw.output.as_ref().filter(|p| p.value.0).map(loc),
-            })),
-            only,
-            optional,
-            doc: raw.doc,
-            loc: at,
+        Some(TensorFeature {
+            axes,
+            axes_loc: loc(&axes_raw),
+            dtype,
+            dtype_loc: loc(&dtype_raw),
+            pad,
+            pad_loc,
+            role,
+            role_loc,
+            one_hot: raw.one_hot.as_ref().map(|a| (a.value, loc(a))),
+            sparse: raw.sparse.as_ref().filter(|s| s.value.0).map(loc),
+            range,
+            coshard: raw
+                .coshard
+                .map(|c| {
+                    c.value
+                        .iter()
+                        .map(|c| CoShard {
+                            axis: c.value.axis,
+                            follows: c.value.follows,
+                            loc: loc(c),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            replicate_axes: raw
+                .replicate_axes
+                .map(|r| r.value.iter().map(|a| (a.value, loc(a))).collect())
+                .unwrap_or_default(),
+            replicated: raw.replicated.is_some_and(|r| r.value.0),
+            placement,
+            derived,
+            parameter: raw.parameter.as_ref().filter(|p| p.value.0).map(loc),
+            output: raw.output.as_ref().filter(|p| p.value.0).map(loc),
         })
     }
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::infer::{Split, CP_AXES};
 use crate::ir::{PadValue, Placement, Role};
 use crate::layout::round_up;
-use crate::plan::{FeaturePlan, Plan};
+use crate::plan::{FeaturePlan, Plan, SampleLayout};
 
 /// Id value at pads of a packed id vector.
 pub const PAD_ID: i64 = -1;
@@ -43,6 +43,54 @@ pub struct PackedFeature {
     pub placements: Vec<Placement>,
     /// The value at pad positions.
     pub pad_value: PadValue,
+}
+
+impl PackedFeature {
+    /// The region of its packed tensor of `shape` the rank at `coord` of `mesh` holds,
+    /// `(start, len)` per axis.
+    pub fn block_window(
+        &self,
+        shape: &[usize],
+        mesh: [usize; CP_AXES],
+        coord: [usize; CP_AXES],
+    ) -> Vec<(usize, usize)> {
+        self.splits
+            .iter()
+            .zip(shape)
+            .map(|(s, &n)| match s.mesh_axis() {
+                Some(m) => {
+                    let len = n / mesh[m].max(1);
+                    (coord[m] * len, len)
+                }
+                None => (0, n),
+            })
+            .collect()
+    }
+
+    /// Every axis of its packed tensor, from a source of `source` shape: its length and
+    /// the padded position of each source item (`None`: items keep their place and the
+    /// end is padded). The packed semantic's axes are `packed_len` long; another
+    /// semantic's as `layout` pads it; a channel keeps its length.
+    pub fn axes<'l>(
+        &self,
+        packed: &str,
+        layout: &'l SampleLayout,
+        packed_len: usize,
+        source: &[usize],
+    ) -> Vec<(usize, Option<&'l [usize]>)> {
+        self.axes
+            .iter()
+            .zip(source)
+            .map(|(s, &n)| match s.as_deref() {
+                Some(s) if s == packed => (packed_len, None),
+                Some(s) => (
+                    layout.padded.get(s).copied().unwrap_or(0),
+                    layout.positions.get(s).map(Vec::as_slice),
+                ),
+                None => (n, None),
+            })
+            .collect()
+    }
 }
 
 /// How a feature's values change when its semantic is packed.

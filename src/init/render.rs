@@ -8,13 +8,8 @@ use super::read::{spec_dtype, Anchor, Sample};
 use crate::commands::Failure;
 use featshard_spec::names::is_snake_case;
 
-pub fn spec(
-    path: &Path,
-    module: &str,
-    sample: &Sample,
-    _lengths: &[Anchor],
-    p: &Proposals,
-) -> Result<String, Failure> {
+/// The draft's opening comments, its module and its mesh.
+fn header(path: &Path, module: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -38,6 +33,17 @@ pub fn spec(
         out,
         "version: 1\nmodule: {module}\nmesh:\n  cp: [cp0, cp1]  # a 2-D tile; or `cp: [cp]`: one CP axis of any size, nothing else changes\n  dp: dp\nsemantics:"
     );
+    out
+}
+
+pub fn spec(
+    path: &Path,
+    module: &str,
+    sample: &Sample,
+    _lengths: &[Anchor],
+    p: &Proposals,
+) -> Result<String, Failure> {
+    let mut out = header(path, module);
     for s in &p.semantics {
         let keys: String = s.keys.iter().map(|k| format!(", {k}")).collect();
         let tag = if s.proposed { "proposed: " } else { "" };
