@@ -11,7 +11,7 @@ use featshard_spec::plan::{FeatureShapes, Plan, TensorPlan};
 use serde::{Deserialize, Serialize};
 
 use crate::blocks::{feature_blocks, FeatureBlocks, Part};
-use crate::compact::Form;
+use crate::compact::{Form, Recipe};
 use crate::dtype;
 use crate::error::ExecError;
 use crate::placed::Placed;
@@ -28,6 +28,13 @@ pub struct Expansion {
     pub dtype: DType,
     /// The dense block's shape.
     pub shape: Vec<usize>,
+}
+
+impl Expansion {
+    /// How a tensor executor makes the dense block (see [`Recipe`]).
+    pub fn recipe(&self) -> Recipe {
+        self.form.recipe(&self.shape)
+    }
 }
 
 /// A placed feature's DTensor metadata (a passed-through feature has none).

@@ -65,18 +65,27 @@ fn vector(
     }
 }
 
-/// One-hot features (5 classes in `uint8`, 300 in `int16`, each with rows of none) on
-/// every axis, and a map (`int32`, -1 for none) on its last.
+/// One-hot features (5 classes in `uint8`, 300 in `int16`, each with rows of none and
+/// indices past the classes, and below 0 where signed) on every axis, and a map
+/// (`int32`, -1 for none) on its last.
 fn one_hot(d: DType) -> Vec<Vector> {
     let mut out = Vec::new();
     for (classes, index) in [(5usize, DType::Uint8), (300, DType::Int16)] {
         let none = classes as i64;
-        let idx = [0, none - 1, none, 2, 1, none, 3, 0];
+        let below = if index == DType::Int16 { -7 } else { 1 };
+        let idx = [0, none - 1, none, 2, 1, none, 3, 0, none + 5, below, -1, 4];
+        let idx = idx.map(|i| {
+            if i < 0 && index == DType::Uint8 {
+                none
+            } else {
+                i
+            }
+        });
         for (axis, compact) in [
-            (1, vec![8]),
-            (0, vec![2, 4]),
-            (1, vec![2, 4]),
-            (2, vec![2, 4]),
+            (1, vec![12]),
+            (0, vec![3, 4]),
+            (1, vec![3, 4]),
+            (2, vec![3, 4]),
         ] {
             let mut shape = compact.clone();
             shape.insert(axis, classes);
@@ -87,7 +96,7 @@ fn one_hot(d: DType) -> Vec<Vector> {
                 map: false,
             };
             let stored = (index, compact, ints(index, &idx));
-            let name = format!("one_hot_{classes}_axis{axis}_{d}");
+            let name = format!("one_hot_{classes}_axis{axis}_rank{}_{d}", shape.len());
             out.push(vector(name, form, stored, d, shape));
         }
     }
@@ -173,6 +182,9 @@ mod tests {
             .filter_map(|v| v.slot.compact.as_ref().map(|e| e.form.name()))
             .collect();
         assert_eq!(forms.len(), 4, "{forms:?}");
+        let names: std::collections::BTreeSet<&str> =
+            all.iter().map(|v| v.slot.name.as_str()).collect();
+        assert_eq!(names.len(), all.len(), "every vector has a name of its own");
         for v in &all {
             assert_eq!(v.packed.len(), v.slot.nbytes(), "{}", v.slot.name);
             assert_eq!(v.dense.len(), v.slot.dense_nbytes(), "{}", v.slot.name);

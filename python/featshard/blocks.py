@@ -12,7 +12,6 @@ freed memory. Every number
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -228,96 +227,76 @@ def _bytes_at(buffer: torch.Tensor, at: int, like: torch.Tensor) -> torch.Tensor
 
 
 def expand_block(stored: torch.Tensor, slot: Slot, device: torch.device) -> torch.Tensor:
-    """One compact block's dense block, made by torch on ``device`` from ``stored`` and
-    its ``slot`` (its form and dense dtype and shape): indices of a one-hot axis, bits or
-    entries of the dense block, or narrowed integers. Its indices and positions are
-    trusted: the executor wrote or checked them."""
-    dtype, shape = _BY_NAME[slot.dense_dtype], tuple(slot.dense_shape)
-    if slot.form == "bits":
-        return unpack_bits(stored, shape, dtype, device)
-    if slot.form == "sparse":
-        return expand_entries(stored, shape, dtype, device)
-    if slot.form == "narrow":
-        return widen(stored, dtype, device)
-    one_hot = slot.one_hot
-    if slot.form != "one_hot" or one_hot is None:
+    """One compact block's dense block, made by torch on ``device`` from ``stored`` as its
+    ``slot``'s recipe says (the executor's statement of the tensor operations: a table
+    of rows each stored integer picks, a scatter into zeros, entries written with a
+    spare element, or a cast). Its indices and positions are trusted: the executor wrote
+    or checked them. The tch runtime runs the same recipes
+    (``runtime/src/dist/on_device.rs``), and both are held to the executor's vectors."""
+    recipe = slot.recipe
+    if recipe is None:
         raise ValueError(f"feature `{slot.name}`: no compact form to expand")
-    return expand_one_hot(stored, one_hot[0], one_hot[1], dtype, device)
-
-
-def expand_entries(
-    entries: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None
-) -> torch.Tensor:
-    """A sparse block from its entries (``int64`` rows of flat position and the element's
-    bits, little-endian; position -1 past the last), on ``device`` (the entries' own
-    when None): zeros, then each entry's element written at its position."""
-    rows = (entries.to(device) if device is not None else entries).contiguous()
-    numel = math.prod(shape)
-    # An entry past the last writes into one spare element after the block: no shape
-    # depends on the data, so the host never waits for the device (as a filter would).
-    at = torch.where(rows[:, 0] >= 0, rows[:, 0], numel)
-    # The low bytes of each value's 64 bits (bytes 8.. of a 16-byte row) are the element.
-    values = rows.view(torch.uint8).view(-1, 16)[:, 8 : 8 + dtype.itemsize].contiguous()
-    out = torch.zeros(numel + 1, dtype=dtype, device=rows.device)
-    out[at] = values.view(dtype).view(-1)
-    return out[:numel].view(shape)
-
-
-def widen(narrowed: torch.Tensor, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
-    """A ranged block from its narrowed integers, as ``dtype``, on ``device`` (its own
-    when None): only the narrow integers cross to the device."""
-    x = narrowed.to(device) if device is not None else narrowed
+    x = stored.to(device)
+    dtype = _BY_NAME[slot.dense_dtype]
+    if recipe.op == "rows":
+        return _picked_rows(x, recipe, dtype)
+    if recipe.op == "scatter":
+        return _scattered(x, recipe, dtype, tuple(slot.dense_shape))
+    if recipe.op == "entries":
+        return _entries(x, recipe, dtype, tuple(slot.dense_shape))
     return x.to(dtype)
 
 
-def unpack_bits(
-    packed: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | None = None
-) -> torch.Tensor:
-    """A mask from its bits (bit ``i % 8`` of byte ``i // 8`` is element ``i``), on
-    ``device`` (the bits' own when None): each byte looks up its eight elements in a
-    256-row table, one gather over the output."""
-    bits = packed.to(device) if device is not None else packed
-    numel = math.prod(shape)
-    table = _bit_table(dtype, bits.device)
-    return torch.index_select(table, 0, bits.long()).view(-1)[:numel].view(shape)
+def _picked_rows(x: torch.Tensor, recipe: _native.Recipe, dtype: torch.dtype) -> torch.Tensor:
+    """``rows``: each integer (clamped first, when the recipe says; -1 picking the last
+    row) picks a row of the recipe's table; the rows, cut to the block's elements, with
+    their last axis moved to the recipe's axis. A few kernels, whatever the block."""
+    shape, axis, numel = recipe.rows_shape, recipe.axis, recipe.numel
+    assert shape is not None and axis is not None and numel is not None
+    idx = x.long() if recipe.clamp is None else x.long().clamp(*recipe.clamp)
+    rows = _table(recipe, dtype, x.device)[idx].view(-1)[:numel].view(shape)
+    return rows if axis == rows.dim() - 1 else rows.movedim(-1, axis).contiguous()
 
 
-@functools.cache
-def _bit_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Row ``b``: the eight elements byte ``b`` packs, as ``dtype``."""
-    shifts = torch.arange(8, device=device)
-    return ((torch.arange(256, device=device).unsqueeze(1) >> shifts) & 1).to(dtype)
+def _scattered(x: torch.Tensor, recipe: _native.Recipe, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """``scatter``: zeros, then a 1 along the recipe's axis at each index naming a class."""
+    axis, classes = recipe.axis, recipe.classes
+    assert axis is not None and classes is not None
+    real = (x >= 0) & (x < classes)
+    at = torch.where(real, x, 0).long().unsqueeze(axis)
+    out = torch.zeros(shape, dtype=dtype, device=x.device)
+    return out.scatter_(axis, at, real.unsqueeze(axis).to(dtype))
 
 
-def expand_one_hot(
-    indices: torch.Tensor, axis: int, classes: int, dtype: torch.dtype, device: torch.device | None = None
-) -> torch.Tensor:
-    """A one-hot block from its indices: a 1 at each row's class along ``axis``, 0
-    elsewhere; an index outside ``0..classes`` (no class: a pad row) gives a row of 0."""
-    idx = indices.to(device) if device is not None else indices
-    if classes <= _ROWS_TABLE_MAX:
-        # Each row read from a table of the rows there are (row `classes`, and -1 below
-        # it, all zeros): a few kernels, not a fill, masks and a scatter; what a GPU
-        # spends on a small block is launching them.
-        rows = _one_hot_rows(classes, dtype, idx.device)[idx.long().clamp(-1, classes)]
-        return rows if axis == idx.dim() else rows.movedim(-1, axis).contiguous()
-    shape = list(idx.shape)
-    out = torch.zeros(shape[:axis] + [classes] + shape[axis:], dtype=dtype, device=idx.device)
-    real = (idx >= 0) & (idx < classes)
-    at = torch.where(real, idx, 0).long().unsqueeze(axis)
-    out.scatter_(axis, at, real.unsqueeze(axis).to(dtype))
-    return out
+def _entries(x: torch.Tensor, recipe: _native.Recipe, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """``entries``: zeros and one spare element, each entry's element written at its
+    position (one past the last at the spare): no shape depends on the data, so the
+    host never waits for the device."""
+    row, numel = recipe.entry_row, recipe.numel
+    assert row is not None and numel is not None
+    row_bytes, value_at = row
+    rows = x.contiguous().view(torch.uint8).view(-1, row_bytes)
+    at = rows[:, :8].contiguous().view(torch.int64).view(-1)
+    at = torch.where(at >= 0, at, numel)
+    values = rows[:, value_at : value_at + dtype.itemsize].contiguous().view(dtype).view(-1)
+    out = torch.zeros(numel + 1, dtype=dtype, device=x.device)
+    out[at] = values
+    return out[:numel].view(shape)
 
 
-# The most classes a one-hot axis is expanded from a table of its rows, the executor's
-# number for both torch executors; beyond, a scatter into zeros.
-_ROWS_TABLE_MAX: int = _native.ROWS_TABLE_MAX
+_TABLES: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
 
-@functools.cache
-def _one_hot_rows(classes: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Row ``c``: the one-hot row of class ``c``, as ``dtype``; row ``classes``: zeros."""
-    return torch.eye(classes + 1, classes, dtype=dtype, device=device)
+def _table(recipe: _native.Recipe, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The recipe's table of rows as ``dtype`` on ``device``, made once per key."""
+    key = (recipe.table_key or "", dtype, device)
+    table = _TABLES.get(key)
+    if table is None:
+        elements, shape = recipe.table(), recipe.table_shape
+        assert elements is not None and shape is not None
+        table = torch.frombuffer(bytearray(elements), dtype=torch.uint8).view(shape).to(device=device, dtype=dtype)
+        _TABLES[key] = table
+    return table
 
 
 def place(

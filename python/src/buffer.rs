@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use featshard_exec::buffer;
-use featshard_exec::compact::Form;
+use featshard_exec::compact::{self, Table};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -121,14 +121,12 @@ impl Slot {
         self.slot.compact.as_ref().map(|e| e.form.name())
     }
 
-    /// A one-hot block's one-hot axis and class count (its block's length of it, for a
-    /// map); `None` for any other slot.
+    /// How torch makes a compact block's dense block (the executor's recipe); `None`
+    /// for a block held as it is.
     #[getter]
-    fn one_hot(&self) -> Option<(usize, usize)> {
-        match self.slot.compact.as_ref()?.form {
-            Form::OneHot { axis, classes, .. } => Some((axis, classes)),
-            _ => None,
-        }
+    fn recipe(&self) -> Option<Recipe> {
+        let recipe = self.slot.compact.as_ref()?.recipe();
+        Some(Recipe { recipe })
     }
 
     /// The dtype of the block the model takes.
@@ -159,5 +157,119 @@ impl Slot {
             s.offset,
             s.compact.as_ref().map_or("none", |e| e.form.name())
         )
+    }
+}
+
+/// The tensor operations that make a compact block's dense block
+/// (`featshard_exec::compact::Recipe`), for torch to run as they are stated: `op` names
+/// the operation, and the other fields are those it has (`None` otherwise).
+#[pyclass(frozen, module = "featshard._native")]
+pub(crate) struct Recipe {
+    recipe: compact::Recipe,
+}
+
+impl Recipe {
+    fn table_of(&self) -> Option<&Table> {
+        match &self.recipe {
+            compact::Recipe::Rows { table, .. } => Some(table),
+            _ => None,
+        }
+    }
+}
+
+#[pymethods]
+impl Recipe {
+    /// `rows`, `scatter`, `entries` or `cast`.
+    #[getter]
+    fn op(&self) -> &'static str {
+        match self.recipe {
+            compact::Recipe::Rows { .. } => "rows",
+            compact::Recipe::Scatter { .. } => "scatter",
+            compact::Recipe::Entries { .. } => "entries",
+            compact::Recipe::Cast => "cast",
+        }
+    }
+
+    /// `rows`: the name that tells its table from another (to cache it by).
+    #[getter]
+    fn table_key(&self) -> Option<String> {
+        self.table_of().map(Table::key)
+    }
+
+    /// `rows`: the table's rows and their width.
+    #[getter]
+    fn table_shape(&self) -> Option<(usize, usize)> {
+        self.table_of().map(|t| (t.rows(), t.width()))
+    }
+
+    /// `rows`: the table's elements, 0 or 1, row-major.
+    fn table<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.table_of().map(|t| PyBytes::new(py, &t.elements()))
+    }
+
+    /// `rows`: the range stored integers are clamped to first (-1 then picks the last row).
+    #[getter]
+    fn clamp(&self) -> Option<(i64, i64)> {
+        match self.recipe {
+            compact::Recipe::Rows { clamp, .. } => clamp,
+            _ => None,
+        }
+    }
+
+    /// `rows` and `entries`: the dense block's elements.
+    #[getter]
+    fn numel(&self) -> Option<usize> {
+        match self.recipe {
+            compact::Recipe::Rows { numel, .. } | compact::Recipe::Entries { numel, .. } => {
+                Some(numel)
+            }
+            _ => None,
+        }
+    }
+
+    /// `rows`: the shape the picked rows are viewed as (the dense shape, `axis` last).
+    #[getter]
+    fn rows_shape(&self) -> Option<Vec<usize>> {
+        match &self.recipe {
+            compact::Recipe::Rows { rows_shape, .. } => Some(rows_shape.clone()),
+            _ => None,
+        }
+    }
+
+    /// `rows` and `scatter`: the dense axis the rows (the classes) lie along.
+    #[getter]
+    fn axis(&self) -> Option<usize> {
+        match self.recipe {
+            compact::Recipe::Rows { axis, .. } | compact::Recipe::Scatter { axis, .. } => {
+                Some(axis)
+            }
+            _ => None,
+        }
+    }
+
+    /// `scatter`: the class count.
+    #[getter]
+    fn classes(&self) -> Option<usize> {
+        match self.recipe {
+            compact::Recipe::Scatter { classes, .. } => Some(classes),
+            _ => None,
+        }
+    }
+
+    /// `entries`: bytes of one stored row, and where its element's bits start.
+    #[getter]
+    fn entry_row(&self) -> Option<(usize, usize)> {
+        match self.recipe {
+            compact::Recipe::Entries {
+                row_bytes,
+                value_at,
+                ..
+            } => Some((row_bytes, value_at)),
+            _ => None,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Recipe({:?})", self.recipe)
     }
 }

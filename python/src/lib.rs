@@ -601,6 +601,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<placement::Placement>()?;
     m.add_class::<buffer::BufferLayout>()?;
     m.add_class::<buffer::Slot>()?;
+    m.add_class::<buffer::Recipe>()?;
     m.add_class::<manifest::ShardManifest>()?;
     m.add_class::<tables::Feature>()?;
     m.add_class::<tables::Semantic>()?;
@@ -619,7 +620,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;
     m.add_function(wrap_pyfunction!(packed_offsets, m)?)?;
     m.add_function(wrap_pyfunction!(expansion_vectors, m)?)?;
-    m.add("ROWS_TABLE_MAX", featshard_exec::compact::ROWS_TABLE_MAX)?;
     m.add_function(wrap_pyfunction!(repad_indices, m)?)?;
     m.add_function(wrap_pyfunction!(replica_indices, m)?)?;
     Ok(())

@@ -308,19 +308,30 @@ def test_compact_rank_buffers_expand_to_the_dense_blocks_of_real_samples(
             assert_same_blocks(dense, on_device, f"torch: real sample {i} mesh {mesh} rank {rank}")
 
 
+def _vector(name: str) -> tuple[blocks.Slot, torch.Tensor, bytes]:
+    """The executor's expansion vector ``name``: its slot, its stored block as a tensor,
+    and the dense bytes the executor makes of it."""
+    from featshard import _native
+
+    for slot, packed, dense in _native.expansion_vectors():
+        if slot.name == name:
+            raw = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
+            return slot, raw.view(blocks.torch_dtype(slot.dtype)).view(slot.shape), dense
+    raise KeyError(name)
+
+
 def test_sparse_entries_past_the_last_write_nothing_and_every_element_keeps_its_bits() -> None:
     """torch's expansion of sparse entries (what a CUDA mesh runs): entries past the last
     (position -1) write nowhere in the block, even after one at position 0, and an
     element keeps its bits (-0.0 stays -0.0)."""
-    def bits(x: float) -> int:
-        return int(torch.tensor([x]).view(torch.int32)) & 0xFFFF_FFFF
-
-    rows = torch.tensor([[0, bits(5.0)], [7, bits(-0.0)], [-1, 0], [-1, 0]], dtype=torch.int64)
-    got = blocks.expand_entries(rows, (3, 3), torch.float32)
-    want = torch.zeros(9)
-    want[0], want[7] = 5.0, -0.0
-    assert got.shape == (3, 3)
-    assert torch.equal(got.reshape(-1).view(torch.int32), want.view(torch.int32)), got
+    slot, rows, _ = _vector("sparse_float32")
+    assert int(rows[0, 0]) == 0 and int(rows[-1, 0]) == -1
+    got = blocks.expand_block(rows, slot, torch.device("cpu"))
+    # Elements by their bits: 3 and 1 (as the vector stores them), and -0.0.
+    want = torch.zeros(12, dtype=torch.int32)
+    want[0], want[5], want[11] = 3, int(torch.tensor([-0.0]).view(torch.int32)), 1
+    assert got.shape == (3, 4)
+    assert torch.equal(got.reshape(-1).view(torch.int32), want), got
 
 
 @pytest.mark.parametrize("classes", [5, 300], ids=["from-a-table", "by-scatter"])
@@ -332,12 +343,19 @@ def test_torch_one_hot_rows_put_a_one_at_each_class_and_none_outside_the_classes
     classes and by a scatter for many, on any axis: a 1 at each index's class, and a row
     of 0 for an index outside ``0..classes`` (-1, below it, the class count, above it);
     unsigned indices as the executor writes them (the class count for none) too."""
-    signed = torch.tensor([[0, 3, -1], [classes - 1, classes, -7], [classes + 5, 1, 2]], dtype=torch.int32)
-    unsigned = signed.clamp(0, classes).to(torch.uint8 if classes < 256 else torch.int16)
-    for idx, dtype in ((signed, torch.float32), (unsigned, torch.int64)):
-        got = blocks.expand_one_hot(idx, axis, classes, dtype)
-        assert got.dtype == dtype and got.is_contiguous()
-        assert torch.equal(got, _one_hot_reference(idx, axis, classes).to(dtype)), (idx, axis)
+    index = "uint8" if classes < 256 else "int16"
+    for dense_dtype in (torch.float32, torch.int64):
+        name = f"one_hot_{classes}_axis{axis}_rank3_{blocks.dtype_name(dense_dtype)}"
+        slot, idx, dense = _vector(name)
+        assert slot.dtype == index and idx.dim() == 2
+        recipe = slot.recipe
+        assert recipe is not None and recipe.op == ("rows" if classes <= 256 else "scatter")
+        got = blocks.expand_block(idx, slot, torch.device("cpu"))
+        assert got.dtype == dense_dtype and got.is_contiguous()
+        assert torch.equal(got, _one_hot_reference(idx, axis, classes).to(dense_dtype)), (idx, axis)
+        assert got.view(torch.uint8).flatten().numpy().tobytes() == dense
+        if index == "int16":
+            assert int(idx.min()) < -1 and int(idx.max()) > classes
 
 
 def _one_hot_reference(idx: torch.Tensor, axis: int, classes: int) -> torch.Tensor:
@@ -365,7 +383,7 @@ def test_compact_indices_are_the_executors_and_pads_are_no_class(plan: featshard
     want = torch.where(dense.sum(1) == 1, dense.argmax(1), 33).to(torch.uint8)
     assert torch.equal(idx, want)
     assert int((idx == 33).sum()) == int((dense.sum(1) == 0).sum()) > 0
-    assert torch.equal(blocks.expand_one_hot(idx, 1, 33, torch.int64), dense)
+    assert torch.equal(blocks.expand_block(idx, wire.slot("res_type"), torch.device("cpu")), dense)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ mod entries;
 mod given;
 mod given_entries;
 mod narrow;
+mod recipe;
 mod stored;
 
 pub(crate) use bits::bits_len;
@@ -41,6 +42,7 @@ pub(crate) use given_entries::entries_from_pairs;
 pub use given_entries::{INDICES, SHAPE, VALUES};
 pub use narrow::narrowed;
 pub(crate) use narrow::{check_range, Cast};
+pub use recipe::{Recipe, Table};
 pub use stored::{check_stored, expand_stored, stored_form};
 pub(crate) use stored::{stored_entries, stored_entries_of};
 

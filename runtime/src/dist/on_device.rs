@@ -2,73 +2,76 @@
 //! mesh NCCL scatters every rank's buffer into its GPU's memory, and the dense blocks
 //! are made there, so neither they nor the compact blocks cross PCIe. On the host the
 //! executor expands them instead (`featshard_exec::compact::Form::expand_into`, which
-//! also checks them); this module writes the same bytes with torch's own kernels.
+//! also checks them); this module interprets the executor's recipe of each block
+//! (`featshard_exec::compact::Recipe`) with torch's own kernels, to the same bytes.
 
-use featshard_exec::compact::{Form, ENTRY_BYTES, ROWS_TABLE_MAX};
+use featshard_exec::compact::{Recipe, Table};
 use featshard_spec::ir::DType;
 use tch::{Device, Kind, TchError, Tensor};
 
 use crate::kind::kind_of;
 
-/// `packed`, a compact block of `form`, expanded into `out`: its dense block (of the
-/// form's dense dtype and shape), on `packed`'s device. An index naming no class
-/// leaves its row zero, as the executor does; a sparse entry past the last (position
-/// -1) is skipped.
+/// `packed`, a compact block, expanded into `out` (its dense block, of `dtype`) on
+/// `packed`'s device by torch, as `recipe` says (see `featshard_exec::compact::Recipe`).
 pub fn expand_into(
     packed: &Tensor,
-    form: &Form,
+    recipe: &Recipe,
     dtype: DType,
     out: &Tensor,
 ) -> Result<(), TchError> {
     let kind = kind_of(dtype);
     let mut out = out.shallow_clone();
-    match *form {
-        Form::OneHot { axis, classes, .. } if classes <= ROWS_TABLE_MAX => {
-            // Each row read from a table of the rows there are (row `classes`: zeros, for
-            // a row of none): a few kernels, the Python package's recipe too.
-            let c = classes as i64;
-            let idx = packed.f_to_kind(Kind::Int64)?.f_clamp(-1, c)?;
-            let idx = idx.f_where_scalarother(&idx.f_ge(0)?, c)?;
-            let table = Tensor::f_eye_m(c + 1, c, (kind, packed.device()))?;
-            let mut shape = idx.size();
-            shape.push(c);
-            let rows = table
+    match recipe {
+        Recipe::Rows {
+            table,
+            clamp,
+            numel,
+            rows_shape,
+            axis,
+        } => {
+            let mut idx = packed.f_to_kind(Kind::Int64)?;
+            if let Some((lo, hi)) = *clamp {
+                idx = idx.f_clamp(lo, hi)?;
+                // -1 picks the last row: index_select takes no negative index.
+                let last = table.rows() as i64 - 1;
+                idx = idx.f_where_scalarother(&idx.f_ge(0)?, last)?;
+            }
+            let rows = rows_of(table, kind, packed.device())?
                 .f_index_select(0, &idx.f_view([-1])?)?
-                .f_view(shape.as_slice())?;
-            let last = shape.len() as i64 - 1;
-            out.f_copy_(&rows.f_movedim([last], [axis as i64])?)?;
+                .f_view([-1])?
+                .f_narrow(0, 0, *numel as i64)?
+                .f_view(dims(rows_shape).as_slice())?;
+            let last = rows_shape.len() as i64 - 1;
+            out.f_copy_(&rows.f_movedim([last], [*axis as i64])?)?;
         }
-        Form::OneHot { axis, classes, .. } => {
+        Recipe::Scatter { axis, classes } => {
             let idx = packed.f_to_kind(Kind::Int64)?;
-            let real = idx.f_ge(0)?.f_logical_and(&idx.f_lt(classes as i64)?)?;
-            // A row with no class scatters its zero to class 0.
-            let at = idx.f_mul(&real)?.f_unsqueeze(axis as i64)?;
+            let real = idx.f_ge(0)?.f_logical_and(&idx.f_lt(*classes as i64)?)?;
+            // An index naming no class scatters its zero to class 0.
+            let at = idx.f_mul(&real)?.f_unsqueeze(*axis as i64)?;
             drop(out.f_zero_()?);
-            let ones = real.f_unsqueeze(axis as i64)?.f_to_kind(kind)?;
-            drop(out.f_scatter_(axis as i64, &at, &ones)?);
+            let ones = real.f_unsqueeze(*axis as i64)?.f_to_kind(kind)?;
+            drop(out.f_scatter_(*axis as i64, &at, &ones)?);
         }
-        Form::Bits => {
-            let numel = out.numel() as i64;
-            let table = bit_table(kind, packed.device())?;
-            let each = table.f_index_select(0, &packed.f_to_kind(Kind::Int64)?)?;
-            out.f_copy_(&each.f_view([-1])?.f_narrow(0, 0, numel)?.f_view_as(&out)?)?;
-        }
-        Form::Sparse => {
-            let rows = packed.f_view([-1, 2])?;
-            let numel = out.numel() as i64;
-            // An entry past the last (position -1) writes into one spare element after
-            // the block: no shape depends on the data, so the host never waits for the
-            // device, as a filter (`nonzero`) would make it.
-            let at = rows.f_select(1, 0)?;
-            let at = at.f_where_scalarother(&at.f_ge(0)?, numel)?;
-            // Each value's bits, little-endian: its first bytes are the element.
-            let size = kind.elt_size_in_bytes() as i64;
-            let values = rows
-                .f_narrow(1, 1, 1)?
+        Recipe::Entries {
+            row_bytes,
+            value_at,
+            numel,
+        } => {
+            let row_bytes = *row_bytes as i64;
+            let rows = packed
                 .f_contiguous()?
                 .f_view_dtype(Kind::Uint8)?
-                .f_view([-1, (ENTRY_BYTES / 2) as i64])?
-                .f_narrow(1, 0, size)?
+                .f_view([-1, row_bytes])?;
+            let at = rows
+                .f_narrow(1, 0, 8)?
+                .f_contiguous()?
+                .f_view_dtype(Kind::Int64)?
+                .f_view([-1])?;
+            let numel = *numel as i64;
+            let at = at.f_where_scalarother(&at.f_ge(0)?, numel)?;
+            let values = rows
+                .f_narrow(1, *value_at as i64, kind.elt_size_in_bytes() as i64)?
                 .f_contiguous()?
                 .f_view_dtype(kind)?
                 .f_view([-1])?;
@@ -76,22 +79,33 @@ pub fn expand_into(
             drop(spare.f_index_put_(&[Some(at)], &values, false)?);
             out.f_copy_(&spare.f_narrow(0, 0, numel)?.f_view_as(&out)?)?;
         }
-        Form::Narrow { .. } => out.f_copy_(packed)?,
+        Recipe::Cast => out.f_copy_(packed)?,
     }
     Ok(())
 }
 
-/// `packed`, a compact block of `form`, as its dense block of `dtype` and `shape` in a
-/// new tensor on `packed`'s device (see [`expand_into`]).
+/// `table`'s rows as `kind` on `device`.
+fn rows_of(table: &Table, kind: Kind, device: Device) -> Result<Tensor, TchError> {
+    Tensor::from_slice(&table.elements())
+        .f_view([table.rows() as i64, table.width() as i64])?
+        .f_to_kind(kind)?
+        .f_to_device(device)
+}
+
+fn dims(shape: &[usize]) -> Vec<i64> {
+    shape.iter().map(|&d| d as i64).collect()
+}
+
+/// `packed`, a compact block, as its dense block of `dtype` and `shape` in a new tensor
+/// on `packed`'s device (see [`expand_into`]).
 pub fn expanded(
     packed: &Tensor,
-    form: &Form,
+    recipe: &Recipe,
     dtype: DType,
     shape: &[usize],
 ) -> Result<Tensor, TchError> {
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    let out = Tensor::f_empty(dims.as_slice(), (kind_of(dtype), packed.device()))?;
-    expand_into(packed, form, dtype, &out)?;
+    let out = Tensor::f_empty(dims(shape).as_slice(), (kind_of(dtype), packed.device()))?;
+    expand_into(packed, recipe, dtype, &out)?;
     Ok(out)
 }
 
@@ -127,20 +141,10 @@ fn bytes_at(buffer: &Tensor, at: i64, like: &Tensor) -> Result<Tensor, TchError>
         .f_view(like.size().as_slice())
 }
 
-/// Row `b`: the eight elements byte `b` packs (bit `i` is element `i`), as `kind`.
-fn bit_table(kind: Kind, device: Device) -> Result<Tensor, TchError> {
-    let bits: Vec<u8> = (0..256u32)
-        .flat_map(|b| (0..8).map(move |i| (b >> i & 1) as u8))
-        .collect();
-    Tensor::from_slice(&bits)
-        .f_view([256, 8])?
-        .f_to_kind(kind)?
-        .f_to_device(device)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use featshard_exec::compact::Form;
     use featshard_exec::dtype;
 
     /// A dense block of `shape` and `dtype` from its executor's expansion of `packed`,
@@ -159,7 +163,7 @@ mod tests {
             .view(dims.as_slice());
         let dense: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
         let out = Tensor::full(dense.as_slice(), 7, (kind_of(dtype), Device::Cpu));
-        expand_into(&packed, &form, dtype, &out).expect("expanded");
+        expand_into(&packed, &form.recipe(shape), dtype, &out).expect("expanded");
         let mut got = vec![0u8; want.len()];
         out.view_dtype(Kind::Uint8)
             .view([-1])
@@ -268,7 +272,7 @@ mod tests {
             let packed = Tensor::from_slice(&v.packed)
                 .view_dtype(kind_of(s.dtype))
                 .view(dims.as_slice());
-            let out = expanded(&packed, &e.form, e.dtype, &e.shape).expect("expanded");
+            let out = expanded(&packed, &e.recipe(), e.dtype, &e.shape).expect("expanded");
             let mut got = vec![0u8; v.dense.len()];
             out.contiguous()
                 .view_dtype(Kind::Uint8)

@@ -287,7 +287,7 @@ fn expanded(blocks: &[Checked], expand: Expansion) -> Result<Vec<Tensor>, DistEr
                 .iter()
                 .zip(&there)
                 .map(|(c, on)| {
-                    on_device::expanded(on, &c.form, c.t.dtype, c.local)
+                    on_device::expanded(on, &c.form.recipe(c.local), c.t.dtype, c.local)
                         .map_err(torch_error(c.name))
                 })
                 .collect()

@@ -125,10 +125,10 @@ fn torch_error(e: crate::error::RuntimeError) -> tch::TchError {
 fn expand(
     name: &str,
     packed: &Tensor,
-    Expansion { form, dtype, shape }: &Expansion,
+    e @ Expansion { form, dtype, shape }: &Expansion,
 ) -> Result<Tensor, tch::TchError> {
     if packed.device() != Device::Cpu {
-        return on_device::expanded(packed, form, *dtype, shape);
+        return on_device::expanded(packed, &e.recipe(), *dtype, shape);
     }
     let bytes = bytes_of(packed)?;
     crate::views::new_filled(name, shape, kind_of(*dtype), |out| {
@@ -161,11 +161,11 @@ fn dense_view(
 fn expand_into(
     name: &str,
     packed: &Tensor,
-    Expansion { form, dtype, shape }: &Expansion,
+    e @ Expansion { form, dtype, shape }: &Expansion,
     out: &Tensor,
 ) -> Result<(), tch::TchError> {
     if packed.device() != Device::Cpu {
-        return on_device::expand_into(packed, form, *dtype, out);
+        return on_device::expand_into(packed, &e.recipe(), *dtype, out);
     }
     let bytes = bytes_of(packed)?;
     crate::views::fill_into(name, out, |dense| {
