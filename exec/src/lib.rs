@@ -19,6 +19,7 @@ pub mod array;
 pub mod assemble;
 pub mod blocks;
 pub mod buffer;
+pub mod collate;
 pub mod compact;
 pub mod dtype;
 mod error;

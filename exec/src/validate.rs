@@ -145,6 +145,44 @@ pub fn check_shapes(
     Ok(sizes)
 }
 
+/// The checks of a domain model's parameter `name` (declared `parameter: true`), given
+/// as `dtype` and `shape`, before it is sharded over the domain mesh `mesh`: rank,
+/// dtype, channel sizes, and every split axis at least as long as its ranks.
+pub fn check_parameter(
+    plan: &Plan,
+    name: &str,
+    dtype: DType,
+    shape: &[usize],
+    mesh: [usize; 2],
+) -> Result<(), ExecError> {
+    let t = tensor_plan(plan, name)?;
+    check_shape(
+        plan,
+        name,
+        dtype,
+        shape,
+        &mut BTreeMap::new(),
+        &mut BTreeMap::new(),
+    )?;
+    for (axis, (a, &len)) in t.axes.iter().zip(shape).enumerate() {
+        let Some(m) = a.split.mesh_axis() else {
+            continue;
+        };
+        let ranks = mesh.get(m).copied().unwrap_or(1);
+        if len < ranks {
+            return Err(ExecError::Plan(ResolveError::EmptyShard {
+                feature: name.to_owned(),
+                axis,
+                semantic: a.semantic.clone().unwrap_or_default(),
+                len,
+                ranks,
+                mesh_axis: plan.mesh.axes().get(m).cloned().unwrap_or_default(),
+            }));
+        }
+    }
+    Ok(())
+}
+
 /// The dtype and shape a feature given as `dtype` and `shape` stands for: a one-hot
 /// feature given as its indices stands for its dense form (the class axis put back), a
 /// feature given narrower (`given_narrow`) for its declared dtype.

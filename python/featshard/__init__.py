@@ -185,6 +185,23 @@ class Plan:
         """The checks of ``place`` that need no values, on dtypes and shapes."""
         return self._native.check_shapes(shapes)
 
+    def collate_frame(self, samples: list[dict[str, list[int]]]) -> _native.CollateFrame:
+        """Collate's frame for a batch (each sample as its blocks' local shapes): what a
+        DP replica all-reduces by max; ``ValueError`` for samples holding different
+        features."""
+        return self._native.collate_frame(samples)
+
+    def collate_targets(self, frame: _native.CollateFrame, reduced: list[int]) -> dict[str, list[int]]:
+        """Every held feature's target local shape from ``frame`` reduced by max over the
+        DP group; ``ValueError`` where the replicas hold different features."""
+        return self._native.collate_targets(frame, reduced)
+
+    def check_parameter(self, name: str, dtype: str, shape: Sequence[int], mesh: Sequence[int]) -> None:
+        """The checks of domain model parameter ``name`` (a spec dtype name, a shape)
+        before it is sharded over the domain mesh ``mesh``: rank, dtype, channel sizes,
+        each split axis at least as long as its ranks; ``ValueError`` otherwise."""
+        self._native.check_parameter(name, dtype, list(shape), list(mesh))
+
     def pad_multiple(self, semantic: str, mesh: tuple[int, ...]) -> int:
         """The multiple ``semantic``'s axes pad to on ``mesh``."""
         return self._native.pad_multiple(semantic, mesh)

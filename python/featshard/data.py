@@ -57,41 +57,21 @@ def _stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(_native.contiguous_stride(list(shape)))
 
 
-def _agree_on_names(plan: Plan, names: list[str], dp_group: dist.ProcessGroup, device: str) -> None:
-    """Replicas must stack the same features (optional ones may be absent from a
-    sample): agree before the all-reduce whose length depends on them. One all-reduce
-    of max over presence and absence per tensor feature of the plan, on the mesh's
-    ``device`` (where its groups' backend takes tensors); every rank raises the same
-    error (the Rust runtime's collate message)."""
-    every = plan.tensor_names
-    here = set(names)
-    present = [int(n in here) for n in every]
-    flags = torch.tensor(present + [1 - p for p in present] or [0], dtype=torch.int64, device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=dp_group)
-    some, lacking = flags[: len(every)].tolist(), flags[len(every):].tolist()
-    differ = [f"`{n}`" for n, s, a in zip(every, some, lacking) if s and a]
-    if differ:
-        raise FeatureDistributionError(
-            f"collate: DP replicas hold different features: {', '.join(differ)} absent on"
-            " some replicas"
-        )
-
-
-def _agreed_shapes(
-    locals_: Mapping[str, list[torch.Tensor]], dp_group: dist.ProcessGroup, device: str
+def _agreed_targets(
+    plan: Plan, batch: Sequence[Mapping[str, Any]], names: list[str], dp_group: dist.ProcessGroup, device: str
 ) -> dict[str, list[int]]:
-    """Every feature's largest local length per axis over the batch and every DP
-    replica: one all-reduce of max for all of them, on the mesh's ``device``."""
-    dims = [(n, d) for n, xs in locals_.items() for d in range(xs[0].dim())]
-    longest = torch.tensor(
-        [max(int(x.shape[d]) for x in locals_[n]) for n, d in dims] or [0], dtype=torch.int64,
-        device=device,
-    )
-    dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=dp_group)
-    target = {n: [0] * xs[0].dim() for n, xs in locals_.items()}
-    for (name, d), m in zip(dims, longest.tolist()):
-        target[name][d] = int(m)
-    return target
+    """Every held feature's local shape in the batch, agreed with the other DP replicas:
+    one all-reduce of max of the executor's collate frame (which features each replica
+    holds and lacks, the longest length of each of their axes), on the mesh's ``device``
+    (where its groups' backend takes tensors). Replicas holding different features are
+    every rank's same error (the Rust runtime's)."""
+    frame = plan.collate_frame([{n: list(s[n].to_local().shape) for n in names} for s in batch])
+    reduced = torch.tensor(frame.frame, dtype=torch.int64, device=device)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=dp_group)
+    try:
+        return plan.collate_targets(frame, reduced.tolist())
+    except ValueError as e:
+        raise FeatureDistributionError(str(e)) from None
 
 
 def _pad_to(plan: Plan, name: str, x: torch.Tensor, target: list[int]) -> torch.Tensor:
@@ -122,9 +102,8 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     for s in batch:
         if sorted(n for n in s if isinstance(s[n], DTensor)) != names:
             raise ValueError("collate: the samples of a batch hold different features")
-    _agree_on_names(plan, names, dp_group, mesh.device_type)
+    target = _agreed_targets(plan, batch, names, dp_group, mesh.device_type)
     locals_ = {n: [s[n].to_local() for s in batch] for n in names}
-    target = _agreed_shapes(locals_, dp_group, mesh.device_type)
     on_mesh = placements(plan, dp=True)
     out: dict[str, Any] = {}
     for name in names:

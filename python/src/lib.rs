@@ -9,6 +9,7 @@
 
 mod agree;
 mod buffer;
+mod collate;
 mod dlpack;
 mod expand;
 mod manifest;
@@ -227,6 +228,45 @@ impl Plan {
             .map(|(name, (dtype, shape))| Ok((name.clone(), (dtype_named(&name, &dtype)?, shape))))
             .collect::<PyResult<_>>()?;
         featshard_exec::validate::check_shapes(&self.plan, &typed).map_err(value_error)
+    }
+
+    /// The checks of domain model parameter `name` given as `dtype` (a spec dtype name)
+    /// and `shape`, before it is sharded over the domain mesh `mesh`: rank, dtype,
+    /// channel sizes, each split axis at least as long as its ranks; a `ValueError` with
+    /// the executor's message.
+    fn check_parameter(
+        &self,
+        name: &str,
+        dtype: &str,
+        shape: Vec<usize>,
+        mesh: Vec<usize>,
+    ) -> PyResult<()> {
+        let dtype = dtype_named(name, dtype)?;
+        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
+        featshard_exec::validate::check_parameter(&self.plan, name, dtype, &shape, mesh)
+            .map_err(value_error)
+    }
+
+    /// Collate's frame for a batch of samples, each given as its blocks' local shapes
+    /// by feature name: what this DP replica all-reduces by max; `ValueError` for samples
+    /// holding different features.
+    fn collate_frame(
+        &self,
+        samples: Vec<BTreeMap<String, Vec<usize>>>,
+    ) -> PyResult<collate::CollateFrame> {
+        collate::frame(&self.plan, &samples).map_err(value_error)
+    }
+
+    /// Every held feature's target local shape from `frame` reduced by max over the DP
+    /// group; `ValueError` (every rank's same message) where the replicas hold different
+    /// features.
+    fn collate_targets(
+        &self,
+        frame: &collate::CollateFrame,
+        reduced: Vec<i64>,
+    ) -> PyResult<BTreeMap<String, Vec<usize>>> {
+        featshard_exec::collate::collate_targets(&self.plan, &frame.frame, &reduced)
+            .map_err(value_error)
     }
 
     /// The samples of a pre-sharded dataset that did not fail, from its `dataset.json`
@@ -602,6 +642,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::BufferLayout>()?;
     m.add_class::<buffer::Slot>()?;
     m.add_class::<buffer::Recipe>()?;
+    m.add_class::<collate::CollateFrame>()?;
     m.add_class::<manifest::ShardManifest>()?;
     m.add_class::<tables::Feature>()?;
     m.add_class::<tables::Semantic>()?;

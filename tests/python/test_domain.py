@@ -160,6 +160,37 @@ def test_inputs_that_cannot_be_scattered_are_named(weather: ModuleType, change, 
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("dtype", "shape", "message"),
+    [
+        ("float32", [1, 8, 7, 12], None),
+        ("float32", [8, 7, 12], "feature `pos_embed`: expected 4 axes, got shape [8, 7, 12]"),
+        ("float64", [1, 8, 7, 12], "feature `pos_embed`: expected dtype float32, got float64"),
+        ("float32", [1, 9, 7, 12], "feature `pos_embed`, axis 1 (channel): expected size 8, got 9"),
+        ("float32", [1, 8, 2, 12],
+         "feature `pos_embed`, axis 2 (lat): 2 items over 3 ranks would leave a shard empty on mesh axis `domain`"),
+    ],
+    ids=["fits", "rank", "dtype", "channel", "shorter_than_its_ranks"],
+)
+def test_a_declared_parameter_that_cannot_be_sharded_is_named_by_the_executor(
+    dtype: str, shape: list[int], message: str | None
+) -> None:
+    """A model's declared parameter (``pos_embed``), before FSDP2 shards it over the
+    domain mesh: the executor's checks, named by the model's dotted name on the way
+    out."""
+    import featshard
+    from featshard.domain import Domain, FeatureDistributionError
+
+    domain = Domain(featshard.Plan(ROOT / "examples" / "weather.yaml"))
+    p = torch.zeros(shape, dtype=featshard.blocks.torch_dtype(dtype))
+    if message is None:
+        domain._check_parameter("encoder.pos_embed", "pos_embed", p, (3,))
+        return
+    with pytest.raises(FeatureDistributionError) as e:
+        domain._check_parameter("encoder.pos_embed", "pos_embed", p, (3,))
+    assert str(e.value) == f"parameter `encoder.pos_embed`: {message}"
+
+
 def test_generated_domain_python_passes_ruff_and_mypy(domain_dir: Path, mypy_strict: MypyStrict) -> None:
     files = [str(p) for p in sorted(domain_dir.glob("*.py"))]
     r = subprocess.run([tool("ruff"), "check", "--no-cache", *files],

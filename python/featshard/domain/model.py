@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from featshard.blocks import dtype_name
 from featshard.domain.scatter import DomainScatter
-from featshard.domain.tables import FeatureInfo
 from featshard.errors import FeatureDistributionError
 
 __all__ = ["DomainModel", "adopt_process_group"]
@@ -106,7 +106,7 @@ class DomainModel(DomainScatter):
             info = self.parameters.get(attr)
             if info is None:
                 continue
-            self._check_parameter(dotted, attr, p, info, sizes)
+            self._check_parameter(dotted, attr, p, sizes)
             owner = model.get_submodule(".".join(path))
             shard = distribute_tensor(p.detach().contiguous(), dmesh, list(info.placements))
             setattr(owner, attr, torch.nn.Parameter(shard, requires_grad=p.requires_grad))
@@ -116,19 +116,13 @@ class DomainModel(DomainScatter):
             raise FeatureDistributionError(f"parameters {missing} of the spec are not in the model")
         return [d for at in found.values() for d in at]
 
-    def _check_parameter(self, dotted: str, attr: str, p: torch.Tensor, info: FeatureInfo, sizes: Sequence[int]) -> None:
-        what = f"parameter `{attr}` (`{dotted}`)"
-        if p.dim() != len(info.semantics):
-            raise FeatureDistributionError(f"{what}: expected {len(info.semantics)} axes, got shape {tuple(p.shape)}")
-        if p.dtype != info.dtype:
-            raise FeatureDistributionError(f"{what}: expected dtype {info.dtype}, got {p.dtype}")
-        for d, (sem, size, m) in enumerate(zip(info.semantics, info.channels, info.splits)):
-            n = int(p.shape[d])
-            label = f"{what}, axis {d} ({sem if sem is not None else 'channel'})"
-            if sem is None and size is not None and n != size:
-                raise FeatureDistributionError(f"{label}: expected size {size}, got {n}")
-            if m is not None and n < sizes[m]:
-                raise FeatureDistributionError(f"{label}: {n} items over {sizes[m]} ranks of `{self.domain_axes[m]}`")
+    def _check_parameter(self, dotted: str, attr: str, p: torch.Tensor, sizes: Sequence[int]) -> None:
+        """The executor's checks of a declared parameter (rank, dtype, channel sizes, split
+        axes no shorter than their ranks), its message naming the model's dotted name."""
+        try:
+            self.plan.check_parameter(attr, dtype_name(p.dtype), list(p.shape), sizes)
+        except ValueError as e:
+            raise FeatureDistributionError(f"parameter `{dotted}`: {e}") from None
 
 
 def _start_group(init_method: str | None, rank: int | None, world_size: int | None, timeout: timedelta | None) -> None:

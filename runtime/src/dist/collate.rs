@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use featshard_exec::collate::{collate_frame, collate_targets};
 use featshard_spec::layout::repad_indices;
 use featshard_spec::plan::Plan;
 use tch::{Device, Tensor};
@@ -60,49 +61,13 @@ fn local_shapes(sample: &LocalSample) -> BTreeMap<String, Vec<usize>> {
         .collect()
 }
 
-/// DP replicas must stack the same features (a sample may lack optional ones). A
-/// presence vector over the plan's tensor features, the same length everywhere, is
-/// reduced by min and max: where they differ, some replica lacks the feature. Every
-/// rank returns the same error.
-fn agree_on_features(mesh: &Mesh, plan: &Plan, names: &[String]) -> Result<(), DistError> {
-    let all: Vec<&str> = plan.tensors().map(|(n, _)| n).collect();
-    let here: Vec<i64> = all
-        .iter()
-        .map(|n| i64::from(names.iter().any(|m| m == n)))
-        .collect();
-    let reduce = |op| -> Result<Vec<i64>, DistError> {
-        let mut t = Tensor::from_slice(&here).to_device(mesh.dp().device());
-        mesh.dp().all_reduce(&mut t, op)?;
-        Vec::<i64>::try_from(&t.to_device(Device::Cpu)).map_err(|e| DistError::Protocol {
-            message: e.to_string(),
-        })
-    };
-    let (lo, hi) = (reduce(ReduceOp::Min)?, reduce(ReduceOp::Max)?);
-    let differ: Vec<String> = all
-        .iter()
-        .zip(lo.iter().zip(&hi))
-        .filter(|(_, (a, b))| a != b)
-        .map(|(n, _)| format!("`{n}`"))
-        .collect();
-    if differ.is_empty() {
-        return Ok(());
-    }
-    Err(DistError::Protocol {
-        message: format!(
-            "collate: DP replicas hold different features: {} absent on some replicas",
-            differ.join(", ")
-        ),
-    })
-}
-
 /// Stacks `batch` (this replica's samples, all of one workflow) into DTensor blocks on
 /// `(dp, cp0, cp1)`. Every rank of the world calls it with the same batch length.
 pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batch, DistError> {
-    let names = same_features(&batch)?;
-    agree_on_features(mesh, plan, &names)?;
-    let targets = agreed_shapes(mesh, &batch, &names)?;
+    let shapes: Vec<BTreeMap<String, Vec<usize>>> = batch.iter().map(local_shapes).collect();
+    let targets = agreed_targets(mesh, plan, &shapes)?;
     let mut blocks = BTreeMap::new();
-    for name in &names {
+    for name in targets.keys() {
         blocks.insert(name.clone(), stack(mesh, plan, &batch, name, &targets)?);
     }
     Ok(Batch {
@@ -112,65 +77,23 @@ pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batc
     })
 }
 
-/// The features every sample of the batch holds (all the same, or an error).
-fn same_features(batch: &[LocalSample]) -> Result<Vec<String>, DistError> {
-    let Some(first) = batch.first() else {
-        return Err(DistError::Setup {
-            message: "collate: empty batch".into(),
-        });
-    };
-    let names: Vec<String> = first.blocks.keys().cloned().collect();
-    for s in batch {
-        if s.blocks.keys().ne(names.iter()) {
-            return Err(DistError::Protocol {
-                message: format!(
-                    "collate: sample {} has features {:?}, sample {} has {:?}",
-                    first.sample,
-                    names,
-                    s.sample,
-                    s.blocks.keys().collect::<Vec<_>>()
-                ),
-            });
-        }
-    }
-    Ok(names)
-}
-
-/// Every feature's local shape in the batch: the largest length of each axis over the
-/// batch and every DP replica (one all-reduce for all of them).
-fn agreed_shapes(
+/// Every held feature's local shape in the batch, agreed with the other DP replicas in
+/// one all-reduce of max of the executor's collate frame
+/// (`featshard_exec::collate`); replicas holding different features are every rank's
+/// same error.
+fn agreed_targets(
     mesh: &Mesh,
-    batch: &[LocalSample],
-    names: &[String],
+    plan: &Plan,
+    shapes: &[BTreeMap<String, Vec<usize>>],
 ) -> Result<BTreeMap<String, Vec<usize>>, DistError> {
-    let first = &batch[0];
-    let mut longest = Vec::new();
-    for name in names {
-        for d in 0..first.blocks[name].tensor.dim() {
-            longest.push(
-                batch
-                    .iter()
-                    .map(|s| s.blocks[name].tensor.size()[d])
-                    .max()
-                    .unwrap_or(0),
-            );
-        }
-    }
-    let mut agreed = Tensor::from_slice(&longest).to_device(mesh.dp().device());
-    mesh.dp().all_reduce(&mut agreed, ReduceOp::Max)?;
-    let agreed =
-        Vec::<i64>::try_from(&agreed.to_device(Device::Cpu)).map_err(|e| DistError::Protocol {
+    let frame = collate_frame(plan, shapes)?;
+    let mut reduced = Tensor::from_slice(&frame.frame).to_device(mesh.dp().device());
+    mesh.dp().all_reduce(&mut reduced, ReduceOp::Max)?;
+    let reduced =
+        Vec::<i64>::try_from(&reduced.to_device(Device::Cpu)).map_err(|e| DistError::Protocol {
             message: e.to_string(),
         })?;
-    let mut targets = BTreeMap::new();
-    let mut k = 0;
-    for name in names {
-        let n = first.blocks[name].tensor.dim();
-        let shape = agreed[k..k + n].iter().map(|&d| d as usize).collect();
-        targets.insert(name.clone(), shape);
-        k += n;
-    }
-    Ok(targets)
+    Ok(collate_targets(plan, &frame, &reduced)?)
 }
 
 /// One feature's samples padded to the agreed shape (owner-block indices re-padded)
