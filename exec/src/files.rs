@@ -52,6 +52,71 @@ pub struct Header {
     pub data_start: u64,
 }
 
+/// Reads `window` (`(start, stop)` per axis) of tensor `entry` of the safetensors
+/// file `file` (whose data section starts at `data_start`) into `out`, the window's
+/// bytes row-major: one positioned read per run contiguous in the file, nothing else of
+/// the tensor read. A window off the tensor, or an `out` of another size, is refused.
+pub fn read_window(
+    (file, path): (&std::fs::File, &Path),
+    data_start: u64,
+    entry: &Entry,
+    window: &[(usize, usize)],
+    out: &mut [u8],
+) -> Result<(), ExecError> {
+    use std::os::unix::fs::FileExt;
+    let shape = &entry.shape;
+    let fits = window.len() == shape.len()
+        && window
+            .iter()
+            .zip(shape)
+            .all(|(&(a, b), &n)| a <= b && b <= n);
+    let es = dtype::size(entry.dtype);
+    let lens: Vec<usize> = window.iter().map(|&(a, b)| b - a).collect();
+    if !fits || out.len() != lens.iter().product::<usize>() * es {
+        let message = format!(
+            "tensor `{}` of shape {shape:?}: no window {window:?} into {} bytes",
+            entry.name,
+            out.len()
+        );
+        return Err(io(path, message));
+    }
+    // The run: the trailing axes the window covers whole, and the one before them.
+    let mut k = shape.len();
+    let mut run = 1;
+    while k > 0 {
+        k -= 1;
+        run *= lens[k];
+        if lens[k] != shape[k] {
+            break;
+        }
+    }
+    let strides = featshard_spec::layout::contiguous_stride(shape);
+    let base = data_start + entry.offsets.0;
+    let at_of = |outer: &[usize]| {
+        let head: usize = outer
+            .iter()
+            .zip(window)
+            .zip(&strides)
+            .map(|((&i, w), s)| (w.0 + i) * s)
+            .sum();
+        let tail: usize = window[outer.len()..]
+            .iter()
+            .zip(&strides[outer.len()..])
+            .map(|(w, s)| w.0 * s)
+            .sum();
+        base + ((head + tail) * es) as u64
+    };
+    if run == 0 {
+        return Ok(());
+    }
+    for (i, chunk) in out.chunks_mut(run * es).enumerate() {
+        let outer = crate::compact::unravel(i, &lens[..k]);
+        file.read_exact_at(chunk, at_of(&outer))
+            .map_err(|e| io(path, format!("tensor `{}`: cannot read: {e}", entry.name)))?;
+    }
+    Ok(())
+}
+
 /// A safetensors file's header, read alone and bounded by the file's size (a regular
 /// file is required): every tensor's dtype, shape and data range checked.
 pub fn read_header(path: &Path) -> Result<Header, ExecError> {
@@ -384,5 +449,61 @@ pub(crate) fn sum_of(bytes: &[u8]) -> featshard_spec::shards::FileSum {
     featshard_spec::shards::FileSum {
         bytes: bytes.len() as u64,
         crc32: crc32fast::hash(bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_window_of_a_tensor_reads_its_elements_row_major() {
+        let shape = [3usize, 4, 2];
+        let values: Vec<u8> = (0..24u16).flat_map(|v| (v * 7).to_le_bytes()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.safetensors");
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I16, shape.to_vec(), &values)
+                .unwrap();
+        safetensors::serialize_to_file([("x", view)], None, &path).unwrap();
+        let header = read_header(&path).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let ranges = |n: usize| (0..=n).flat_map(move |a| (a..=n).map(move |b| (a, b)));
+        let mut read = 0;
+        for w0 in ranges(3) {
+            for w1 in ranges(4) {
+                for w2 in ranges(2) {
+                    let window = [w0, w1, w2];
+                    let mut want = Vec::new();
+                    for i in w0.0..w0.1 {
+                        for j in w1.0..w1.1 {
+                            for k in w2.0..w2.1 {
+                                let at = (i * 4 + j) * 2 + k;
+                                want.extend_from_slice(&values[at * 2..at * 2 + 2]);
+                            }
+                        }
+                    }
+                    let mut out = vec![0xEEu8; want.len()];
+                    let entry = &header.entries[0];
+                    read_window((&file, &path), header.data_start, entry, &window, &mut out)
+                        .unwrap();
+                    assert_eq!(out, want, "{window:?}");
+                    read += 1;
+                }
+            }
+        }
+        assert_eq!(read, 10 * 15 * 6);
+        let mut out = vec![0u8; 4];
+        let e = read_window(
+            (&file, &path),
+            header.data_start,
+            &header.entries[0],
+            &[(0, 1), (0, 1), (1, 3)],
+            &mut out,
+        );
+        assert!(
+            e.unwrap_err().to_string().contains("no window"),
+            "a window off the tensor"
+        );
     }
 }

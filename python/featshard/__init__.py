@@ -185,6 +185,12 @@ class Plan:
         """The checks of ``place`` that need no values, on dtypes and shapes."""
         return self._native.check_shapes(shapes)
 
+    def real_window(self, name: str, window: Sequence[tuple[int, int]], lengths: dict[str, int]) -> list[tuple[int, int]]:
+        """The part of ``window`` (``(start, len)`` per axis of feature ``name``'s padded
+        layout) that holds real items given every semantic's real length: ``(start,
+        stop)`` per axis."""
+        return self._native.real_window(name, list(window), lengths)
+
     def collate_frame(self, samples: list[dict[str, list[int]]]) -> _native.CollateFrame:
         """Collate's frame for a batch (each sample as its blocks' local shapes): what a
         DP replica all-reduces by max; ``ValueError`` for samples holding different

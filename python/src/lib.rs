@@ -16,6 +16,7 @@ mod manifest;
 mod placement;
 mod pool;
 mod tables;
+mod window_reader;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -267,6 +268,18 @@ impl Plan {
     ) -> PyResult<BTreeMap<String, Vec<usize>>> {
         featshard_exec::collate::collate_targets(&self.plan, &frame.frame, &reduced)
             .map_err(value_error)
+    }
+
+    /// The part of `window` (`(start, len)` per axis of feature `name`'s padded layout)
+    /// that holds real items given every semantic's real length: `(start, stop)` per axis.
+    fn real_window(
+        &self,
+        name: &str,
+        window: Vec<(usize, usize)>,
+        lengths: BTreeMap<String, usize>,
+    ) -> PyResult<Vec<(usize, usize)>> {
+        let t = tensor(&self.plan, name, window.len())?;
+        Ok(t.real_window(&window, &lengths))
     }
 
     /// The samples of a pre-sharded dataset that did not fail, from its `dataset.json`
@@ -643,6 +656,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::Slot>()?;
     m.add_class::<buffer::Recipe>()?;
     m.add_class::<collate::CollateFrame>()?;
+    m.add_class::<window_reader::WindowReader>()?;
     m.add_class::<manifest::ShardManifest>()?;
     m.add_class::<tables::Feature>()?;
     m.add_class::<tables::Semantic>()?;

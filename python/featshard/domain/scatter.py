@@ -3,10 +3,7 @@ every rank in its own part; and full outputs gathered back."""
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -195,10 +192,7 @@ class DomainScatter(DomainTables):
         """This rank's block of one input: its real part read in place, the rest the pad value."""
         info = self.features[name]
         window = self.local_window(name, shape, mesh_sizes, coord)
-        real = []
-        for (start, n), sem, c in zip(window, info.semantics, info.channels):
-            end = min(start + n, lengths[sem] if sem is not None else int(c or 0))
-            real.append(slice(start, max(start, end)))
+        real = [slice(a, b) for a, b in self.plan.real_window(name, list(window), dict(lengths))]
         want = tuple(r.stop - r.start for r in real)
         all_real = want == tuple(n for _, n in window)
         block = torch.empty(tuple(n for _, n in window), dtype=info.dtype, device=device)
@@ -217,21 +211,25 @@ class DomainScatter(DomainTables):
     def safetensors_source(self, path: str | os.PathLike[str]) -> tuple[Reader, dict[str, int]]:
         """A reader of one serial sample's safetensors file, and the sample's lengths from its
         header, checked as `check_inputs` checks tensors (mesh rules aside, which
-        `scatter_local` checks). Each rank reads only its own part of every input, with
-        positioned reads straight into its blocks: no memory map, no whole tensor."""
+        `scatter_local` checks). Each rank reads only its own part of every input: the
+        executor's positioned reads straight into its blocks (a contiguous CPU block; any
+        other through one on the host), no memory map, no whole tensor."""
         try:
-            found, _ = _native.read_header(os.fspath(path))
+            reader = _native.WindowReader(os.fspath(path))
         except ValueError as e:
             raise FeatureDistributionError(str(e)) from None
-        entries = {n: _Entry(torch_dtype(d), tuple(shape), at) for n, d, shape, at in found}
-        shapes = {n: (e.shape, e.dtype) for n, e in entries.items()}
+        shapes = {n: (tuple(shape), torch_dtype(d)) for n, (d, shape) in reader.tensors.items()}
         lengths = self.check_shapes(shapes, (1,) * len(self.domain_axes))
-        fd = os.open(os.fspath(path), os.O_RDONLY)
 
         def read(name: str, window: tuple[slice, ...], out: torch.Tensor) -> None:
-            _read_window(fd, entries[name], window, out)
+            bounds = [(w.start, w.stop) for w in window]
+            if out.is_contiguous() and out.device.type == "cpu":
+                reader.read(name, bounds, out.__dlpack__())
+                return
+            part = torch.empty(out.shape, dtype=out.dtype)
+            reader.read(name, bounds, part.__dlpack__())
+            out.copy_(part)
 
-        weakref.finalize(read, os.close, fd)
         return read, lengths
 
     def gather_outputs(
@@ -296,38 +294,3 @@ def _domain_group(dmesh: DeviceMesh) -> Any:
 
 def _as_lists(shapes: Mapping[int, Sequence[tuple[int, ...]]]) -> dict[int, list[tuple[int, ...]]]:
     return {m: list(v) for m, v in shapes.items()}
-
-
-class _Entry(NamedTuple):
-    """One tensor of a safetensors file: dtype, shape, where its data starts."""
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    offset: int
-
-
-def _read_window(fd: int, e: _Entry, window: tuple[slice, ...], out: torch.Tensor) -> None:
-    """Reads `window` of a C-ordered tensor in a file into `out` (of the window's shape):
-    one positioned read per run that is contiguous in both the file and `out`."""
-    if out.dim() == 0 or out.stride(-1) != 1 or out.device.type != "cpu":
-        part = torch.empty(out.shape, dtype=out.dtype)
-        _read_window(fd, e, window, part)
-        out.copy_(part)
-        return
-    stride = [math.prod(e.shape[d + 1 :]) for d in range(len(e.shape))]
-    k, run = len(e.shape), 1
-    while k > 0 and out.stride(k - 1) == run:
-        k -= 1
-        n = window[k].stop - window[k].start
-        run *= n
-        if n != e.shape[k]:
-            break
-    item = out.element_size()
-    raw = out.view(torch.uint8).numpy()
-    for idx in itertools.product(*(range(window[d].stop - window[d].start) for d in range(k))):
-        at = sum((window[d].start + i) * stride[d] for d, i in enumerate(idx))
-        at += sum(window[d].start * stride[d] for d in range(k, len(e.shape)))
-        dest = raw[idx]
-        got = os.preadv(fd, [dest], e.offset + at * item)
-        if got != run * item:
-            raise OSError(f"short read: {got} of {run * item} bytes")

@@ -421,6 +421,28 @@ pub struct TensorPlan {
 }
 
 impl TensorPlan {
+    /// The part of `window` (`(start, len)` per axis of the padded layout) that holds
+    /// real items, `(start, stop)` per axis: a semantic's axis stops at its real length
+    /// in `lengths` (0 when not given), a channel at its size; an axis with no real item
+    /// in the window is empty at its start.
+    pub fn real_window(
+        &self,
+        window: &[(usize, usize)],
+        lengths: &BTreeMap<String, usize>,
+    ) -> Vec<(usize, usize)> {
+        self.axes
+            .iter()
+            .zip(window)
+            .map(|(a, &(start, len))| {
+                let real = match &a.semantic {
+                    Some(s) => lengths.get(s).copied().unwrap_or(0),
+                    None => usize::try_from(a.size.unwrap_or(0)).unwrap_or(usize::MAX),
+                };
+                (start, start.saturating_add(len).min(real).max(start))
+            })
+            .collect()
+    }
+
     /// The region of the feature's padded layout that the rank at CP mesh coordinate
     /// `coord` holds, `(start, len)` per axis, for local block shape `local`: a split
     /// axis takes the block of its mesh axis' coordinate (a co-sharded axis its
