@@ -29,7 +29,6 @@ from featshard.errors import (
     Status,
     agree,
     outcome_message,
-    raise_failure,
     receive_outcome,
     send_outcome,
     status_of,
@@ -54,6 +53,7 @@ CpGroup = tuple[dist.ProcessGroup, list[int], DeviceMesh]
 
 # One process group per CP group layout, made once: creating groups is collective.
 _GROUPS: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup] = {}
+_WORLD: list[dist.ProcessGroup] = []
 
 
 def mesh_dims(plan: Plan, mesh: DeviceMesh) -> tuple[int | None, list[int]]:
@@ -82,7 +82,17 @@ def cp_group(plan: Plan, mesh: DeviceMesh) -> CpGroup:
         _GROUPS[groups], _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
             [list(g) for g in groups], backend="gloo"
         )
+    if not _WORLD:
+        # The agreement's group: the whole world, on gloo (status flags are CPU tensors).
+        world = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        assert isinstance(world, dist.ProcessGroup)
+        _WORLD.append(world)
     return _GROUPS[groups], mine, cp_mesh
+
+
+def _world() -> dist.ProcessGroup:
+    """The whole world on gloo, made by the first :func:`cp_group` (collectively)."""
+    return _WORLD[0]
 
 
 def distribute_features(
@@ -102,33 +112,36 @@ def distribute_features(
     ``features`` is the sample on the source rank (None elsewhere); ``src`` the source's
     global rank (default: the group's rank at CP coordinate (0, 0)). ``check``, if given,
     runs on every rank on its local blocks. An error on any rank is raised on every rank
-    of the group with the same type and message. ``group`` is what ``cp_group(mesh)``
+    of the world with the same type and message (every rank of the world calls it for
+    each step, as with the Rust distributor). ``group`` is what ``cp_group(mesh)``
     returned (by default it is looked up again). With ``compact``, one-hot features
     travel as indices; the DTensors are the same either way.
     """
     pg, ranks, cp_mesh = group if group is not None else cp_group(plan, mesh)
     sizes = tuple(cp_mesh.size(d) for d in range(cp_mesh.ndim))
     source = ranks[0] if src is None else src
-    # A failure once every rank has the header (the source writing a buffer, a block,
-    # `check`) is agreed on below, so that every rank raises it and none is left waiting.
-    failed: Status | None = None
+    # Every failure (the source's sample, a buffer, a block, `check`) is agreed on by the
+    # whole world below, as the Rust distributor agrees: every rank raises it together,
+    # and no rank of another CP group is left waiting.
     if dist.get_rank() == source:
         header, mine, failed = _send_blocks(plan, features, sizes, (pg, ranks, source),
                                             workflow=workflow, threads=threads, compact=compact)
     else:
-        header = receive_outcome(source, pg)
-        mine = from_dlpack(_native.receive_buffer(_native.BufferLayout.from_bytes(header[0]).nbytes))
-        dist.recv(mine, src=source, group=pg)
-    wire, passthrough = _native.BufferLayout.from_bytes(header[0]), header[1]
+        (failed, header), mine = receive_outcome(source, pg), None
+        if failed is None:
+            mine = from_dlpack(_native.receive_buffer(_native.BufferLayout.from_bytes(header[0]).nbytes))
+            dist.recv(mine, src=source, group=pg)
     local: dict[str, torch.Tensor] = {}
     if failed is None:
+        assert mine is not None
+        wire, passthrough = _native.BufferLayout.from_bytes(header[0]), header[1]
         try:
             local = _local_blocks(plan, mine, wire, _device_of(cp_mesh))
             if check is not None:
                 check(local)
         except Exception as e:  # noqa: BLE001 - shared with every rank below
             failed = status_of(e)
-    agree(failed, pg, len(ranks))
+    agree(failed, _world(), dist.get_world_size())
     on_mesh = placements(plan)
     result: dict[str, Any] = dict(passthrough)
     global_shapes = {slot.name: slot.global_shape for slot in wire.slots if slot.global_shape is not None}
@@ -148,12 +161,12 @@ def _send_blocks(
     workflow: str | None,
     threads: int,
     compact: bool,
-) -> tuple[Any, torch.Tensor, Status | None]:
+) -> tuple[Any, torch.Tensor | None, Status | None]:
     """The source's part: places the sample, then sends each other rank of the group,
-    one at a time, the header (or the source's error, raised here and on every rank) and
-    its blocks; returns the header, the source's own blocks' buffer, and a failure to
-    write a buffer after the header went out (those ranks get zeros, and the failure is
-    agreed on)."""
+    one at a time, the header (or the source's error) and its blocks; returns the
+    header, the source's own blocks' buffer, and its failure to agree on: to place the
+    sample (no header, no buffer), or to write a buffer after the header went out (those
+    ranks get zeros)."""
     pg, ranks, source = to
     placed, header, failed = None, None, None
     try:
@@ -178,8 +191,8 @@ def _send_blocks(
             # (two alive at once would outgrow the kept buffers, and every rank's buffer
             # would be new memory, page faults and all).
             del buffer
-    raise_failure(failed)
-    assert placed is not None
+    if placed is None:
+        return None, None, failed
     mine, late = _written(placed, _native.coords(sizes, ranks.index(source)), threads, compact, late)
     return header, mine, late
 

@@ -128,16 +128,17 @@ def send_outcome(message: torch.Tensor, dst: int, group: Any) -> None:
     dist.send(message, dst=dst, group=group)
 
 
-def receive_outcome(src: int, group: Any) -> Any:
-    """The source ``src``'s decision sent by :func:`send_outcome`: its outcome, or its
-    failure raised here (:func:`same_error`)."""
+def receive_outcome(src: int, group: Any) -> tuple[Status | None, Any]:
+    """The source ``src``'s decision sent by :func:`send_outcome`: its failure (to be
+    agreed on, so that every rank raises it together), or None and its outcome."""
     size = torch.empty(1, dtype=torch.int64)
     dist.recv(size, src=src, group=group)
     message = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.recv(message, src=src, group=group)
     frame, outcome = pickle.loads(message.numpy().tobytes())
-    _raise_failure(frame)
-    return outcome
+    if _native.read_status(frame) is not None:
+        return frame, None
+    return None, outcome
 
 
 def raise_failure(failed: Status | None) -> None:

@@ -76,6 +76,10 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
         elif scenario == "source_error":
             bad = dict(sample, ref_pos=sample["ref_pos"].double())
             D.distribute_features(bad if source else None, mesh, workflow="inference")
+        elif scenario == "replica_error":
+            # Only DP replica 1's sample is bad: replica 0's ranks raise its error too.
+            bad = dict(sample, ref_pos=sample["ref_pos"].double()) if dp == 1 else sample
+            D.distribute_features(bad if source else None, mesh, workflow="inference")
         elif scenario == "value_error":
             msa = sample["msa"].clone()
             msa[0, 5] = 40  # past the 33 residue ids `range: [0, 32]` declares
@@ -458,6 +462,18 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(
         assert message == "MemoryError: no room for a rank's buffer", message
     else:
         assert message == "ValueError: rank 3 rejects its blocks", message
+
+
+def test_an_error_in_one_dp_replica_is_raised_on_every_rank_of_the_world(
+    generated_dir: Path, tmp_path: Path
+) -> None:
+    """The agreement spans the world, as the Rust distributor's does: a replica whose
+    sample fails takes every other replica's ranks with it (none is left waiting in the
+    next collective)."""
+    results = _run(generated_dir, (2, 2, 2), "replica_error", tmp_path)
+    errors = {r.get("error") for r in results}
+    assert len(results) == 8 and all(r["status"] == "error" for r in results), results
+    assert errors == {"ValueError: feature `ref_pos`: expected dtype float32, got float64"}, errors
 
 
 def test_collate_stacks_dp_replicas_pads_to_the_dp_max_and_repads_atom_indices(

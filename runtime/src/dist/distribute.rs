@@ -1,6 +1,7 @@
 //! One distribution step: the source rank of each CP group announces its sample
 //! (or its failure), scatters every rank exactly its block, and the whole world agrees
-//! on the outcome, so that a failure anywhere is the same error everywhere.
+//! on the outcome, so that a failure anywhere is the same error everywhere (one small
+//! all-reduce when all went well; every rank's status frame only after a failure).
 
 use std::fmt::Display;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use featshard_spec::plan::Plan;
 use tch::{Device, Tensor};
 
 use super::error::DistError;
+use super::group::ReduceOp;
 use super::mesh::Mesh;
 use super::pool::{buffer, BufferPool};
 use super::prepare::{Prepared, Preparer, Write};
@@ -263,9 +265,21 @@ fn source_header(
     }
 }
 
-/// Every rank's status of this step, gathered over the world; the first failure in
-/// rank order becomes every rank's error.
+/// Every rank's status of this step, agreed over the world; the first failure in rank
+/// order becomes every rank's error. One small all-reduce when every rank succeeded
+/// (the frames cross only on a failure): the Python package's distributor agrees the
+/// same way, over the same ranks.
 fn agree(mesh: &Mesh, status: Status) -> Result<(), DistError> {
+    let failed = i32::from(status != Status::Ok);
+    let mut anyone = Tensor::from_slice(&[failed]).to_device(mesh.world().device());
+    mesh.world().all_reduce(&mut anyone, ReduceOp::Max)?;
+    let anyone =
+        Vec::<i32>::try_from(&anyone.to_device(Device::Cpu)).map_err(|e| DistError::Protocol {
+            message: e.to_string(),
+        })?;
+    if anyone.first().copied().unwrap_or(0) == 0 {
+        return Ok(());
+    }
     let mine = Tensor::from_slice(&status.encode()).to_device(mesh.world().device());
     let all = mesh.world().all_gather(&mine)?;
     for (rank, t) in all.iter().enumerate() {
