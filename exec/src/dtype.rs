@@ -225,7 +225,7 @@ pub fn encode_f64(d: DType, v: f64, out: &mut Vec<u8>) {
 }
 
 /// One element holding the pad value.
-pub fn pad_bytes(d: DType, pad: PadValue) -> Vec<u8> {
+pub(crate) fn pad_bytes(d: DType, pad: PadValue) -> Vec<u8> {
     let mut out = Vec::with_capacity(size(d));
     match pad {
         PadValue::Bool(b) => encode_i64(d, i64::from(b), &mut out),

@@ -37,7 +37,7 @@ pub mod rank_files;
 pub mod sink;
 pub mod validate;
 pub mod vectors;
-pub mod window;
+mod window;
 
 pub use error::ExecError;
 pub use feature::tensor_plan;

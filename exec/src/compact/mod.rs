@@ -58,7 +58,7 @@ use crate::error::ExecError;
 /// rows (`(classes + 1) x classes` elements, 0.5 MB of int64 at 256); beyond, it
 /// scatters into zeros. Both torch executors (the Python package's and the tch
 /// runtime's) follow it.
-pub const ROWS_TABLE_MAX: usize = 256;
+pub(crate) const ROWS_TABLE_MAX: usize = 256;
 
 /// How a compact block expands to its dense block (what a receiver is told).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
