@@ -28,10 +28,12 @@ build() {  # a tree's release builds and its wheel
 }
 
 [ -d "$before" ] || git -C "$here" worktree add -f "$before" "$commit"
-build "$before"
-rm -rf "$site" && "$py" -m pip install --quiet --no-deps --target "$site" "$before"/target/wheels/featshard-*.whl
-build "$here"
-"$py" -m pip install --quiet --no-deps --force-reinstall "$here"/target/wheels/featshard-*.whl
+if [ -z "${FEATSHARD_COMPARE_BUILT:-}" ]; then  # set it to reuse both trees' builds
+  build "$before"
+  rm -rf "$site" && "$py" -m pip install --quiet --no-deps --target "$site" "$before"/target/wheels/featshard-*.whl
+  build "$here"
+  "$py" -m pip install --quiet --no-deps --force-reinstall "$here"/target/wheels/featshard-*.whl
+fi
 
 checksum() {  # featshard assemble with and without the CRC check, 5 runs each
   local f=target/release/featshard d; d="$(mktemp -d)"
