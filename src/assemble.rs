@@ -6,7 +6,7 @@ use std::path::Path;
 
 use featshard_exec::assemble::{assemble, dense_blocks, footprints, unpad, Dense};
 use featshard_exec::files::{self, Mapped};
-use featshard_exec::rank_file::open_checked;
+use featshard_exec::rank_file::RunFiles;
 
 use crate::commands::{load, Failure};
 use crate::manifest::{self, layout_digest, Manifest, RANK_KEY};
@@ -15,7 +15,7 @@ use crate::shards::other;
 use crate::staging;
 
 /// The metadata every rank file carries in its header (rank 0's, its identity
-/// removed; [`open_checked`] has compared it with the manifest's).
+/// removed; [`RunFiles::open`] has compared it with the manifest's).
 fn rank_metadata(rank0: &Mapped) -> files::Metadata {
     let mut metadata = rank0.header().metadata.clone();
     metadata.remove(RANK_KEY);
@@ -46,11 +46,10 @@ pub fn assemble_files(
     let paths: Vec<_> = (0..world)
         .map(|rank| shards.join(format!("rank-{rank}.safetensors")))
         .collect();
+    let run = RunFiles::new(&plan, &manifest, &layout_sha256);
     let mut mapped = Vec::with_capacity(world);
     for (rank, path) in paths.iter().enumerate() {
-        mapped.push(
-            open_checked(&plan, &manifest, &layout_sha256, path, rank, verify).map_err(other)?,
-        );
+        mapped.push(run.open(path, rank, verify).map_err(other)?);
     }
     let mut ranks: Vec<files::Sample> = mapped.iter().map(Mapped::sample).collect();
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();

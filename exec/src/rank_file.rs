@@ -85,26 +85,58 @@ pub fn open_checked(
     rank: usize,
     verify: bool,
 ) -> Result<Mapped, String> {
-    let at = |e: String| format!("{}: {e}", path.display());
-    let file = Mapped::open(path).map_err(|e| e.to_string())?;
-    let mut metadata = file.header().metadata.clone();
-    let entry = metadata.remove(RANK_KEY);
-    manifest
-        .check_rank(entry.as_deref(), rank, layout_sha256)
-        .map_err(at)?;
-    if verify {
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let folder = path.parent().unwrap_or(Path::new("."));
+    RunFiles::new(plan, manifest, layout_sha256).open(path, rank, verify)
+}
+
+/// The rank files of one run, each opened and checked by [`RunFiles::open`] as
+/// [`open_checked`] does; the manifest's entries, the same for every rank, are checked
+/// against the plan once (after the first file's identity has vouched for the layout).
+#[derive(Debug)]
+pub struct RunFiles<'a> {
+    plan: &'a Plan,
+    manifest: &'a Manifest,
+    layout_sha256: &'a str,
+    entries: std::sync::OnceLock<Result<(), String>>,
+}
+
+impl<'a> RunFiles<'a> {
+    /// The run of `manifest` (whose layout's digest the reader computed as
+    /// `layout_sha256`), read for `plan`.
+    pub fn new(plan: &'a Plan, manifest: &'a Manifest, layout_sha256: &'a str) -> Self {
+        RunFiles {
+            plan,
+            manifest,
+            layout_sha256,
+            entries: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Rank `rank`'s file at `path`, mapped and checked (see [`open_checked`]).
+    pub fn open(&self, path: &Path, rank: usize, verify: bool) -> Result<Mapped, String> {
+        let (plan, manifest) = (self.plan, self.manifest);
+        let at = |e: String| format!("{}: {e}", path.display());
+        let file = Mapped::open(path).map_err(|e| e.to_string())?;
+        let mut metadata = file.header().metadata.clone();
+        let entry = metadata.remove(RANK_KEY);
         manifest
-            .check_file(&name, sum_of(file.bytes()))
-            .map_err(|e| format!("{}: {e}", folder.display()))?;
+            .check_rank(entry.as_deref(), rank, self.layout_sha256)
+            .map_err(at)?;
+        if verify {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            let folder = path.parent().unwrap_or(Path::new("."));
+            manifest
+                .check_file(&name, sum_of(file.bytes()))
+                .map_err(|e| format!("{}: {e}", folder.display()))?;
+        }
+        let entries = self.entries.get_or_init(|| manifest.check_entries(plan));
+        entries.clone().map_err(at)?;
+        if metadata != manifest.metadata {
+            return Err(at(
+                "the manifest's metadata differs from the rank files' (edited after the run?)"
+                    .into(),
+            ));
+        }
+        check_listing(plan, manifest, &listing_of(&file.sample())).map_err(at)?;
+        Ok(file)
     }
-    manifest.check_entries(plan).map_err(at)?;
-    if metadata != manifest.metadata {
-        return Err(at(
-            "the manifest's metadata differs from the rank files' (edited after the run?)".into(),
-        ));
-    }
-    check_listing(plan, manifest, &listing_of(&file.sample())).map_err(at)?;
-    Ok(file)
 }
