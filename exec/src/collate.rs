@@ -101,9 +101,7 @@ pub fn collate_targets(
 }
 
 fn collate_error(message: String) -> ExecError {
-    ExecError::Unsupported {
-        message: format!("collate: {message}"),
-    }
+    ExecError::Collate { message }
 }
 
 #[cfg(test)]

@@ -160,6 +160,10 @@ pub enum ExecError {
     TooLarge { feature: String, message: String },
     #[error("{path}: {message}")]
     Io { path: String, message: String },
+    /// A batch that collate cannot stack (empty, or samples or replicas holding
+    /// different features).
+    #[error("collate: {message}")]
+    Collate { message: String },
     /// A plan this runtime does not execute.
     #[error("{message}")]
     Unsupported { message: String },

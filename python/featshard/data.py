@@ -58,18 +58,20 @@ def _stride(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _agreed_targets(
-    plan: Plan, batch: Sequence[Mapping[str, Any]], names: list[str], dp_group: dist.ProcessGroup, device: str
-) -> dict[str, list[int]]:
-    """Every held feature's local shape in the batch, agreed with the other DP replicas:
-    one all-reduce of max of the executor's collate frame (which features each replica
-    holds and lacks, the longest length of each of their axes), on the mesh's ``device``
-    (where its groups' backend takes tensors). Replicas holding different features are
-    every rank's same error (the Rust runtime's)."""
-    frame = plan.collate_frame([{n: list(s[n].to_local().shape) for n in names} for s in batch])
+    plan: Plan, batch: Sequence[Mapping[str, Any]], dp_group: dist.ProcessGroup, device: str
+) -> tuple[list[str], dict[str, list[int]]]:
+    """The features the batch holds, and each one's local shape agreed with the other DP
+    replicas: one all-reduce of max of the executor's collate frame (which features each
+    replica holds and lacks, the longest length of each of their axes), on the mesh's
+    ``device`` (where its groups' backend takes tensors). An empty batch, or samples
+    holding different features, are the executor's ``ValueError``; replicas holding
+    different features are every rank's same error (the Rust runtime's)."""
+    shapes = [{n: list(x.to_local().shape) for n, x in s.items() if isinstance(x, DTensor)} for s in batch]
+    frame = plan.collate_frame(shapes)
     reduced = torch.tensor(frame.frame, dtype=torch.int64, device=device)
     dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=dp_group)
     try:
-        return plan.collate_targets(frame, reduced.tolist())
+        return frame.names, plan.collate_targets(frame, reduced.tolist())
     except ValueError as e:
         raise FeatureDistributionError(str(e)) from None
 
@@ -93,16 +95,10 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     if dp is None or mesh.mesh_dim_names is None:
         raise ValueError(f"collate: the device mesh has no DP axis `{plan.dp_axis}`: collate"
                          " stacks the samples of DP replicas")
-    if not batch:
-        raise ValueError("collate: empty batch")
     dp_group = mesh.get_group(mesh.mesh_dim_names[dp])
     dp_size = int(mesh.mesh.shape[dp])
     cp = tuple(int(mesh.mesh.shape[d]) for d in cp_dims)
-    names = sorted(n for n in batch[0] if isinstance(batch[0][n], DTensor))
-    for s in batch:
-        if sorted(n for n in s if isinstance(s[n], DTensor)) != names:
-            raise ValueError("collate: the samples of a batch hold different features")
-    target = _agreed_targets(plan, batch, names, dp_group, mesh.device_type)
+    names, target = _agreed_targets(plan, batch, dp_group, mesh.device_type)
     locals_ = {n: [s[n].to_local() for s in batch] for n in names}
     on_mesh = placements(plan, dp=True)
     out: dict[str, Any] = {}
