@@ -1,9 +1,11 @@
 //! Collate's plan, for every adapter that stacks a DP replica's samples (the tch
 //! runtime's `collate`, the Python package's): the samples of a batch must hold the same
-//! features, the replicas agree in one all-reduce of max over a frame whose length the
-//! plan fixes (which tensor features each replica holds and lacks, and the longest
-//! length of each of their axes), and the reduced frame gives every feature's target
-//! local shape or the one error every rank raises.
+//! keys, the replicas agree in one all-reduce of max over a frame whose length the
+//! plan fixes (whether a replica failed, its batch size, which tensor features it holds
+//! and lacks, and the longest length of each of their axes), and the reduced frame
+//! gives every feature's target local shape, or the one error every rank raises. A
+//! replica whose batch is refused still takes part ([`failed_frame`]), so that no
+//! replica waits for it: the ranks then exchange status frames (`crate::agree`).
 
 use std::collections::BTreeMap;
 
@@ -16,35 +18,40 @@ use crate::error::ExecError;
 pub struct CollateFrame {
     /// The features this replica's batch holds, sorted.
     pub names: Vec<String>,
-    /// The frame to all-reduce by max over the DP group: per tensor feature of the plan,
-    /// 1 where held; then 1 where lacking; then per axis of each, its longest length in
-    /// this replica's batch (0 where lacking).
+    /// The frame to all-reduce by max over the DP group: 1 if this replica failed; its
+    /// batch size and its negation; per tensor feature of the plan, 1 where held; then 1
+    /// where lacking; then per axis of each, its longest length in this replica's batch
+    /// (0 where lacking).
     pub frame: Vec<i64>,
 }
 
-/// The frame of a replica whose batch holds `samples`: each sample's blocks' local
-/// shapes, by feature name. Samples holding different features are refused.
+/// Where the per-feature part of a frame starts.
+const HEAD: usize = 3;
+
+/// A value of a sample that is not a block: a tensor's dtype and shape (stacked by
+/// collate), or `None` (collected in a list).
+pub type Other = Option<(String, Vec<usize>)>;
+
+/// A sample's values that are not blocks (metadata, passed-through values), by name.
+pub type Others = BTreeMap<String, Other>;
+
+/// The frame of a replica whose batch holds `samples` (each sample's blocks' local
+/// shapes, by feature name) and `others` (each sample's other values). Refused by name:
+/// an empty batch, a block the spec does not declare, samples holding different keys,
+/// and tensors that cannot be stacked.
 pub fn collate_frame(
     plan: &Plan,
     samples: &[BTreeMap<String, Vec<usize>>],
+    others: &[Others],
 ) -> Result<CollateFrame, ExecError> {
-    let Some(first) = samples.first() else {
-        return Err(collate_error("empty batch".into()));
-    };
+    check_batch(plan, samples, others)?;
+    let first = &samples[0];
     let names: Vec<String> = first.keys().cloned().collect();
-    if let Some((i, s)) = samples
-        .iter()
-        .enumerate()
-        .find(|(_, s)| !s.keys().eq(names.iter()))
-    {
-        return Err(collate_error(format!(
-            "the samples of a batch hold different features: sample 0 has {names:?}, sample {i} has {:?}",
-            s.keys().collect::<Vec<_>>()
-        )));
-    }
     let tensors: Vec<(&str, usize)> = plan.tensors().map(|(n, t)| (n, t.axes.len())).collect();
     let held = |n: &str| first.contains_key(n);
-    let mut frame: Vec<i64> = tensors.iter().map(|&(n, _)| i64::from(held(n))).collect();
+    let batch = i64::try_from(samples.len()).unwrap_or(i64::MAX);
+    let mut frame = vec![0, batch, -batch];
+    frame.extend(tensors.iter().map(|&(n, _)| i64::from(held(n))));
     frame.extend(tensors.iter().map(|&(n, _)| i64::from(!held(n))));
     for &(name, rank) in &tensors {
         for d in 0..rank {
@@ -59,26 +66,112 @@ pub fn collate_frame(
     Ok(CollateFrame { names, frame })
 }
 
+/// The frame of a replica whose batch was refused: it fails the reduction everywhere.
+pub fn failed_frame(plan: &Plan) -> CollateFrame {
+    let mut frame = vec![0i64; frame_len(plan)];
+    frame[0] = 1;
+    CollateFrame {
+        names: Vec::new(),
+        frame,
+    }
+}
+
+fn frame_len(plan: &Plan) -> usize {
+    HEAD + plan.tensors().map(|(_, t)| 2 + t.axes.len()).sum::<usize>()
+}
+
+/// The batch's own checks, before any frame is made.
+fn check_batch(
+    plan: &Plan,
+    samples: &[BTreeMap<String, Vec<usize>>],
+    others: &[Others],
+) -> Result<(), ExecError> {
+    let Some(first) = samples.first() else {
+        return Err(collate_error("empty batch".into()));
+    };
+    if others.len() != samples.len() {
+        return Err(collate_error(format!(
+            "{} samples' blocks but {} samples' other values",
+            samples.len(),
+            others.len()
+        )));
+    }
+    for (i, s) in samples.iter().enumerate() {
+        if let Some(name) = s.keys().find(|n| plan.tensor(n).is_none()) {
+            return Err(collate_error(format!(
+                "sample {i} holds a DTensor `{name}`, which the spec `{}` does not place (a sample of another spec?)",
+                plan.module
+            )));
+        }
+        if !s.keys().eq(first.keys()) {
+            return Err(collate_error(format!(
+                "the samples of a batch hold different features: sample 0 has {:?}, sample {i} has {:?}",
+                first.keys().collect::<Vec<_>>(),
+                s.keys().collect::<Vec<_>>()
+            )));
+        }
+    }
+    for (i, o) in others.iter().enumerate() {
+        if let Some(key) = o.keys().find(|k| !others[0].contains_key(*k)) {
+            return Err(collate_error(format!(
+                "sample {i} holds `{key}`, sample 0 does not: the samples of a batch hold the same keys"
+            )));
+        }
+        if let Some(key) = others[0].keys().find(|k| !o.contains_key(*k)) {
+            return Err(collate_error(format!(
+                "sample 0 holds `{key}`, sample {i} does not: the samples of a batch hold the same keys"
+            )));
+        }
+        for (key, value) in o {
+            if value != &others[0][key] {
+                return Err(collate_error(format!(
+                    "`{key}` cannot be stacked: sample 0 holds {}, sample {i} holds {}",
+                    describe(&others[0][key]),
+                    describe(value)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe(value: &Other) -> String {
+    match value {
+        Some((dtype, shape)) => format!("a {dtype} tensor of shape {shape:?}"),
+        None => "a value that is not a tensor".into(),
+    }
+}
+
 /// Every held feature's target local shape from the frame reduced by max over the DP
-/// group; the error every rank raises where the replicas hold different features.
+/// group; `None` when a replica failed (the ranks then exchange status frames); the
+/// error every rank raises where the replicas' batches differ in size or features.
 pub fn collate_targets(
     plan: &Plan,
     frame: &CollateFrame,
     reduced: &[i64],
-) -> Result<BTreeMap<String, Vec<usize>>, ExecError> {
+) -> Result<Option<BTreeMap<String, Vec<usize>>>, ExecError> {
     let tensors: Vec<(&str, usize)> = plan.tensors().map(|(n, t)| (n, t.axes.len())).collect();
     let n = tensors.len();
-    if reduced.len() != frame.frame.len() {
+    if reduced.len() != frame.frame.len() || reduced.len() != frame_len(plan) {
         return Err(collate_error(format!(
             "a reduced frame of {} values for a frame of {}",
             reduced.len(),
             frame.frame.len()
         )));
     }
+    if reduced[0] != 0 {
+        return Ok(None);
+    }
+    let (most, least) = (reduced[1], reduced[2].wrapping_neg());
+    if most != least {
+        return Err(collate_error(format!(
+            "DP replicas collate batches of different sizes, from {least} to {most} samples: every replica collates as many (the DP sampler gives every replica as many samples; batch them alike)"
+        )));
+    }
     let differ: Vec<String> = tensors
         .iter()
         .enumerate()
-        .filter(|&(i, _)| reduced[i] > 0 && reduced[n + i] > 0)
+        .filter(|&(i, _)| reduced[HEAD + i] > 0 && reduced[HEAD + n + i] > 0)
         .map(|(_, (name, _))| format!("`{name}`"))
         .collect();
     if !differ.is_empty() {
@@ -87,7 +180,7 @@ pub fn collate_targets(
             differ.join(", ")
         )));
     }
-    let mut at = 2 * n;
+    let mut at = HEAD + 2 * n;
     let mut targets = BTreeMap::new();
     for (name, rank) in tensors {
         let lengths = &reduced[at..at + rank];
@@ -97,7 +190,7 @@ pub fn collate_targets(
             targets.insert(name.to_owned(), shape.collect());
         }
     }
-    Ok(targets)
+    Ok(Some(targets))
 }
 
 fn collate_error(message: String) -> ExecError {
@@ -124,6 +217,14 @@ mod tests {
         s
     }
 
+    /// The frame of blocks alone (no other values).
+    fn frame(
+        plan: &Plan,
+        samples: &[BTreeMap<String, Vec<usize>>],
+    ) -> Result<CollateFrame, ExecError> {
+        collate_frame(plan, samples, &vec![Others::new(); samples.len()])
+    }
+
     fn max(frames: &[&CollateFrame]) -> Vec<i64> {
         (0..frames[0].frame.len())
             .map(|i| frames.iter().map(|f| f.frame[i]).max().unwrap_or(0))
@@ -133,20 +234,23 @@ mod tests {
     #[test]
     fn replicas_agree_on_the_longest_shape_of_every_feature_they_hold() {
         let plan = plan();
-        let one = collate_frame(&plan, &[sample(4, Some(4)), sample(6, Some(6))]).unwrap();
-        let two = collate_frame(&plan, &[sample(5, Some(5))]).unwrap();
+        let one = frame(&plan, &[sample(4, Some(4)), sample(6, Some(6))]).unwrap();
+        let two = frame(&plan, &[sample(5, Some(5)), sample(5, Some(5))]).unwrap();
         let reduced = max(&[&one, &two]);
-        let targets = collate_targets(&plan, &one, &reduced).unwrap();
+        let targets = collate_targets(&plan, &one, &reduced).unwrap().unwrap();
         assert_eq!(targets["a"], vec![6, 3]);
         assert_eq!(targets["b"], vec![6]);
-        assert_eq!(collate_targets(&plan, &two, &reduced).unwrap(), targets);
+        assert_eq!(
+            collate_targets(&plan, &two, &reduced).unwrap(),
+            Some(targets)
+        );
     }
 
     #[test]
     fn replicas_or_samples_holding_different_features_are_refused_by_name() {
         let plan = plan();
-        let one = collate_frame(&plan, &[sample(4, Some(4))]).unwrap();
-        let two = collate_frame(&plan, &[sample(5, None)]).unwrap();
+        let one = frame(&plan, &[sample(4, Some(4))]).unwrap();
+        let two = frame(&plan, &[sample(5, None)]).unwrap();
         let reduced = max(&[&one, &two]);
         for frame in [&one, &two] {
             let e = collate_targets(&plan, frame, &reduced)
@@ -157,15 +261,68 @@ mod tests {
                 "collate: DP replicas hold different features: `b` absent on some replicas"
             );
         }
-        let e = collate_frame(&plan, &[sample(4, Some(4)), sample(4, None)]).unwrap_err();
+        let e = frame(&plan, &[sample(4, Some(4)), sample(4, None)]).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("collate: the samples of a batch hold different features"),
             "{e}"
         );
         assert_eq!(
-            collate_frame(&plan, &[]).unwrap_err().to_string(),
+            frame(&plan, &[]).unwrap_err().to_string(),
             "collate: empty batch"
         );
+        let foreign = BTreeMap::from([("pair".to_owned(), vec![2, 2])]);
+        let e = frame(&plan, &[foreign]).unwrap_err().to_string();
+        assert!(
+            e.contains("holds a DTensor `pair`, which the spec `m` does not place"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn replicas_of_different_batch_sizes_are_every_ranks_error() {
+        let plan = plan();
+        let one = frame(&plan, &[sample(4, Some(4)), sample(4, Some(4))]).unwrap();
+        let two = frame(&plan, &[sample(4, Some(4))]).unwrap();
+        let reduced = max(&[&one, &two]);
+        for f in [&one, &two] {
+            let e = collate_targets(&plan, f, &reduced).unwrap_err().to_string();
+            assert!(
+                e.contains("batches of different sizes, from 1 to 2 samples"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_replica_fails_the_reduction_everywhere() {
+        let plan = plan();
+        let ok = frame(&plan, &[sample(4, Some(4))]).unwrap();
+        let failed = failed_frame(&plan);
+        assert_eq!(failed.frame.len(), ok.frame.len());
+        let reduced = max(&[&ok, &failed]);
+        assert_eq!(collate_targets(&plan, &ok, &reduced).unwrap(), None);
+        assert_eq!(collate_targets(&plan, &failed, &reduced).unwrap(), None);
+    }
+
+    #[test]
+    fn other_values_must_be_the_same_keys_and_stackable() {
+        let plan = plan();
+        let tensor = |shape: Vec<usize>| Some(("float32".to_owned(), shape));
+        let others = |v: Vec<(&str, Other)>| -> Others {
+            v.into_iter().map(|(k, x)| (k.to_owned(), x)).collect()
+        };
+        let two = [sample(4, None), sample(4, None)];
+        let ok = vec![others(vec![("t", tensor(vec![2])), ("m", None)]); 2];
+        assert!(collate_frame(&plan, &two, &ok).is_ok());
+        let later = [others(vec![]), others(vec![("m", None)])];
+        let e = collate_frame(&plan, &two, &later).unwrap_err().to_string();
+        assert!(e.contains("sample 1 holds `m`, sample 0 does not"), "{e}");
+        let shapes = [
+            others(vec![("t", tensor(vec![2]))]),
+            others(vec![("t", tensor(vec![3]))]),
+        ];
+        let e = collate_frame(&plan, &two, &shapes).unwrap_err().to_string();
+        assert!(e.contains("`t` cannot be stacked: sample 0 holds a float32 tensor of shape [2], sample 1 holds a float32 tensor of shape [3]"), "{e}");
     }
 }

@@ -191,15 +191,21 @@ class Plan:
         stop)`` per axis."""
         return self._native.real_window(name, list(window), lengths)
 
-    def collate_frame(self, samples: list[dict[str, list[int]]]) -> _native.CollateFrame:
-        """Collate's frame for a batch (each sample as its blocks' local shapes): what a
-        DP replica all-reduces by max; ``ValueError`` for samples holding different
-        features."""
-        return self._native.collate_frame(samples)
+    def collate_frame(
+        self,
+        samples: list[dict[str, list[int]]] | None,
+        others: list[dict[str, tuple[str, list[int]] | None]] | None = None,
+    ) -> _native.CollateFrame:
+        """Collate's frame for a batch (each sample as its blocks' local shapes, and its
+        other values: a tensor's dtype and shape, or None): what a DP replica all-reduces
+        by max; ``ValueError`` naming what collate refuses in the batch. ``samples``
+        None: the frame of a replica that failed."""
+        return self._native.collate_frame(samples, others)
 
-    def collate_targets(self, frame: _native.CollateFrame, reduced: list[int]) -> dict[str, list[int]]:
+    def collate_targets(self, frame: _native.CollateFrame, reduced: list[int]) -> dict[str, list[int]] | None:
         """Every held feature's target local shape from ``frame`` reduced by max over the
-        DP group; ``ValueError`` where the replicas hold different features."""
+        DP group; None when a replica failed (exchange status frames to learn why);
+        ``ValueError`` where the replicas' batches differ in size or features."""
         return self._native.collate_targets(frame, reduced)
 
     def check_parameter(self, name: str, dtype: str, shape: Sequence[int], mesh: Sequence[int]) -> None:

@@ -257,8 +257,12 @@ class Plan:
     @property
     def uneven(self) -> list[bool] | None: ...
     def ir(self) -> dict[str, Any]: ...
-    def collate_frame(self, samples: list[dict[str, list[int]]]) -> CollateFrame: ...
-    def collate_targets(self, frame: CollateFrame, reduced: list[int]) -> dict[str, list[int]]: ...
+    def collate_frame(
+        self,
+        samples: list[dict[str, list[int]]] | None,
+        others: list[dict[str, tuple[str, list[int]] | None]] | None = None,
+    ) -> CollateFrame: ...
+    def collate_targets(self, frame: CollateFrame, reduced: list[int]) -> dict[str, list[int]] | None: ...
     def real_window(self, name: str, window: list[tuple[int, int]], lengths: dict[str, int]) -> list[tuple[int, int]]: ...
     def check_parameter(self, name: str, dtype: str, shape: list[int], mesh: list[int]) -> None: ...
     def check_shapes(self, shapes: dict[str, tuple[str, list[int]]]) -> dict[str, int]: ...
@@ -270,12 +274,47 @@ class Plan:
 def main(argv: list[str]) -> int:
     """Run the featshard command line ``argv`` (program name first); its exit status."""
 
-def status_frame(rank: int, kind: str | None = None, message: str | None = None) -> bytes:
-    """The fixed-size frame of rank ``rank``'s outcome that ranks exchange to agree on a
-    step (the Rust runtime's frame): success without ``message``."""
+STATUS_BYTES: int
+"""Bytes of the fixed-size status frame every rank contributes when a vote is not
+unanimous."""
 
-def read_status(frame: bytes) -> tuple[str, str, int] | None:
+class Terms:
+    """What every rank of a step must hold the same: the spec, the workflow, the mesh's
+    axes (names and sizes) and global ranks in mesh order, the source's place in its CP
+    group."""
+
+    def __init__(
+        self,
+        spec: str,
+        workflow: str | None,
+        axes: list[tuple[str, int]],
+        ranks: list[int],
+        source: int | None = None,
+    ) -> None: ...
+    @property
+    def digest(self) -> str:
+        """The sha256 of everything the terms hold, as the vote compares it."""
+
+def vote(failed: bool, terms: Terms | None = None) -> list[int]:
+    """This rank's vote, all-reduced by max over the world: whether it failed, and its
+    terms' digest."""
+
+def unanimous(reduced: list[int]) -> bool:
+    """Whether the reduced votes say every rank succeeded on the same terms."""
+
+def status_frame(
+    rank: int, kind: str | None = None, message: str | None = None, terms: Terms | None = None
+) -> bytes:
+    """The fixed-size frame of rank ``rank``'s outcome that ranks exchange to agree on a
+    step (the Rust runtime's frame): success without ``message`` (with its terms, when
+    given), else its failure. Any text goes in."""
+
+def read_status(frame: bytes) -> tuple[str, str, int | None] | None:
     """The failure ``(kind, message, rank)`` a status frame holds, or ``None``."""
+
+def verdict(frames: list[bytes]) -> tuple[str, str, int | None] | None:
+    """The one outcome of every rank's frames in rank order: the first failure, or the
+    first disagreement on the terms naming both sides (no rank), or ``None``."""
 
 def plan_json(path: str) -> str:
     """The Plan IR of the spec file at ``path``, as JSON; ``ValueError`` on a spec error."""

@@ -56,19 +56,46 @@ Slot = _native.Slot
 
 
 def _value(x: Any) -> Any:
-    """A tensor's DLPack capsule (on the CPU, contiguous), else what the value is."""
+    """A tensor's DLPack capsule (on the CPU, contiguous, its values resolved), else what
+    the value is (a description the executor refuses by feature name)."""
     if not isinstance(x, torch.Tensor):
         return type(x).__name__
+    foreign = _foreign(x)
+    if foreign is not None:
+        return foreign
     if x.dtype not in _DTYPES:
         return str(x.dtype).removeprefix("torch.")
     if x.is_meta:
         return "a meta tensor (no data)"
     if x.layout != torch.strided:
         return f"a {str(x.layout).removeprefix('torch.')} tensor (make it dense: .to_dense())"
-    y = x.detach().cpu().contiguous()
+    y = _resolved(x.detach().cpu()).contiguous()
     # The storage goes along: the executor checks it still holds the tensor before
     # every read (a tensor resized or freed since would otherwise be freed memory).
     return (y.__dlpack__(), y.untyped_storage())
+
+
+def _foreign(x: torch.Tensor) -> str | None:
+    """What a tensor is when its memory is not its values: a DTensor (a rank's block of
+    a distributed tensor), or any other tensor subclass that overrides torch's
+    dispatch (a wrapper with no plain storage); None for a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(x, DTensor):
+        return "a DTensor (a distributed tensor's block: give the serial sample, e.g. .full_tensor())"
+    dispatch = getattr(type(x), "__torch_dispatch__", None)
+    if dispatch is not None and dispatch is not getattr(torch.Tensor, "__torch_dispatch__", None):
+        return f"a {type(x).__name__} (a tensor subclass without plain memory: give a torch.Tensor)"
+    return None
+
+
+def _resolved(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its values in its memory: torch's lazy marks (the negative bit of
+    ``_neg_view`` and of ``.conj().imag``, the conjugate bit) applied, a zero tensor
+    made. Its memory is read as bytes, and a mark left would send the unmarked values."""
+    if x._is_zerotensor():
+        return torch.zeros(x.shape, dtype=x.dtype)
+    return x.resolve_conj().resolve_neg()
 
 
 class Placement:
@@ -325,15 +352,28 @@ def _as_elements(plan: Plan, features: Mapping[str, Any]) -> dict[str, Any]:
     ``torch.sparse_coo_tensor`` as its parts, its coordinates (``[axes, n]``) and values
     as given (not coalesced: an element outside the tensor or given twice is the
     executor's to refuse, not torch's to merge) and its size; the dense form is never
-    made."""
+    made. A key that is not text is refused by name."""
+    if not isinstance(features, Mapping):
+        raise TypeError(f"a sample is a mapping of feature names to tensors, not a {type(features).__name__}")
     out: dict[str, Any] = {}
     sparse = {n for n, f in plan.features.items() if f.sparse}
     for name, x in features.items():
+        _check_key(name)
         if name in sparse and isinstance(x, torch.Tensor) and x.layout == torch.sparse_coo:
             out[name] = _sparse_value(x)
         else:
             out[name] = _value(x)
     return out
+
+
+def _check_key(name: Any) -> None:
+    """A sample key is a feature name: text the spec could declare."""
+    if not isinstance(name, str):
+        raise TypeError(f"sample key {name!r}: a {type(name).__name__}, but feature names are str")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"sample key {name!r}: not valid text (a lone surrogate), so no feature's name") from None
 
 
 def _sparse_value(x: torch.Tensor) -> Any:

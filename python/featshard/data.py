@@ -10,6 +10,7 @@ Every number comes from the plan through the native module: collate's DTensor sh
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native
-from featshard.blocks import expand_block, moved_together, view_at
+from featshard.blocks import dtype_name, expand_block, moved_together, view_at
 from featshard.distribute import (
     _device_of,
     cp_group,
@@ -29,7 +30,14 @@ from featshard.distribute import (
     mesh_dims,
     placements,
 )
-from featshard.errors import FeatureDistributionError
+from featshard.errors import (
+    FeatureDistributionError,
+    Status,
+    backend_options,
+    collective,
+    settle,
+    status_of,
+)
 
 __all__ = [
     "DistributedFeatureDataset",
@@ -44,12 +52,14 @@ __all__ = [
 ]
 
 
-def cpu_mesh_like(mesh: DeviceMesh) -> DeviceMesh:
+def cpu_mesh_like(mesh: DeviceMesh, *, timeout: timedelta | None = None) -> DeviceMesh:
     """The same mesh on CPU with gloo groups on every axis (collectives on CPU tensors
-    next to a CUDA mesh whose default backend is NCCL). Collective: every rank calls it."""
+    next to a CUDA mesh whose default backend is NCCL), each group with ``timeout`` (by
+    default the caller's default group's). Collective: every rank calls it."""
+    options = backend_options("cpu", timeout)
     return DeviceMesh(
         "cpu", mesh.mesh, mesh_dim_names=mesh.mesh_dim_names,
-        backend_override=(("gloo", None),) * mesh.mesh.dim(),
+        backend_override=(("gloo", options),) * mesh.mesh.dim(),
     )
 
 
@@ -57,23 +67,48 @@ def _stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(_native.contiguous_stride(list(shape)))
 
 
+def _batch_shapes(
+    batch: Sequence[Mapping[str, Any]],
+) -> tuple[list[dict[str, list[int]]], list[dict[str, tuple[str, list[int]] | None]]]:
+    """Each sample's blocks' local shapes, and its other values (a tensor's dtype and
+    shape, else None), as the executor's collate frame takes them."""
+    shapes, others = [], []
+    for i, s in enumerate(batch):
+        if not isinstance(s, Mapping):
+            raise TypeError(f"collate: sample {i} is a {type(s).__name__}, not a mapping of features")
+        shapes.append({n: list(x.to_local().shape) for n, x in s.items() if isinstance(x, DTensor)})
+        others.append({n: (dtype_name(x.dtype), list(x.shape)) if isinstance(x, torch.Tensor) else None
+                       for n, x in s.items() if not isinstance(x, DTensor)})
+    return shapes, others
+
+
 def _agreed_targets(
     plan: Plan, batch: Sequence[Mapping[str, Any]], dp_group: dist.ProcessGroup, device: str
 ) -> tuple[list[str], dict[str, list[int]]]:
     """The features the batch holds, and each one's local shape agreed with the other DP
-    replicas: one all-reduce of max of the executor's collate frame (which features each
-    replica holds and lacks, the longest length of each of their axes), on the mesh's
-    ``device`` (where its groups' backend takes tensors). An empty batch, or samples
-    holding different features, are the executor's ``ValueError``; replicas holding
-    different features are every rank's same error (the Rust runtime's)."""
-    shapes = [{n: list(x.to_local().shape) for n, x in s.items() if isinstance(x, DTensor)} for s in batch]
-    frame = plan.collate_frame(shapes)
-    reduced = torch.tensor(frame.frame, dtype=torch.int64, device=device)
-    dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=dp_group)
+    replicas: one all-reduce of max of the executor's collate frame (whether a replica
+    failed, its batch size, which features it holds and lacks, the longest length of
+    each of their axes), on the mesh's ``device`` (where its groups' backend takes
+    tensors). A batch the executor refuses (empty, samples holding different keys, a
+    DTensor of another spec) still takes part with a failed frame; then every rank's
+    status frame is exchanged and all raise the same error, as for replicas whose
+    batches differ."""
+    failed: Status | None = None
     try:
-        return frame.names, plan.collate_targets(frame, reduced.tolist())
+        frame = plan.collate_frame(*_batch_shapes(batch))
+    except Exception as e:  # noqa: BLE001 - agreed on by every DP replica below
+        failed, frame = status_of(e), plan.collate_frame(None)
+    reduced = torch.tensor(frame.frame, dtype=torch.int64, device=device)
+    collective("collate: agreeing on the batch's shapes", dp_group,
+               lambda: dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=dp_group))
+    try:
+        targets = plan.collate_targets(frame, reduced.tolist())
     except ValueError as e:
         raise FeatureDistributionError(str(e)) from None
+    if targets is None:
+        settle(failed, dp_group, device=device, what="collate: agreeing on a replica's failure")
+        raise FeatureDistributionError("collate: a DP replica failed, but no rank says why")
+    return frame.names, targets
 
 
 def _pad_to(plan: Plan, name: str, x: torch.Tensor, target: list[int]) -> torch.Tensor:
@@ -88,8 +123,10 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     Every rank pads its local blocks to the largest local shape across the batch and
     across DP replicas (one all-reduce of max), so each shard's items keep their place
     and gain pads at the end; indices into owner-partitioned layouts are re-padded.
-    Placements are the plan's DP placements (``Shard(0)`` over dp). Metadata become lists.
-    The blocks stay on the device they are on (the mesh's), and so does the batch.
+    Placements are the plan's DP placements (``Shard(0)`` over dp). Plain tensors are
+    stacked, other values (metadata) become lists. The blocks stay on the device they
+    are on (the mesh's), and so does the batch. A batch one replica cannot collate is
+    every rank's same error.
     """
     dp, cp_dims = mesh_dims(plan, mesh)
     if dp is None or mesh.mesh_dim_names is None:
@@ -117,14 +154,19 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
             shape=torch.Size(shape), stride=_stride(shape),
         )
     for name in sorted(n for n in batch[0] if n not in out):
-        out[name] = [s[name] for s in batch]
+        values = [s[name] for s in batch]
+        # The executor checked that they stack: the same dtype and shape in every sample.
+        out[name] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values
     return out
 
 
 def fetch_with_retries(dataset: Dataset[Any], index: int, retries: int) -> Any:
     """``dataset[index]``, or on failure the next samples, at most ``retries`` more times."""
-    last: Exception | None = None
+    _check_retries(retries)
     n = len(dataset)  # type: ignore[arg-type]
+    if not 0 <= index < n:
+        raise IndexError(f"sample index {index} is outside the serial dataset's {n} samples")
+    last: Exception | None = None
     for k in range(retries + 1):
         try:
             return dataset[(index + k) % n]
@@ -132,6 +174,11 @@ def fetch_with_retries(dataset: Dataset[Any], index: int, retries: int) -> Any:
             last = e
     assert last is not None
     raise last
+
+
+def _check_retries(retries: int) -> None:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries: a count of further samples to try (0 or more), got {retries!r}")
 
 
 class _Failed(Mapping[str, Any]):
@@ -155,24 +202,28 @@ class DistributedFeatureDataset(Dataset[dict[str, Any]]):
     """Wraps a serial dataset (never rewritten): the source rank of each CP group reads
     the sample, every rank of the group gets its DTensors on ``mesh`` (on a CUDA mesh,
     in its GPU's memory). Use with ``num_workers=0`` and the same index on every rank of
-    a CP group (see :func:`dp_sampler`)."""
+    a CP group (see :func:`dp_sampler`). Its groups take ``timeout`` (by default the
+    caller's default group's)."""
 
     def __init__(self, plan: Plan, serial: Dataset[Any], mesh: DeviceMesh, *,
-                 retries: int = 0, workflow: str | None = None, threads: int = 1) -> None:
+                 retries: int = 0, workflow: str | None = None, threads: int = 1,
+                 timeout: timedelta | None = None) -> None:
+        _check_retries(retries)
         self.plan = plan
         self.serial = serial
         self.mesh = mesh
         self.retries = retries
         self.workflow = workflow
         self.threads = threads
+        self.timeout = timeout
 
     def __len__(self) -> int:
         return len(self.serial)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        group = cp_group(self.plan, self.mesh)
+        group = cp_group(self.plan, self.mesh, timeout=self.timeout)
         features: Mapping[str, Any] | None = None
-        if dist.get_rank() == group[1][0]:
+        if dist.get_rank() == group.ranks[0]:
             try:
                 features = fetch_with_retries(self.serial, index, self.retries)
             except Exception as e:  # noqa: BLE001 - reported to every rank by distribute
@@ -199,14 +250,16 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
     executor's reader of rank files, as ``featshard assemble`` checks them.
     """
 
-    def __init__(self, plan: Plan, root: str | Path, mesh: DeviceMesh, *, verify: bool = True) -> None:
+    def __init__(self, plan: Plan, root: str | Path, mesh: DeviceMesh, *, verify: bool = True,
+                 timeout: timedelta | None = None) -> None:
         self.plan = plan
         self.verify = verify
         self.root = Path(root)
         self.mesh = mesh
-        _, ranks, self.cp_mesh = cp_group(plan, mesh)
+        group = cp_group(plan, mesh, timeout=timeout)
+        self.cp_mesh = group.mesh
         self.cp = tuple(self.cp_mesh.size(d) for d in range(self.cp_mesh.ndim))
-        self.rank = ranks.index(dist.get_rank())
+        self.rank = group.ranks.index(dist.get_rank())
         self._placements = placements(plan)
         # Read and checked against the plan and the mesh in Rust, as `featshard shard`
         # reads it on resume.
@@ -277,6 +330,7 @@ class DpSampler(Sampler[int]):
 
     def __init__(self, plan: Plan, dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool,
                  seed: int = 0, drop_last: bool = False) -> None:
+        _check_count("seed", seed)
         self.n = len(dataset)  # type: ignore[arg-type]
         # The DP axis by the spec's name for it, never by the mesh's dimension count.
         dp, _ = mesh_dims(plan, mesh)
@@ -293,6 +347,7 @@ class DpSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose permutation the next iteration draws (training)."""
+        _check_count("epoch", epoch)
         self.epoch = epoch
 
     def _indices(self) -> list[int]:
@@ -304,6 +359,13 @@ class DpSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self._indices())
+
+
+def _check_count(name: str, value: int) -> None:
+    """A sampler's seed or epoch: an integer from 0 to 2**64 - 1 (what the Rust loader's
+    permutation takes)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+        raise ValueError(f"dp_sampler: {name} must be an integer from 0 to 2**64 - 1, got {value!r}")
 
 
 def dp_sampler(
@@ -351,6 +413,7 @@ def lightning_datamodule(
     retries: int = 0,
     seed: int = 0,
     workflow: str | None = None,
+    timeout: timedelta | None = None,
 ) -> Any:
     """A ``LightningDataModule`` over serial datasets, or pre-sharded ones
     (:class:`PreshardedDataset`, whose samples each rank reads from its own rank files),
@@ -369,8 +432,11 @@ def lightning_datamodule(
     target device (where the blocks already are, on a CUDA mesh) with the same
     placements, shape and stride; a batch from a (cp0, cp1) mesh gains the leading batch
     axis of 1 the model expects (the plan's DP placements without the dp axis) and its
-    metadata becomes lists, as a collated batch's.
+    metadata becomes lists, as a collated batch's. The groups featshard makes take
+    ``timeout`` (by default the caller's default group's).
     """
+    _check_retries(retries)
+    _check_count("seed", seed)
     # The ignores keep mypy --strict clean with and without lightning installed.
     try:
         import lightning.pytorch as pl  # type: ignore[import-not-found,unused-ignore]
@@ -387,7 +453,8 @@ def lightning_datamodule(
         # A pre-sharded dataset already gives each rank its own DTensors.
         dataset: Dataset[Any] = (
             serial if isinstance(serial, PreshardedDataset)
-            else DistributedFeatureDataset(plan, serial, mesh, retries=retries, workflow=workflow)
+            else DistributedFeatureDataset(plan, serial, mesh, retries=retries, workflow=workflow,
+                                           timeout=timeout)
         )
         sampler = dp_sampler(plan, dataset, mesh, shuffle=shuffle, seed=seed)
         if mesh_dims(plan, mesh)[0] is not None:

@@ -13,8 +13,11 @@ explicit global shape and stride.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Mapping
-from typing import Any
+from datetime import timedelta
+from functools import partial
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -25,16 +28,24 @@ from torch.utils.dlpack import from_dlpack
 from featshard import Plan, _native, blocks
 from featshard.blocks import Wire, buffer_views, expand, expand_on_device, place
 from featshard.errors import (
+    CollectiveError,
     FeatureDistributionError,
     Status,
     agree,
-    outcome_message,
-    receive_outcome,
-    send_outcome,
+    collective,
+    default_timeout,
     status_of,
 )
 
-__all__ = ["FeatureDistributionError", "cp_group", "distribute_features", "mesh_dims", "placements"]
+__all__ = [
+    "CollectiveError",
+    "CpGroup",
+    "FeatureDistributionError",
+    "cp_group",
+    "distribute_features",
+    "mesh_dims",
+    "placements",
+]
 
 
 def placements(plan: Plan, *, dp: bool = False) -> dict[str, tuple[Placement, ...]]:
@@ -49,11 +60,19 @@ def placements(plan: Plan, *, dp: bool = False) -> dict[str, tuple[Placement, ..
     }
 
 
-CpGroup = tuple[dist.ProcessGroup, list[int], DeviceMesh]
+class CpGroup(NamedTuple):
+    """This rank's CP process group (gloo), its global ranks in mesh order, the CP
+    sub-mesh, and the whole world on gloo (where every step is agreed on)."""
 
-# One process group per CP group layout, made once: creating groups is collective.
-_GROUPS: dict[tuple[tuple[int, ...], ...], dist.ProcessGroup] = {}
-_WORLD: list[dist.ProcessGroup] = []
+    group: dist.ProcessGroup
+    ranks: list[int]
+    mesh: DeviceMesh
+    world: dist.ProcessGroup
+
+
+# Groups made once per layout and timeout: creating groups is collective.
+_GROUPS: dict[tuple[tuple[tuple[int, ...], ...], timedelta], dist.ProcessGroup] = {}
+_WORLDS: dict[timedelta, dist.ProcessGroup] = {}
 
 
 def mesh_dims(plan: Plan, mesh: DeviceMesh) -> tuple[int | None, list[int]]:
@@ -63,36 +82,66 @@ def mesh_dims(plan: Plan, mesh: DeviceMesh) -> tuple[int | None, list[int]]:
     return plan.mesh_dims(list(names) if names is not None else None, mesh.mesh.dim())
 
 
-def cp_group(plan: Plan, mesh: DeviceMesh) -> CpGroup:
-    """This rank's CP process group, its ranks in mesh order and the CP sub-mesh.
-    ``mesh`` is the spec's CP mesh ((cp0, cp1) or (cp,)), with the DP axis in front if
-    it has one, its dimensions named as the spec names them. Collective the first time
-    a layout is seen: every rank calls it."""
-    dp, cp_dims = mesh_dims(plan, mesh)
-    full = mesh.mesh
-    if dp is None:
-        planes, cp_mesh = [full], mesh
-    else:
-        names = mesh.mesh_dim_names or ()
-        planes, cp_mesh = list(full), mesh[tuple(names[d] for d in cp_dims)]
-    groups = tuple(tuple(int(r) for r in p.flatten().tolist()) for p in planes)
-    mine = next(list(g) for g in groups if dist.get_rank() in g)
-    if groups not in _GROUPS:
-        # Every rank creates every CP group, in the same order; gloo: blocks are on the CPU.
-        _GROUPS[groups], _ = dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
-            [list(g) for g in groups], backend="gloo"
-        )
-    if not _WORLD:
-        # The agreement's group: the whole world, on gloo (status flags are CPU tensors).
-        world = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+def mesh_terms(plan: Plan, mesh: DeviceMesh, workflow: str | None = None,
+               source: int | None = None) -> _native.Terms:
+    """What every rank must hold the same for a step on ``mesh``: the spec, the
+    workflow, the mesh's axes (names and sizes) and ranks in order, the source's place
+    in its CP group."""
+    names = mesh.mesh_dim_names or tuple(f"dim{d}" for d in range(mesh.mesh.dim()))
+    axes = [(str(n), int(k)) for n, k in zip(names, mesh.mesh.shape)]
+    order = [int(r) for r in mesh.mesh.flatten().tolist()]
+    return _native.Terms(plan.sha256, workflow, axes, order, source)
+
+
+def _world(timeout: timedelta) -> dist.ProcessGroup:
+    """The whole world on gloo with ``timeout`` (made the first time: collective), where
+    steps are agreed on (status votes are CPU tensors, whatever the default backend)."""
+    world = _WORLDS.get(timeout)
+    if world is None:
+        world = collective("creating featshard's gloo group over the world", None,
+                           lambda: dist.new_group(backend="gloo", timeout=timeout), timeout=timeout)
         assert isinstance(world, dist.ProcessGroup)
-        _WORLD.append(world)
-    return _GROUPS[groups], mine, cp_mesh
+        _WORLDS[timeout] = world
+    return world
 
 
-def _world() -> dist.ProcessGroup:
-    """The whole world on gloo, made by the first :func:`cp_group` (collectively)."""
-    return _WORLD[0]
+def cp_group(plan: Plan, mesh: DeviceMesh, *, timeout: timedelta | None = None) -> CpGroup:
+    """This rank's CP process group, its ranks in mesh order, the CP sub-mesh and the
+    gloo world. ``mesh`` is the spec's CP mesh ((cp0, cp1) or (cp,)), with the DP axis in
+    front if it has one, its dimensions named as the spec names them. Every group it
+    makes takes ``timeout`` (by default the caller's default group's).
+
+    Collective the first time a layout is seen: every rank calls it, and the ranks first
+    agree on the spec and the mesh (names, sizes, rank order), so that a rank that passes
+    another mesh, or one named otherwise, is every rank's named error, never a wait."""
+    timeout = timeout if timeout is not None else default_timeout()
+    world = _world(timeout)
+    failed: Status | None = None
+    groups: tuple[tuple[int, ...], ...] = ()
+    dp: int | None = None
+    cp_dims: list[int] = []
+    try:
+        dp, cp_dims = mesh_dims(plan, mesh)
+        planes = [mesh.mesh] if dp is None else list(mesh.mesh.movedim(dp, 0))
+        groups = tuple(tuple(int(r) for r in p.flatten().tolist()) for p in planes)
+        if not any(dist.get_rank() in g for g in groups):
+            raise FeatureDistributionError(f"rank {dist.get_rank()} is not on the mesh {mesh.mesh.tolist()}")
+    except Exception as e:  # noqa: BLE001 - agreed on below: every rank raises it
+        failed = status_of(e)
+    key = (groups, timeout)
+    if failed is not None or key not in _GROUPS:
+        agree(failed, world, terms=mesh_terms(plan, mesh), what="agreeing on the mesh")
+    if key not in _GROUPS:
+        # Every rank creates every CP group, in the same order; gloo: blocks are on the CPU.
+        made, _ = collective("creating the CP groups", world,
+                             lambda: dist.new_subgroups_by_enumeration(  # type: ignore[no-untyped-call]
+                                 [list(g) for g in groups], timeout=timeout, backend="gloo"),
+                             timeout=timeout)
+        _GROUPS[key] = made
+    names = mesh.mesh_dim_names or ()
+    cp_mesh = mesh if dp is None else mesh[tuple(names[d] for d in cp_dims)]
+    mine = next(list(g) for g in groups if dist.get_rank() in g)
+    return CpGroup(_GROUPS[key], mine, cp_mesh, world)
 
 
 def distribute_features(
@@ -106,6 +155,7 @@ def distribute_features(
     check: Callable[[Mapping[str, torch.Tensor]], None] | None = None,
     group: CpGroup | None = None,
     compact: bool = True,
+    timeout: timedelta | None = None,
 ) -> dict[str, Any]:
     """Distributes one serial sample from the source rank of each CP group.
 
@@ -113,35 +163,48 @@ def distribute_features(
     global rank (default: the group's rank at CP coordinate (0, 0)). ``check``, if given,
     runs on every rank on its local blocks. An error on any rank is raised on every rank
     of the world with the same type and message (every rank of the world calls it for
-    each step, as with the Rust distributor). ``group`` is what ``cp_group(mesh)``
-    returned (by default it is looked up again). With ``compact``, one-hot features
-    travel as indices; the DTensors are the same either way.
+    each step, as with the Rust distributor); so are ranks that disagree on the spec,
+    the workflow, the mesh or the source. ``group`` is what ``cp_group(plan, mesh)``
+    returned (by default it is looked up again, made with ``timeout``). With
+    ``compact``, one-hot features travel as indices; the DTensors are the same either
+    way. A peer that dies or stops answering ends the step within the groups' timeout
+    as a :class:`CollectiveError`.
     """
-    pg, ranks, cp_mesh = group if group is not None else cp_group(plan, mesh)
+    pg, ranks, cp_mesh, world = group if group is not None else cp_group(plan, mesh, timeout=timeout)
     sizes = tuple(cp_mesh.size(d) for d in range(cp_mesh.ndim))
     source = ranks[0] if src is None else src
-    # Every failure (the source's sample, a buffer, a block, `check`) is agreed on by the
-    # whole world below, as the Rust distributor agrees: every rank raises it together,
-    # and no rank of another CP group is left waiting.
-    if dist.get_rank() == source:
-        header, mine, failed = _send_blocks(plan, features, sizes, (pg, ranks, source),
-                                            workflow=workflow, threads=threads, compact=compact)
+    me = dist.get_rank()
+    placed, header, failed = None, None, None
+    try:
+        if source not in ranks:
+            raise FeatureDistributionError(f"src {source} is not a rank of this rank's CP group {ranks}")
+        if me == source:
+            if features is None:
+                raise ValueError("the source rank was given no sample")
+            placed = place(plan, features, sizes, workflow=workflow, threads=threads)
+            # The executor's buffer layout as its header bytes, and the values passed through.
+            header = (placed.wire(compact=compact).to_bytes(), placed.passthrough)
+    except Exception as e:  # noqa: BLE001 - agreed on by the whole world
+        failed = status_of(e)
+    # Before any rank waits on another: the same spec, workflow, mesh and source
+    # everywhere, and a sample the source could place.
+    terms = mesh_terms(plan, mesh, workflow, ranks.index(source) if source in ranks else None)
+    agree(failed, world, terms=terms, what="agreeing on the step's terms")
+    if me == source:
+        assert placed is not None and header is not None
+        mine, failed = _send_blocks(placed, header, sizes, (pg, ranks, source), threads, compact)
     else:
-        (failed, header), mine = receive_outcome(source, pg), None
-        if failed is None:
-            mine = from_dlpack(_native.receive_buffer(_native.BufferLayout.from_bytes(header[0]).nbytes))
-            dist.recv(mine, src=source, group=pg)
+        header, mine = _receive_blocks(pg, source)
     local: dict[str, torch.Tensor] = {}
+    wire, passthrough = _native.BufferLayout.from_bytes(header[0]), header[1]
     if failed is None:
-        assert mine is not None
-        wire, passthrough = _native.BufferLayout.from_bytes(header[0]), header[1]
         try:
             local = _local_blocks(plan, mine, wire, _device_of(cp_mesh))
             if check is not None:
                 check(local)
         except Exception as e:  # noqa: BLE001 - shared with every rank below
             failed = status_of(e)
-    agree(failed, _world(), dist.get_world_size())
+    agree(failed, world, what="agreeing on the step's outcome")
     on_mesh = placements(plan)
     result: dict[str, Any] = dict(passthrough)
     global_shapes = {slot.name: slot.global_shape for slot in wire.slots if slot.global_shape is not None}
@@ -153,48 +216,48 @@ def distribute_features(
 
 
 def _send_blocks(
-    plan: Plan,
-    features: Mapping[str, Any] | None,
+    placed: blocks.Placement,
+    header: tuple[bytes, dict[str, Any]],
     sizes: tuple[int, ...],
     to: tuple[dist.ProcessGroup, list[int], int],
-    *,
-    workflow: str | None,
     threads: int,
     compact: bool,
-) -> tuple[Any, torch.Tensor | None, Status | None]:
-    """The source's part: places the sample, then sends each other rank of the group,
-    one at a time, the header (or the source's error) and its blocks; returns the
-    header, the source's own blocks' buffer, and its failure to agree on: to place the
-    sample (no header, no buffer), or to write a buffer after the header went out (those
-    ranks get zeros)."""
+) -> tuple[torch.Tensor, Status | None]:
+    """The source's part: sends each other rank of the group, one at a time, the header
+    and its blocks; returns its own blocks' buffer and its failure to write a buffer (that
+    rank got zeros, and the failure is agreed on)."""
     pg, ranks, source = to
-    placed, header, failed = None, None, None
-    try:
-        if features is None:
-            raise ValueError("the source rank was given no sample")
-        placed = place(plan, features, sizes, workflow=workflow, threads=threads)
-        # The executor's buffer layout as its header bytes, and the values passed through.
-        header = (placed.wire(compact=compact).to_bytes(), placed.passthrough)
-    except Exception as e:  # noqa: BLE001 - every error is sent to every rank
-        failed = status_of(e)
-    # Point to point, each rank's header right before its blocks: no collective.
-    message = outcome_message(header, failed)
+    message = torch.frombuffer(bytearray(pickle.dumps(header)), dtype=torch.uint8)
+    length = torch.tensor([message.numel()], dtype=torch.int64)
     late: Status | None = None
     for k, r in enumerate(ranks):
         if r == source:
             continue
-        send_outcome(message, r, pg)
-        if placed is not None:
-            buffer, late = _written(placed, _native.coords(sizes, k), threads, compact, late)
-            dist.send(buffer, dst=r, group=pg)
-            # Freed before the next one is made: its memory is what the next one reuses
-            # (two alive at once would outgrow the kept buffers, and every rank's buffer
-            # would be new memory, page faults and all).
-            del buffer
-    if placed is None:
-        return None, None, failed
+        what = f"sending rank {r} its blocks from source rank {source}"
+        # Point to point, each rank's header right before its blocks: no collective.
+        collective(what, pg, partial(dist.send, length, dst=r, group=pg))
+        collective(what, pg, partial(dist.send, message, dst=r, group=pg))
+        buffer, late = _written(placed, _native.coords(sizes, k), threads, compact, late)
+        collective(what, pg, partial(dist.send, buffer, dst=r, group=pg))
+        # Freed before the next one is made: its memory is what the next one reuses
+        # (two alive at once would outgrow the kept buffers, and every rank's buffer
+        # would be new memory, page faults and all).
+        del buffer
     mine, late = _written(placed, _native.coords(sizes, ranks.index(source)), threads, compact, late)
-    return header, mine, late
+    return mine, late
+
+
+def _receive_blocks(pg: dist.ProcessGroup, source: int) -> tuple[Any, torch.Tensor]:
+    """A receiver's part: the source's header, then this rank's buffer."""
+    what = f"receiving rank {dist.get_rank()}'s blocks from source rank {source}"
+    length = torch.empty(1, dtype=torch.int64)
+    collective(what, pg, lambda: dist.recv(length, src=source, group=pg))
+    message = torch.empty(int(length.item()), dtype=torch.uint8)
+    collective(what, pg, lambda: dist.recv(message, src=source, group=pg))
+    header = pickle.loads(message.numpy().tobytes())
+    mine = from_dlpack(_native.receive_buffer(_native.BufferLayout.from_bytes(header[0]).nbytes))
+    collective(what, pg, lambda: dist.recv(mine, src=source, group=pg))
+    return header, mine
 
 
 def _written(

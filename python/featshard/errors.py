@@ -1,16 +1,23 @@
-"""The package's one error class for a sample that cannot reach every rank, and the one
-way its ranks agree on an error: a status frame per rank (success, or the failing
-rank's error type name, message and rank; the frame ``featshard_exec::agree`` defines
-and the Rust runtime's ranks exchange), exchanged when any rank failed (one small
-all-reduce tells), and the same exception raised on every rank from the first failure.
-The source's own outcome reaches the others with the blocks it sends them
-(:func:`send_outcome`) or, where nothing else is sent, by :func:`broadcast_outcome`."""
+"""The package's errors for a sample that cannot reach every rank, and the one way its
+ranks agree on a step (``featshard_exec::agree``, the Rust runtime's ranks' too).
+
+Each rank votes in one small all-reduce: whether it failed, and the digest of its
+terms (the spec, the workflow, the mesh and its rank order, the source). Only when the
+vote is not unanimous do the ranks exchange one fixed-size status frame each (their
+failure, or their terms), and every rank raises the same exception: the first failure
+in rank order, or a disagreement naming both sides.
+
+Every collective featshard issues goes through :func:`collective`: a peer that died,
+failed or called with other arguments ends it within the group's timeout (the caller's:
+see :func:`default_timeout`) as a :class:`CollectiveError` that says what was under way.
+"""
 
 from __future__ import annotations
 
 import builtins
-import pickle
-from typing import Any
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -18,16 +25,21 @@ import torch.distributed as dist
 from featshard import _native
 
 __all__ = [
+    "CollectiveError",
     "FeatureDistributionError",
     "agree",
+    "backend_options",
     "broadcast_outcome",
-    "outcome_message",
+    "collective",
+    "default_timeout",
     "raise_failure",
-    "receive_outcome",
     "same_error",
-    "send_outcome",
+    "settle",
     "status_of",
+    "timeout_of",
 ]
+
+T = TypeVar("T")
 
 
 class FeatureDistributionError(ValueError):
@@ -47,6 +59,23 @@ class FeatureDistributionError(ValueError):
         self.rank = rank
 
 
+class CollectiveError(RuntimeError):
+    """A collective featshard issued did not complete on this rank: a peer died, failed
+    in a collective of its own, or called with other arguments (another source, mesh or
+    group), and c10d gave up within the group's timeout. ``what`` says what was under
+    way, ``timeout`` is the group's timeout (None where c10d does not tell it)."""
+
+    def __init__(self, what: str, cause: BaseException, timeout: timedelta | None) -> None:
+        said = str(cause).strip().splitlines()
+        within = f" (the group's timeout is {timeout.total_seconds():g} s)" if timeout is not None else ""
+        super().__init__(
+            f"rank {_rank()}: {what} did not complete{within}: a peer died, failed, or called"
+            f" with other arguments; c10d said: {said[0] if said else type(cause).__name__}"
+        )
+        self.what = what
+        self.timeout = timeout
+
+
 # One rank's failure as it crosses ranks: the status frame ``featshard_exec::agree``
 # defines (the Rust runtime's ranks exchange the same bytes).
 Status = bytes
@@ -56,6 +85,49 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def timeout_of(group: Any) -> timedelta | None:
+    """The timeout of ``group``'s backend (gloo's on the CPU, else NCCL's), or None where
+    torch does not tell it."""
+    for device in ("cpu", "cuda"):
+        try:
+            found = group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+        if isinstance(found, timedelta):
+            return found
+    return None
+
+
+def default_timeout() -> timedelta:
+    """The timeout the caller gave the default process group (``init_process_group``'s
+    ``timeout``): what every group featshard makes takes unless told otherwise."""
+    found = timeout_of(dist.distributed_c10d._get_default_group())
+    return found if found is not None else dist.default_pg_timeout
+
+
+def backend_options(device_type: str, timeout: timedelta | None = None) -> Any:
+    """Options for a group on ``device_type`` ("cpu": gloo, "cuda": NCCL) with
+    ``timeout`` (by default the caller's default group's): how a DeviceMesh featshard
+    makes gives its groups the caller's timeout (``backend_override``)."""
+    options: Any
+    if device_type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+    else:
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    options._timeout = timeout if timeout is not None else default_timeout()
+    return options
+
+
+def collective(what: str, group: Any, call: Callable[[], T], *, timeout: timedelta | None = None) -> T:
+    """``call()``, a collective on ``group`` (or the creation of a group with
+    ``timeout``); c10d's failure (a timeout, a peer gone) is a :class:`CollectiveError`
+    saying ``what`` was under way."""
+    try:
+        return call()
+    except RuntimeError as e:  # DistBackendError and gloo's errors are RuntimeErrors
+        raise CollectiveError(what, e, timeout if timeout is not None else timeout_of(group)) from e
+
+
 def status_of(e: BaseException) -> Status:
     """What this rank's failure ``e`` sends to the others."""
     kind = "FeatureDistributionError" if isinstance(e, FeatureDistributionError) else type(e).__name__
@@ -63,7 +135,7 @@ def status_of(e: BaseException) -> Status:
     return _native.status_frame(_rank(), kind, message)
 
 
-def same_error(kind: str, message: str, rank: int) -> Exception:
+def same_error(kind: str, message: str, rank: int | None) -> Exception:
     """The exception every rank raises for a failure: FeatureDistributionError for one,
     else the failing rank's builtin type and message; another type is named in a
     FeatureDistributionError with its rank."""
@@ -78,70 +150,59 @@ def same_error(kind: str, message: str, rank: int) -> Exception:
     return FeatureDistributionError(message, kind=kind, rank=rank)
 
 
-def _raise_failure(frame: Status) -> None:
-    failure = _native.read_status(frame)
-    if failure is not None:
-        raise same_error(*failure)
+def agree(
+    failed: Status | None,
+    group: Any,
+    *,
+    terms: _native.Terms | None = None,
+    device: str | torch.device = "cpu",
+    what: str = "agreeing on a step",
+) -> None:
+    """Every rank of ``group`` passes its status (``None``: success) and, where the step
+    has them, its terms; all raise the same exception (the first failure in rank order,
+    or the ranks' disagreement on their terms, naming both sides), or all return.
+    ``device`` is where the group's backend takes tensors."""
+    vote = torch.tensor(_native.vote(failed is not None, terms), dtype=torch.int64, device=device)
+    collective(what, group, lambda: dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group))
+    if not _native.unanimous(vote.tolist()):
+        settle(failed, group, terms=terms, device=device, what=what)
 
 
-def agree(failed: Status | None, group: Any, size: int) -> None:
-    """Every rank of ``group`` (``size`` ranks) passes its status (``None``: success);
-    all raise the first failure's :func:`same_error`, or all return."""
-    # One small reduction when every rank succeeded; the frames cross only on failure.
-    anyone = torch.tensor([0 if failed is None else 1], dtype=torch.int32)
-    dist.all_reduce(anyone, op=dist.ReduceOp.MAX, group=group)
-    if int(anyone.item()) == 0:
-        return
-    frames: list[Any] = [None] * size
-    dist.all_gather_object(frames, failed or _native.status_frame(_rank()), group=group)
-    for frame in frames:
-        _raise_failure(frame)
+def settle(
+    failed: Status | None,
+    group: Any,
+    *,
+    terms: _native.Terms | None = None,
+    device: str | torch.device = "cpu",
+    what: str = "agreeing on a step",
+) -> None:
+    """The second half of :func:`agree`, for a step whose own reduction already said
+    that something is off: every rank's status frame (its failure, or its terms) in one
+    all-gather, and every rank raises the verdict on them."""
+    frame = failed if failed is not None else _native.status_frame(_rank(), terms=terms)
+    mine = torch.frombuffer(bytearray(frame), dtype=torch.uint8).to(device)
+    frames = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    collective(what, group, lambda: dist.all_gather(frames, mine, group=group))
+    verdict = _native.verdict([f.cpu().numpy().tobytes() for f in frames])
+    if verdict is not None:
+        raise same_error(*verdict)
 
 
 def broadcast_outcome(outcome: Any, failed: Status | None, src: int, group: Any) -> Any:
     """The source rank ``src`` decides for the group: its ``outcome`` reaches every rank,
     or its failure is raised on every rank (:func:`same_error`). Other ranks pass None."""
-    box: list[Any] = [_decision(outcome, failed)]
-    dist.broadcast_object_list(box, src=src, group=group)
+    box: list[Any] = [(failed or _native.status_frame(_rank()), None if failed else outcome)]
+    collective(f"the outcome of source rank {src}", group,
+               lambda: dist.broadcast_object_list(box, src=src, group=group))
     frame, payload = box[0]
-    _raise_failure(frame)
+    raise_failure(frame)
     return payload
 
 
-def _decision(outcome: Any, failed: Status | None) -> tuple[Status, Any]:
-    """What the source sends: its status frame (a success, or its failure) and, on
-    success, its ``outcome``."""
-    return (failed or _native.status_frame(_rank()), None if failed else outcome)
-
-
-def outcome_message(outcome: Any, failed: Status | None) -> torch.Tensor:
-    """The source's decision as one message for :func:`send_outcome`: its ``outcome``,
-    or its failure."""
-    data = pickle.dumps(_decision(outcome, failed))
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def send_outcome(message: torch.Tensor, dst: int, group: Any) -> None:
-    """Sends rank ``dst`` the source's decision (:func:`outcome_message`), point to point:
-    its length, then itself. The source raises its own failure after sending it."""
-    dist.send(torch.tensor([message.numel()], dtype=torch.int64), dst=dst, group=group)
-    dist.send(message, dst=dst, group=group)
-
-
-def receive_outcome(src: int, group: Any) -> tuple[Status | None, Any]:
-    """The source ``src``'s decision sent by :func:`send_outcome`: its failure (to be
-    agreed on, so that every rank raises it together), or None and its outcome."""
-    size = torch.empty(1, dtype=torch.int64)
-    dist.recv(size, src=src, group=group)
-    message = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(message, src=src, group=group)
-    frame, outcome = pickle.loads(message.numpy().tobytes())
-    if _native.read_status(frame) is not None:
-        return frame, None
-    return None, outcome
-
-
 def raise_failure(failed: Status | None) -> None:
-    """Raises this rank's own failure as every rank raises it, if any."""
+    """Raises the failure a status frame holds as every rank raises it, if any."""
     if failed is not None:
-        _raise_failure(failed)
+        failure = _native.read_status(failed)
+        if failure is not None:
+            raise same_error(*failure)
+

@@ -31,6 +31,7 @@ impl CollateFrame {
 pub(crate) fn frame(
     plan: &featshard_spec::plan::Plan,
     samples: &[BTreeMap<String, Vec<usize>>],
+    others: &[collate::Others],
 ) -> Result<CollateFrame, featshard_exec::ExecError> {
-    collate::collate_frame(plan, samples).map(|frame| CollateFrame { frame })
+    collate::collate_frame(plan, samples, others).map(|frame| CollateFrame { frame })
 }

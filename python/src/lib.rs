@@ -248,24 +248,34 @@ impl Plan {
             .map_err(value_error)
     }
 
-    /// Collate's frame for a batch of samples, each given as its blocks' local shapes
-    /// by feature name: what this DP replica all-reduces by max; `ValueError` for samples
-    /// holding different features.
+    /// The frame of this replica's batch: each sample's blocks' local shapes by name,
+    /// and its other values (a tensor's dtype and shape, or `None`); `ValueError`
+    /// naming what the batch holds that collate refuses. With `samples` None, the frame
+    /// of a replica that failed (it takes part in the reduction all the same).
+    #[pyo3(signature = (samples, others = None))]
     fn collate_frame(
         &self,
-        samples: Vec<BTreeMap<String, Vec<usize>>>,
+        samples: Option<Vec<BTreeMap<String, Vec<usize>>>>,
+        others: Option<Vec<featshard_exec::collate::Others>>,
     ) -> PyResult<collate::CollateFrame> {
-        collate::frame(&self.plan, &samples).map_err(value_error)
+        let Some(samples) = samples else {
+            return Ok(collate::CollateFrame {
+                frame: featshard_exec::collate::failed_frame(&self.plan),
+            });
+        };
+        let others = others.unwrap_or_else(|| vec![Default::default(); samples.len()]);
+        collate::frame(&self.plan, &samples, &others).map_err(value_error)
     }
 
     /// Every held feature's target local shape from `frame` reduced by max over the DP
-    /// group; `ValueError` (every rank's same message) where the replicas hold different
-    /// features.
+    /// group; `None` when a replica failed (the ranks then exchange status frames);
+    /// `ValueError` (every rank's same message) where the replicas' batches differ in
+    /// size or features.
     fn collate_targets(
         &self,
         frame: &collate::CollateFrame,
         reduced: Vec<i64>,
-    ) -> PyResult<BTreeMap<String, Vec<usize>>> {
+    ) -> PyResult<Option<BTreeMap<String, Vec<usize>>>> {
         featshard_exec::collate::collate_targets(&self.plan, &frame.frame, &reduced)
             .map_err(value_error)
     }
@@ -663,8 +673,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tables::Layout>()?;
     m.add_class::<tables::Shapes>()?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
+    m.add_class::<agree::PyTerms>()?;
+    m.add("STATUS_BYTES", featshard_exec::agree::STATUS_BYTES)?;
     m.add_function(wrap_pyfunction!(agree::status_frame, m)?)?;
     m.add_function(wrap_pyfunction!(agree::read_status, m)?)?;
+    m.add_function(wrap_pyfunction!(agree::vote, m)?)?;
+    m.add_function(wrap_pyfunction!(agree::unanimous, m)?)?;
+    m.add_function(wrap_pyfunction!(agree::verdict, m)?)?;
     m.add_function(wrap_pyfunction!(plan_json, m)?)?;
     m.add_function(wrap_pyfunction!(plan_ir, m)?)?;
     m.add_function(wrap_pyfunction!(read_header, m)?)?;

@@ -29,6 +29,40 @@ def start_ranks(worker: Callable[..., None], args: tuple[Any, ...], world: int) 
     start(worker, args, world, preload=RANK_PRELOAD, path=[str(HERE)])
 
 
+def run_ranks(worker: Callable[..., None], args: tuple[Any, ...], world: int, *, deadline: float) -> list[int | None]:
+    """``worker(rank, *args)`` on ``world`` processes forked as :func:`start_ranks` forks
+    them, where ranks may die: each rank's exit code, or None for a rank still running
+    after ``deadline`` seconds (killed then: a hang, which the test reports, never a
+    wait)."""
+    import multiprocessing
+    import time
+
+    from featshard.ranks import start_ranks as start
+
+    # The fork server starts (with its preloads) on the first call of the session.
+    start(_nothing, (), 1, preload=RANK_PRELOAD, path=[str(HERE)])
+    context = multiprocessing.get_context("forkserver")
+    ranks = [context.Process(target=worker, args=(r, *args), daemon=True) for r in range(world)]
+    for p in ranks:
+        p.start()
+    end = time.monotonic() + deadline
+    for p in ranks:
+        p.join(max(0.0, end - time.monotonic()))
+    codes: list[int | None] = []
+    for p in ranks:
+        if p.is_alive():
+            p.kill()
+            p.join()
+            codes.append(None)
+        else:
+            codes.append(p.exitcode)
+    return codes
+
+
+def _nothing(rank: int) -> None:
+    """A rank that does nothing (starts the fork server)."""
+
+
 def tool(name: str) -> str:
     """A command of the test environment: on PATH, else next to this Python."""
     return shutil.which(name) or str(Path(sys.executable).parent / name)

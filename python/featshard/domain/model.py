@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from featshard.blocks import dtype_name
 from featshard.domain.scatter import DomainScatter
-from featshard.errors import FeatureDistributionError
+from featshard.errors import FeatureDistributionError, backend_options
 
 __all__ = ["DomainModel", "adopt_process_group"]
 
@@ -56,7 +56,11 @@ class DomainModel(DomainScatter):
         dp = self.dp_axis
         names: tuple[str, ...] = ((dp,) if dp is not None else ()) + tuple(self.domain_axes)
         shape = ((ddp,) if dp is not None else ()) + sizes
-        return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", shape, mesh_dim_names=names)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # Its groups take the caller's timeout, not torch's 30 minutes.
+        backend = ("nccl" if device == "cuda" else "gloo", backend_options(device, timeout))
+        return init_device_mesh(device, shape, mesh_dim_names=names,
+                                backend_override=dict.fromkeys(names, backend))
 
     def wrap_model(self, model: torch.nn.Module, mesh: DeviceMesh, strategy: str = "none") -> torch.nn.Module:
         """Readies a model for the (dp, domain...) mesh: its plain parameters and buffers are

@@ -151,7 +151,7 @@ class DomainScatter(DomainTables):
                 blocks[name] = self._read_block(read, name, lengths, shapes[name], sizes, coord, device)
         except FeatureDistributionError as e:
             failed = status_of(e)
-        agree(failed, _domain_group(dmesh), int(dmesh.mesh.numel()))
+        agree(failed, _domain_group(dmesh), device=device)
         out: dict[str, Any] = {}
         for name in sorted(self.features):
             info = self.features[name]

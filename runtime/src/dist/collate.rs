@@ -4,11 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use featshard_exec::collate::{collate_frame, collate_targets};
+use featshard_exec::agree::Status;
+use featshard_exec::collate::{collate_frame, collate_targets, failed_frame, Others};
 use featshard_spec::layout::repad_indices;
 use featshard_spec::plan::Plan;
 use tch::{Device, Tensor};
 
+use super::agree::settle;
 use super::error::DistError;
 use super::group::ReduceOp;
 use super::local::LocalSample;
@@ -62,10 +64,13 @@ fn local_shapes(sample: &LocalSample) -> BTreeMap<String, Vec<usize>> {
 }
 
 /// Stacks `batch` (this replica's samples, all of one workflow) into DTensor blocks on
-/// `(dp, cp0, cp1)`. Every rank of the world calls it with the same batch length.
+/// `(dp, cp0, cp1)`. Every rank of the world calls it; a batch one replica cannot
+/// collate (empty, samples holding different keys, batches of different sizes) is
+/// every rank's same error.
 pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batch, DistError> {
     let shapes: Vec<BTreeMap<String, Vec<usize>>> = batch.iter().map(local_shapes).collect();
-    let targets = agreed_targets(mesh, plan, &shapes)?;
+    let others: Vec<Others> = batch.iter().map(passed_through).collect();
+    let targets = agreed_targets(mesh, plan, &shapes, &others)?;
     let mut blocks = BTreeMap::new();
     for name in targets.keys() {
         blocks.insert(name.clone(), stack(mesh, plan, &batch, name, &targets)?);
@@ -77,23 +82,52 @@ pub fn collate(mesh: &Mesh, plan: &Plan, batch: Vec<LocalSample>) -> Result<Batc
     })
 }
 
+/// A sample's passed-through features, which collate keeps per sample (their keys
+/// must match; they are not stacked).
+fn passed_through(sample: &LocalSample) -> Others {
+    sample
+        .passthrough
+        .keys()
+        .map(|k| (k.clone(), None))
+        .collect()
+}
+
 /// Every held feature's local shape in the batch, agreed with the other DP replicas in
-/// one all-reduce of max of the executor's collate frame
-/// (`featshard_exec::collate`); replicas holding different features are every rank's
-/// same error.
+/// one all-reduce of max of the executor's collate frame (`featshard_exec::collate`);
+/// a replica that cannot collate still reduces a failed frame, and then every rank's
+/// status frame decides the error all return.
 fn agreed_targets(
     mesh: &Mesh,
     plan: &Plan,
     shapes: &[BTreeMap<String, Vec<usize>>],
+    others: &[Others],
 ) -> Result<BTreeMap<String, Vec<usize>>, DistError> {
-    let frame = collate_frame(plan, shapes)?;
+    let (frame, status) = match collate_frame(plan, shapes, others) {
+        Ok(frame) => (frame, Status::Ok),
+        Err(e) => (
+            failed_frame(plan),
+            Status::Rank {
+                rank: mesh.rank(),
+                kind: None,
+                message: e.to_string(),
+            },
+        ),
+    };
     let mut reduced = Tensor::from_slice(&frame.frame).to_device(mesh.dp().device());
     mesh.dp().all_reduce(&mut reduced, ReduceOp::Max)?;
     let reduced =
         Vec::<i64>::try_from(&reduced.to_device(Device::Cpu)).map_err(|e| DistError::Protocol {
             message: e.to_string(),
         })?;
-    Ok(collate_targets(plan, &frame, &reduced)?)
+    match collate_targets(plan, &frame, &reduced)? {
+        Some(targets) => Ok(targets),
+        None => {
+            settle(mesh.dp(), status, None)?;
+            Err(DistError::Protocol {
+                message: "collate: a replica's frame failed, but no rank says why".into(),
+            })
+        }
+    }
 }
 
 /// One feature's samples padded to the agreed shape (owner-block indices re-padded)

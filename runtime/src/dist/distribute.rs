@@ -9,16 +9,16 @@ use std::sync::Arc;
 use featshard_spec::plan::Plan;
 use tch::{Device, Tensor};
 
+use super::agree::agree;
 use super::error::DistError;
-use super::group::ReduceOp;
 use super::mesh::Mesh;
 use super::pool::{buffer, BufferPool};
 use super::prepare::{Prepared, Preparer, Write};
-use super::wire::{self, Announced, Header};
+use super::wire::{self, Announced};
 use super::LocalSample;
 use crate::error::RuntimeError;
 use crate::sample::{Features, Options};
-use featshard_exec::agree::{Status, STATUS_BYTES};
+use featshard_exec::agree::{Status, Terms};
 
 /// Why the source has no sample for this step.
 #[derive(Clone, Debug, PartialEq)]
@@ -124,21 +124,42 @@ impl<'m> Distributor<'m> {
         local: impl FnOnce(LocalSample) -> Result<T, E>,
     ) -> Result<T, DistError> {
         let cp = self.mesh.cp();
-        let source_rank = cp.ranks()[0];
-        let (prepared, header) = source_header(self.mesh.is_source(), source_rank, source);
-        let received = cp.broadcast_bytes(header.as_deref(), 0)?;
-        let header: Header =
-            serde_json::from_slice(&received).map_err(|e| DistError::Protocol {
-                message: format!("unreadable header from rank {source_rank}: {e}"),
+        let world = self.mesh.world();
+        let (prepared, status) = source_status(self.mesh.is_source(), cp.ranks()[0], source);
+        // Before any rank waits on another: the same spec, workflow, mesh and source
+        // everywhere, and a sample the source could prepare.
+        agree(world, status, Some(&self.terms()))?;
+        let header = prepared
+            .as_ref()
+            .map(|p| serde_json::to_vec(&p.announced))
+            .transpose()
+            .map_err(|e| DistError::Protocol {
+                message: format!("the header of a prepared sample: {e}"),
             })?;
-        let (status, value) = match header {
-            Header::Failed(status) => (status, None),
-            Header::Ok(announced) => self.receive(prepared, announced, local)?,
-        };
-        agree(self.mesh, status)?;
+        let received = cp.broadcast_bytes(header.as_deref(), 0)?;
+        let announced: Announced =
+            serde_json::from_slice(&received).map_err(|e| DistError::Protocol {
+                message: format!("unreadable header from rank {}: {e}", cp.ranks()[0]),
+            })?;
+        let (status, value) = self.receive(prepared, announced, local)?;
+        agree(world, status, None)?;
         value.ok_or_else(|| DistError::Protocol {
             message: "agreed on success without a local value".into(),
         })
+    }
+
+    /// What every rank of a step must hold the same (`featshard_exec::agree::Terms`):
+    /// the spec, the workflow, the mesh (`dp` first, then the spec's CP axes; its ranks
+    /// row-major) and the source (CP group rank 0).
+    fn terms(&self) -> Terms {
+        let plan = self.preparer.plan();
+        let cp = self.mesh.cp_shape();
+        let dp_name = plan.mesh.dp.clone().unwrap_or_else(|| "dp".to_owned());
+        let mut axes = vec![(dp_name, self.mesh.dp_size())];
+        axes.extend(plan.mesh.axes().iter().cloned().zip(cp));
+        let world: Vec<usize> = (0..self.mesh.world().size()).collect();
+        let workflow = self.preparer.sample_options().workflow.as_deref();
+        Terms::new(&plan.source.sha256, workflow, &axes, &world, Some(0))
     }
 
     /// This rank's part of an announced sample: the source writes and scatters its
@@ -236,19 +257,15 @@ fn send_buffers(p: &Prepared, device: Device) -> Vec<Tensor> {
         .collect()
 }
 
-/// What the source rank sends first: its prepared sample's header, or its failure.
-/// Other ranks send nothing.
-fn source_header(
+/// The source's prepared sample and its status for the step's first vote (its failure
+/// to prepare, or no sample given); other ranks have neither.
+fn source_status(
     is_source: bool,
     rank: usize,
     source: Option<Source>,
-) -> (Option<Prepared>, Option<Vec<u8>>) {
-    let encode = |h: &Header| serde_json::to_vec(h).unwrap_or_default();
+) -> (Option<Prepared>, Status) {
     match (is_source, source) {
-        (true, Some(Ok(p))) => {
-            let header = encode(&Header::Ok(p.announced.clone()));
-            (Some(p), Some(header))
-        }
+        (true, Some(Ok(p))) => (Some(p), Status::Ok),
         (true, failure) => {
             let (sample, message) = match failure {
                 Some(Err(f)) => (f.sample, f.message),
@@ -259,67 +276,17 @@ fn source_header(
                 sample,
                 message,
             };
-            (None, Some(encode(&Header::Failed(status))))
+            (None, status)
         }
-        (false, _) => (None, None),
+        (false, _) => (None, Status::Ok),
     }
-}
-
-/// Every rank's status of this step, agreed over the world; the first failure in rank
-/// order becomes every rank's error. One small all-reduce when every rank succeeded
-/// (the frames cross only on a failure): the Python package's distributor agrees the
-/// same way, over the same ranks.
-fn agree(mesh: &Mesh, status: Status) -> Result<(), DistError> {
-    let failed = i32::from(status != Status::Ok);
-    let mut anyone = Tensor::from_slice(&[failed]).to_device(mesh.world().device());
-    mesh.world().all_reduce(&mut anyone, ReduceOp::Max)?;
-    let anyone =
-        Vec::<i32>::try_from(&anyone.to_device(Device::Cpu)).map_err(|e| DistError::Protocol {
-            message: e.to_string(),
-        })?;
-    if anyone.first().copied().unwrap_or(0) == 0 {
-        return Ok(());
-    }
-    let mine = Tensor::from_slice(&status.encode()).to_device(mesh.world().device());
-    let all = mesh.world().all_gather(&mine)?;
-    for (rank, t) in all.iter().enumerate() {
-        let t = t.to_device(Device::Cpu);
-        let mut bytes = vec![0u8; STATUS_BYTES];
-        t.f_copy_data_u8(&mut bytes, STATUS_BYTES)
-            .map_err(|e| DistError::Protocol {
-                message: e.to_string(),
-            })?;
-        match Status::decode(&bytes) {
-            Some(Status::Ok) => {}
-            Some(Status::Source {
-                rank,
-                sample,
-                message,
-            }) => {
-                return Err(DistError::Source {
-                    rank,
-                    sample,
-                    message,
-                })
-            }
-            Some(Status::Rank { rank, message, .. }) => {
-                return Err(DistError::Rank { rank, message })
-            }
-            None => {
-                return Err(DistError::Protocol {
-                    message: format!("unreadable status from rank {rank}"),
-                })
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Agrees on a rank-local outcome outside a distribution step (e.g. after a model
 /// step): every rank returns the first failure in rank order, or `Ok`.
 pub fn agree_on(mesh: &Mesh, local: Result<(), String>) -> Result<(), DistError> {
     agree(
-        mesh,
+        mesh.world(),
         match local {
             Ok(()) => Status::Ok,
             Err(message) => Status::Rank {
@@ -328,6 +295,7 @@ pub fn agree_on(mesh: &Mesh, local: Result<(), String>) -> Result<(), DistError>
                 message,
             },
         },
+        None,
     )
 }
 
@@ -417,6 +385,64 @@ features:
             .collect();
         for t in threads {
             t.join().expect("rank thread").expect("steps");
+        }
+    }
+
+    /// One step on a 1x2 CP mesh of threads, each rank with its own plan and options.
+    fn step_with(ranks: [(Arc<Plan>, Options); 2]) -> Vec<Result<(), DistError>> {
+        let rdvs = Rendezvous::in_process(2, GroupOptions::default()).expect("store");
+        let threads: Vec<_> = rdvs
+            .into_iter()
+            .zip(ranks)
+            .map(|(rdv, (plan, opts))| {
+                std::thread::spawn(move || {
+                    let mesh = Mesh::new(&rdv, 1, [1, 2])?;
+                    let d = Distributor::new(&mesh, plan).options(opts);
+                    let features = sample(&[1., 2., 3.]);
+                    d.send(mesh.is_source().then_some((0, &features)))
+                        .map(|_| ())
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank thread"))
+            .collect()
+    }
+
+    #[test]
+    fn ranks_that_disagree_on_the_spec_or_workflow_are_told_both_sides() {
+        let other = Arc::new(
+            featshard_spec::compile_str("t.yaml", &SPEC.replace("float32", "float64"))
+                .expect("spec")
+                .1,
+        );
+        let training = Options {
+            workflow: Some("training".into()),
+            ..Options::default()
+        };
+        for (ranks, what) in [
+            (
+                [(plan(), Options::default()), (other, Options::default())],
+                "the spec (sha256)",
+            ),
+            (
+                [(plan(), Options::default()), (plan(), training)],
+                "the workflow",
+            ),
+        ] {
+            for outcome in step_with(ranks) {
+                match outcome {
+                    Err(DistError::Disagree { message }) => {
+                        assert!(
+                            message.starts_with(&format!("ranks disagree on {what}: rank 0 has ")),
+                            "{message}"
+                        );
+                        assert!(message.contains(", rank 1 has "), "{message}");
+                    }
+                    other => panic!("expected a disagreement on {what}, got {other:?}"),
+                }
+            }
         }
     }
 

@@ -38,6 +38,11 @@ pub enum DistError {
         /// Why.
         message: String,
     },
+    /// The ranks of a step disagree on the spec, the workflow, the mesh or the source.
+    Disagree {
+        /// Which term, and both sides.
+        message: String,
+    },
     /// What the source announced does not match what arrived (a bug or a mixed build).
     Protocol {
         /// What did not match.
@@ -65,6 +70,7 @@ impl fmt::Display for DistError {
                 message,
             } => write!(f, "source rank {rank} failed: {message}"),
             DistError::Rank { rank, message } => write!(f, "rank {rank} failed: {message}"),
+            DistError::Disagree { message } => write!(f, "{message}"),
             DistError::Protocol { message } => write!(f, "distribution protocol: {message}"),
             DistError::Runtime(e) => write!(f, "{e}"),
         }

@@ -2,6 +2,7 @@
 //! `(dp, cp0, cp1)` mesh, sample distribution with error propagation, DP collate and
 //! sharded data loading.
 
+mod agree;
 mod ffi;
 mod on_device;
 mod wire;

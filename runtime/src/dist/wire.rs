@@ -1,6 +1,5 @@
-//! What travels in one distribution step: the header the source broadcasts (sample
-//! status, then the layout of every rank's byte buffer) and the per-rank status the
-//! world agrees on at the end of a step.
+//! What travels in one distribution step: the header the source broadcasts (the layout
+//! of every rank's byte buffer), and the buffers read back into blocks.
 
 use std::collections::BTreeMap;
 
@@ -13,16 +12,8 @@ use crate::kind::kind_of;
 use crate::shard::{DTensorMeta, LocalBlock};
 use featshard_exec::buffer::{BufferLayout, Expansion, Global, Slot, ALIGN};
 
-/// The first message of a step, from the source to its CP group.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "header", rename_all = "snake_case")]
-pub enum Header {
-    Ok(Announced),
-    /// The source failed: its status, as every rank then agrees on it.
-    Failed(featshard_exec::agree::Status),
-}
-
-/// A sample the source announces: what every rank's buffer will hold.
+/// The first message of a step, from the source to its CP group (once the world agreed
+/// that the source holds a sample): what every rank's buffer will hold.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Announced {
     /// Index of the sample in the serial dataset.
@@ -173,21 +164,4 @@ fn expand_into(
         Ok(())
     })
     .map_err(torch_error)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use featshard_exec::agree::Status;
-
-    #[test]
-    fn a_failed_header_carries_the_agreement_status_whole() {
-        let h = Header::Failed(Status::Source {
-            rank: 4,
-            sample: Some(2),
-            message: "feature `x`: bad".into(),
-        });
-        let text = serde_json::to_vec(&h).unwrap();
-        assert_eq!(serde_json::from_slice::<Header>(&text).unwrap(), h);
-    }
 }

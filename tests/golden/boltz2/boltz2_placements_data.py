@@ -4,9 +4,9 @@
 this module's plan (`boltz2_placements.plan.json`, written next to it).
 
 The source rank of each CP group validates and places one serial sample in
-featshard's byte executor, broadcasts the metadata (or its error, raised on every
-rank), then sends every rank exactly its blocks; every rank ends with DTensors built
-with explicit shape, stride and placements. Collate, the datasets, the DP sampler and
+featshard's byte executor, the world agrees on it (its error, or ranks that disagree,
+is every rank's), then the source sends every rank exactly its blocks; every rank ends
+with DTensors built with explicit shape, stride and placements. Collate, the datasets, the DP sampler and
 the Lightning data module are the package's (`featshard.data`), with this plan.
 Needs torch and the `featshard` package; import it with the placements module on the
 path.
@@ -15,6 +15,7 @@ path.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from featshard.data import (
     cpu_mesh_like,
     fetch_with_retries,
 )
-from featshard.distribute import FeatureDistributionError
+from featshard.distribute import CollectiveError, FeatureDistributionError
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import Dataset
 
@@ -39,6 +40,7 @@ from boltz2_placements import plan
 # isort: on
 
 __all__ = [
+    "CollectiveError",
     "DistributedFeatureDataset",
     "DpSampler",
     "FeatureDistributionError",
@@ -72,17 +74,21 @@ def distribute_features(
     workflow: str | None = None,
     threads: int = 1,
     check: Callable[[Mapping[str, torch.Tensor]], None] | None = None,
+    timeout: timedelta | None = None,
 ) -> dict[str, Any]:
     """Distributes one serial sample from the source rank of each CP group.
 
     `features` is the sample on the source rank (None elsewhere); `src` the source's
     global rank (default: the group's rank at CP coordinate (0, 0)); `workflow` one of
     the spec's (every feature for None). `check`, if given, runs on every rank on its
-    local blocks. An error on any rank is raised on every rank of the group, with the
-    same type and message; nobody is left waiting.
+    local blocks. An error on any rank is raised on every rank of the world, with the
+    same type and message, and so are ranks that disagree on the spec, workflow, mesh
+    or source; a peer that dies ends the step within `timeout` (by default the default
+    group's) as a `CollectiveError`.
     """
     return _distribute.distribute_features(
-        plan(), features, mesh, src, workflow=workflow, threads=threads, check=check
+        plan(), features, mesh, src, workflow=workflow, threads=threads, check=check,
+        timeout=timeout,
     )
 
 
@@ -108,16 +114,18 @@ class DistributedFeatureDataset(_data.DistributedFeatureDataset):
     """`featshard.data.DistributedFeatureDataset` with this module's plan."""
 
     def __init__(self, serial: Dataset[Any], mesh: DeviceMesh, retries: int = 0, *,
-                 workflow: str | None = None, threads: int = 1) -> None:
+                 workflow: str | None = None, threads: int = 1,
+                 timeout: timedelta | None = None) -> None:
         super().__init__(plan(), serial, mesh, retries=retries, workflow=workflow,
-                         threads=threads)
+                         threads=threads, timeout=timeout)
 
 
 class PreshardedDataset(_data.PreshardedDataset):
     """`featshard.data.PreshardedDataset` with this module's plan."""
 
-    def __init__(self, root: str | Path, mesh: DeviceMesh) -> None:
-        super().__init__(plan(), root, mesh)
+    def __init__(self, root: str | Path, mesh: DeviceMesh, *,
+                 timeout: timedelta | None = None) -> None:
+        super().__init__(plan(), root, mesh, timeout=timeout)
 
 
 def lightning_datamodule(
@@ -130,9 +138,10 @@ def lightning_datamodule(
     retries: int = 0,
     seed: int = 0,
     workflow: str | None = None,
+    timeout: timedelta | None = None,
 ) -> Any:
     """A `LightningDataModule` over serial datasets (`featshard.data.lightning_datamodule`)."""
     return _data.lightning_datamodule(
         plan(), mesh, train, val, predict, batch_size=batch_size, retries=retries, seed=seed,
-        workflow=workflow,
+        workflow=workflow, timeout=timeout,
     )
