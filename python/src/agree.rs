@@ -31,10 +31,17 @@ impl PyTerms {
     }
 }
 
-/// Text from Python as it is, any lone surrogate replaced: an error message may hold
-/// bytes no codec decoded, and it still goes to every rank.
+/// Text from Python as it is, a lone surrogate written as its escape (`\udcff`): an
+/// error message may hold bytes no codec decoded (`os.fsdecode`), and it still goes to
+/// every rank, naming them.
 fn text(s: &Bound<'_, PyString>) -> String {
-    s.to_string_lossy().into_owned()
+    if let Ok(text) = s.to_str() {
+        return text.to_owned();
+    }
+    s.call_method1("encode", ("utf-8", "backslashreplace"))
+        .and_then(|b| b.extract::<Vec<u8>>())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|_| s.to_string_lossy().into_owned())
 }
 
 /// This rank's vote: whether it failed, and its terms' digest (`featshard_exec::agree::vote`).

@@ -122,7 +122,7 @@ fn unstorable(name: &str, kind: Kind) -> RuntimeError {
 
 /// A tensor's bytes as safetensors stores them (row-major).
 pub fn tensor_bytes(name: &str, t: &Tensor) -> Result<Vec<u8>, RuntimeError> {
-    let t = t.contiguous();
+    let t = crate::views::resolved(t).feature(name)?.contiguous();
     let numel = t.numel();
     let mut data = vec![0u8; numel * t.kind().elt_size_in_bytes()];
     t.f_copy_data_u8(&mut data, numel).feature(name)?;

@@ -46,7 +46,7 @@ pub(crate) fn view<'t>(plan: &Plan, name: &str, x: &'t Tensor) -> Result<Array<'
     };
     let numel: usize = shape.iter().product();
     let bytes = numel * featshard_exec::dtype::size(dtype);
-    if x.device() == Device::Cpu && x.is_contiguous() && numel > 0 {
+    if x.device() == Device::Cpu && x.is_contiguous() && numel > 0 && !marked(x) {
         // SAFETY: a contiguous CPU tensor of `numel` elements of `dtype` holds `bytes`
         // bytes at `data_ptr`, alive while `x` (borrowed for `'t`) is. The pipeline only
         // reads samples: no handle writes into them while this view lives.
@@ -54,11 +54,24 @@ pub(crate) fn view<'t>(plan: &Plan, name: &str, x: &'t Tensor) -> Result<Array<'
         return Ok(Array::borrowed(dtype, shape, data, None));
     }
     let mut data = vec![0u8; bytes];
-    x.f_to_device(Device::Cpu)
+    resolved(x)
+        .and_then(|c| c.f_to_device(Device::Cpu))
         .and_then(|c| c.f_contiguous())
         .and_then(|c| c.f_copy_data_u8(&mut data, numel))
         .feature(name)?;
     Ok(Array::owned(dtype, shape, data))
+}
+
+/// Whether torch marks `x` lazily (its negative or conjugate bit): its memory then holds
+/// other values than it reads as, and is never read or written as bytes.
+pub(crate) fn marked(x: &Tensor) -> bool {
+    x.is_neg() || x.is_conj()
+}
+
+/// `x` with its values in its memory: the marks of [`marked`] applied (a copy where
+/// there are any, `x` itself otherwise).
+pub(crate) fn resolved(x: &Tensor) -> Result<Tensor, tch::TchError> {
+    x.f_resolve_conj()?.f_resolve_neg()
 }
 
 /// The tensor of a feature the executor returned: its selections applied to
@@ -111,7 +124,7 @@ pub(crate) fn fill_into(
     if bytes == 0 {
         return fill(&mut []);
     }
-    if out.device() == Device::Cpu && out.is_contiguous() {
+    if out.device() == Device::Cpu && out.is_contiguous() && !marked(out) {
         // SAFETY: a contiguous CPU tensor of `numel` elements holds `bytes` bytes at
         // `data_ptr`, alive while `out` is; nothing else reads or writes them while they
         // are filled (callers own the tensor they hand in).

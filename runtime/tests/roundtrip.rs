@@ -304,3 +304,38 @@ fn a_shard_without_atoms_and_a_giant_token_round_trip_on_3x3() {
         assert!(serial[name].equal(x), "{name}");
     }
 }
+
+/// A feature whose memory holds other values than it reads as: torch's negative bit
+/// (what `_neg_view` and `.conj().imag` of a complex tensor give), on its own or on a
+/// strided view.
+fn marked(x: &Tensor) -> Tensor {
+    x.neg().internal_neg_view()
+}
+
+#[test]
+fn a_tensor_marked_negative_gives_the_blocks_of_its_resolved_copy() {
+    let plan = common::boltz2_plan();
+    let sample = common::boltz_sample(&plan, &[3, 1, 2, 4, 1, 2, 3], 7);
+    let mut lazy: Features = sample
+        .iter()
+        .map(|(n, x)| (n.clone(), x.shallow_clone()))
+        .collect();
+    for name in ["ref_pos", "profile"] {
+        let x = &sample[name];
+        assert!(marked(x).is_neg() && marked(x).equal(x));
+        lazy.insert(name.to_owned(), marked(x));
+    }
+    // A non-contiguous one too: read through the copy path.
+    let x = &sample["ref_charge"];
+    lazy.insert("ref_charge".into(), marked(&x.unsqueeze(1)).squeeze_dim(1));
+    for mesh in [[1, 1], [2, 2], [3, 2]] {
+        let want = pad(&plan, mesh, &sample, &inference()).expect("pad");
+        let got = pad(&plan, mesh, &lazy, &inference()).expect("pad");
+        for (a, b) in all_blocks(&plan, &want)
+            .iter()
+            .zip(&all_blocks(&plan, &got))
+        {
+            assert_same(a, b, "marked").expect("the same blocks");
+        }
+    }
+}

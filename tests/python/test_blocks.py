@@ -704,3 +704,55 @@ def test_torch_expands_every_shared_vector_as_the_executor_does() -> None:
         got = blocks.expand_block(stored, slot, torch.device("cpu"))
         assert (got.dtype, list(got.shape)) == (blocks.torch_dtype(slot.dense_dtype), slot.dense_shape), slot.name
         assert got.contiguous().view(torch.uint8).flatten().numpy().tobytes() == dense, slot.name
+
+
+def _marked(x: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """``x`` as torch tensors whose memory holds other values than they read as: the
+    negative bit (``_neg_view``, and what ``.conj().imag`` of a complex tensor returns)
+    and a zero tensor's lack of memory (for zeros)."""
+    out = [("_neg_view", (-x)._neg_view())]
+    if x.is_floating_point():
+        out.append(("conj().imag", torch.complex(torch.zeros_like(x), -x).conj().imag))
+    return out
+
+
+def test_tensors_torch_marks_lazily_give_the_blocks_of_their_resolved_copies(plan: featshard.Plan) -> None:
+    """A tensor with its negative bit set holds -x in memory and reads as x: its blocks
+    are x's, as of its resolved copy, through `place` (DLPack) and every rank's blocks;
+    before, every block held -x."""
+    sample = real_samples()[0]
+    for name in ("ref_pos", "res_type", "token_pad_mask"):
+        for how, lazy in _marked(sample[name]):
+            assert lazy.is_neg() and torch.equal(lazy, sample[name]), (name, how)
+            for mesh in [(1, 1), (2, 3)]:
+                want = blocks.rank_blocks(plan, sample, mesh, workflow="inference")
+                got = blocks.rank_blocks(plan, dict(sample, **{name: lazy}), mesh, workflow="inference")
+                for r, (w, g) in enumerate(zip(want, got)):
+                    assert_same_blocks(w, g, f"{name} {how} rank {r} of {mesh}")
+
+
+def test_sample_keys_and_values_that_are_no_features_are_refused_by_name(plan: featshard.Plan) -> None:
+    """Keys that are not text, or not valid text, and DTensors or other tensor subclasses
+    given as a sample's values: each refused where given, naming the key or feature;
+    before, a bare native error ("invalid python storage", an encoding error)."""
+    sample = real_samples()[0]
+    for key, error, words in [(5, TypeError, "sample key 5: a int, but feature names are str"),
+                              (b"x", TypeError, "sample key b'x': a bytes"),
+                              (None, TypeError, "sample key None: a NoneType"),
+                              ("bad\udcff", ValueError, "not valid text (a lone surrogate)")]:
+        with pytest.raises(error) as raised:
+            blocks.place(plan, {**sample, key: torch.zeros(1)}, (2, 2), workflow="inference")  # type: ignore[dict-item]
+        assert words in str(raised.value), str(raised.value)
+
+    class Wrapped(torch.Tensor):
+        @classmethod
+        def __torch_dispatch__(cls, func: object, types: object, args: object = (), kwargs: object = None) -> object:
+            raise AssertionError("never dispatched")
+
+    from torch.distributed.tensor import DTensor
+
+    assert issubclass(DTensor, torch.Tensor)
+    wrapped = torch.Tensor._make_subclass(Wrapped, sample["ref_charge"])
+    with pytest.raises(TypeError) as raised:
+        blocks.place(plan, dict(sample, ref_charge=wrapped), (2, 2), workflow="inference")
+    assert "feature `ref_charge`" in str(raised.value) and "a Wrapped (a tensor subclass" in str(raised.value)

@@ -197,6 +197,49 @@ def _dp_mesh_against_cp_mesh(rank: int, specs: dict[str, str]) -> str:
     return _step(rank, specs, spec="one_axis", mesh=mesh if rank < 2 else mesh["cp"])
 
 
+def _a_dtensor_given_as_a_value(rank: int, specs: dict[str, str]) -> str:
+    import featshard
+    from featshard.distribute import distribute_features
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = _mesh((2, 2), ("cp0", "cp1"))
+    sample = _sample("inference")
+    sample["pair"] = DTensor.from_local(sample["pair"], mesh, (Replicate(), Replicate()))
+    distribute_features(featshard.Plan(specs["spec"]), sample if rank == 0 else None, mesh,
+                        workflow="inference")
+    return "distributed a DTensor's memory"
+
+
+def _a_hook_fails_with_undecodable_text(rank: int, specs: dict[str, str]) -> str:
+    import featshard
+    from featshard.distribute import distribute_features
+
+    def check(blocks: Any) -> None:
+        if rank == 1:
+            raise ValueError("cannot read " + os.fsdecode(b"\xff.safetensors"))
+
+    mesh = _mesh((2, 2), ("cp0", "cp1"))
+    distribute_features(featshard.Plan(specs["spec"]), _sample("inference") if rank == 0 else None,
+                        mesh, workflow="inference", check=check)
+    return "the hook's failure was lost"
+
+
+def _marked_values_reach_every_rank_resolved(rank: int, specs: dict[str, str]) -> str:
+    import featshard
+    import torch
+    from featshard.distribute import distribute_features
+
+    mesh = _mesh((2, 2), ("cp0", "cp1"))
+    plan = featshard.Plan(specs["spec"])
+    sample = _sample("inference")
+    want = distribute_features(plan, sample if rank == 0 else None, mesh, workflow="inference")
+    lazy = dict(sample, pair=(-sample["pair"])._neg_view(),
+                token_mask=torch.complex(torch.zeros(6), -sample["token_mask"]).conj().imag)
+    got = distribute_features(plan, lazy if rank == 0 else None, mesh, workflow="inference")
+    same = all(torch.equal(got[n].to_local(), want[n].to_local()) for n in want)
+    return "resolved" if same else "memory shipped"
+
+
 def _after_all_a_good_step(rank: int, specs: dict[str, str]) -> str:
     return _step(rank, specs)
 
@@ -215,6 +258,9 @@ CASES: dict[str, list[Callable[[int, dict[str, str]], str]]] = {
         _mesh_orders_differ,
         _names_differ,
         _dp_mesh_against_cp_mesh,
+        _a_dtensor_given_as_a_value,
+        _a_hook_fails_with_undecodable_text,
+        _marked_values_reach_every_rank_resolved,
         _after_all_a_good_step,
     ],
 }
@@ -261,7 +307,7 @@ def test_ranks_that_disagree_are_each_told_both_sides_and_the_world_goes_on(tmp_
     codes, outs = _run(tmp_path, "disagreements")
     assert codes == [0, 0, 0, 0] and sorted(outs) == [0, 1, 2, 3], (codes, outs)
     steps = list(zip(*(outs[r] for r in range(4))))
-    timeouts, sources, specs, workflows, orders, names, dp_cp, good = steps
+    timeouts, sources, specs, workflows, orders, names, dp_cp, dtensor, surrogate, marked, good = steps
     assert set(timeouts) == {f"timeouts {float(TIMEOUT)}"}, timeouts
     expect = {
         "sources": (sources, "ranks disagree on the source: rank 0 has CP group rank 0, rank 2 has CP group rank 1"),
@@ -275,4 +321,10 @@ def test_ranks_that_disagree_are_each_told_both_sides_and_the_world_goes_on(tmp_
         assert got[0].startswith("FeatureDistributionError: " + message), (what, got[0])
     # A mesh named otherwise is refused by its rank, and every rank raises that.
     assert len(set(names)) == 1 and "mesh" in names[0] and "rows" in names[0], names
+    # A DTensor as a sample value is refused by name, on every rank.
+    assert set(dtensor) == {"TypeError: feature `pair`: expected a float32 tensor, got a DTensor"
+                            " (a distributed tensor's block: give the serial sample, e.g. .full_tensor())"}, dtensor
+    # Any text reaches every rank, an undecodable byte as its escape.
+    assert set(surrogate) == {"ValueError: cannot read \\udcff.safetensors"}, surrogate
+    assert set(marked) == {"resolved"}, marked
     assert set(good) == {"ok pair,token_mask"}, good
