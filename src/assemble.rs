@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use featshard_exec::assemble::{assemble, dense_blocks, footprints, unpad, Dense};
+use featshard_exec::assemble::{dense_blocks, footprints, unpad, Assembler, Dense};
 use featshard_exec::files::{self, Mapped};
 use featshard_exec::rank_file::RunFiles;
 
@@ -30,7 +30,9 @@ fn read_manifest(shards: &Path, plan: &featshard_spec::Plan) -> Result<Manifest,
 }
 
 /// Puts rank files back together into one sample file (serial, or padded with `padded`);
-/// with `verify`, each rank file's CRC-32 is checked against the manifest first.
+/// with `verify`, each rank file's CRC-32 is checked against the manifest first. One
+/// rank file is mapped at a time (its blocks copied out, then its map dropped), so a
+/// mesh of any size the writer accepts is read back.
 pub fn assemble_files(
     spec: &Path,
     shards: &Path,
@@ -43,17 +45,23 @@ pub fn assemble_files(
     let manifest = read_manifest(shards, &plan)?;
     let world: usize = manifest.mesh.iter().product();
     let layout_sha256 = layout_digest(&manifest.layout).map_err(other)?;
-    let paths: Vec<_> = (0..world)
-        .map(|rank| shards.join(format!("rank-{rank}.safetensors")))
-        .collect();
     let run = RunFiles::new(&plan, &manifest, &layout_sha256);
-    let mut mapped = Vec::with_capacity(world);
-    for (rank, path) in paths.iter().enumerate() {
-        mapped.push(run.open(path, rank, verify).map_err(other)?);
-    }
-    let mut ranks: Vec<files::Sample> = mapped.iter().map(Mapped::sample).collect();
+    let layout = &manifest.layout;
+    let mut metadata = None;
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();
-    for sample in &mut ranks {
+    let mut assembler = None;
+    for rank in 0..world {
+        let path = shards.join(format!("rank-{rank}.safetensors"));
+        let file = run.open(&path, rank, verify).map_err(other)?;
+        let mut sample = file.sample();
+        if rank == 0 {
+            let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
+            room::check_assembly(
+                parent.unwrap_or(Path::new(".")),
+                &footprints(&plan, layout, std::slice::from_ref(&sample)).map_err(other)?,
+            )?;
+            metadata = Some(rank_metadata(&file));
+        }
         for n in &manifest.passthrough {
             if let Some(x) = sample.remove(n) {
                 passthrough.entry(n.clone()).or_insert_with(|| Dense {
@@ -63,32 +71,29 @@ pub fn assemble_files(
                 });
             }
         }
+        // A corrupt stored block names its file; the file must not have changed while
+        // its blocks were copied in.
+        let at = |e: featshard_exec::ExecError| other(format!("{}: {e}", path.display()));
+        let dense = dense_blocks(&plan, layout, manifest.encoding, vec![sample]).map_err(at)?;
+        let into = match &mut assembler {
+            Some(a) => a,
+            None => assembler.insert(
+                Assembler::new(&plan, layout, manifest.workflow.as_deref(), &dense[0])
+                    .map_err(at)?,
+            ),
+        };
+        into.add(rank, &dense[0]).map_err(at)?;
+        file.check_unchanged(&path).map_err(other)?;
     }
-    let layout = &manifest.layout;
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
-    room::check_assembly(
-        parent.unwrap_or(Path::new(".")),
-        &footprints(&plan, layout, &ranks).map_err(other)?,
-    )?;
-    // One rank file at a time, so that a corrupt stored block names its file.
-    let mut dense = Vec::with_capacity(world);
-    for (sample, path) in ranks.into_iter().zip(&paths) {
-        let one = dense_blocks(&plan, layout, manifest.encoding, vec![sample])
-            .map_err(|e| other(format!("{}: {e}", path.display())))?;
-        dense.extend(one);
-    }
-    let ranks = dense;
-    let padded = assemble(&plan, layout, manifest.workflow.as_deref(), &ranks).map_err(other)?;
+    let assembler = assembler.ok_or_else(|| other("a mesh of no ranks".to_owned()))?;
+    let padded = assembler.finish().map_err(other)?;
     let mut result = if padded_output {
         padded
     } else {
         unpad(&plan, layout, padded).map_err(other)?
     };
     result.extend(passthrough);
-    for (file, path) in mapped.iter().zip(&paths) {
-        file.check_unchanged(path).map_err(other)?;
-    }
-    let metadata = rank_metadata(&mapped[0]);
+    let metadata = metadata.unwrap_or_default();
     let tensors: Vec<_> = result
         .iter()
         .map(|(n, d)| (n.as_str(), d.dtype, d.shape.clone(), d.bytes.as_slice()))

@@ -14,6 +14,8 @@ use std::sync::Mutex;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use featshard_exec::files::MAX_MAPPED;
+
 use crate::commands::{load, Failure};
 use crate::manifest::{DatasetManifest, SampleEntry, Status, DATASET_VERSION};
 use crate::shards::{self, Request};
@@ -127,8 +129,9 @@ pub fn shard_dataset(
     let req = Request::new(&plan, run, false)?;
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<SampleEntry>> = Mutex::new(Vec::new());
+    let jobs = jobs_at_once(run, list.len());
     std::thread::scope(|scope| {
-        for _ in 0..run.jobs.clamp(1, list.len()) {
+        for _ in 0..jobs {
             scope.spawn(|| loop {
                 let k = next.fetch_add(1, Ordering::Relaxed);
                 let Some((name, source)) = list.get(k) else {
@@ -150,6 +153,44 @@ pub fn shard_dataset(
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     write_manifest(&plan, req.mesh, run, out, &entries)?;
     summary(&entries, out)
+}
+
+/// Samples sharded at once: `--jobs`, bounded by what the process may hold: every job
+/// keeps its sample mapped (at most [`MAX_MAPPED`] files are) and its rank files open
+/// while they are written (a file per thread, besides the sample and the manifest). A
+/// bound is said on stderr, and no sample fails for it.
+fn jobs_at_once(run: &Run, samples: usize) -> usize {
+    let wanted = run.jobs.clamp(1, samples.max(1));
+    let per_job = run.threads.max(1) + 2;
+    let files = open_files_allowed().saturating_sub(RESERVED_FILES) / per_job;
+    let bound = MAX_MAPPED.min(files.max(1));
+    if wanted > bound {
+        eprintln!(
+            "featshard: --jobs {}: {bound} samples at a time (each holds its sample mapped and {per_job} files open; this process may map {MAX_MAPPED} files and open {} at once)",
+            run.jobs,
+            open_files_allowed()
+        );
+    }
+    wanted.min(bound)
+}
+
+/// Files a process keeps open besides its jobs' (its standard streams, libraries,
+/// the output folder).
+const RESERVED_FILES: usize = 64;
+
+/// How many files this process may open: its soft limit raised to the hard one.
+fn open_files_allowed() -> usize {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        if setrlimit(Resource::Nofile, limit.clone()).is_err() {
+            limit = getrlimit(Resource::Nofile);
+        }
+    }
+    limit
+        .current
+        .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// One sample: skipped if finished and verified, else (re)sharded.

@@ -435,3 +435,75 @@ fn a_tensor_name_or_metadata_key_that_is_not_a_spec_name_never_becomes_yaml() {
     assert!(doc["features"].get("zzz").is_none(), "{draft}");
     assert!(draft.contains("# left out: \"zzz: {axes"), "{draft}");
 }
+
+#[test]
+fn a_flag_of_some_real_items_is_never_proposed_as_a_pad_mask() {
+    // AlphaFold3-shaped: 10 tokens, the last two an ion and a ligand without frames;
+    // 30 atoms, the last ten a ligand's. `is_protein` is 1 on the first 20 atoms and
+    // `has_frame` on the first 8 tokens: prefixes, but of real items, which own and
+    // are owned in `atom_to_token`. `pad_like` is such a prefix with no flag's name.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("af3.safetensors");
+    let (n, a) = (10usize, 30usize);
+    let f32s = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let prefix =
+        |len: usize, ones: usize| f32s((0..len).map(|i| f32::from(u8::from(i < ones))).collect());
+    let token_of = |i: usize| {
+        if i < 20 {
+            i * 8 / 20
+        } else if i < 29 {
+            9
+        } else {
+            8
+        }
+    };
+    let map = f32s(
+        (0..a * n)
+            .map(|k| f32::from(u8::from(token_of(k / n) == k % n)))
+            .collect(),
+    );
+    let index: Vec<u8> = (0..n as i64).flat_map(|i| i.to_le_bytes()).collect();
+    let pos = vec![0u8; a * 3 * 4];
+    let (is_protein, has_frame, pad_like) = (prefix(a, 20), prefix(n, 8), prefix(a, 25));
+    let views = vec![
+        (
+            "token_index".to_owned(),
+            TensorView::new(Dtype::I64, vec![n], &index).unwrap(),
+        ),
+        (
+            "ref_pos".to_owned(),
+            TensorView::new(Dtype::F32, vec![a, 3], &pos).unwrap(),
+        ),
+        (
+            "atom_to_token".to_owned(),
+            TensorView::new(Dtype::F32, vec![a, n], &map).unwrap(),
+        ),
+        (
+            "is_protein".to_owned(),
+            TensorView::new(Dtype::F32, vec![a], &is_protein).unwrap(),
+        ),
+        (
+            "has_frame".to_owned(),
+            TensorView::new(Dtype::F32, vec![n], &has_frame).unwrap(),
+        ),
+        (
+            "pad_like".to_owned(),
+            TensorView::new(Dtype::F32, vec![a], &pad_like).unwrap(),
+        ),
+    ];
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
+        .args(["init", "--from"])
+        .arg(&path)
+        .args(["--tokens", "token_index", "--atoms", "ref_pos"])
+        .output()
+        .unwrap();
+    let draft = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!draft.contains("incoming_pads"), "{draft}");
+    assert!(!draft.contains("a mask of the real items"), "{draft}");
+}

@@ -46,16 +46,110 @@ pub fn assemble(
     workflow: Option<&str>,
     ranks: &[Sample],
 ) -> Result<BTreeMap<String, Dense>, ExecError> {
-    let shapes = assembled_shapes(plan, layout, workflow, ranks)?;
-    shapes
-        .iter()
-        .map(|(name, s)| {
-            Ok((
-                name.clone(),
-                assemble_feature(plan, layout, name, s, ranks)?,
-            ))
+    let world: usize = layout.mesh.iter().product();
+    if ranks.len() != world {
+        return Err(ExecError::RankCount {
+            what: "ranks' blocks",
+            given: ranks.len(),
+            mesh: layout.mesh,
+        });
+    }
+    let mut assembler = Assembler::new(plan, layout, workflow, &ranks[0])?;
+    for (r, blocks) in ranks.iter().enumerate() {
+        assembler.add(r, blocks)?;
+    }
+    assembler.finish()
+}
+
+/// [`assemble`] one rank at a time, so that a reader holds one rank's blocks beside the
+/// padded global features (rank files of any mesh, one mapped at a time): the padded
+/// layouts are made (pads filled) from the features rank 0 holds, every rank's blocks
+/// are copied in as they come, in rank order.
+#[derive(Debug)]
+pub struct Assembler<'p> {
+    plan: &'p Plan,
+    layout: &'p SampleLayout,
+    shapes: BTreeMap<String, FeatureShapes>,
+    full: BTreeMap<String, Assembled>,
+    next: usize,
+}
+
+/// One feature's padded global layout as the ranks fill it.
+#[derive(Debug)]
+struct Assembled {
+    dense: Dense,
+    /// The rank that wrote each region (keyed by its coordinates on split axes): a
+    /// second copy of a replicated region must be equal.
+    written: BTreeMap<Vec<usize>, usize>,
+}
+
+impl<'p> Assembler<'p> {
+    /// The padded layouts of the features of `workflow` that rank 0's blocks `first`
+    /// hold (every required one must be there).
+    pub fn new(
+        plan: &'p Plan,
+        layout: &'p SampleLayout,
+        workflow: Option<&str>,
+        first: &Sample,
+    ) -> Result<Self, ExecError> {
+        let shapes = assembled_shapes(plan, layout, workflow, first)?;
+        let mut full = BTreeMap::new();
+        for (name, s) in &shapes {
+            let t = tensor_plan(plan, name)?;
+            let numel = s.padded_shape.iter().product::<usize>();
+            let bytes = dtype::pad_bytes(t.dtype, t.pad_value).repeat(numel);
+            let shape = s.padded_shape.clone();
+            let dense = Dense {
+                dtype: t.dtype,
+                shape,
+                bytes,
+            };
+            let written = BTreeMap::new();
+            full.insert(name.clone(), Assembled { dense, written });
+        }
+        Ok(Assembler {
+            plan,
+            layout,
+            shapes,
+            full,
+            next: 0,
         })
-        .collect()
+    }
+
+    /// Rank `rank`'s blocks copied in (ranks come in order, each once).
+    pub fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError> {
+        let world: usize = self.layout.mesh.iter().product();
+        if rank != self.next || rank >= world {
+            return Err(ExecError::NoSuchRank {
+                rank,
+                mesh: self.layout.mesh,
+            });
+        }
+        for (name, s) in &self.shapes {
+            let block = blocks
+                .get(name)
+                .ok_or_else(|| blocks_error(name, format!("rank {rank} has no block")))?;
+            let Some(into) = self.full.get_mut(name) else {
+                continue;
+            };
+            copy_block(self.plan, self.layout, name, s, rank, block, into)?;
+        }
+        self.next += 1;
+        Ok(())
+    }
+
+    /// The padded global features, once every rank was added.
+    pub fn finish(self) -> Result<BTreeMap<String, Dense>, ExecError> {
+        let world: usize = self.layout.mesh.iter().product();
+        if self.next != world {
+            return Err(ExecError::RankCount {
+                what: "ranks' blocks",
+                given: self.next,
+                mesh: self.layout.mesh,
+            });
+        }
+        Ok(self.full.into_iter().map(|(n, a)| (n, a.dense)).collect())
+    }
 }
 
 /// What assembling a feature holds, counted before anything is made from a file.
@@ -138,25 +232,16 @@ pub fn dense_blocks<'a>(
         .collect()
 }
 
-/// The shapes of the features the blocks hold (optional ones may be absent), once the
-/// ranks are one per mesh position and no required feature is missing.
+/// The shapes of the features rank 0's blocks hold (optional ones may be absent), once
+/// no required feature is missing.
 fn assembled_shapes(
     plan: &Plan,
     layout: &SampleLayout,
     workflow: Option<&str>,
-    ranks: &[Sample],
+    first: &Sample,
 ) -> Result<BTreeMap<String, FeatureShapes>, ExecError> {
-    let mesh = layout.mesh;
-    let world: usize = mesh.iter().product();
-    if ranks.len() != world {
-        return Err(ExecError::RankCount {
-            what: "ranks' blocks",
-            given: ranks.len(),
-            mesh,
-        });
-    }
     let wanted = plan.feature_names(workflow)?;
-    let names = ranks[0]
+    let names = first
         .keys()
         .map(String::as_str)
         .filter(|n| wanted.contains(n));
@@ -173,74 +258,66 @@ fn assembled_shapes(
     Ok(shapes)
 }
 
-/// One feature's padded global layout from every rank's block of it.
-fn assemble_feature(
+/// Rank `r`'s block of one feature copied into its padded global layout (shard-local
+/// ids shifted back); a replicated region written before must be equal.
+fn copy_block(
     plan: &Plan,
     layout: &SampleLayout,
     name: &str,
     s: &FeatureShapes,
-    ranks: &[Sample],
-) -> Result<Dense, ExecError> {
+    r: usize,
+    block: &crate::array::Array,
+    into: &mut Assembled,
+) -> Result<(), ExecError> {
+    let Assembled {
+        dense: full,
+        written,
+    } = into;
     let t = tensor_plan(plan, name)?;
     let es = dtype::size(t.dtype);
-    let pad = dtype::pad_bytes(t.dtype, t.pad_value);
-    let numel = s.padded_shape.iter().product::<usize>();
-    let mut full = Dense {
-        dtype: t.dtype,
-        shape: s.padded_shape.clone(),
-        bytes: pad.repeat(numel),
-    };
-    // The region a rank holds is identified by its coordinates on split axes.
-    let mut written: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
-    for (r, blocks) in ranks.iter().enumerate() {
-        let coord = coords(layout.mesh, r);
-        let block = blocks
-            .get(name)
-            .ok_or_else(|| blocks_error(name, format!("rank {r} has no block")))?;
-        if block.shape() != s.local_shape || block.dtype() != t.dtype {
-            return Err(blocks_error(
-                name,
-                format!(
-                    "rank {r} holds {:?} {}, the plan says {:?} {}",
-                    block.shape(),
-                    block.dtype(),
-                    s.local_shape,
-                    t.dtype
-                ),
-            ));
-        }
-        let mut bytes = block.to_bytes();
-        local_ids::shift(
+    let coord = coords(layout.mesh, r);
+    if block.shape() != s.local_shape || block.dtype() != t.dtype {
+        return Err(blocks_error(
             name,
-            t,
-            layout,
-            &s.local_shape,
-            coord,
-            &mut bytes,
-            Direction::ToPadded,
-        )?;
-        let window = t.block_window(&s.local_shape, coord);
-        let key: Vec<usize> = t
-            .axes
-            .iter()
-            .filter_map(|a| a.split.mesh_axis().map(|m| coord[m]))
-            .collect();
-        let region = Region::new(&full.shape, &window, es);
-        match written.get(&key) {
-            Some(&first) if !region.equals(&full.bytes, &bytes) => {
-                return Err(blocks_error(
-                    name,
-                    format!("ranks {first} and {r} hold different copies of a replicated block"),
-                ));
-            }
-            Some(_) => {}
-            None => {
-                region.copy_in(&mut full.bytes, &bytes);
-                written.insert(key, r);
-            }
+            format!(
+                "rank {r} holds {:?} {}, the plan says {:?} {}",
+                block.shape(),
+                block.dtype(),
+                s.local_shape,
+                t.dtype
+            ),
+        ));
+    }
+    let mut bytes = block.to_bytes();
+    local_ids::shift(
+        name,
+        t,
+        layout,
+        &s.local_shape,
+        coord,
+        &mut bytes,
+        Direction::ToPadded,
+    )?;
+    let window = t.block_window(&s.local_shape, coord);
+    // The region a rank holds is identified by its coordinates on split axes.
+    let key: Vec<usize> = t
+        .axes
+        .iter()
+        .filter_map(|a| a.split.mesh_axis().map(|m| coord[m]))
+        .collect();
+    let region = Region::new(&full.shape, &window, es);
+    match written.get(&key) {
+        Some(&first) if !region.equals(&full.bytes, &bytes) => Err(blocks_error(
+            name,
+            format!("ranks {first} and {r} hold different copies of a replicated block"),
+        )),
+        Some(_) => Ok(()),
+        None => {
+            region.copy_in(&mut full.bytes, &bytes);
+            written.insert(key, r);
+            Ok(())
         }
     }
-    Ok(full)
 }
 
 /// A box `(start, len)` per axis of a row-major tensor: its rows are contiguous runs.

@@ -13,6 +13,10 @@ use crate::dtype;
 use crate::error::ExecError;
 use crate::mapping::Mapping;
 
+/// Files this process may hold mapped at once (every [`Mapped`] is one while it lives):
+/// work that maps a file each, such as a dataset's jobs, runs at most this many at once.
+pub const MAX_MAPPED: usize = crate::mapping::SLOTS;
+
 /// The header's `__metadata__`: name -> text.
 pub type Metadata = BTreeMap<String, String>;
 /// Feature name -> array.

@@ -91,6 +91,9 @@ pub(crate) fn intake_any<'a>(
     let (mut kept, passthrough, dropped) = sort_keys(plan, features, opts)?;
     maps_from_indices(plan, &mut kept)?;
     let real = real_lengths(plan, &kept)?;
+    for (sem, &n) in &real {
+        check_cut_items_unowned(plan, &kept, sem, n)?;
+    }
     let mut arrived = BTreeMap::new();
     for (sem, &n) in &real {
         if let Some(len) = cut_to_real(plan, &mut kept, sem, n)? {
@@ -502,6 +505,65 @@ fn check_cut_is_empty(
         });
     }
     Ok(())
+}
+
+/// Items cut as incoming pads have no owner: a cut item whose owner-map row names an
+/// owner is real (a mask that flags some items, a type flag, is not a pad mask), and
+/// cutting it would drop real data. Checked on the map as it arrived, before any cut.
+fn check_cut_items_unowned(
+    plan: &Plan,
+    kept: &Sample,
+    sem: &str,
+    n: usize,
+) -> Result<(), ExecError> {
+    let Some(s) = plan.semantics.get(sem) else {
+        return Ok(());
+    };
+    let (Some(OwnedBy { owner, source, .. }), Some(incoming)) = (&s.owned_by, &s.incoming) else {
+        return Ok(());
+    };
+    let Some((map, m)) = source.map().and_then(|m| Some((m, kept.get(m)?))) else {
+        return Ok(());
+    };
+    let t = tensor_plan(plan, map)?;
+    let Role::Index(ix) = &t.role else {
+        return Ok(());
+    };
+    let row_axis = (0..t.axes.len())
+        .find(|&d| Some(d) != ix.one_hot && t.axes[d].semantic.as_deref() == Some(sem));
+    let Some(d) = row_axis.filter(|&d| d < m.dim() && m.shape()[d] > n) else {
+        return Ok(());
+    };
+    let mut owned = Vec::new();
+    let cut = m.narrow(d, n, m.shape()[d] - n);
+    let owner_axis = ix.one_hot.unwrap_or(m.dim() - 1);
+    let _ = cut.for_each_row_nonzero(|idx, nz| {
+        for &(j, _) in nz {
+            let at = |a: usize| if a == idx.len() { j } else { idx[a] };
+            owned.push((n + at(d), at(owner_axis)));
+        }
+        Ok::<(), ()>(())
+    });
+    if owned.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = owned
+        .iter()
+        .take(4)
+        .map(|(i, j)| format!("{sem} item {i} to {owner} item {j}"))
+        .collect();
+    let more = owned.len().saturating_sub(shown.len());
+    Err(ExecError::Incoming {
+        feature: incoming.feature().to_owned(),
+        axis: 0,
+        semantic: sem.to_owned(),
+        message: format!(
+            "cuts {sem} {n} and after as incoming pads, but `{map}` gives {}{}: an incoming pad has no owner, so these items are real (is `{}` a pad mask, or a flag of some real items?)",
+            shown.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() },
+            incoming.feature()
+        ),
+    })
 }
 
 /// Drops owner-map rows with no owner where the plan says they are pads, on every

@@ -148,7 +148,7 @@ fn page_size() -> usize {
 }
 
 /// Mappings guarded at once (one per sample being read; `--jobs` samples at a time).
-const SLOTS: usize = 256;
+pub(crate) const SLOTS: usize = 256;
 
 /// One guarded address range. Lock-free: the signal handler reads it.
 struct Slot {

@@ -56,8 +56,10 @@ pub fn place_feature<'a>(
     shapes: &FeatureShapes,
 ) -> Result<Array<'a>, ExecError> {
     let t = tensor_plan(plan, name)?;
+    let axes = axis_maps(t, shapes, layout);
+    check_local_ids(plan, name, t, x, &axes, layout)?;
     let x = remap_to_padded(t, x, layout);
-    check_diagonal(name, t, &x, &axis_maps(t, shapes, layout), layout)?;
+    check_diagonal(name, t, &x, &axes, layout)?;
     Ok(x)
 }
 
@@ -98,6 +100,66 @@ fn remap_to_padded<'a>(t: &TensorPlan, x: &Array<'a>, layout: &SampleLayout) -> 
         dtype::encode_i64(d, p as i64, &mut bytes);
     }
     Array::owned(d, x.shape(), bytes)
+}
+
+/// A shard-local id counts from the start of the shard that holds its item: a value
+/// naming an item of another shard would arrive as another id (negative, or past the
+/// block), silently. Checked on the serial values (in range, checked before), by the
+/// padded position of the item holding each and of the item it names.
+fn check_local_ids(
+    plan: &Plan,
+    name: &str,
+    t: &TensorPlan,
+    x: &Array,
+    axes: &[AxisMap],
+    layout: &SampleLayout,
+) -> Result<(), ExecError> {
+    let Remap::ShardLocal { of, mesh_axis } = &t.remap else {
+        return Ok(());
+    };
+    let m = *mesh_axis;
+    let Some((d, held)) = t
+        .axes
+        .iter()
+        .enumerate()
+        .find(|(_, a)| a.split.mesh_axis() == Some(m))
+        .and_then(|(d, a)| Some((d, a.semantic.as_deref()?)))
+    else {
+        return Ok(());
+    };
+    if layout.mesh.get(m).copied().unwrap_or(1) <= 1 || d >= x.dim() {
+        return Ok(());
+    }
+    let named = layout.positions.get(of.as_str());
+    let last = x.dim() - 1;
+    let off = x.for_each_row(|idx, row| {
+        for (j, &v) in row.iter().enumerate() {
+            let item = if d == last { j } else { idx[d] };
+            let target = named
+                .and_then(|p| p.get(v as usize))
+                .copied()
+                .unwrap_or(v as usize);
+            let holder = layout.shard_of(held, m, axes[d].position(item));
+            let owner = layout.shard_of(of, m, target);
+            if holder != owner {
+                let mut at = idx.to_vec();
+                at.push(j);
+                return Err((v as i64, at, holder.unwrap_or(0), owner.unwrap_or(0)));
+            }
+        }
+        Ok(())
+    });
+    off.map_err(|(value, at, holder, target)| ExecError::OffShard {
+        feature: name.to_owned(),
+        axis: d,
+        semantic: held.to_owned(),
+        of: of.clone(),
+        value,
+        at,
+        mesh_axis: plan.mesh.axes().get(m).cloned().unwrap_or_default(),
+        holder,
+        target,
+    })
 }
 
 /// A block-diagonal feature must have nothing outside its diagonal blocks, or

@@ -172,7 +172,11 @@ fn padded_prefix(v: &[f64]) -> Option<usize> {
 }
 
 /// Incoming pads: a 1-D 0/1 feature over a sharded semantic that is 1 on a prefix and 0
-/// after. Returns the real item count of every semantic that arrives padded.
+/// after, and whose items after the prefix own nothing and are owned by nothing in the
+/// sample's one-hot maps; never a flag named as one (`is_*`, `has_*`: a flag of some
+/// real items, such as AlphaFold3's `is_protein` or `has_frame`, is 1 on a prefix when
+/// those items come first). Returns the real item count of every semantic that
+/// arrives padded.
 fn incoming(
     sample: &Sample,
     lengths: &[Anchor],
@@ -186,7 +190,9 @@ fn incoming(
             .tensors
             .iter()
             .filter(|(n, _)| features.get(*n).is_some_and(|f| f.axes == [s.name.clone()]))
+            .filter(|(n, _)| !is_flag(n))
             .filter_map(|(n, t)| Some((n, padded_prefix(t.zero_one()?)?)))
+            .filter(|&(n, real)| pads_own_nothing(sample, n, real))
             .collect();
         // Of several, those named as masks.
         if found.iter().filter(|(n, _)| n.contains("mask")).count() > 0 {
@@ -221,6 +227,35 @@ fn incoming(
         s.proposed = true;
     }
     real
+}
+
+/// A name that says a flag of some items, not a mask of the real ones.
+fn is_flag(name: &str) -> bool {
+    name.starts_with("is_") || name.starts_with("has_")
+}
+
+/// Whether the items from `real` on along `mask`'s axis hold no entry of any 0/1 map
+/// of the sample: no row of a map over them (they have no owner) and no column of a
+/// map onto them (they own nothing). Padded items are empty in every map; real items
+/// after a type flag's prefix are not.
+fn pads_own_nothing(sample: &Sample, mask: &str, real: usize) -> bool {
+    let Some(len) = sample
+        .tensors
+        .get(mask)
+        .and_then(|t| t.shape.first().copied())
+    else {
+        return true;
+    };
+    sample
+        .tensors
+        .iter()
+        .filter(|(n, _)| n.as_str() != mask)
+        .filter_map(|(_, t)| Some((t.shape.as_slice(), t.zero_one()?)))
+        .all(|(shape, v)| match *shape {
+            [rows, cols] if rows == len => v[real * cols..].iter().all(|&x| x == 0.0),
+            [_, cols] if cols == len => v.chunks(cols).all(|r| r[real..].iter().all(|&x| x == 0.0)),
+            _ => true,
+        })
 }
 
 /// Whether a 2-axis tensor is a one-hot map along axis 1 (0/1, at most one 1 per row,

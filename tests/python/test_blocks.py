@@ -756,3 +756,67 @@ def test_sample_keys_and_values_that_are_no_features_are_refused_by_name(plan: f
     with pytest.raises(TypeError) as raised:
         blocks.place(plan, dict(sample, ref_charge=wrapped), (2, 2), workflow="inference")
     assert "feature `ref_charge`" in str(raised.value) and "a Wrapped (a tensor subclass" in str(raised.value)
+
+
+OWNERLESS = """\
+version: 1
+module: ownerless
+mesh: {cp: [cp0, cp1]}
+semantics:
+  tokens: {shard: true}
+  atoms: {shard: true}
+features:
+  token_feat: {axes: [tokens], dtype: float32}
+  atom_to_token_idx: {axes: [atoms], dtype: int64, index: {of: tokens, scope: shard_local}}
+"""
+
+
+def test_a_shard_local_id_naming_another_shards_item_is_refused_by_name(tmp_path: Path) -> None:
+    """A token id per atom (AlphaFold3's `atom_to_token_idx`) as a `shard_local` index of
+    atoms without an owner: a value whose token lives on another shard than its atom
+    would arrive as another id (before: -13 and -26 on 3x3); refused naming the feature,
+    the value and both shards. Values on their own shard are shifted as before."""
+    spec = tmp_path / "ownerless.yaml"
+    spec.write_text(OWNERLESS)
+    plan = featshard.Plan(spec)
+    n_tokens, n_atoms = 9, 18
+    # Token 0 has seven atoms: atom 6, on the second third of the atoms, names token 0,
+    # on the first third of the tokens.
+    ids = torch.tensor([0] * 7 + list(range(1, 9)) + [8] * 3)
+    sample = {"token_feat": torch.arange(n_tokens, dtype=torch.float32), "atom_to_token_idx": ids}
+    with pytest.raises(ValueError) as raised:
+        blocks.place(plan, sample, (3, 3))
+    message = str(raised.value)
+    assert message.startswith(
+        "feature `atom_to_token_idx`, axis 0 (atoms): value 0 at [6] names tokens item 0, held by shard 0"
+        " along `cp0`, but this atoms item is held by shard 1: a shard_local id can only name an item of"
+        " its own shard"), message
+    # The same ids, each atom on its token's shard (atoms ordered by their token's shard):
+    # accepted, each rank's ids local to its token shard.
+    aligned = torch.tensor([a % 3 + 3 * (a // 6) for a in range(n_atoms)])
+    got = blocks.rank_blocks(plan, dict(sample, atom_to_token_idx=aligned), (3, 3))
+    for r, b in enumerate(got):
+        i = r // 3
+        want = aligned[6 * i: 6 * (i + 1)] - 3 * i
+        assert torch.equal(b["atom_to_token_idx"], want), (r, b["atom_to_token_idx"])
+
+
+def test_items_cut_as_incoming_pads_that_have_an_owner_are_refused(plan: featshard.Plan) -> None:
+    """A mask that marks real atoms as pads (a type flag such as AlphaFold3's
+    `is_protein` taken for the atoms' pad mask) would cut real atoms: refused, naming the
+    mask, the items and their owners. Before, the atoms were cut silently."""
+    sample = real_samples()[1]
+    real = int(sample["atom_pad_mask"].sum())
+    mask = sample["atom_pad_mask"].clone()
+    mask[real - 11:] = 0
+    with pytest.raises(ValueError) as raised:
+        blocks.place(plan, dict(sample, atom_pad_mask=mask), (2, 2), workflow="inference")
+    message = str(raised.value)
+    owners = sample["atom_to_token"].argmax(-1)
+    first = real - 11
+    assert message.startswith(
+        f"feature `atom_pad_mask`, axis 0 (atoms, incoming pads): cuts atoms {first} and after as incoming"
+        f" pads, but `atom_to_token` gives atoms item {first} to tokens item {int(owners[first])}, "), message
+    assert "and 7 more: an incoming pad has no owner, so these items are real" in message, message
+    # The sample as the featurizer emitted it: its pads own nothing, and are cut.
+    assert blocks.place(plan, sample, (2, 2), workflow="inference").layout.sizes["atoms"] == real

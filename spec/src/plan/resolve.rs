@@ -784,4 +784,12 @@ impl SampleLayout {
         let padded = *self.padded.get(semantic)?;
         Some(coord[mesh_axis] * (padded / self.mesh[mesh_axis].max(1)))
     }
+
+    /// The shard along `mesh_axis` that holds padded position `position` of `semantic`;
+    /// `None` when the layout has no length for it.
+    pub fn shard_of(&self, semantic: &str, mesh_axis: usize, position: usize) -> Option<usize> {
+        let padded = *self.padded.get(semantic)?;
+        let block = padded / self.mesh.get(mesh_axis).copied().unwrap_or(1).max(1);
+        Some(position / block.max(1))
+    }
 }
