@@ -122,17 +122,12 @@ pub enum ExecError {
         semantic: String,
     },
     /// A shard-local id that names an item of another shard.
-    #[error("feature `{feature}`, axis {axis} ({semantic}): value {value} at {at:?} names {of} item {value}, held by shard {target} along `{mesh_axis}`, but this {semantic} item is held by shard {holder}: a shard_local id can only name an item of its own shard, and would arrive as another id (give `{semantic}` an owner, `owner: {of}`, so that its items go to their owner's shard, or use `scope: padded_global`)")]
+    #[error("feature `{feature}`, axis {axis} ({semantic}): {message}")]
     OffShard {
         feature: String,
         axis: usize,
         semantic: String,
-        of: String,
-        value: i64,
-        at: Vec<usize>,
-        mesh_axis: String,
-        holder: usize,
-        target: usize,
+        message: String,
     },
     /// The sample does not fit the plan's rules for this mesh.
     #[error(transparent)]

@@ -149,16 +149,14 @@ fn check_local_ids(
         }
         Ok(())
     });
+    let mesh_axis = plan.mesh.axes().get(m).cloned().unwrap_or_default();
     off.map_err(|(value, at, holder, target)| ExecError::OffShard {
         feature: name.to_owned(),
         axis: d,
         semantic: held.to_owned(),
-        of: of.clone(),
-        value,
-        at,
-        mesh_axis: plan.mesh.axes().get(m).cloned().unwrap_or_default(),
-        holder,
-        target,
+        message: format!(
+            "value {value} at {at:?} names {of} item {value}, held by shard {target} along `{mesh_axis}`, but this {held} item is held by shard {holder}: a shard_local id can only name an item of its own shard, and would arrive as another id (give `{held}` an owner, `owner: {of}`, so that its items go to their owner's shard, or use `scope: padded_global`)"
+        ),
     })
 }
 
