@@ -184,7 +184,7 @@ fn open_files_allowed() -> usize {
     let mut limit = getrlimit(Resource::Nofile);
     if limit.current < limit.maximum {
         limit.current = limit.maximum;
-        if setrlimit(Resource::Nofile, limit.clone()).is_err() {
+        if setrlimit(Resource::Nofile, limit).is_err() {
             limit = getrlimit(Resource::Nofile);
         }
     }
