@@ -46,12 +46,7 @@ pub fn samples(features: &str) -> Result<Vec<(String, PathBuf)>, Failure> {
         v.sort();
         v
     } else {
-        let mut v: Vec<PathBuf> = glob::glob(features)
-            .map_err(|e| bad(e.to_string()))?
-            .filter_map(Result::ok)
-            .collect();
-        v.sort();
-        v
+        glob_files(features).map_err(bad)?
     };
     if paths.is_empty() {
         return Err(bad("no sample files".into()));
@@ -80,6 +75,72 @@ pub fn samples(features: &str) -> Result<Vec<(String, PathBuf)>, Failure> {
         }
     }
     Ok(named.into_iter().collect())
+}
+
+/// Folders a glob pattern's walk descends at most below its fixed part.
+const MAX_GLOB_DEPTH: usize = 64;
+
+/// Entries a glob pattern's walk visits at most.
+const MAX_GLOB_ENTRIES: usize = 10_000_000;
+
+/// The files a glob pattern matches, sorted: a walk of the folder its fixed part names,
+/// following links to folders but never into one of its own ancestors (a link cycle,
+/// `self -> .` or `up -> ..`, is detected, not walked), and bounded in depth and in
+/// entries visited (past the bound the pattern is refused, by name).
+fn glob_files(pattern: &str) -> Result<Vec<PathBuf>, String> {
+    let glob = globset::GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| e.to_string())?
+        .compile_matcher();
+    let (base, depth) = glob_base(pattern);
+    let implicit = !pattern.starts_with('.') && base == Path::new(".");
+    let mut found = Vec::new();
+    let walk = walkdir::WalkDir::new(&base)
+        .follow_links(true)
+        .max_depth(depth);
+    for (visited, entry) in walk.into_iter().enumerate() {
+        if visited >= MAX_GLOB_ENTRIES {
+            return Err(format!(
+                "the walk of {} passed {MAX_GLOB_ENTRIES} entries: name the samples' folder more narrowly",
+                base.display()
+            ));
+        }
+        // A cycle (an ancestor reached again through a link) or an unreadable entry is
+        // not walked into; what it holds is not a sample this pattern names.
+        let Ok(entry) = entry else { continue };
+        // Matched as the pattern writes paths: `x` for `./x` when it names no folder.
+        let path = match implicit {
+            true => entry.path().strip_prefix(".").unwrap_or(entry.path()),
+            false => entry.path(),
+        };
+        if entry.file_type().is_file() && glob.is_match(path) {
+            found.push(path.to_path_buf());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The leading folders of a glob pattern that hold no wildcard (`.` when none do), and
+/// how deep below them its matches lie at most (its other components; any depth up to
+/// [`MAX_GLOB_DEPTH`] with `**`).
+fn glob_base(pattern: &str) -> (PathBuf, usize) {
+    let wild = |c: &std::path::Component| {
+        c.as_os_str()
+            .to_string_lossy()
+            .contains(['*', '?', '[', '{'])
+    };
+    let all: Vec<_> = Path::new(pattern).components().collect();
+    let fixed: PathBuf = all.iter().take_while(|c| !wild(c)).collect();
+    let depth = match pattern.contains("**") {
+        true => MAX_GLOB_DEPTH,
+        false => all.len() - all.iter().take_while(|c| !wild(c)).count(),
+    };
+    match fixed.as_os_str().is_empty() {
+        true => (PathBuf::from("."), depth),
+        false => (fixed, depth),
+    }
 }
 
 /// Largest `@LIST` file read: a million paths of 64 characters.

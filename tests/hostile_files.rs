@@ -859,3 +859,51 @@ fn more_jobs_than_files_may_be_mapped_run_bounded_and_none_fails() {
     assert_eq!(samples.len(), 300);
     assert!(samples.iter().all(|s| s["status"] == "sharded"), "{m}");
 }
+
+#[test]
+fn a_glob_through_link_cycles_ends_and_names_each_sample_once() {
+    // g/self -> . and g/sub/up -> .. make `g/**` endless to a walker that follows
+    // every link; the cycles are detected and not walked into.
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("g");
+    std::fs::create_dir_all(g.join("sub")).unwrap();
+    std::fs::hard_link(real("prot60_nomsa.safetensors"), g.join("a.safetensors")).unwrap();
+    std::fs::hard_link(
+        real("prot60_smiles.safetensors"),
+        g.join("sub/b.safetensors"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(".", g.join("self")).unwrap();
+    std::os::unix::fs::symlink("..", g.join("sub/up")).unwrap();
+    let out = dir.path().join("out");
+    let pattern = format!("{}/**/*.safetensors", g.display());
+    let run = within(120, shard_command(&pattern, "1x1", &out));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("dataset.json")).unwrap()).unwrap();
+    let names: Vec<&str> = m["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b"], "{m}");
+    // A pattern in the working folder, and one level deep only without `**`.
+    let mut top = shard_command("g/*.safetensors", "1x1", &dir.path().join("top"));
+    top.current_dir(dir.path());
+    let run = within(120, top);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let m: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("top/dataset.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(m["samples"].as_array().unwrap().len(), 1, "{m}");
+}
