@@ -626,7 +626,7 @@ pub(crate) fn explain_lengths(
         let Padding::OwnerBlocks { root, .. } = &s.padding else {
             continue;
         };
-        if !l.sizes.contains_key(name) || l.sizes.get(root).is_none_or(|&owners| owners == 0) {
+        if !l.sizes.contains_key(name) || !l.sizes.contains_key(root) {
             continue;
         }
         l.counts

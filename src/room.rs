@@ -6,7 +6,7 @@ use std::path::Path;
 
 use featshard_exec::assemble::Footprint;
 
-use crate::commands::Failure;
+use crate::commands::{human, Failure};
 
 /// The default of `--max-growth`: rank files at most this many times the sample's
 /// bytes. A real Boltz-2 sample (`prot60_smiles`) grows 2.1x on 3x3, 4.8x on 8x8 and
@@ -29,21 +29,27 @@ pub fn parse_growth(text: &str) -> Result<f64, String> {
 /// Refuses `need` bytes of rank files from an `input`-byte sample into `dir` when the
 /// disk has not that much free, or when they are over `max_growth` times the sample.
 pub fn check(dir: &Path, need: u64, input: u64, max_growth: f64) -> Result<(), Failure> {
-    let gb = |b: u64| b as f64 / 1e9;
+    let b = |n: u64| human(u128::from(n));
     if need > SMALL && need as f64 > max_growth * input.max(1) as f64 {
         return Err(Failure::Other(format!(
-            "the rank files would take {:.1} GB, {:.0}x the sample's {:.3} GB (over --max-growth {max_growth}): check --mesh, or raise --max-growth",
-            gb(need),
+            "the rank files would take {}, {:.0}x the sample's {} (over --max-growth {max_growth}): check --mesh, or raise --max-growth",
+            b(need),
             need as f64 / input.max(1) as f64,
-            gb(input)
+            b(input)
         )));
     }
-    match free_bytes(dir) {
+    room_for(need, free_bytes(dir), dir)
+}
+
+/// `need` bytes of rank files against `free` bytes of `dir`, sizes said in the units
+/// that show them (a nearly full disk has bytes free, not "0.0 GB").
+fn room_for(need: u64, free: Option<u64>, dir: &Path) -> Result<(), Failure> {
+    match free {
         Some(free) if need > free => Err(Failure::Other(format!(
-            "the rank files would take {:.1} GB, but {} has {:.1} GB free",
-            gb(need),
+            "the rank files would take {}, but {} has {} free",
+            human(u128::from(need)),
             dir.display(),
-            gb(free)
+            human(u128::from(free))
         ))),
         _ => Ok(()),
     }
@@ -53,27 +59,26 @@ pub fn check(dir: &Path, need: u64, input: u64, max_growth: f64) -> Result<(), F
 /// has (its memory and swap), or whose padded layouts need more disk than `dir` has
 /// free: said before anything is expanded, naming the largest feature.
 pub fn check_assembly(dir: &Path, features: &[Footprint]) -> Result<(), Failure> {
-    let gb = |b: u128| b as f64 / 1e9;
     let sum =
         |f: fn(&Footprint) -> u128| features.iter().fold(0u128, |a, x| a.saturating_add(f(x)));
     let (held, global) = (sum(|f| f.held), sum(|f| f.global));
     let largest = features
         .first()
-        .map(|f| format!(" (feature `{}` alone {:.1} GB)", f.feature, gb(f.held)))
+        .map(|f| format!(" (feature `{}` alone {})", f.feature, human(f.held)))
         .unwrap_or_default();
     if let Some(memory) = memory_bytes().filter(|&m| held > m as u128) {
         return Err(Failure::Other(format!(
-            "assembling would hold {:.1} GB in memory{largest}, more than this machine's {:.1} GB",
-            gb(held),
-            gb(memory as u128)
+            "assembling would hold {} in memory{largest}, more than this machine's {}",
+            human(held),
+            human(memory as u128)
         )));
     }
     match free_bytes(dir) {
         Some(free) if global > free as u128 => Err(Failure::Other(format!(
-            "the assembled sample may take {:.1} GB, but {} has {:.1} GB free",
-            gb(global),
+            "the assembled sample may take {}, but {} has {} free",
+            human(global),
             dir.display(),
-            gb(free as u128)
+            human(free as u128)
         ))),
         _ => Ok(()),
     }
@@ -98,4 +103,23 @@ fn memory_bytes() -> Option<u64> {
 fn free_bytes(dir: &Path) -> Option<u64> {
     let s = rustix::fs::statvfs(dir).ok()?;
     Some(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_says_small_sizes_in_the_units_that_show_them() {
+        let Err(Failure::Other(message)) = room_for(70_000, Some(4_096), Path::new("/full"))
+        else {
+            panic!("refused")
+        };
+        assert_eq!(
+            message,
+            "the rank files would take 70.00 KB, but /full has 4.10 KB free"
+        );
+        assert!(room_for(10, Some(10), Path::new("/x")).is_ok());
+        assert!(room_for(10, None, Path::new("/x")).is_ok());
+    }
 }

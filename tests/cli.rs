@@ -231,6 +231,34 @@ fn explain_prints_placements_and_shapes() {
 }
 
 #[test]
+fn explain_takes_an_empty_sample_and_names_lengths_that_contradict() {
+    let rest = "rset=0,msa=0,ensemble=1,disto_ensemble=1,templates=0";
+    let explain = |lengths: &str| {
+        featshard(&[
+            "explain",
+            &boltz2(),
+            "--mesh",
+            "2x2",
+            "--lengths",
+            &format!("{lengths},{rest}"),
+        ])
+    };
+    // No tokens and no atoms: a sample `shard` accepts, so `explain` does too.
+    let empty = explain("tokens=0,atoms=0");
+    assert_eq!(empty.status.code(), Some(0), "{}", text(&empty.stderr));
+    // Atoms without tokens to own them: a contradiction, named.
+    let none = explain("tokens=0,atoms=70");
+    assert_eq!(none.status.code(), Some(1));
+    assert!(
+        text(&none.stderr).contains(
+            "semantic `atoms`: 70 items, but `tokens` has length 0: no owner to hold them"
+        ),
+        "{}",
+        text(&none.stderr)
+    );
+}
+
+#[test]
 fn explain_without_lengths_is_symbolic() {
     let out = featshard(&["explain", &boltz2(), "--mesh", "2x3"]);
     assert_eq!(out.status.code(), Some(0));

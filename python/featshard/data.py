@@ -97,7 +97,8 @@ def _agreed_targets(
     try:
         frame = plan.collate_frame(*_batch_shapes(batch))
     except Exception as e:  # noqa: BLE001 - agreed on by every DP replica below
-        failed, frame = status_of(e), plan.collate_frame(None)
+        refused = FeatureDistributionError(str(e)) if type(e) is ValueError else e
+        failed, frame = status_of(refused), plan.collate_frame(None)
     reduced = torch.tensor(frame.frame, dtype=torch.int64, device=device)
     collective("collate: agreeing on the batch's shapes", dp_group,
                lambda: dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=dp_group))

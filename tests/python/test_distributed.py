@@ -659,3 +659,25 @@ def test_on_a_cuda_mesh_blocks_made_on_the_gpu_equal_the_host_path(
         _shard_real_samples(tmp_path, shape)
     for r in _run(generated_dir, shape, scenario, tmp_path, device="cuda"):
         assert r["status"] == "ok", r
+
+
+def test_bad_loader_arguments_are_refused_where_given_naming_them() -> None:
+    """A sampler seed or epoch below 0 (before: an OverflowError only at iteration),
+    retries below 0 (a bare AssertionError), and a sample of an empty serial dataset (a
+    ZeroDivisionError): each refused where it is given, naming the argument."""
+    import featshard
+    from featshard import data
+
+    plan = featshard.Plan(HERE.parents[1] / "examples" / "boltz2.yaml")
+    with pytest.raises(ValueError, match=r"dp_sampler: seed must be an integer from 0 to 2\*\*64 - 1, got -1"):
+        data.DpSampler(plan, [1, 2], None, shuffle=True, seed=-1)  # type: ignore[arg-type]
+    sampler = data.DpSampler.__new__(data.DpSampler)
+    with pytest.raises(ValueError, match="dp_sampler: epoch must be an integer from 0 to 2\\*\\*64 - 1, got -3"):
+        sampler.set_epoch(-3)
+    for retries in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="retries: a count of further samples to try"):
+            data.DistributedFeatureDataset(plan, [1], None, retries=retries)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="retries: a count"):
+            data.lightning_datamodule(plan, None, retries=retries)  # type: ignore[arg-type]
+    with pytest.raises(IndexError, match="sample index 0 is outside the serial dataset's 0 samples"):
+        data.fetch_with_retries([], 0, 2)  # type: ignore[arg-type]

@@ -41,11 +41,13 @@ features:
 
 
 def _specs(folder: Path) -> dict[str, str]:
-    """The spec, one that lacks a feature, and the spec on one CP axis."""
+    """The spec, one that lacks a feature, the spec on one CP axis, and one that names a
+    feature otherwise."""
     texts = {
         "spec": SPEC,
         "lacking": SPEC.replace("  labels: {axes: [tokens], dtype: int64, only: [training]}\n", ""),
         "one_axis": SPEC.replace("cp: [cp0, cp1]", "cp: [cp]"),
+        "renamed": SPEC.replace("  pair:", "  other_pair:"),
     }
     paths = {}
     for name, text in texts.items():
@@ -240,6 +242,44 @@ def _marked_values_reach_every_rank_resolved(rank: int, specs: dict[str, str]) -
     return "resolved" if same else "memory shipped"
 
 
+def _collate(rank: int, specs: dict[str, str]) -> str:
+    """DP collate of batches one replica cannot collate, on (dp, cp0, cp1) = (2, 1, 2):
+    each is every rank's named error (or, for plain tensors, a right result)."""
+    import featshard
+    import torch
+    from featshard.data import collate
+    from featshard.distribute import distribute_features
+
+    mesh = _mesh((2, 1, 2), ("dp", "cp0", "cp1"))
+    plan = featshard.Plan(specs["spec"])
+    replica = rank // 2
+    source = rank % 2 == 0
+
+    def sample(workflow: str) -> dict[str, Any]:
+        return distribute_features(plan, _sample(workflow) if source else None, mesh, workflow=workflow)
+
+    inference, training = sample("inference"), sample("training")
+    renamed = {"other_pair" if n == "pair" else n: x for n, x in _sample("inference").items()}
+    other = distribute_features(featshard.Plan(specs["renamed"]), renamed if source else None, mesh,
+                                workflow="inference")
+    batches: dict[str, list[Any]] = {
+        "empty": [inference] if replica == 0 else [],
+        "mixed": [inference, training] if replica == 0 else [inference, inference],
+        "sizes": [inference, inference] if replica == 0 else [inference],
+        "late metadata": [inference, dict(inference, record="x")],
+        "foreign": [dict(inference, other_pair=other["other_pair"])],
+        "plain": [dict(inference, t=torch.full((3,), float(replica))), dict(inference, t=torch.ones(3))],
+    }
+    outcomes = []
+    for what, batch in batches.items():
+        try:
+            got = collate(plan, batch, mesh)
+            outcomes.append(f"{what}: ok {sorted(got)} {got['t'].tolist() if 't' in got else ''}")
+        except Exception as e:  # noqa: BLE001 - compared across ranks by the test
+            outcomes.append(f"{what}: {type(e).__name__}: {e}")
+    return "\n".join(outcomes)
+
+
 def _after_all_a_good_step(rank: int, specs: dict[str, str]) -> str:
     return _step(rank, specs)
 
@@ -261,6 +301,7 @@ CASES: dict[str, list[Callable[[int, dict[str, str]], str]]] = {
         _a_dtensor_given_as_a_value,
         _a_hook_fails_with_undecodable_text,
         _marked_values_reach_every_rank_resolved,
+        _collate,
         _after_all_a_good_step,
     ],
 }
@@ -307,7 +348,7 @@ def test_ranks_that_disagree_are_each_told_both_sides_and_the_world_goes_on(tmp_
     codes, outs = _run(tmp_path, "disagreements")
     assert codes == [0, 0, 0, 0] and sorted(outs) == [0, 1, 2, 3], (codes, outs)
     steps = list(zip(*(outs[r] for r in range(4))))
-    timeouts, sources, specs, workflows, orders, names, dp_cp, dtensor, surrogate, marked, good = steps
+    timeouts, sources, specs, workflows, orders, names, dp_cp, dtensor, surrogate, marked, collated, good = steps
     assert set(timeouts) == {f"timeouts {float(TIMEOUT)}"}, timeouts
     expect = {
         "sources": (sources, "ranks disagree on the source: rank 0 has CP group rank 0, rank 2 has CP group rank 1"),
@@ -327,4 +368,24 @@ def test_ranks_that_disagree_are_each_told_both_sides_and_the_world_goes_on(tmp_
     # Any text reaches every rank, an undecodable byte as its escape.
     assert set(surrogate) == {"ValueError: cannot read \\udcff.safetensors"}, surrogate
     assert set(marked) == {"resolved"}, marked
+    # A batch one replica cannot collate is every rank's same error, naming it.
+    per_rank = [c.split("\n") for c in collated]
+    assert all(len(p) == 6 for p in per_rank), collated
+    for case in zip(*per_rank):
+        what = case[0].split(":")[0]
+        if what != "plain":
+            assert len(set(case)) == 1, case
+    empty, mixed, sizes, late, foreign, plain = per_rank[0]
+    assert empty == "empty: FeatureDistributionError: collate: empty batch", empty
+    assert mixed.startswith("mixed: FeatureDistributionError: collate: the samples of a batch hold"
+                            " different features"), mixed
+    assert sizes.startswith("sizes: FeatureDistributionError: collate: DP replicas collate batches of"
+                            " different sizes, from 1 to 2 samples"), sizes
+    assert late == ("late metadata: FeatureDistributionError: collate: sample 1 holds `record`, sample 0"
+                    " does not: the samples of a batch hold the same keys"), late
+    assert foreign.startswith("foreign: FeatureDistributionError: collate: sample 0 holds a DTensor"
+                              " `other_pair`, which the spec `faults` does not place"), foreign
+    # Plain tensors are stacked, each replica its own.
+    assert per_rank[0][5] == "plain: ok ['pair', 't', 'token_mask'] [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]", plain
+    assert per_rank[2][5] == "plain: ok ['pair', 't', 'token_mask'] [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]", per_rank[2]
     assert set(good) == {"ok pair,token_mask"}, good

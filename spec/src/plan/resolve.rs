@@ -106,6 +106,15 @@ pub enum ResolveError {
         /// Its owner whose length is missing.
         owner: String,
     },
+    /// Items of an owner-partitioned semantic whose root owner has none.
+    NoOwners {
+        /// The owned semantic.
+        semantic: String,
+        /// Its root owner.
+        owner: String,
+        /// Its items.
+        len: usize,
+    },
     /// No owner counts for an owner-partitioned semantic.
     MissingCounts {
         /// The owned semantic.
@@ -195,6 +204,10 @@ impl fmt::Display for ResolveError {
             ResolveError::MissingOwnerLength { semantic, owner } => write!(
                 f,
                 "semantic `{semantic}`: owned by `{owner}`, but no run-time length was given for `{owner}`"
+            ),
+            ResolveError::NoOwners { semantic, owner, len } => write!(
+                f,
+                "semantic `{semantic}`: {len} items, but `{owner}` has length 0: no owner to hold them (lengths that contradict each other)"
             ),
             ResolveError::MissingCounts { semantic } => write!(
                 f,
@@ -364,8 +377,17 @@ impl Plan {
                     owner: root.clone(),
                 }
             })?;
-            if let RootCounts::Each(c) = counts {
-                check_counts(name, root, c, root_len, len)?;
+            match counts {
+                RootCounts::Each(c) => check_counts(name, root, c, root_len, len)?,
+                // Items spread over no owners would vanish from the layout.
+                RootCounts::Even if root_len == 0 && len > 0 => {
+                    return Err(ResolveError::NoOwners {
+                        semantic: name.clone(),
+                        owner: root.clone(),
+                        len,
+                    })
+                }
+                RootCounts::Even => {}
             }
             let root_padded = layout.padded.get(root).copied().unwrap_or(root_len);
             let blocks = self.pad_multiple(name, mesh).max(1);
