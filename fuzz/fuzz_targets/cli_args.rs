@@ -1,6 +1,7 @@
 //! The CLI's run-time arguments: any `--mesh` and `--lengths` text parses or is refused
 //! with a message, and what parses resolves the example spec without a panic, an
-//! overflow or an allocation beyond the limits.
+//! overflow or an allocation beyond the limits, on meshes of any size the limits allow
+//! (past 256 ranks too), with owner counts given or spread evenly as `explain` does.
 #![no_main]
 
 use featshard::commands::{parse_lengths, parse_mesh};
@@ -37,4 +38,13 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = boltz2_plan().resolve(mesh, &l, Some("inference"));
+    // As explain does now: spread evenly over any number of owners, none included
+    // (items without owners are refused by name, never dropped).
+    if l.sizes.contains_key("tokens") && l.sizes.contains_key("atoms") {
+        l.counts.insert("atoms".into(), RootCounts::Even);
+        let resolved = boltz2_plan().resolve(mesh, &l, Some("inference"));
+        if l.sizes["tokens"] == 0 && l.sizes["atoms"] > 0 {
+            assert!(resolved.is_err(), "atoms without owners resolved");
+        }
+    }
 });
