@@ -5,7 +5,8 @@
 #
 #   benches/compare.sh COMMIT [OUT]       # OUT: the logs' folder (default /tmp/featshard-compare)
 #
-# A benchmark an earlier commit does not have runs on this tree alone. Needs the
+# FEATSHARD_COMPARE_ONLY="soak one_axis" runs only the benchmarks named (the names
+# below). A benchmark an earlier commit does not have runs on this tree alone. Needs the
 # featshard virtual environment (scripts/test makes it); runs for about an hour on two
 # cores. Nothing else should run meanwhile: every figure is a time.
 set -euo pipefail
@@ -78,6 +79,7 @@ run() {  # run NAME COMMAND in TREE with PYTHONPATH, into OUT/NAME-LABEL.log
 
 for b in "${benches[@]}"; do
   name="${b%%|*}" cmd="${b#*|}"
+  case " ${FEATSHARD_COMPARE_ONLY:-$name} " in *" $name "*) ;; *) continue ;; esac
   run "$name" "$cmd" "$before" "$commit" "$site"
   run "$name" "$cmd" "$here" "after" ""
 done
