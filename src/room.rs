@@ -111,8 +111,7 @@ mod tests {
 
     #[test]
     fn a_refusal_says_small_sizes_in_the_units_that_show_them() {
-        let Err(Failure::Other(message)) = room_for(70_000, Some(4_096), Path::new("/full"))
-        else {
+        let Err(Failure::Other(message)) = room_for(70_000, Some(4_096), Path::new("/full")) else {
             panic!("refused")
         };
         assert_eq!(
