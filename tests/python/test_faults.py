@@ -363,8 +363,9 @@ def test_ranks_that_disagree_are_each_told_both_sides_and_the_world_goes_on(tmp_
     # A mesh named otherwise is refused by its rank, and every rank raises that.
     assert len(set(names)) == 1 and "mesh" in names[0] and "rows" in names[0], names
     # A DTensor as a sample value is refused by name, on every rank.
-    assert set(dtensor) == {"TypeError: feature `pair`: expected a float32 tensor, got a DTensor"
-                            " (a distributed tensor's block: give the serial sample, e.g. .full_tensor())"}, dtensor
+    refused = ("TypeError: feature `pair`: expected a float32 tensor, got a DTensor"
+               " (a distributed tensor's block: give the serial sample, e.g. .full_tensor())")
+    assert set(dtensor) == {refused}, dtensor
     # Any text reaches every rank, an undecodable byte as its escape.
     assert set(surrogate) == {"ValueError: cannot read \\udcff.safetensors"}, surrogate
     assert set(marked) == {"resolved"}, marked
