@@ -729,6 +729,13 @@ def test_tensors_torch_marks_lazily_give_the_blocks_of_their_resolved_copies(pla
                 got = blocks.rank_blocks(plan, dict(sample, **{name: lazy}), mesh, workflow="inference")
                 for r, (w, g) in enumerate(zip(want, got)):
                     assert_same_blocks(w, g, f"{name} {how} rank {r} of {mesh}")
+    # A zero tensor (torch's, with no memory of its own) gives zeros' blocks.
+    zeros = dict(sample, ref_charge=torch.zeros_like(sample["ref_charge"]))
+    lazy_zeros = dict(sample, ref_charge=torch._efficientzerotensor(sample["ref_charge"].shape))
+    assert lazy_zeros["ref_charge"]._is_zerotensor()
+    for w, g in zip(blocks.rank_blocks(plan, zeros, (2, 2), workflow="inference"),
+                    blocks.rank_blocks(plan, lazy_zeros, (2, 2), workflow="inference")):
+        assert_same_blocks(w, g, "zero tensor")
 
 
 def test_sample_keys_and_values_that_are_no_features_are_refused_by_name(plan: featshard.Plan) -> None:
