@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{self, Failure};
+use crate::explain;
 
 /// One YAML spec for every context-parallel feature placement, padding plan and
 /// generated module.
@@ -159,7 +160,7 @@ fn parse_lengths(s: &str) -> Result<LengthArg, String> {
 fn shard(
     spec: &std::path::Path,
     features: &str,
-    run: &crate::dataset::Run,
+    run: &crate::shards::Run,
     out: &std::path::Path,
 ) -> Result<String, Failure> {
     if crate::dataset::is_dataset(features) {
@@ -183,14 +184,14 @@ fn assemble(
 fn explain_view<'a>(
     svg: Option<&'a std::path::Path>,
     feature: Option<&'a str>,
-) -> commands::View<'a> {
+) -> explain::View<'a> {
     match (svg, feature) {
-        (Some(file), feature) => commands::View::Svg { feature, file },
-        (None, Some(feature)) => commands::View::Picture {
+        (Some(file), feature) => explain::View::Svg { feature, file },
+        (None, Some(feature)) => explain::View::Picture {
             feature,
             color: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
         },
-        (None, None) => commands::View::Table,
+        (None, None) => explain::View::Table,
     }
 }
 
@@ -238,7 +239,7 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             svg,
         } => {
             let view = explain_view(svg.as_deref(), feature.as_deref());
-            commands::explain(
+            explain::explain(
                 &spec,
                 &mesh,
                 lengths.as_ref().map(|l| l.0.as_slice()),
@@ -282,7 +283,7 @@ fn dispatch(command: Command) -> Result<String, Failure> {
         } => shard(
             &spec,
             &features,
-            &crate::dataset::Run {
+            &crate::shards::Run {
                 mesh,
                 workflow: workflow.as_deref(),
                 passthrough: &passthrough,

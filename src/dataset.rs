@@ -18,7 +18,7 @@ use featshard_exec::files::MAX_MAPPED;
 
 use crate::commands::{load, Failure};
 use crate::manifest::{DatasetManifest, SampleEntry, Status, DATASET_VERSION};
-use crate::shards::{self, Request};
+use crate::shards::{self, Request, Run};
 
 /// Whether `--features` names a dataset rather than one sample file: a folder, a list
 /// file (`@FILE`, one path per line) or a glob pattern.
@@ -152,24 +152,6 @@ fn read_list(path: &Path) -> Result<String, String> {
     let bytes =
         featshard_exec::files::read_bounded(path, MAX_LIST_BYTES).map_err(|e| e.to_string())?;
     String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))
-}
-
-/// How a dataset run goes: its jobs and the threads of each.
-pub struct Run<'a> {
-    /// The mesh sizes as given (checked against the spec's mesh when it is loaded).
-    pub mesh: crate::commands::MeshArg,
-    /// The workflow every sample is for (`None`: every feature of the spec).
-    pub workflow: Option<&'a str>,
-    /// Keys not in the spec carried along into every rank file.
-    pub passthrough: &'a [String],
-    /// Samples sharded at once.
-    pub jobs: usize,
-    /// Threads of each job.
-    pub threads: usize,
-    /// A sample's rank files at most this many times its bytes (`--max-growth`).
-    pub max_growth: f64,
-    /// How rank files store blocks with a compact form (`--encoding`).
-    pub encoding: crate::manifest::Encoding,
 }
 
 /// Shards every sample into `out/<name>/`, `jobs` samples at a time. A sample already

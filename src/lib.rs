@@ -13,11 +13,14 @@ pub use featshard_spec as spec;
 
 pub mod cli;
 pub mod commands;
+pub mod explain;
 pub mod init;
 pub mod manifest;
 pub mod picture;
 pub mod room;
+mod sizes;
 pub mod staging;
+mod text;
 mod topology;
 
 #[cfg(feature = "derive")]

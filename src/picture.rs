@@ -95,8 +95,8 @@ pub fn picture(
         cols: if cuts[1].is_some() { mesh[1] } else { 1 },
     };
     let local_shape = shapes.map_or_else(
-        || crate::commands::extents(&symbolic.local),
-        |s| crate::commands::shape(&s.local_shape),
+        || crate::text::extents(&symbolic.local),
+        |s| crate::text::shape(&s.local_shape),
     );
     let cut = |m: usize| {
         cuts[m].map(|d| {
@@ -126,8 +126,8 @@ pub fn picture(
                 .join(", "),
         },
         global_shape: shapes.map_or_else(
-            || crate::commands::extents(&symbolic.global),
-            |s| crate::commands::shape(&s.global_shape),
+            || crate::text::extents(&symbolic.global),
+            |s| crate::text::shape(&s.global_shape),
         ),
         rows: grid.rows,
         cols: grid.cols,

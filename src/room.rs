@@ -6,7 +6,8 @@ use std::path::Path;
 
 use featshard_exec::assemble::Footprint;
 
-use crate::commands::{human, Failure};
+use crate::commands::Failure;
+use crate::text::human;
 
 /// The default of `--max-growth`: rank files at most this many times the sample's
 /// bytes. A real Boltz-2 sample (`prot60_smiles`) grows 2.1x on 3x3, 4.8x on 8x8 and

@@ -10,7 +10,6 @@ use featshard_exec::{place, ExecError, Options, Placed};
 use featshard_spec::plan::{FeaturePlan, Plan};
 
 use crate::commands::{load, Failure};
-use crate::dataset::Run;
 use crate::manifest::{
     self, layout_digest, new_run_id, Encoding, FeatureEntry, FileSum, Incoming, Manifest,
     RankIdentity, RANK_KEY,
@@ -20,6 +19,24 @@ use crate::staging::{self, StagingDir};
 
 pub(crate) fn other(e: impl std::fmt::Display) -> Failure {
     Failure::Other(e.to_string())
+}
+
+/// How a run goes (one sample, or a dataset's samples): its jobs and the threads of each.
+pub struct Run<'a> {
+    /// The mesh sizes as given (checked against the spec's mesh when it is loaded).
+    pub mesh: crate::commands::MeshArg,
+    /// The workflow every sample is for (`None`: every feature of the spec).
+    pub workflow: Option<&'a str>,
+    /// Keys not in the spec carried along into every rank file.
+    pub passthrough: &'a [String],
+    /// Samples sharded at once.
+    pub jobs: usize,
+    /// Threads of each job.
+    pub threads: usize,
+    /// A sample's rank files at most this many times its bytes (`--max-growth`).
+    pub max_growth: f64,
+    /// How rank files store blocks with a compact form (`--encoding`).
+    pub encoding: crate::manifest::Encoding,
 }
 
 /// The metadata features of `workflow` that the sample file's header holds.

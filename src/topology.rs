@@ -10,7 +10,8 @@ use featshard_spec::loc::Loc;
 use featshard_spec::plan::CP_AXES;
 use featshard_spec::Plan;
 
-use crate::commands::{explain_lengths, human, total_bytes};
+use crate::sizes::{explain_lengths, total_bytes};
+use crate::text::human;
 
 /// One topology of `ranks` ranks: its label, mesh sizes and the plan it gets.
 struct Topology {

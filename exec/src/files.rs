@@ -114,7 +114,7 @@ pub fn read_window(
         return Ok(());
     }
     for (i, chunk) in out.chunks_mut(run * es).enumerate() {
-        let outer = crate::compact::unravel(i, &lens[..k]);
+        let outer = featshard_spec::layout::unravel(i, &lens[..k]);
         file.read_exact_at(chunk, at_of(&outer))
             .map_err(|e| io(path, format!("tensor `{}`: cannot read: {e}", entry.name)))?;
     }

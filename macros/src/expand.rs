@@ -5,7 +5,8 @@ use featshard_spec::names::upper_camel;
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 
-use crate::model::{Model, TensorField};
+use crate::field::TensorField;
+use crate::model::Model;
 
 /// The names every part of the expansion refers to.
 struct Names<'a> {

@@ -14,6 +14,7 @@ mod attr;
 #[cfg(test)]
 mod cross_front_end;
 mod expand;
+mod field;
 mod model;
 mod raw;
 

@@ -12,18 +12,8 @@ use proc_macro2::Span;
 use syn::{Field, GenericArgument, Ident, PathArguments, Type};
 
 use crate::attr::{self, AxisAttr, FieldAttrs, StructAttrs};
+use crate::field::TensorField;
 use crate::raw::{self, Tokens};
-
-/// A field the derive moves to and from the runtime.
-pub struct TensorField {
-    pub ident: Ident,
-    /// The feature name (the field's, unless renamed).
-    pub feature: String,
-    pub optional: bool,
-    /// Made by the pipeline when absent (always present in a rank's blocks).
-    pub derived: bool,
-    pub span: Span,
-}
 
 /// What the derive expands from.
 pub struct Model {

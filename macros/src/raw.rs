@@ -11,7 +11,7 @@ use featshard_spec::syntax::{
 use proc_macro2::Span;
 
 use crate::attr::{At, AxisAttr, FieldAttrs, IncomingAttr, PadLit, SemanticAttr, StructAttrs};
-use crate::model::TensorField;
+use crate::field::TensorField;
 
 /// The spans of the values put into the tree, numbered; a [`Loc`] holds the number.
 #[derive(Default)]

@@ -189,6 +189,18 @@ pub fn checked_coords(mesh: [usize; 2], rank: usize) -> Result<[usize; 2], Strin
     Ok(coords(mesh, rank))
 }
 
+/// The row-major multi-index of element `flat` of a tensor of `shape` (an axis of length
+/// 0 counts as 1, so that any `flat` has an index).
+pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        let n = shape[d].max(1);
+        idx[d] = flat % n;
+        flat /= n;
+    }
+    idx
+}
+
 /// The strides (in elements) of a row-major tensor of `shape`: what a DTensor's
 /// global stride is.
 pub fn contiguous_stride(shape: &[usize]) -> Vec<usize> {

@@ -4,10 +4,11 @@
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::TensorPlan;
 
-use super::{unravel, OneHot, SCAN_CHUNK};
+use super::{OneHot, SCAN_CHUNK};
 use crate::array::Array;
 use crate::dtype;
 use crate::error::ExecError;
+use featshard_spec::layout::unravel;
 
 /// Whether feature `t`, given with `dtype` and `shape`, arrives as its one-hot
 /// indices: a feature declared `one_hot` on its last axis, given with that axis left

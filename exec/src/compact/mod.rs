@@ -47,6 +47,7 @@ pub use stored::{check_stored, expand_stored, stored_form};
 pub(crate) use stored::{stored_entries, stored_entries_of};
 
 use featshard_spec::ir::{DType, Role};
+use featshard_spec::layout::unravel;
 use featshard_spec::plan::TensorPlan;
 use serde::{Deserialize, Serialize};
 
@@ -517,17 +518,6 @@ fn each_index<T>(
         wide.iter().zip(with.by_ref()).for_each(|(&k, t)| f(k, t));
         Ok::<(), std::convert::Infallible>(())
     });
-}
-
-/// The index of flat position `flat` in a row-major `shape`.
-pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
-    let mut idx = vec![0; shape.len()];
-    for d in (0..shape.len()).rev() {
-        let n = shape[d].max(1);
-        idx[d] = flat % n;
-        flat /= n;
-    }
-    idx
 }
 
 #[cfg(test)]

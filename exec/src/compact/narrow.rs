@@ -6,11 +6,12 @@ use std::io;
 use featshard_spec::ir::DType;
 use featshard_spec::plan::TensorPlan;
 
-use super::{unravel, SCAN_CHUNK};
+use super::SCAN_CHUNK;
 use crate::array::Array;
 use crate::dtype;
 use crate::error::ExecError;
 use crate::sink::Sink;
+use featshard_spec::layout::unravel;
 
 /// The smallest integer type holding `lo..=hi` narrower than `dense`, if any.
 pub(crate) fn narrow_dtype(dense: DType, [lo, hi]: [i64; 2]) -> Option<DType> {

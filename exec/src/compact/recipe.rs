@@ -194,7 +194,7 @@ fn move_last(bytes: &[u8], shape: &[usize], axis: usize, es: usize) -> Vec<u8> {
     moved.insert(axis, shape[last]);
     let mut out = vec![0u8; bytes.len()];
     for (flat, chunk) in bytes.chunks(es).enumerate() {
-        let idx = super::unravel(flat, shape);
+        let idx = featshard_spec::layout::unravel(flat, shape);
         let mut to = idx[..last].to_vec();
         to.insert(axis, idx[last]);
         let at = to.iter().zip(&moved).fold(0, |k, (&i, &n)| k * n + i);
