@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-#[path = "../examples/distribute_boltz.rs"]
+#[path = "../examples/distribute_boltz/run.rs"]
 #[allow(dead_code)]
 mod example;
 

@@ -158,23 +158,20 @@ pub struct RawSemantic {
     /// that a tensor's other sharded axis takes the mesh axis (MSA rows whole, tokens
     /// on cp); `shard` (the default) lets them take it. Ignored on a 2-D mesh.
     #[serde(default)]
-    #[schemars(with = "Option<OnOneAxis>")]
+    #[schemars(schema_with = "on_1d_schema")]
     pub on_1d: Option<Spanned<String>>,
     /// Free text for the spec's readers.
     #[serde(default)]
     pub doc: Option<String>,
 }
 
-/// What a one-axis CP mesh does with axes of a semantic (only for the JSON Schema; the
-/// parser reads a string and names a wrong value with its line and column).
-#[derive(JsonSchema)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub enum OnOneAxis {
-    /// Axes of this semantic may take the mesh axis (the default).
-    Shard,
-    /// Axes of this semantic stay whole on a one-axis mesh.
-    Whole,
+/// `on_1d`'s values in the JSON Schema (the parser reads a string and names a wrong
+/// value with its line and column).
+fn on_1d_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": ["string", "null"],
+        "enum": ["shard", "whole", null],
+    })
 }
 
 /// How the real items of a semantic that arrives padded are known.
