@@ -1,7 +1,6 @@
 //! The ranks of `distribute_boltz` (see `main.rs`): a module of its own so that the
 //! multi-process test runs the same code in its workers.
 
-
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
