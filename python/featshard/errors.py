@@ -29,10 +29,8 @@ __all__ = [
     "FeatureDistributionError",
     "agree",
     "backend_options",
-    "broadcast_outcome",
     "collective",
     "default_timeout",
-    "raise_failure",
     "same_error",
     "settle",
     "status_of",
@@ -186,23 +184,3 @@ def settle(
     verdict = _native.verdict([f.cpu().numpy().tobytes() for f in frames])
     if verdict is not None:
         raise same_error(*verdict)
-
-
-def broadcast_outcome(outcome: Any, failed: Status | None, src: int, group: Any) -> Any:
-    """The source rank ``src`` decides for the group: its ``outcome`` reaches every rank,
-    or its failure is raised on every rank (:func:`same_error`). Other ranks pass None."""
-    box: list[Any] = [(failed or _native.status_frame(_rank()), None if failed else outcome)]
-    collective(f"the outcome of source rank {src}", group,
-               lambda: dist.broadcast_object_list(box, src=src, group=group))
-    frame, payload = box[0]
-    raise_failure(frame)
-    return payload
-
-
-def raise_failure(failed: Status | None) -> None:
-    """Raises the failure a status frame holds as every rank raises it, if any."""
-    if failed is not None:
-        failure = _native.read_status(failed)
-        if failure is not None:
-            raise same_error(*failure)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -13,12 +14,13 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from featshard import _native
 from featshard.blocks import torch_dtype
+from featshard.distribute import mesh_terms
 from featshard.domain.tables import DomainTables
 from featshard.errors import (
     FeatureDistributionError,
     Status,
     agree,
-    broadcast_outcome,
+    collective,
     status_of,
 )
 
@@ -59,9 +61,10 @@ class DomainScatter(DomainTables):
         """Scatters one sample over the domain mesh as ShardTensors at `PLACEMENTS`.
 
         The domain group's source rank (its first rank) passes `inputs`, the others None.
-        The source validates and pads (onto the mesh's device), then broadcasts ok (with every global shape and the
-        metadata, which every rank gets) or the error; every rank raises the same
-        FeatureDistributionError. Each input then goes
+        The source validates and pads (onto the mesh's device); the domain group agrees on
+        it as every distribution does (its error, or ranks that disagree on the spec or
+        the mesh, raised on every rank), then the source broadcasts every global shape and
+        the metadata, which every rank gets. Each input then goes
         through `physicsnemo.domain_parallel.scatter_tensor` with the source's global rank,
         the explicit global shape and dtype (so no shape exchange per tensor), and
         `requires_grad` (never set in place afterwards: that would not reach the ShardTensor).
@@ -90,7 +93,14 @@ class DomainScatter(DomainTables):
                 outcome = ({n: tuple(x.shape) for n, x in padded.items()}, meta, lengths)
             except Exception as e:  # noqa: BLE001 - every error reaches every rank: none waits
                 failed = status_of(e)
-        payload = broadcast_outcome(outcome, failed, src, group)
+        # The one agreement (the source's failure, the same spec and mesh everywhere),
+        # then the source's shapes, metadata and lengths, which every rank needs.
+        terms = mesh_terms(self.plan, dmesh, None, 0)
+        agree(failed, group, terms=terms, device=device, what="agreeing on the domain sample")
+        box: list[Any] = [outcome]
+        collective(f"the sample's shapes from source rank {src}", group,
+                   partial(dist.broadcast_object_list, box, src=src, group=group))
+        payload = box[0]
         shapes: dict[str, tuple[int, ...]] = payload[0]
         coord = [int(c) for c in (dmesh.get_coordinate() or [0] * len(sizes))]
         out: dict[str, Any] = {}
@@ -151,7 +161,8 @@ class DomainScatter(DomainTables):
                 blocks[name] = self._read_block(read, name, lengths, shapes[name], sizes, coord, device)
         except FeatureDistributionError as e:
             failed = status_of(e)
-        agree(failed, _domain_group(dmesh), device=device)
+        agree(failed, _domain_group(dmesh), terms=mesh_terms(self.plan, dmesh), device=device,
+              what="agreeing on the domain sample's parts")
         out: dict[str, Any] = {}
         for name in sorted(self.features):
             info = self.features[name]
