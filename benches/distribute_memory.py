@@ -79,7 +79,7 @@ def _worker(rank: int, folder: str, how: str) -> None:
                             world_size=RANKS, timeout=timedelta(seconds=600))
     if DEVICE == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    mesh = init_device_mesh(DEVICE, MESH, mesh_dim_names=("cp0", "cp1"))
+    mesh = init_device_mesh(DEVICE, MESH, mesh_dim_names=("cp_axis_0", "cp_axis_1"))
     sample = None
     if rank == 0:
         name = "sample-indices" if how == "indices" else "sample"

@@ -135,7 +135,7 @@ def main() -> None:
 
 
 def bench(folder: Path) -> None:
-    (folder / "boltz2_1d.yaml").write_text(SPEC.read_text().replace("cp: [cp0, cp1]", "cp: [cp]"))
+    (folder / "boltz2_1d.yaml").write_text(SPEC.read_text().replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]"))
     atoms, size = boltz_sample_file(folder, TOKENS, 2048, (0, 20), pair_mask=False)
     import featshard
     from boltz_samples import as_elements, as_indices, as_narrow

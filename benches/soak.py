@@ -67,7 +67,7 @@ def _worker(rank: int, folder: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
                             world_size=RANKS, timeout=timedelta(seconds=600))
-    mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("cp0", "cp1"))
+    mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("cp_axis_0", "cp_axis_1"))
     import featshard
     from featshard.data import PreshardedDataset, lightning_datamodule
     from featshard.distribute import cp_group, distribute_features

@@ -401,7 +401,7 @@ fn explain_draws_a_features_tiles_plain_when_piped() {
     let out = featshard(&["explain", &boltz2(), "--mesh", "3x3", "--feature", "coords"]);
     let picture = text(&out.stdout);
     assert!(
-        picture.contains("ranks 0,1,2") && picture.contains("columns: replicated over cp1"),
+        picture.contains("ranks 0,1,2") && picture.contains("columns: replicated over cp_axis_1"),
         "{picture}"
     );
     assert!(

@@ -10,7 +10,7 @@ use featshard::Features;
 
 /// `examples/boltz2.yaml`'s inference workflow, written with field attributes only.
 #[derive(Features)]
-#[featshard(module = "boltz2_placements", mesh(cp0, cp1, dp = dp), workflows(inference))]
+#[featshard(module = "boltz2_placements", mesh(cp_axis_0, cp_axis_1, dp = dp), workflows(inference))]
 #[featshard(
     semantic(tokens, shard, incoming_pads(mask = token_pad_mask)),
     semantic(atoms, shard, owner = tokens, counts = atom_counts_per_token, map = atom_to_token,

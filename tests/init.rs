@@ -236,7 +236,7 @@ fn a_draft_without_ambiguities_validates_and_places_as_the_example() {
         draft.contains("msa: {shard: true, on_1d: whole}"),
         "{draft}"
     );
-    let one_axis = |t: &str| t.replacen("cp: [cp0, cp1]", "cp: [cp]", 1);
+    let one_axis = |t: &str| t.replacen("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]", 1);
     let example = std::fs::read_to_string(root().join("examples/boltz2.yaml")).unwrap();
     let (_, plan_1d) = featshard::spec::compile_str("boltz2.yaml", &one_axis(&example)).unwrap();
     assert_eq!(plan_1d.mesh.axes(), ["cp"]);

@@ -92,7 +92,10 @@ fn the_one_axis_placements_are_boltz_cps_1d_registry() {
         .zip(one.lines())
         .filter(|(a, b)| a != b)
         .collect();
-    assert_eq!(changed, vec![("  cp: [cp0, cp1]", "  cp: [cp]")]);
+    assert_eq!(
+        changed,
+        vec![("  cp: [cp_axis_0, cp_axis_1]", "  cp: [cp]")]
+    );
     let (_, plan) = compile_str("boltz2_1d.yaml", &one).unwrap();
     assert_eq!(plan.mesh.axes(), ["cp"]);
     for workflow in ["training", "inference"] {
@@ -239,6 +242,13 @@ fn device_mesh_dimensions_are_found_by_the_specs_names() {
         err.contains("dimension `cp0` is not an axis of the spec's mesh (dp, cp)"),
         "{err}"
     );
+    // How to match: the device mesh named as the spec says, or the spec as the mesh.
+    assert!(
+        err.ends_with(
+            "name the device mesh's dimensions as the spec does (`mesh_dim_names=(\"dp\", \"cp\",)`), or the spec's mesh as the model names it (`mesh: {cp: [cp0], dp: dp}`)"
+        ),
+        "{err}"
+    );
     let err = dims(&["cp", "dp"]).unwrap_err();
     assert!(
         err.contains("(cp, dp) are not the spec's mesh (dp, cp) in its order"),
@@ -294,7 +304,7 @@ fn a_mesh_with_the_wrong_number_of_axes_is_refused_and_nothing_written() {
     for (mesh, want) in [
         (
             "3",
-            "--mesh 3: mesh sizes [3]: the spec's mesh is (cp0, cp1), 1 axis given",
+            "--mesh 3: mesh sizes [3]: the spec's mesh is (cp_axis_0, cp_axis_1), 1 axis given",
         ),
         (
             "2x2",

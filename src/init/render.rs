@@ -31,7 +31,7 @@ fn header(path: &Path, module: &str) -> String {
     let _ = writeln!(out, "# `optional: true`.");
     let _ = writeln!(
         out,
-        "version: 1\nmodule: {module}\nmesh:\n  cp: [cp0, cp1]  # a 2-D tile; or `cp: [cp]`: one CP axis of any size, nothing else changes\n  dp: dp\nsemantics:"
+        "version: 1\nmodule: {module}\nmesh:\n  # A 2-D tile, its axes named as the model's device mesh names them (Boltz-CP's:\n  # dp, cp_axis_0, cp_axis_1); or `cp: [cp]`: one CP axis of any size, nothing else changes.\n  cp: [cp_axis_0, cp_axis_1]\n  dp: dp\nsemantics:"
     );
     out
 }

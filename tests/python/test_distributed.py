@@ -27,7 +27,7 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     # carries the mesh's collectives on CUDA tensors (NCCL takes one rank per GPU).
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
-    names = ("dp", "cp0", "cp1") if len(shape) == 3 else ("cp0", "cp1")
+    names = ("dp", "cp_axis_0", "cp_axis_1") if len(shape) == 3 else ("cp_axis_0", "cp_axis_1")
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     mesh = init_device_mesh(device, shape, mesh_dim_names=names)

@@ -1,6 +1,6 @@
 """One-axis CP meshes on gloo ranks: the shipped spec with its ``mesh:`` line changed to
 ``cp: [cp]``, distributed on ``(cp,)`` and ``(dp, cp)``, and the DP axis found by the
-spec's name on ``(dp, cp)`` and ``(dp, cp0, cp1)``."""
+spec's name on ``(dp, cp)`` and ``(dp, cp_axis_0, cp_axis_1)``."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def one_axis_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     text = (ROOT / "examples" / "boltz2.yaml").read_text()
     # The mesh line, and a module name of its own: its ranks never import the 2-D module.
     spec = out / "boltz2_1d.yaml"
-    spec.write_text(text.replace("cp: [cp0, cp1]", "cp: [cp]")
+    spec.write_text(text.replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]")
                     .replace("module: boltz2_placements", f"module: {MODULE}"))
     subprocess.run([str(featshard_bin()), "generate", str(spec), "--out", str(out), "--tests"], check=True)
     return out
@@ -292,7 +292,7 @@ def test_dp_replicas_of_a_one_axis_mesh_draw_different_samples(
 
 
 def test_dp_replicas_of_a_tile_mesh_draw_different_samples(generated_dir: Path, tmp_path: Path) -> None:
-    results = _run(generated_dir, "boltz2_placements", (2, 1, 2), ("dp", "cp0", "cp1"), "dp", tmp_path)
+    results = _run(generated_dir, "boltz2_placements", (2, 1, 2), ("dp", "cp_axis_0", "cp_axis_1"), "dp", tmp_path)
     _assert_replicas_split(results, 2, 7)
 
 

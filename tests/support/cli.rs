@@ -21,9 +21,13 @@ pub fn spec_1d() -> String {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let path = PATH.get_or_init(|| {
         let text = std::fs::read_to_string(root().join("examples/boltz2.yaml")).unwrap();
-        assert!(text.contains("cp: [cp0, cp1]"));
+        assert!(text.contains("cp: [cp_axis_0, cp_axis_1]"));
         let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("boltz2_1d.yaml");
-        std::fs::write(&path, text.replace("cp: [cp0, cp1]", "cp: [cp]")).unwrap();
+        std::fs::write(
+            &path,
+            text.replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]"),
+        )
+        .unwrap();
         path
     });
     path.display().to_string()

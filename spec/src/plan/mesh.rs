@@ -1,6 +1,8 @@
 //! The plan's mesh: its CP or domain axes, its DP axis, and a device mesh read by the
 //! names of its dimensions.
 
+use std::fmt::Write as _;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -88,8 +90,9 @@ impl MeshPlan {
             .find(|n| !axes.contains(n) && self.dp.as_ref() != Some(n))
         {
             return Err(format!(
-                "device mesh dimension `{n}` is not an axis of the spec's mesh {}",
-                expected()
+                "device mesh dimension `{n}` is not an axis of the spec's mesh {}: {}",
+                expected(),
+                self.how_to_match(names)
             ));
         }
         let dp = self
@@ -99,15 +102,42 @@ impl MeshPlan {
         let start = usize::from(dp.is_some());
         if dp.is_some_and(|d| d != 0) || names[start..] != *axes || names.len() != ndim {
             return Err(format!(
-                "device mesh dimensions ({}) are not the spec's mesh {} in its order",
+                "device mesh dimensions ({}) are not the spec's mesh {} in its order: {}",
                 names.join(", "),
-                expected()
+                expected(),
+                self.how_to_match(names)
             ));
         }
         Ok(MeshDims {
             dp,
             sample: (start..ndim).collect(),
         })
+    }
+
+    /// How a device mesh named `names` and the spec's mesh come to match: the device
+    /// mesh's names as the spec says them, or the spec's `mesh:` line as the device mesh
+    /// names its dimensions (where there are as many).
+    fn how_to_match(&self, names: &[String]) -> String {
+        let quoted = |v: &[String]| v.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>();
+        let axes = self.axes();
+        let with_dp = names.len() > axes.len();
+        let mut ours: Vec<String> = self.dp.iter().filter(|_| with_dp).cloned().collect();
+        ours.extend(axes.iter().cloned());
+        let mut out = format!(
+            "name the device mesh's dimensions as the spec does (`mesh_dim_names=({},)`)",
+            quoted(&ours).join(", ")
+        );
+        let cp = names.len() - usize::from(with_dp && self.dp.is_some());
+        if cp == axes.len() && (1..=2).contains(&cp) {
+            let (dp, theirs) = names.split_at(names.len() - cp);
+            let dp = dp.first().map(|d| format!(", dp: {d}")).unwrap_or_default();
+            let _ = write!(
+                out,
+                ", or the spec's mesh as the model names it (`mesh: {{cp: [{}]{dp}}}`)",
+                theirs.join(", ")
+            );
+        }
+        out
     }
 
     /// Whether mesh axis `m` splits into uneven chunks (only a domain axis can).
