@@ -5,29 +5,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use featshard_exec::assemble::{dense_blocks, footprints, unpad, Assembler, Dense};
-use featshard_exec::files::{self, Mapped};
-use featshard_exec::rank_file::RunFiles;
+use featshard_exec::files;
+use featshard_exec::shard_folder::ShardFolder;
 
 use crate::commands::{load, Failure};
-use crate::manifest::{self, layout_digest, Manifest, RANK_KEY};
 use crate::room;
 use crate::shards::other;
 use crate::staging;
-
-/// The metadata every rank file carries in its header (rank 0's, its identity
-/// removed; [`RunFiles::open`] has compared it with the manifest's).
-fn rank_metadata(rank0: &Mapped) -> files::Metadata {
-    let mut metadata = rank0.header().metadata.clone();
-    metadata.remove(RANK_KEY);
-    metadata
-}
-
-/// The manifest of a shard folder, read and checked against the plan.
-fn read_manifest(shards: &Path, plan: &featshard_spec::Plan) -> Result<Manifest, Failure> {
-    let path = shards.join("manifest.json");
-    let text = manifest::read_text(&path).map_err(other)?;
-    manifest::parse(&text, plan).map_err(|e| other(format!("{}: {e}", path.display())))
-}
 
 /// Puts rank files back together into one sample file (serial, or padded with `padded`);
 /// with `verify`, each rank file's CRC-32 is checked against the manifest first. One
@@ -42,17 +26,16 @@ pub fn assemble_files(
 ) -> Result<String, Failure> {
     let (_, plan) = load(spec)?;
     staging::check_existing(out, false)?;
-    let manifest = read_manifest(shards, &plan)?;
+    let folder = ShardFolder::open(&plan, shards, None).map_err(other)?;
+    let manifest = folder.manifest();
     let world: usize = manifest.mesh.iter().product();
-    let layout_sha256 = layout_digest(&manifest.layout).map_err(other)?;
-    let run = RunFiles::new(&plan, &manifest, &layout_sha256);
     let layout = &manifest.layout;
     let mut metadata = None;
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();
     let mut assembler = None;
     for rank in 0..world {
-        let path = shards.join(format!("rank-{rank}.safetensors"));
-        let file = run.open(&path, rank, verify).map_err(other)?;
+        let path = folder.rank_path(rank);
+        let file = folder.open_rank(&plan, rank, verify).map_err(other)?;
         let mut sample = file.sample();
         if rank == 0 {
             let parent = out.parent().filter(|p| !p.as_os_str().is_empty());
@@ -60,7 +43,7 @@ pub fn assemble_files(
                 parent.unwrap_or(Path::new(".")),
                 &footprints(&plan, layout, std::slice::from_ref(&sample)).map_err(other)?,
             )?;
-            metadata = Some(rank_metadata(&file));
+            metadata = Some(file.metadata());
         }
         for n in &manifest.passthrough {
             if let Some(x) = sample.remove(n) {
@@ -83,7 +66,7 @@ pub fn assemble_files(
             ),
         };
         into.add(rank, &dense[0]).map_err(at)?;
-        file.check_unchanged(&path).map_err(other)?;
+        file.check_unchanged().map_err(other)?;
     }
     let assembler = assembler.ok_or_else(|| other("a mesh of no ranks".to_owned()))?;
     let padded = assembler.finish().map_err(other)?;

@@ -90,7 +90,7 @@ enum Command {
         /// a tenth to a thirtieth of the bytes; featshard's readers expand them) or
         /// `dense` (the blocks as the model takes them, for any safetensors reader).
         #[arg(long, default_value = "compact", value_name = "ENCODING", value_parser = parse_encoding)]
-        encoding: crate::manifest::Encoding,
+        encoding: featshard_spec::shards::Encoding,
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
@@ -304,8 +304,8 @@ fn dispatch(command: Command) -> Result<String, Failure> {
     }
 }
 
-fn parse_encoding(s: &str) -> Result<crate::manifest::Encoding, String> {
-    use crate::manifest::Encoding;
+fn parse_encoding(s: &str) -> Result<featshard_spec::shards::Encoding, String> {
+    use featshard_spec::shards::Encoding;
     [Encoding::Compact, Encoding::Dense]
         .into_iter()
         .find(|e| e.name() == s)

@@ -17,8 +17,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use featshard_exec::files::MAX_MAPPED;
 
 use crate::commands::{load, Failure};
-use crate::manifest::{DatasetManifest, SampleEntry, Status, DATASET_VERSION};
 use crate::shards::{self, Request, Run};
+use featshard_spec::shards::{DatasetManifest, SampleEntry, Status, DATASET_VERSION};
 
 /// Whether `--features` names a dataset rather than one sample file: a folder, a list
 /// file (`@FILE`, one path per line) or a glob pattern.

@@ -15,7 +15,6 @@ pub mod cli;
 pub mod commands;
 pub mod explain;
 pub mod init;
-pub mod manifest;
 pub mod picture;
 pub mod room;
 mod sizes;

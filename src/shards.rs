@@ -4,16 +4,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use featshard_exec::files::{Mapped, Metadata};
-use featshard_exec::rank_files::{rank_file_sizes, write_rank_files};
+use featshard_exec::files::{sum_of_file, Mapped, Metadata};
+use featshard_exec::shard_folder::{
+    new_run_id, rank_file_name, rank_file_sizes, read_manifest, stamp_now, stamp_of,
+    write_rank_files, MANIFEST,
+};
 use featshard_exec::{place, ExecError, Options, Placed};
 use featshard_spec::plan::{FeaturePlan, Plan};
+use featshard_spec::shards::{
+    layout_digest, Encoding, FeatureEntry, FileSum, Incoming, Manifest, RankIdentity, SourceStamp,
+    MANIFEST_VERSION, RANK_KEY,
+};
 
 use crate::commands::{load, Failure};
-use crate::manifest::{
-    self, layout_digest, new_run_id, Encoding, FeatureEntry, FileSum, Incoming, Manifest,
-    RankIdentity, RANK_KEY,
-};
 use crate::room;
 use crate::staging::{self, StagingDir};
 
@@ -36,7 +39,7 @@ pub struct Run<'a> {
     /// A sample's rank files at most this many times its bytes (`--max-growth`).
     pub max_growth: f64,
     /// How rank files store blocks with a compact form (`--encoding`).
-    pub encoding: crate::manifest::Encoding,
+    pub encoding: Encoding,
 }
 
 /// The metadata features of `workflow` that the sample file's header holds.
@@ -154,7 +157,7 @@ pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, F
             .map(|e| e.offsets.1)
             .max()
             .unwrap_or(0);
-    let source = manifest::stamp_of(&mapped);
+    let source = stamp_of(&mapped);
     let bytes = write_shards(req, &placed, &metadata, staging.path(), input, source)?;
     // What was validated must be what was written: the input unchanged throughout.
     mapped.check_unchanged(features).map_err(other)?;
@@ -168,7 +171,7 @@ fn write_shards(
     metadata: &Metadata,
     dir: &Path,
     input_bytes: u64,
-    source: manifest::SourceStamp,
+    source: SourceStamp,
 ) -> Result<u64, Failure> {
     let plan = req.plan;
     let mesh = placed.layout.mesh;
@@ -192,9 +195,7 @@ fn write_shards(
             Ok(header)
         })
         .collect::<Result<Vec<_>, Failure>>()?;
-    let names: Vec<String> = (0..world)
-        .map(|r| format!("rank-{r}.safetensors"))
-        .collect();
+    let names: Vec<String> = (0..world).map(rank_file_name).collect();
     let paths: Vec<PathBuf> = names.iter().map(|n| dir.join(n)).collect();
     let (layout, shapes) = (placed.layout.clone(), &placed.shapes);
     let intake = placed.intake.clone();
@@ -218,7 +219,7 @@ fn write_shards(
         })
         .collect::<Result<_, Failure>>()?;
     let manifest = Manifest {
-        version: manifest::MANIFEST_VERSION,
+        version: MANIFEST_VERSION,
         spec: plan.source.clone(),
         mesh,
         encoding: req.encoding,
@@ -237,7 +238,7 @@ fn write_shards(
         source: Some(source),
     };
     let text = serde_json::to_string_pretty(&manifest).map_err(other)?;
-    std::fs::write(dir.join("manifest.json"), text + "\n")
+    std::fs::write(dir.join(MANIFEST), text + "\n")
         .map_err(|e| other(format!("{}: {e}", dir.display())))?;
     Ok(manifest.files.values().map(|f| f.bytes).sum())
 }
@@ -248,8 +249,7 @@ fn write_shards(
 /// checksum it was written with.
 pub fn verify(req: &Request, source: &Path, dir: &Path) -> Result<u64, String> {
     let (mesh, workflow) = (req.mesh, req.workflow);
-    let text = manifest::read_text(&dir.join("manifest.json")).map_err(|e| e.to_string())?;
-    let m = manifest::parse(&text, req.plan)?;
+    let m = read_manifest(req.plan, &dir.join(MANIFEST))?;
     if m.mesh != mesh || m.workflow.as_deref() != workflow || m.encoding != req.encoding {
         return Err(format!(
             "sharded for mesh {:?}, workflow {:?}, encoding {}",
@@ -258,7 +258,7 @@ pub fn verify(req: &Request, source: &Path, dir: &Path) -> Result<u64, String> {
             m.encoding.name()
         ));
     }
-    if m.source != Some(manifest::stamp_now(source)?) {
+    if m.source != Some(stamp_now(source)?) {
         return Err(format!(
             "{} changed since it was sharded (size, time or header)",
             source.display()
@@ -267,9 +267,7 @@ pub fn verify(req: &Request, source: &Path, dir: &Path) -> Result<u64, String> {
     let world: usize = mesh.iter().product();
     // The manifest names only its own rank files, in its own folder: nothing else is
     // read on its say-so (an absolute path, `..`, a device).
-    let own: BTreeSet<String> = (0..world)
-        .map(|r| format!("rank-{r}.safetensors"))
-        .collect();
+    let own: BTreeSet<String> = (0..world).map(rank_file_name).collect();
     if m.files.keys().ne(own.iter()) {
         return Err(format!(
             "its files are not rank-0 to rank-{} of this folder",
@@ -277,7 +275,7 @@ pub fn verify(req: &Request, source: &Path, dir: &Path) -> Result<u64, String> {
         ));
     }
     for (name, want) in &m.files {
-        let got = manifest::sum_of_file(&dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        let got = sum_of_file(&dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
         if got != *want {
             return Err(format!(
                 "{name} differs from what was written (size or checksum)"
@@ -338,7 +336,7 @@ pub fn remove_shard_folder(dir: &Path) -> Result<(), Failure> {
 
 /// `manifest.json` or `rank-<r>.safetensors`.
 fn is_shard_file_name(name: &str) -> bool {
-    name == "manifest.json"
+    name == MANIFEST
         || name
             .strip_prefix("rank-")
             .and_then(|r| r.strip_suffix(".safetensors"))

@@ -236,7 +236,7 @@ fn real(name: &str) -> PathBuf {
 fn assert_same_as_tch(spec: &str, shards: &Path, serial_out: &Path, padded: bool, what: &str) {
     let (_, plan) = featshard::spec::compile_file(Path::new(spec)).unwrap();
     let text = std::fs::read_to_string(shards.join("manifest.json")).unwrap();
-    let manifest = featshard::manifest::parse(&text, &plan).unwrap();
+    let manifest = featshard::spec::shards::parse(&text, &plan).unwrap();
     let world: usize = manifest.mesh.iter().product();
     let ranks: Vec<_> = (0..world)
         .map(|r| {
@@ -251,7 +251,7 @@ fn assert_same_as_tch(spec: &str, shards: &Path, serial_out: &Path, padded: bool
         result = featshard_runtime::unpad(&plan, layout, &result).unwrap();
     }
     let mut metadata = manifest.metadata.clone();
-    metadata.remove(featshard::manifest::RANK_KEY);
+    metadata.remove(featshard::spec::shards::RANK_KEY);
     let want = featshard_runtime::files::serialize(&result, &metadata).unwrap();
     let got = if padded {
         let out = serial_out.with_extension("padded.safetensors");

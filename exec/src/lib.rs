@@ -4,7 +4,7 @@
 //! `featshard shard` runs on it, and the tch runtime shares its error type and options.
 //!
 //! ```text
-//! files::Mapped --sample--> intake --validate--> place --rank_files / window--> rank files
+//! files::Mapped --sample--> intake --validate--> place --shard_folder / window--> rank files
 //! ```
 //!
 //! Every number (padded lengths, owner-block positions, block windows) comes from the
@@ -32,8 +32,7 @@ pub mod packed;
 pub mod par;
 mod place;
 pub mod placed;
-pub mod rank_file;
-pub mod rank_files;
+pub mod shard_folder;
 pub mod sink;
 pub mod validate;
 pub mod vectors;

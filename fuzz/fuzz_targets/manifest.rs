@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(m) = featshard::manifest::parse(text, boltz2_plan()) else {
+    let Ok(m) = featshard::spec::shards::parse(text, boltz2_plan()) else {
         return;
     };
     let world: usize = m.mesh.iter().product();
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     boltz2_plan()
         .shapes_of(&m.layout, names)
         .expect("a parsed manifest resolves");
-    let digest = featshard::manifest::layout_digest(&m.layout).expect("a layout serializes");
+    let digest = featshard::spec::shards::layout_digest(&m.layout).expect("a layout serializes");
     // What readers check next: any rank identity, the entries, any file sum.
     let _ = m.check_rank(Some(text), 0, &digest);
     let _ = m.check_entries(boltz2_plan());

@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
         threads: 1,
         verbose: false,
         max_growth: 64.0,
-        encoding: featshard::manifest::Encoding::Compact,
+        encoding: featshard::spec::shards::Encoding::Compact,
     };
     if let Ok(bytes) = featshard::shards::verify(&req, source, &dir) {
         // Only a manifest whose rank files are all here, as written, verifies.

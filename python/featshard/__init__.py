@@ -172,14 +172,15 @@ class Plan:
         """Compact blocks checked and expanded by the executor into one new buffer."""
         return self._native.expand_blocks(blocks)
 
-    def read_manifest(self, path: str | os.PathLike[str]) -> _native.ShardManifest:
-        """A pre-sharded sample's manifest, read and checked against this plan."""
-        return self._native.read_manifest(os.fspath(path))
+    def shard_folder(self, folder: str | os.PathLike[str], mesh: tuple[int, ...] | None = None) -> _native.ShardFolder:
+        """A pre-sharded sample's folder, its manifest read and checked against the plan
+        and, with ``mesh``, that CP mesh; ``ValueError`` naming the file otherwise."""
+        return self._native.shard_folder(os.fspath(folder), mesh)
 
-    def read_dataset(self, path: str | os.PathLike[str], mesh: tuple[int, ...]) -> list[str]:
-        """A pre-sharded dataset's sample folders, its ``dataset.json`` checked against
-        this plan and ``mesh``."""
-        return self._native.read_dataset(os.fspath(path), mesh)
+    def read_dataset(self, root: str | os.PathLike[str], mesh: tuple[int, ...]) -> list[str]:
+        """The samples of a pre-sharded dataset folder that did not fail (its
+        ``dataset.json`` checked against the plan and ``mesh``)."""
+        return self._native.read_dataset(os.fspath(root), mesh)
 
     def check_shapes(self, shapes: dict[str, tuple[str, list[int]]]) -> dict[str, int]:
         """The checks of ``place`` that need no values, on dtypes and shapes."""

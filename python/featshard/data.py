@@ -264,20 +264,17 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         self._placements = placements(plan)
         # Read and checked against the plan and the mesh in Rust, as `featshard shard`
         # reads it on resume.
-        self.names = plan.read_dataset(self.root / "dataset.json", self.cp)
+        self.names = plan.read_dataset(self.root, self.cp)
 
     def __len__(self) -> int:
         return len(self.names)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        folder = self.root / self.names[index]
-        manifest = self.plan.read_manifest(folder / "manifest.json")
-        if manifest.mesh != self.cp:
-            raise ValueError(f"{folder / 'manifest.json'}: sharded for mesh {manifest.mesh}, "
-                             f"this CP mesh is {self.cp}")
-        path = folder / f"rank-{self.rank}.safetensors"
-        # Checked and read by the executor's one reader of rank files, into one buffer.
-        capsule, listed, header = manifest.read_rank_file(str(path), self.rank, self.verify)
+        # The folder's manifest and this rank's file, checked by the executor (the
+        # mesh too) and read from one map into one buffer.
+        manifest = self.plan.shard_folder(self.root / self.names[index], self.cp)
+        capsule, listed, header = manifest.read_rank_file(self.rank, self.verify)
+        path = Path(manifest.rank_path(self.rank))
         buffer = from_dlpack(capsule)
         tensors = {name: view_at(buffer, at, nbytes, dtype, shape) for name, dtype, shape, at, nbytes in listed}
         stored = {k: x for k, x in tensors.items() if manifest.stored_slot(k) is not None}

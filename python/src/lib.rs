@@ -12,9 +12,9 @@ mod buffer;
 mod collate;
 mod dlpack;
 mod expand;
-mod manifest;
 mod placement;
 mod pool;
+mod shard_folder;
 mod tables;
 mod window_reader;
 
@@ -93,14 +93,21 @@ impl Plan {
         expand::expand_blocks(py, &compact).map_err(value_error)
     }
 
-    /// The `manifest.json` of a pre-sharded sample at `path`, read and checked against
-    /// this plan (see `ShardManifest`); `ValueError` naming the file otherwise.
-    fn read_manifest(
+    /// The pre-sharded sample folder `dir`: its manifest read (bounded) and checked
+    /// against this plan and, with `mesh`, that CP mesh (see `ShardFolder`);
+    /// `ValueError` naming the file otherwise.
+    #[pyo3(signature = (dir, mesh = None))]
+    fn shard_folder(
         &self,
         py: Python<'_>,
-        path: std::path::PathBuf,
-    ) -> PyResult<manifest::ShardManifest> {
-        manifest::read(py, &self.plan, path)
+        dir: std::path::PathBuf,
+        mesh: Option<Vec<usize>>,
+    ) -> PyResult<shard_folder::PyShardFolder> {
+        let mesh = mesh
+            .map(|m| self.plan.mesh_sizes(&m))
+            .transpose()
+            .map_err(value_error)?;
+        shard_folder::read(py, &self.plan, dir, mesh)
     }
 
     /// The spec's sha256, as the generated modules record it.
@@ -292,20 +299,18 @@ impl Plan {
         Ok(t.real_window(&window, &lengths))
     }
 
-    /// The samples of a pre-sharded dataset that did not fail, from its `dataset.json`
-    /// (checked against this plan and the CP mesh `mesh`).
+    /// The samples of a pre-sharded dataset folder `root` that did not fail, from its
+    /// `dataset.json` (read bounded, checked against this plan and the CP mesh `mesh`).
     fn read_dataset(
         &self,
         py: Python<'_>,
-        path: std::path::PathBuf,
+        root: std::path::PathBuf,
         mesh: Vec<usize>,
     ) -> PyResult<Vec<String>> {
         let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
-        let text = py
-            .detach(|| featshard::manifest::read_text(&path))
+        let d = py
+            .detach(|| featshard_exec::shard_folder::read_dataset(&self.plan, &root, mesh))
             .map_err(value_error)?;
-        let d = featshard_spec::shards::parse_dataset(&text, &self.plan, mesh)
-            .map_err(|e| value_error(format!("{}: {e}", path.display())))?;
         Ok(d.samples
             .into_iter()
             .filter(|s| s.status != featshard_spec::shards::Status::Failed)
@@ -667,7 +672,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::Recipe>()?;
     m.add_class::<collate::CollateFrame>()?;
     m.add_class::<window_reader::WindowReader>()?;
-    m.add_class::<manifest::ShardManifest>()?;
+    m.add_class::<shard_folder::PyShardFolder>()?;
     m.add_class::<tables::Feature>()?;
     m.add_class::<tables::Semantic>()?;
     m.add_class::<tables::Layout>()?;

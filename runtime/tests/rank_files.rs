@@ -8,10 +8,11 @@ mod common;
 
 use featshard_exec::assemble::dense_blocks;
 use featshard_exec::files::Mapped;
-use featshard_exec::rank_files::{write_rank_files, Encoding};
+use featshard_exec::shard_folder::write_rank_files;
 use featshard_runtime::files::{self, Metadata};
 use featshard_runtime::{pad, Features, Options};
 use featshard_spec::ir::Role;
+use featshard_spec::shards::Encoding;
 use proptest::prelude::*;
 
 fn inference() -> Options {

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 
 use featshard_exec::array::Array;
 use featshard_exec::compact::{check_stored, stored_form, Form};
-use featshard_exec::rank_file::open_checked;
+use featshard_exec::shard_folder::{read_dataset, RankFile, ShardFolder};
 use featshard_spec::plan::Plan;
 use featshard_spec::plan::TensorPlan;
-use featshard_spec::shards::{self, layout_digest, Encoding, Manifest};
-use tch::{Device, Tensor};
+use featshard_spec::shards::{self, Encoding, Manifest};
+use tch::{Device, Kind, Tensor};
 
 use super::error::DistError;
 use super::local::LocalSample;
@@ -48,11 +48,7 @@ impl PreshardedDataset {
     /// Opens `root` (with its `dataset.json`) for `plan` on a CP mesh of sizes `cp`:
     /// refuses a folder sharded with another spec or mesh. Failed samples are left out.
     pub fn open(root: &Path, plan: &Plan, cp: [usize; 2]) -> Result<Self, DistError> {
-        let path = root.join("dataset.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| setup(format!("{}: {e}", path.display())))?;
-        let d = shards::parse_dataset(&text, plan, cp)
-            .map_err(|e| setup(format!("{}: {e}", path.display())))?;
+        let d = read_dataset(plan, root, cp).map_err(setup)?;
         let names = d
             .samples
             .into_iter()
@@ -112,33 +108,25 @@ impl PreshardedDataset {
                 self.names.len()
             ))
         })?;
-        let folder = self.root.join(name);
-        let path = folder.join("manifest.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| setup(format!("{}: {e}", path.display())))?;
-        let m =
-            shards::parse(&text, plan).map_err(|e| setup(format!("{}: {e}", path.display())))?;
-        if m.mesh != self.cp {
-            return Err(setup(format!(
-                "{}: sharded for mesh {:?}",
-                path.display(),
-                m.mesh
-            )));
-        }
-        let file = folder.join(format!("rank-{cp_rank}.safetensors"));
-        self.check_rank_file(plan, &file, &m, cp_rank)?;
-        let mut tensors = files::read_tensors(&file)?;
-        let blocks = blocks_of(plan, &m, &mut tensors, self.expand)?;
+        let folder =
+            ShardFolder::open(plan, &self.root.join(name), Some(self.cp)).map_err(setup)?;
+        // Mapped and checked once; its blocks copied into one buffer from that map.
+        let file = folder
+            .open_rank(plan, cp_rank, self.verify)
+            .map_err(setup)?;
+        let mut tensors = tensors_of(&file)?;
+        let m = folder.manifest();
+        let blocks = blocks_of(plan, m, &mut tensors, self.expand)?;
         if let Expansion::Torch(device) = self.expand {
             for t in tensors.values_mut() {
                 *t = t.f_to_device(device).map_err(|e| DistError::Protocol {
-                    message: format!("{}: {e}", file.display()),
+                    message: format!("{}: {e}", file.path().display()),
                 })?;
             }
         }
         Ok(LocalSample {
             sample: index,
-            layout: m.layout,
+            layout: m.layout.clone(),
             coord: coords(self.cp, cp_rank),
             blocks,
             passthrough: tensors,
@@ -146,22 +134,36 @@ impl PreshardedDataset {
     }
 }
 
-impl PreshardedDataset {
-    /// The rank file must be rank `rank` of the manifest's run and layout, with the
-    /// manifest's metadata and (verified) the size and CRC-32 it was written with; the
-    /// manifest's entries must be what the plan makes of its layout.
-    fn check_rank_file(
-        &self,
-        plan: &Plan,
-        file: &Path,
-        m: &Manifest,
-        rank: usize,
-    ) -> Result<(), DistError> {
-        let digest = layout_digest(&m.layout).map_err(setup)?;
-        let mapped = open_checked(plan, m, &digest, file, rank, self.verify).map_err(setup)?;
-        mapped.check_unchanged(file)?;
-        Ok(())
-    }
+/// Every tensor of a checked rank file, copied from its map into one buffer (laid out
+/// as a rank's buffer is) and viewed there: one copy, no second open of the file.
+fn tensors_of(file: &RankFile) -> Result<Features, DistError> {
+    let (listed, total) = file.packed();
+    let at = |e: String| setup(format!("{}: {e}", file.path().display()));
+    let buffer = Tensor::f_empty([total as i64], (Kind::Uint8, Device::Cpu))
+        .map_err(|e| at(e.to_string()))?;
+    crate::views::fill_into("rank file", &buffer, |out| {
+        file.copy_packed(out)
+            .map_err(|e| crate::error::RuntimeError::Blocks {
+                feature: "rank file".into(),
+                message: e,
+            })
+    })?;
+    listed
+        .into_iter()
+        .map(|(name, dtype, shape, offset, bytes)| {
+            let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+            let kind = crate::kind::kind_of(dtype);
+            let bytes = buffer.f_narrow(0, offset as i64, bytes as i64);
+            let view = match kind {
+                Kind::Uint8 => bytes,
+                _ => bytes.and_then(|b| b.f_view_dtype(kind)),
+            };
+            let t = view
+                .and_then(|v| v.f_view(shape.as_slice()))
+                .map_err(|e| at(e.to_string()))?;
+            Ok((name, t))
+        })
+        .collect()
 }
 
 /// The tensor features of the rank file as blocks with the manifest's DTensor metadata;

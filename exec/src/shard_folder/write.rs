@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use featshard_spec::ir::DType;
 use featshard_spec::plan::Plan;
-pub use featshard_spec::shards::{Encoding, FileSum};
+use featshard_spec::shards::{Encoding, FileSum};
 
 use crate::blocks::{feature_blocks, FeatureBlocks, Part};
 use crate::error::ExecError;
@@ -18,7 +18,7 @@ use crate::files::{self, Metadata};
 use crate::placed::Placed;
 use crate::sink::Sink;
 
-pub use featshard_spec::layout::coords;
+use featshard_spec::layout::coords;
 
 /// Writes `paths[r]` (created new) for every rank `r`, with `headers[r]` as its
 /// `__metadata__`, blocks stored as `encoding` says; `threads` (at least 1) share the
