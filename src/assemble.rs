@@ -28,7 +28,7 @@ pub fn assemble_files(
     staging::check_existing(out, false)?;
     let folder = ShardFolder::open(&plan, shards, None).map_err(other)?;
     let manifest = folder.manifest();
-    let world: usize = manifest.mesh.iter().product();
+    let world = manifest.layout.mesh.ranks();
     let layout = &manifest.layout;
     let mut metadata = None;
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();

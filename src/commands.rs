@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use featshard_codegen::GeneratedFile;
-use featshard_spec::plan::{Plan, CP_AXES};
+use featshard_spec::plan::Plan;
+use featshard_spec::Mesh;
 use featshard_spec::{Diagnostics, Spec};
 
 /// A command failure and the exit code it maps to.
@@ -156,46 +157,73 @@ pub fn check(path: &Path, out: &Path) -> Result<String, Failure> {
     }
 }
 
-/// Mesh sizes as given on the command line, one per axis: `8` for a one-axis CP mesh
-/// `(cp,)` or a one-axis domain mesh, `3x3` for `(cp0, cp1)`. Which it must be is the
-/// spec's to say: [`MeshArg::sizes`] checks it against the plan.
+/// The CP mesh as given on the command line: one size per axis (`8` on a one-axis
+/// mesh `(cp,)`, `3x3` on `(cp0, cp1)`) or the axes by name (`cp0=3,cp1=3`). Which it
+/// must be is the spec's to say: [`MeshArg::sizes`] reads it for the plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MeshArg(pub Vec<usize>);
+pub struct MeshArg(pub String);
 
 impl MeshArg {
-    /// The sizes as the two axes geometry takes, refused by name unless the plan's
-    /// mesh has one axis per size.
-    pub fn sizes(&self, plan: &Plan) -> Result<[usize; CP_AXES], Failure> {
-        plan.mesh_sizes(&self.0)
-            .map_err(|e| Failure::Other(format!("--mesh {self}: {e}")))
+    /// The CP mesh for `plan` ([`featshard_spec::plan::MeshPlan::parse`]), refused by
+    /// name unless it names the spec's axes; a DP size has no place here (rank files
+    /// and pictures are one CP group's).
+    pub fn sizes(&self, plan: &Plan) -> Result<Mesh, Failure> {
+        let axes = plan.mesh.axes();
+        let given = self.0.split(['x', 'X']).count();
+        if !self.0.contains('=') && given != axes.len() {
+            return Err(Failure::Other(format!(
+                "--mesh {self}: {} for the spec's mesh ({}): one size per axis ({}); no DP size here, the command works on one CP group",
+                featshard_spec::mesh::sizes_text(given),
+                axes.join(", "),
+                plan.mesh.example()
+            )));
+        }
+        let shape = plan
+            .mesh
+            .parse(&self.0)
+            .map_err(|e| Failure::Other(format!("--{e}")))?;
+        if shape.dp != 1 {
+            return Err(Failure::Other(format!(
+                "--mesh {self}: a DP size of {} given; the command works on one CP group: give the CP mesh alone ({})",
+                shape.dp,
+                plan.mesh.named(shape.cp)
+            )));
+        }
+        Ok(shape.cp)
     }
 }
 
 impl std::fmt::Display for MeshArg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let parts: Vec<String> = self.0.iter().map(ToString::to_string).collect();
-        f.write_str(&parts.join("x"))
+        f.write_str(&self.0)
     }
 }
 
-/// Parses `3x3` (two axes) or `8` (one axis) into mesh sizes of at least 1 each.
+/// Reads a `--mesh` argument's text: sizes joined by `x` (`3x3`, `8`) or `AXIS=SIZE`
+/// pairs joined by `,`; each size at least 1. What the axes must be is checked against
+/// the spec ([`MeshArg::sizes`]).
 pub fn parse_mesh(s: &str) -> Result<MeshArg, String> {
-    let parts: Vec<&str> = s.split(['x', 'X']).collect();
-    if !(1..=CP_AXES).contains(&parts.len()) {
+    let sizes: Vec<&str> = if s.contains('=') {
+        s.split(',')
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| p.split_once('=').map_or(p, |(_, n)| n))
+            .collect()
+    } else {
+        s.split(['x', 'X']).collect()
+    };
+    let bad = sizes
+        .iter()
+        .find(|p| p.trim().parse::<usize>().ok().filter(|&n| n >= 1).is_none());
+    if sizes.is_empty() || bad.is_some() {
         return Err(format!(
-            "mesh `{s}`: expected one size per mesh axis: CP0xCP1 (3x3, 2x3) for a two-axis mesh, one size (8) for a one-axis mesh"
+            "mesh `{s}`: `{}` is not a size of at least 1; give one size per mesh axis: 3x3 (two axes), 8 (one axis), or the axes by name (cp0=3,cp1=3)",
+            bad.unwrap_or(&"")
         ));
     }
-    let sizes = parts
-        .iter()
-        .map(|p| match p.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => Err(format!("mesh `{s}`: `{p}` is not a size of at least 1")),
-        })
-        .collect::<Result<Vec<usize>, String>>()?;
-    let two = featshard_spec::layout::two_axes(&sizes, 1).unwrap_or([1; CP_AXES]);
-    featshard_spec::limits::check_mesh(&two)?;
-    Ok(MeshArg(sizes))
+    // The world's size, bounded before any spec is read (whatever the axes turn out to be).
+    let sizes: Vec<usize> = sizes.iter().filter_map(|p| p.trim().parse().ok()).collect();
+    featshard_spec::limits::check_mesh(&sizes)?;
+    Ok(MeshArg(s.trim().to_owned()))
 }
 
 /// Parses `tokens=2048,atoms=20000` into semantic lengths.

@@ -283,7 +283,7 @@ fn progress(len: usize) -> ProgressBar {
 
 fn write_manifest(
     plan: &featshard_spec::Plan,
-    mesh: [usize; 2],
+    mesh: featshard_spec::Mesh,
     run: &Run,
     out: &Path,
     entries: &[SampleEntry],
@@ -291,7 +291,7 @@ fn write_manifest(
     let m = DatasetManifest {
         version: DATASET_VERSION,
         spec: plan.source.clone(),
-        mesh,
+        mesh: plan.mesh.named(mesh),
         workflow: run.workflow.map(str::to_owned),
         samples: entries.to_vec(),
     };

@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use featshard_exec::compact::ENTRY_BYTES;
-use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{
     chunk_sizes, FeaturePlan, FeatureShapes, Plan, ResolveError, Resolved, TensorPlan,
 };
+use featshard_spec::Mesh;
 
 use crate::commands::{load, Failure, MeshArg};
 use crate::sizes::{explain_lengths, feature_bytes, total_bytes};
@@ -85,7 +85,7 @@ pub fn explain(
 /// The plan resolved on the lengths `--lengths` gave; a missing one says how to pass it.
 fn resolve_for_explain(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     given: &[(String, usize)],
     workflow: Option<&str>,
     notes: &mut Vec<String>,
@@ -105,7 +105,7 @@ fn resolve_for_explain(
 /// `explain --svg`: one picture per chosen feature, written to `file`.
 fn explain_svg(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     names: &[&str],
     feature: Option<&str>,
     file: &Path,
@@ -136,7 +136,7 @@ fn explain_svg(
 /// `explain`'s table: the mesh, every feature's row, intake, padded lengths.
 fn explain_table(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     names: &[&str],
     workflow: Option<&str>,
     resolved: Option<&Resolved>,
@@ -166,15 +166,12 @@ fn explain_table(
         }
         Some(row)
     }));
-    let sizes: Vec<String> = mesh[..plan.mesh.axes().len().min(CP_AXES)]
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let sizes: Vec<String> = mesh.sizes().iter().map(ToString::to_string).collect();
     let mut out = format!(
         "mesh ({}) = ({}): {} {} ranks{}\n\n",
         plan.mesh.axes().join(", "),
         sizes.join(", "),
-        mesh[0] * mesh[1],
+        mesh.ranks(),
         if plan.mesh.is_domain() {
             "domain"
         } else {
@@ -221,7 +218,7 @@ fn bytes_text(plan: &Plan, names: &[&str], r: &Resolved) -> String {
 /// One feature's row of `explain`'s table.
 fn feature_row(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     name: &str,
     f: &FeaturePlan,
     resolved: Option<&Resolved>,
@@ -317,7 +314,7 @@ fn intake_text(plan: &Plan, names: &[&str]) -> String {
 }
 
 /// A local shape; an uneven domain axis lists every rank's extent (`3|3|1`).
-fn local_text(plan: &Plan, t: &TensorPlan, s: &FeatureShapes, mesh: [usize; 2]) -> String {
+fn local_text(plan: &Plan, t: &TensorPlan, s: &FeatureShapes, mesh: Mesh) -> String {
     if !plan.mesh.is_domain() {
         return shape(&s.local_shape);
     }
@@ -326,15 +323,16 @@ fn local_text(plan: &Plan, t: &TensorPlan, s: &FeatureShapes, mesh: [usize; 2]) 
         .iter()
         .enumerate()
         .map(|(d, a)| match a.split.mesh_axis() {
-            Some(m) if plan.mesh.uneven(m) => chunk_sizes(s.global_shape[d], mesh[m]).map_or_else(
-                || s.local_shape[d].to_string(),
-                |v| {
-                    v.iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join("|")
-                },
-            ),
+            Some(m) if plan.mesh.uneven(m) => chunk_sizes(s.global_shape[d], mesh.size(m))
+                .map_or_else(
+                    || s.local_shape[d].to_string(),
+                    |v| {
+                        v.iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join("|")
+                    },
+                ),
             _ => s.local_shape[d].to_string(),
         })
         .collect();
@@ -356,7 +354,7 @@ fn axes_text(t: &TensorPlan) -> String {
 
 /// Shapes in terms of semantics (`pad6(tokens)`, `blocks6(atoms)`), as the plan gives
 /// them.
-fn symbolic_shapes(plan: &Plan, t: &TensorPlan, mesh: [usize; CP_AXES]) -> (String, String) {
+fn symbolic_shapes(plan: &Plan, t: &TensorPlan, mesh: Mesh) -> (String, String) {
     let s = plan.symbolic_shapes(t, mesh);
     (extents(&s.global), extents(&s.local))
 }

@@ -3,8 +3,9 @@
 
 use std::fmt::Write as _;
 
+use featshard_spec::plan::Split;
 use featshard_spec::plan::{Plan, Resolved, TensorPlan};
-use featshard_spec::plan::{Split, CP_AXES};
+use featshard_spec::Mesh;
 
 use crate::commands::Failure;
 
@@ -74,7 +75,7 @@ fn axis_name(t: &TensorPlan, d: usize) -> String {
 /// The picture of one feature on a mesh; with `resolved`, shapes are numbers.
 pub fn picture(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     name: &str,
     resolved: Option<&Resolved>,
 ) -> Result<Picture, Failure> {
@@ -87,12 +88,12 @@ pub fn picture(
             .find(|(_, a)| matches!(a.split, Split::Mesh { mesh_axis } if mesh_axis == m))
             .map(|(d, _)| d)
     };
-    let cuts: [Option<usize>; CP_AXES] = [split_on(0), split_on(1)];
+    let cuts = [split_on(0), split_on(1)];
     let symbolic = plan.symbolic_shapes(t, mesh);
     let grid = Grid {
         mesh,
-        rows: if cuts[0].is_some() { mesh[0] } else { 1 },
-        cols: if cuts[1].is_some() { mesh[1] } else { 1 },
+        rows: if cuts[0].is_some() { mesh.size(0) } else { 1 },
+        cols: if cuts[1].is_some() { mesh.size(1) } else { 1 },
     };
     let local_shape = shapes.map_or_else(
         || crate::text::extents(&symbolic.local),
@@ -142,7 +143,7 @@ pub fn picture(
 
 /// The tiles of a picture: one per block of the split mesh axes.
 struct Grid {
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     rows: usize,
     cols: usize,
 }
@@ -159,10 +160,13 @@ impl Grid {
         let mut tiles = Vec::new();
         for row in 0..rows {
             for col in 0..cols {
-                let ranks: Vec<usize> = (0..mesh[0])
-                    .flat_map(|i| (0..mesh[1]).map(move |j| (i, j)))
-                    .filter(|&(i, j)| (rows == 1 || i == row) && (cols == 1 || j == col))
-                    .map(|(i, j)| i * mesh[1] + j)
+                let ranks: Vec<usize> = mesh
+                    .coords()
+                    .enumerate()
+                    .filter(|(_, c)| {
+                        (rows == 1 || c.get(0) == row) && (cols == 1 || c.get(1) == col)
+                    })
+                    .map(|(r, _)| r)
                     .collect();
                 let pads = resolved.map_or_else(Vec::new, |(s, r)| tile_pads(t, r, s, [row, col]));
                 tiles.push(Tile {
@@ -204,12 +208,13 @@ fn diagonal_axes(plan: &Plan, t: &TensorPlan) -> Vec<String> {
         .collect()
 }
 
-/// Pad items of each split axis inside the tile at `grid` (row, col).
+/// Pad items of each split axis inside the tile at `grid` (row, col; a picture is
+/// drawn in two dimensions, a one-axis mesh's tiles in one column).
 fn tile_pads(
     t: &TensorPlan,
     r: &Resolved,
     shapes: &featshard_spec::plan::FeatureShapes,
-    grid: [usize; CP_AXES],
+    grid: [usize; 2],
 ) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     for (d, a) in t.axes.iter().enumerate() {

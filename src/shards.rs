@@ -15,6 +15,7 @@ use featshard_spec::shards::{
     layout_digest, Encoding, FeatureEntry, FileSum, Incoming, Manifest, RankIdentity, SourceStamp,
     MANIFEST_VERSION, RANK_KEY,
 };
+use featshard_spec::Mesh;
 
 use crate::commands::{load, Failure};
 use crate::room;
@@ -82,8 +83,8 @@ fn without_workflow(req: &Request, e: ExecError) -> Failure {
 pub struct Request<'a> {
     /// The spec's plan.
     pub plan: &'a Plan,
-    /// The CP mesh `(cp0, cp1)`.
-    pub mesh: [usize; 2],
+    /// The CP mesh.
+    pub mesh: Mesh,
     /// The workflow the sample is for (`None`: every feature of the spec).
     pub workflow: Option<&'a str>,
     /// Keys not in the spec carried along into every rank file.
@@ -128,8 +129,9 @@ pub fn shard(spec: &Path, features: &Path, run: &Run, out: &Path) -> Result<Stri
     let req = Request::new(&plan, run, true)?;
     shard_sample(&req, features, out)?;
     Ok(format!(
-        "wrote {} rank files and manifest.json to {}",
-        req.mesh[0] * req.mesh[1],
+        "wrote {} rank files ({}) and manifest.json to {}",
+        req.mesh.ranks(),
+        plan.mesh.named(req.mesh),
         out.display()
     ))
 }
@@ -175,7 +177,7 @@ fn write_shards(
 ) -> Result<u64, Failure> {
     let plan = req.plan;
     let mesh = placed.layout.mesh;
-    let world: usize = mesh.iter().product();
+    let world = mesh.ranks();
     let run = new_run_id(plan);
     let layout_sha256 = layout_digest(&placed.layout).map_err(other)?;
     let headers = (0..world)
@@ -183,7 +185,7 @@ fn write_shards(
             let identity = RankIdentity {
                 run: run.clone(),
                 rank,
-                mesh,
+                mesh: plan.mesh.named(mesh),
                 layout_sha256: layout_sha256.clone(),
                 encoding: req.encoding,
             };
@@ -206,8 +208,8 @@ fn write_shards(
         .map_err(other)?;
     if req.verbose {
         eprintln!(
-            "{world} rank files written ({} x {} mesh)",
-            mesh[0], mesh[1]
+            "{world} rank files written (mesh {})",
+            plan.mesh.named(mesh)
         );
     }
     let sums: BTreeMap<String, FileSum> = names.into_iter().zip(written).collect();
@@ -221,7 +223,7 @@ fn write_shards(
     let manifest = Manifest {
         version: MANIFEST_VERSION,
         spec: plan.source.clone(),
-        mesh,
+        mesh: plan.mesh.named(mesh),
         encoding: req.encoding,
         workflow: req.workflow.map(str::to_owned),
         layout,
@@ -250,9 +252,9 @@ fn write_shards(
 pub fn verify(req: &Request, source: &Path, dir: &Path) -> Result<u64, String> {
     let (mesh, workflow) = (req.mesh, req.workflow);
     let m = read_manifest(req.plan, &dir.join(MANIFEST))?;
-    if m.mesh != mesh || m.workflow.as_deref() != workflow || m.encoding != req.encoding {
+    if m.layout.mesh != mesh || m.workflow.as_deref() != workflow || m.encoding != req.encoding {
         return Err(format!(
-            "sharded for mesh {:?}, workflow {:?}, encoding {}",
+            "sharded for mesh {}, workflow {:?}, encoding {}",
             m.mesh,
             m.workflow,
             m.encoding.name()
@@ -264,7 +266,7 @@ pub fn verify(req: &Request, source: &Path, dir: &Path) -> Result<u64, String> {
             source.display()
         ));
     }
-    let world: usize = mesh.iter().product();
+    let world = mesh.ranks();
     // The manifest names only its own rank files, in its own folder: nothing else is
     // read on its say-so (an absolute path, `..`, a device).
     let own: BTreeSet<String> = (0..world).map(rank_file_name).collect();

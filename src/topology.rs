@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use featshard_spec::ir::{MeshSplit, Named, Spec};
 use featshard_spec::loc::Loc;
-use featshard_spec::plan::CP_AXES;
+use featshard_spec::Mesh;
 use featshard_spec::Plan;
 
 use crate::sizes::{explain_lengths, total_bytes};
@@ -16,7 +16,7 @@ use crate::text::human;
 /// One topology of `ranks` ranks: its label, mesh sizes and the plan it gets.
 struct Topology {
     label: String,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     plan: Result<Plan, String>,
 }
 
@@ -24,14 +24,14 @@ struct Topology {
 pub fn table(
     spec: &Spec,
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     given: &[(String, usize)],
     workflow: Option<&str>,
 ) -> Option<String> {
     if plan.mesh.is_domain() {
         return None;
     }
-    let ranks = mesh[0] * mesh[1];
+    let ranks = mesh.ranks();
     let mut out = format!(
         "\neach rank's bytes for these lengths on every CP topology of {ranks} ranks (the same spec, its mesh line changed):\n"
     );
@@ -70,23 +70,22 @@ pub fn table(
     Some(out)
 }
 
-/// `(cp,)` of `ranks`, then every tile `a x b` with `a * b = ranks`.
+/// `(cp,)` of `ranks`, then every tile `a x b` with `a * b = ranks` (`ranks` a mesh's,
+/// so each is a mesh within the limits).
 fn topologies(spec: &Spec, plan: &Plan, ranks: usize) -> Vec<Topology> {
     let one = with_axes(spec, plan, &["cp"]);
     let two = with_axes(spec, plan, &["cp0", "cp1"]);
-    let mut out = vec![Topology {
-        label: format!("(cp,) = ({ranks})"),
-        mesh: [ranks, 1],
-        plan: one,
-    }];
-    for a in (1..=ranks).filter(|a| ranks % a == 0) {
-        out.push(Topology {
-            label: format!("(cp0, cp1) = ({a}, {})", ranks / a),
-            mesh: [a, ranks / a],
-            plan: two.clone(),
-        });
-    }
-    out
+    let tiles = (1..=ranks).filter(|a| ranks % a == 0).map(|a| {
+        let label = format!("(cp0, cp1) = ({a}, {})", ranks / a);
+        (label, vec![a, ranks / a], two.clone())
+    });
+    std::iter::once((format!("(cp,) = ({ranks})"), vec![ranks], one))
+        .chain(tiles)
+        .filter_map(|(label, sizes, plan)| {
+            let mesh = Mesh::new(&sizes).ok()?;
+            Some(Topology { label, mesh, plan })
+        })
+        .collect()
 }
 
 /// The plan of `spec` on a CP mesh of these axes: the spec's own names where it has as
@@ -108,7 +107,7 @@ fn with_axes(spec: &Spec, plan: &Plan, names: &[&str]) -> Result<Plan, String> {
 /// compact (sparse features not counted) and how many sparse features there are.
 fn per_rank(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     given: &[(String, usize)],
     workflow: Option<&str>,
 ) -> Result<(u128, u128, usize), String> {

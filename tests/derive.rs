@@ -400,7 +400,7 @@ fn a_runtime_round_trip_through_the_derived_methods_on_3x3() {
     let shape = boltz_shape(vec![3, 0, 2, 5, 1, 0, 0, 4, 2, 1, 6, 0, 2], 4, 5);
     let sample = synthetic::sample(Boltz2Inference::plan(), None, &shape, 3).unwrap();
     let serial = Boltz2Inference::from_features(sample).unwrap();
-    let padded = serial.pad([3, 3]).unwrap();
+    let padded = serial.pad(cp_mesh(&[3, 3])).unwrap();
     let locals: Vec<Boltz2InferenceLocal> = (0..9)
         .map(|r| Boltz2Inference::local(&padded, r).unwrap())
         .collect();
@@ -437,11 +437,13 @@ fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
                 .map(|(k, v)| (k.clone(), v.shallow_clone()))
                 .collect();
             std::thread::spawn(move || {
-                let mesh = Mesh::new(&rdv, 1, [2, 2]).unwrap();
+                let shape = featshard::spec::DeviceMesh::new(1, cp_mesh(&[2, 2])).unwrap();
+                let mesh = Mesh::new(&rdv, shape).unwrap();
                 // Every rank holds the serial sample, to compare; only the source sends it.
                 let serial = Boltz2Inference::from_features(copy).unwrap();
                 let want =
-                    Boltz2Inference::local(&serial.pad([2, 2]).unwrap(), mesh.cp_rank()).unwrap();
+                    Boltz2Inference::local(&serial.pad(cp_mesh(&[2, 2])).unwrap(), mesh.cp_rank())
+                        .unwrap();
                 // Without a pool, then twice through one: the second step reuses the
                 // first one's buffers, dropped by then.
                 let pool = BufferPool::new(if mesh.is_source() { 5 } else { 1 });
@@ -499,4 +501,8 @@ fn the_derived_distribute_hands_each_rank_its_typed_blocks_over_gloo() {
             "{name} after distribute + assemble"
         );
     }
+}
+
+fn cp_mesh(sizes: &[usize]) -> featshard::spec::Mesh {
+    featshard::spec::Mesh::new(sizes).unwrap()
 }

@@ -297,12 +297,12 @@ fn resolving_lengths_that_leave_a_shard_empty_names_the_feature_and_axis() {
             .collect(),
         ..Default::default()
     };
-    let e = plan.resolve([3, 1], &lengths(2), None).unwrap_err();
+    let e = plan.resolve(mesh(&[3]), &lengths(2), None).unwrap_err();
     assert_eq!(
         e.to_string(),
         "feature `x`, axis 1 (height): 2 items over 3 ranks would leave a shard empty on mesh axis `domain`"
     );
-    let r = plan.resolve([3, 1], &lengths(7), None).unwrap();
+    let r = plan.resolve(mesh(&[3]), &lengths(7), None).unwrap();
     assert_eq!(
         r.features["x"].local_shape,
         vec![1, 3, 5],
@@ -341,7 +341,7 @@ fn stride_and_halo_pad_an_even_axis_until_every_shard_meets_them() {
     // (ys, dy ranks) -> padded ys: a multiple of 2 x ranks, at least 3 per shard.
     for (ys, ranks, want) in [(5, 2, 8), (9, 2, 12), (1, 2, 8), (5, 3, 12), (13, 1, 14)] {
         let r = plan
-            .resolve([3, ranks], &stencil_lengths(8, ys), None)
+            .resolve(mesh(&[3, ranks]), &stencil_lengths(8, ys), None)
             .unwrap();
         assert_eq!(r.padded["ys"], want, "ys = {ys} over {ranks} ranks");
         let shard = want / ranks;
@@ -353,7 +353,7 @@ fn stride_and_halo_pad_an_even_axis_until_every_shard_meets_them() {
 fn an_uneven_axis_whose_chunks_break_the_halo_is_refused_naming_axis_mesh_and_lengths() {
     let (_, plan) = compile_str("spec.yaml", STENCIL).unwrap();
     let e = plan
-        .resolve([3, 2], &stencil_lengths(7, 4), None)
+        .resolve(mesh(&[3, 2]), &stencil_lengths(7, 4), None)
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -361,20 +361,24 @@ fn an_uneven_axis_whose_chunks_break_the_halo_is_refused_naming_axis_mesh_and_le
          but `xs` needs every shard at least 2 long; no uneven layout exists: pad the axis \
          (drop `dx` from `uneven`) or change the length or the mesh"
     );
-    let r = plan.resolve([3, 2], &stencil_lengths(8, 4), None).unwrap();
+    let r = plan
+        .resolve(mesh(&[3, 2]), &stencil_lengths(8, 4), None)
+        .unwrap();
     assert_eq!(r.features["u"].local_shape, vec![1, 3, 4], "chunks 3, 3, 2");
     // A stride on an uneven axis: 7 over 2 ranks gives 4 and 3.
     let strided = STENCIL.replace("xs: {shard: true, halo: 2}", "xs: {shard: true, stride: 2}");
     let (_, plan) = compile_str("spec.yaml", &strided).unwrap();
     let e = plan
-        .resolve([2, 1], &stencil_lengths(7, 4), None)
+        .resolve(mesh(&[2, 1]), &stencil_lengths(7, 4), None)
         .unwrap_err();
     assert!(
         e.to_string()
             .contains("give shards [4, 3], but `xs` needs every shard a multiple of 2;"),
         "{e}"
     );
-    assert!(plan.resolve([2, 1], &stencil_lengths(8, 4), None).is_ok());
+    assert!(plan
+        .resolve(mesh(&[2, 1]), &stencil_lengths(8, 4), None)
+        .is_ok());
 }
 
 #[test]
@@ -528,23 +532,25 @@ fn domain_windows_are_chunk_pieces_and_even_blocks_that_tile_the_global_shape() 
     let FeaturePlan::Tensor(velocity) = &plan.features["velocity"] else {
         panic!("velocity is a tensor")
     };
-    for mesh in [[1, 1], [2, 1], [3, 2], [2, 3], [4, 4]] {
-        for xs in mesh[0]..mesh[0] + 9 {
-            let Some(pieces) = chunk_sizes(xs, mesh[0]) else {
+    for sizes in [[1, 1], [2, 1], [3, 2], [2, 3], [4, 4]] {
+        let mesh = mesh(&sizes);
+        for xs in sizes[0]..sizes[0] + 9 {
+            let Some(pieces) = chunk_sizes(xs, sizes[0]) else {
                 continue;
             };
             let ys = plan.padded_length("ys", xs + 1, mesh);
             let global = [1, xs, ys, 3];
             let mut cover = vec![vec![0u8; ys]; xs];
-            for i in 0..mesh[0] {
-                for j in 0..mesh[1] {
-                    let w = plan.domain_window(velocity, &global, mesh, [i, j]).unwrap();
+            for c in mesh.coords() {
+                let (i, j) = (c.get(0), c.get(1));
+                {
+                    let w = plan.domain_window(velocity, &global, mesh, c).unwrap();
                     assert_eq!(
                         w[1],
                         (pieces[..i].iter().sum(), pieces[i]),
                         "{mesh:?} xs {xs}"
                     );
-                    assert_eq!(w[2], (j * ys / mesh[1], ys / mesh[1]));
+                    assert_eq!(w[2], (j * ys / sizes[1], ys / sizes[1]));
                     assert_eq!((w[0], w[3]), ((0, 1), (0, 3)));
                     for row in &mut cover[w[1].0..w[1].0 + w[1].1] {
                         row[w[2].0..w[2].0 + w[2].1]
@@ -554,14 +560,20 @@ fn domain_windows_are_chunk_pieces_and_even_blocks_that_tile_the_global_shape() 
                 }
             }
             assert!(cover.iter().flatten().all(|&c| c == 1), "{mesh:?} xs {xs}");
-            assert_eq!(
-                plan.domain_window(velocity, &global, mesh, [mesh[0], 0]),
-                None
-            );
+            assert!(mesh.coord_at(&[sizes[0], 0]).is_err(), "off the mesh");
         }
     }
     assert_eq!(
-        plan.domain_window(velocity, &[1, 2, 4, 3], [3, 1], [0, 0]),
+        plan.domain_window(
+            velocity,
+            &[1, 2, 4, 3],
+            mesh(&[3, 1]),
+            mesh(&[3, 1]).coord(0)
+        ),
         None
     );
+}
+
+fn mesh(sizes: &[usize]) -> featshard_spec::Mesh {
+    featshard_spec::Mesh::new(sizes).unwrap()
 }

@@ -397,23 +397,45 @@ mod files {
         }
         let ok = shard(&real(), "2x2", &out, &[]);
         assert!(ok.status.success(), "{}", stderr(&ok));
-        for mesh in ["[1000000, 1000000]", "[18446744073709551615, 2]"] {
+        let written = "\"mesh\": {\n    \"cp_axis_0\": 2,\n    \"cp_axis_1\": 2\n  }";
+        for (mesh, says) in [
+            (
+                r#"{"cp_axis_0": 1000000, "cp_axis_1": 1000000}"#,
+                "more than the limit of 65536 ranks",
+            ),
+            (
+                r#"{"cp_axis_0": 18446744073709551615, "cp_axis_1": 2}"#,
+                "more than the limit of 65536 ranks",
+            ),
+            (r#"{"cp": 4}"#, "the spec's mesh is (cp_axis_0, cp_axis_1)"),
+            // As featshard wrote it before meshes were named: refused by name.
+            (
+                "[2, 2]",
+                "before it named mesh axes; shard the samples again",
+            ),
+        ] {
             let path = out.join("manifest.json");
             let text = std::fs::read_to_string(&path).unwrap();
-            let edited = text.replacen(
-                "\"mesh\": [\n    2,\n    2\n  ]",
-                &format!("\"mesh\": {mesh}"),
-                1,
-            );
+            let edited = text.replacen(written, &format!("\"mesh\": {mesh}"), 1);
             assert_ne!(edited, text);
             std::fs::write(&path, &edited).unwrap();
             let run = assemble(&out, &dir.path().join("back.safetensors"));
-            refused(
-                &run,
-                &["manifest.json", "more than the limit of 65536 ranks"],
-            );
+            refused(&run, &["manifest.json", says]);
             std::fs::write(&path, &text).unwrap();
         }
+        // A manifest of an earlier version (its mesh as sizes) is refused by name.
+        let path = out.join("manifest.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replacen("\"version\": 4", "\"version\": 3", 1)).unwrap();
+        let run = assemble(&out, &dir.path().join("back.safetensors"));
+        refused(
+            &run,
+            &[
+                "manifest version 3 was written by an earlier featshard",
+                "shard the samples again",
+            ],
+        );
+        std::fs::write(&path, &text).unwrap();
     }
 
     #[test]
@@ -760,9 +782,8 @@ fn a_one_axis_domain_spec_refuses_a_two_axis_mesh() {
     refused(
         &run,
         &[
-            "mesh sizes [3, 3]",
-            "the spec's mesh is (domain), 2 axes given",
-            "one size per axis (`3`)",
+            "--mesh 3x3: 2 sizes for the spec's mesh (domain)",
+            "one size per axis (`8`)",
         ],
     );
     let ok = featshard(&["explain", "examples/weather.yaml", "--mesh", "3"]);

@@ -366,8 +366,13 @@ fn a_draft_from_real_featurizer_output_once_answered_shards_that_sample() {
         .unwrap()
         .into_iter()
         .collect();
-    let padded = featshard::runtime::pad(&ours, [2, 3], &features, &Default::default())
-        .unwrap_or_else(|e| panic!("the answered draft does not shard the sample: {e}"));
+    let padded = featshard::runtime::pad(
+        &ours,
+        featshard::spec::Mesh::new(&[2, 3]).unwrap(),
+        &features,
+        &Default::default(),
+    )
+    .unwrap_or_else(|e| panic!("the answered draft does not shard the sample: {e}"));
     assert_eq!(
         padded.layout.sizes["atoms"], 481,
         "the incoming atom pads are dropped"

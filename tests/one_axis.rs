@@ -304,11 +304,11 @@ fn a_mesh_with_the_wrong_number_of_axes_is_refused_and_nothing_written() {
     for (mesh, want) in [
         (
             "3",
-            "--mesh 3: mesh sizes [3]: the spec's mesh is (cp_axis_0, cp_axis_1), 1 axis given",
+            "--mesh 3: 1 size for the spec's mesh (cp_axis_0, cp_axis_1): one size per axis (`3x3`)",
         ),
         (
             "2x2",
-            "--mesh 2x2: mesh sizes [2, 2]: the spec's mesh is (cp), 2 axes given",
+            "--mesh 2x2: 2 sizes for the spec's mesh (cp): one size per axis (`8`)",
         ),
     ] {
         let out_dir = dir.path().join(mesh);
@@ -383,4 +383,78 @@ fn explain_puts_every_topology_of_the_rank_count_side_by_side() {
     assert!(from_tile
         .iter()
         .all(|l| l.contains(" MB") || l.contains(" KB")));
+}
+
+/// A one-axis run names one axis: the manifest, every rank file's identity, the dataset
+/// manifest and the messages say `cp=4`, never a second axis of size 1.
+#[test]
+fn a_one_axis_run_names_one_axis_in_its_files_and_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = root().join("tests/data/real/prot60_nomsa.safetensors");
+    let out = dir.path().join("out");
+    let run = featshard(&[
+        "shard",
+        &spec_1d(),
+        "--features",
+        &sample.display().to_string(),
+        "--mesh",
+        "4",
+        "--workflow",
+        "inference",
+        "--out",
+        &out.display().to_string(),
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert!(run.status.success(), "{stderr}");
+    assert!(stdout.contains("wrote 4 rank files (cp=4)"), "{stdout}");
+    assert!(
+        stderr.contains("4 rank files written (mesh cp=4)"),
+        "{stderr}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["mesh"], serde_json::json!({"cp": 4}));
+    assert_eq!(manifest["layout"]["mesh"], serde_json::json!([4]));
+    let header = std::fs::read(out.join("rank-3.safetensors")).unwrap();
+    let header = String::from_utf8_lossy(&header[..4096.min(header.len())]);
+    assert!(header.contains(r#"\"mesh\":{\"cp\":4}"#), "{header}");
+    // Read back on another mesh: refused, both meshes named by their axes.
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::copy(&sample, data.join("a.safetensors")).unwrap();
+    let ds = dir.path().join("ds");
+    let args = |mesh: &str| {
+        vec![
+            "shard".to_owned(),
+            spec_1d(),
+            "--features".into(),
+            data.display().to_string(),
+            "--mesh".into(),
+            mesh.into(),
+            "--workflow".into(),
+            "inference".into(),
+            "--out".into(),
+            ds.display().to_string(),
+        ]
+    };
+    let run = featshard(&args("4").iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let dataset: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ds.join("dataset.json")).unwrap()).unwrap();
+    assert_eq!(dataset["mesh"], serde_json::json!({"cp": 4}));
+    // A reader on another mesh is refused, both meshes named by their axes.
+    let (_, plan) = featshard::spec::compile_file(std::path::Path::new(&spec_1d())).unwrap();
+    let two = featshard::spec::Mesh::new(&[2]).unwrap();
+    let err = featshard::exec::shard_folder::read_dataset(&plan, &ds, two).unwrap_err();
+    assert!(
+        err.contains("sharded for mesh cp=4, this mesh is cp=2"),
+        "{err}"
+    );
 }

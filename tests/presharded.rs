@@ -10,7 +10,7 @@ use featshard::runtime::dist::{
     collate, Distributor, GroupOptions, LocalSample, Mesh, PreshardedDataset, Rendezvous,
 };
 use featshard::runtime::{Features, Options};
-use featshard::spec::Plan;
+use featshard::spec::{DeviceMesh, Mesh as CpMesh, Plan};
 
 const REAL: [&str; 4] = [
     "prot60_nomsa",
@@ -86,7 +86,7 @@ fn same(a: &LocalSample, b: &LocalSample) {
     }
 }
 
-fn on_ranks(world: usize, dp: usize, cp: [usize; 2], out: &Path, samples: &[Features]) {
+fn on_ranks(world: usize, dp: usize, cp: CpMesh, out: &Path, samples: &[Features]) {
     let plan = Arc::new(plan());
     let opts = GroupOptions {
         timeout: Duration::from_secs(60),
@@ -106,7 +106,7 @@ fn on_ranks(world: usize, dp: usize, cp: [usize; 2], out: &Path, samples: &[Feat
                 })
                 .collect();
             std::thread::spawn(move || {
-                let mesh = Mesh::new(&rdv, dp, cp).unwrap();
+                let mesh = Mesh::new(&rdv, DeviceMesh::new(dp, cp).unwrap()).unwrap();
                 let ds = PreshardedDataset::open(&out, &plan, cp).unwrap();
                 assert_eq!(ds.len(), 4);
                 // Replica d reads samples d, d + dp, ... as a distributed sampler splits them.
@@ -149,14 +149,14 @@ fn on_ranks(world: usize, dp: usize, cp: [usize; 2], out: &Path, samples: &[Feat
 fn each_of_nine_ranks_reads_its_own_files_and_gets_the_online_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let (out, samples) = presharded(dir.path(), "3x3", "compact");
-    on_ranks(9, 1, [3, 3], &out, &samples);
+    on_ranks(9, 1, mesh(&[3, 3]), &out, &samples);
 }
 
 #[test]
 fn dp_replicas_read_their_samples_and_collate_as_online() {
     let dir = tempfile::tempdir().unwrap();
     let (out, samples) = presharded(dir.path(), "2x2", "dense");
-    on_ranks(8, 2, [2, 2], &out, &samples);
+    on_ranks(8, 2, mesh(&[2, 2]), &out, &samples);
 }
 
 #[test]
@@ -164,16 +164,18 @@ fn a_folder_of_another_mesh_or_a_swapped_rank_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (out, _) = presharded(dir.path(), "2x2", "compact");
     let plan = plan();
-    let e = PreshardedDataset::open(&out, &plan, [3, 3])
+    let e = PreshardedDataset::open(&out, &plan, mesh(&[3, 3]))
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("sharded for mesh [2, 2], this CP mesh is [3, 3]"),
+        e.contains(
+            "sharded for mesh 2x2 (cp_axis_0, cp_axis_1), this mesh is 3x3 (cp_axis_0, cp_axis_1)"
+        ),
         "{e}"
     );
     let s0 = out.join("s0");
     std::fs::copy(s0.join("rank-0.safetensors"), s0.join("rank-1.safetensors")).unwrap();
-    let ds = PreshardedDataset::open(&out, &plan, [2, 2]).unwrap();
+    let ds = PreshardedDataset::open(&out, &plan, mesh(&[2, 2])).unwrap();
     let e = ds.read(&plan, 0, 1).unwrap_err().to_string();
     assert!(
         e.contains("rank-1.safetensors: holds rank 0, not rank 1 (rank files swapped?)"),
@@ -190,8 +192,12 @@ fn a_folder_of_another_mesh_or_a_swapped_rank_file_is_refused() {
         e.contains("rank-2.safetensors: its CRC-32 is not the one recorded"),
         "{e}"
     );
-    let unverified = PreshardedDataset::open(&out, &plan, [2, 2])
+    let unverified = PreshardedDataset::open(&out, &plan, mesh(&[2, 2]))
         .unwrap()
         .with_verify(false);
     assert!(unverified.read(&plan, 0, 2).is_ok());
+}
+
+fn mesh(sizes: &[usize]) -> CpMesh {
+    CpMesh::new(sizes).unwrap()
 }

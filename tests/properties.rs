@@ -116,7 +116,7 @@ proptest! {
     ) {
         let (_, plan) = compile_str("random.yaml", &spec.yaml)
             .map_err(|d| TestCaseError::fail(format!("{}\n{}", d.render_plain(), spec.yaml)))?;
-        let mesh = [mesh.0, mesh.1];
+        let mesh = featshard::spec::Mesh::new(&[mesh.0, mesh.1]).unwrap();
         let mut lengths = lengths_for(&spec, &base, &counts_seed);
         let resolved = plan.resolve(mesh, &lengths, None)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -148,7 +148,7 @@ proptest! {
     ) {
         let (_, plan) = compile_str("random.yaml", &spec.yaml)
             .map_err(|d| TestCaseError::fail(format!("{}\n{}", d.render_plain(), spec.yaml)))?;
-        let mesh = [mesh.0, mesh.1];
+        let mesh = featshard::spec::Mesh::new(&[mesh.0, mesh.1]).unwrap();
         let lengths = lengths_for(&spec, &base, &counts_seed);
         let resolved = plan.resolve(mesh, &lengths, None)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -164,13 +164,13 @@ proptest! {
                 match axis.split {
                     Split::Whole => prop_assert_eq!(local, global),
                     Split::Mesh { mesh_axis } => {
-                        prop_assert_eq!(global % mesh[mesh_axis], 0, "{} axis {}", name, d);
-                        prop_assert_eq!(local * mesh[mesh_axis], global);
+                        prop_assert_eq!(global % mesh.size(mesh_axis), 0, "{} axis {}", name, d);
+                        prop_assert_eq!(local * mesh.size(mesh_axis), global);
                         prop_assert_eq!(t.placements[mesh_axis], featshard::spec::Placement::Shard(d));
                     }
                     Split::Follows { mesh_axis, .. } => {
-                        prop_assert_eq!(padded % mesh[mesh_axis], 0);
-                        prop_assert_eq!(local * mesh[mesh_axis], padded);
+                        prop_assert_eq!(padded % mesh.size(mesh_axis), 0);
+                        prop_assert_eq!(local * mesh.size(mesh_axis), padded);
                     }
                 }
                 if let Some(s) = &axis.semantic {
@@ -195,7 +195,7 @@ proptest! {
             prop_assert_eq!(l.block_counts.iter().sum::<usize>(), lengths.sizes[name]);
             if let Padding::OwnerBlocks { mesh_axes, .. } = &plan.semantics[name].padding {
                 for &m in mesh_axes {
-                    prop_assert_eq!(l.blocks % mesh[m], 0);
+                    prop_assert_eq!(l.blocks % mesh.size(m), 0);
                 }
             }
         }

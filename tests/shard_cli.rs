@@ -66,7 +66,10 @@ fn shard_then_assemble_gives_back_the_input_tensors() {
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(shards.join("manifest.json")).unwrap())
             .unwrap();
-    assert_eq!(manifest["mesh"], serde_json::json!([3, 3]));
+    assert_eq!(
+        manifest["mesh"],
+        serde_json::json!({"cp_axis_0": 3, "cp_axis_1": 3})
+    );
     let pair = &manifest["features"]["token_pair_pad_mask"];
     assert_eq!(
         pair["placements"],
@@ -237,7 +240,7 @@ fn assert_same_as_tch(spec: &str, shards: &Path, serial_out: &Path, padded: bool
     let (_, plan) = featshard::spec::compile_file(Path::new(spec)).unwrap();
     let text = std::fs::read_to_string(shards.join("manifest.json")).unwrap();
     let manifest = featshard::spec::shards::parse(&text, &plan).unwrap();
-    let world: usize = manifest.mesh.iter().product();
+    let world = manifest.layout.mesh.ranks();
     let ranks: Vec<_> = (0..world)
         .map(|r| {
             let path = shards.join(format!("rank-{r}.safetensors"));

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::ir::DType;
-use featshard_spec::layout::coords;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use featshard_spec::shards::Encoding;
@@ -46,12 +45,11 @@ pub fn assemble(
     workflow: Option<&str>,
     ranks: &[Sample],
 ) -> Result<BTreeMap<String, Dense>, ExecError> {
-    let world: usize = layout.mesh.iter().product();
-    if ranks.len() != world {
+    if ranks.len() != layout.mesh.ranks() {
         return Err(ExecError::RankCount {
             what: "ranks' blocks",
             given: ranks.len(),
-            mesh: layout.mesh,
+            mesh: plan.mesh.named(layout.mesh),
         });
     }
     let mut assembler = Assembler::new(plan, layout, workflow, &ranks[0])?;
@@ -118,11 +116,10 @@ impl<'p> Assembler<'p> {
 
     /// Rank `rank`'s blocks copied in (ranks come in order, each once).
     pub fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError> {
-        let world: usize = self.layout.mesh.iter().product();
-        if rank != self.next || rank >= world {
+        if rank != self.next || rank >= self.layout.mesh.ranks() {
             return Err(ExecError::NoSuchRank {
                 rank,
-                mesh: self.layout.mesh,
+                mesh: self.plan.mesh.named(self.layout.mesh),
             });
         }
         for (name, s) in &self.shapes {
@@ -140,12 +137,11 @@ impl<'p> Assembler<'p> {
 
     /// The padded global features, once every rank was added.
     pub fn finish(self) -> Result<BTreeMap<String, Dense>, ExecError> {
-        let world: usize = self.layout.mesh.iter().product();
-        if self.next != world {
+        if self.next != self.layout.mesh.ranks() {
             return Err(ExecError::RankCount {
                 what: "ranks' blocks",
                 given: self.next,
-                mesh: self.layout.mesh,
+                mesh: self.plan.mesh.named(self.layout.mesh),
             });
         }
         Ok(self.full.into_iter().map(|(n, a)| (n, a.dense)).collect())
@@ -172,7 +168,7 @@ pub fn footprints(
     layout: &SampleLayout,
     ranks: &[Sample],
 ) -> Result<Vec<Footprint>, ExecError> {
-    let world: u128 = layout.mesh.iter().map(|&n| n as u128).product();
+    let world = layout.mesh.ranks() as u128;
     let present = plan
         .tensors()
         .map(|(n, _)| n)
@@ -275,7 +271,7 @@ fn copy_block(
     } = into;
     let t = tensor_plan(plan, name)?;
     let es = dtype::size(t.dtype);
-    let coord = coords(layout.mesh, r);
+    let coord = layout.mesh.coord(r);
     if block.shape() != s.local_shape || block.dtype() != t.dtype {
         return Err(blocks_error(
             name,
@@ -303,7 +299,7 @@ fn copy_block(
     let key: Vec<usize> = t
         .axes
         .iter()
-        .filter_map(|a| a.split.mesh_axis().map(|m| coord[m]))
+        .filter_map(|a| a.split.mesh_axis().map(|m| coord.get(m)))
         .collect();
     let region = Region::new(&full.shape, &window, es);
     match written.get(&key) {

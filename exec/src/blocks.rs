@@ -6,6 +6,7 @@ use std::io;
 
 use featshard_spec::ir::{DType, Role};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
+use featshard_spec::Coord;
 
 use crate::array::Array;
 use crate::compact::OneHot;
@@ -153,7 +154,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
 
     /// The entries of a sparse feature's block on the rank at `coord` (of any
     /// feature: its nonzero elements).
-    pub(crate) fn count_entries(&self, coord: [usize; 2]) -> io::Result<usize> {
+    pub(crate) fn count_entries(&self, coord: Coord) -> io::Result<usize> {
         let mut count = Entries::counter(self.dtype);
         self.write(coord, &mut count)?;
         Ok(count.count())
@@ -173,7 +174,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
     /// Writes the compact block of the rank at `coord` into `sink` (see
     /// [`crate::compact`]): a one-hot feature's indices, a mask's bits, a sparse
     /// feature's entries, a ranged feature narrowed, any other feature's block.
-    pub fn write_compact(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
+    pub fn write_compact(&self, coord: Coord, sink: &mut impl Sink) -> io::Result<()> {
         if self.compact.is_some() {
             return self.write_indices(coord, sink);
         }
@@ -206,7 +207,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
 
     /// Writes the block of the rank at `coord` in [`Self::given_dtype`]: a block given
     /// narrow goes to a compact form unwidened (masks and ranged data, never remapped).
-    fn write_given(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
+    fn write_given(&self, coord: Coord, sink: &mut impl Sink) -> io::Result<()> {
         match (&self.placed, self.window(coord)) {
             (Some((_, axes)), Some(window)) if self.narrow => {
                 write_window(self.x, &self.pad, axes, &window, sink)
@@ -217,7 +218,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
 
     /// A one-hot feature's compact block, row-major: the indices land in the window of
     /// the dense block, the one-hot axis left out, pads the index of no class.
-    fn write_indices(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
+    fn write_indices(&self, coord: Coord, sink: &mut impl Sink) -> io::Result<()> {
         let window = self.window(coord).ok_or_else(|| {
             io::Error::other(format!(
                 "feature `{}`: no block at coordinate {coord:?} of mesh {:?}",
@@ -276,10 +277,15 @@ impl FeatureBlocks<'_, '_> {
 
     /// The dtype of `part` of the feature: its compact form's indices, or its own.
     pub fn dtype_of(&self, part: Part) -> DType {
-        match (part, self.stored()) {
-            (Part::Compact(_), Some((_, dtype, _))) => dtype,
+        match part {
+            Part::Compact(_) => self.compact_dtype(),
             _ => self.dtype,
         }
+    }
+
+    /// The dtype of its compact blocks (its own where it has no compact form).
+    pub fn compact_dtype(&self) -> DType {
+        self.stored().map_or(self.dtype, |(_, dtype, _)| dtype)
     }
 
     /// The shape of `part` of the feature: a rank's block (on a domain plan, that
@@ -326,7 +332,7 @@ impl FeatureBlocks<'_, '_> {
     }
 
     /// Writes the block of the rank at CP coordinate `coord` into `sink`, row-major.
-    pub fn write(&self, coord: [usize; 2], sink: &mut impl Sink) -> io::Result<()> {
+    pub fn write(&self, coord: Coord, sink: &mut impl Sink) -> io::Result<()> {
         let Some((t, axes)) = &self.placed else {
             return write_whole(self.x, sink);
         };
@@ -416,7 +422,7 @@ impl FeatureBlocks<'_, '_> {
 
     /// The window of the padded layout the rank at `coord` holds: its equal block on a
     /// CP plan, its `torch.chunk` piece or equal block per axis on a domain plan.
-    pub fn window(&self, coord: [usize; 2]) -> Option<Vec<(usize, usize)>> {
+    pub fn window(&self, coord: Coord) -> Option<Vec<(usize, usize)>> {
         let (t, axes) = self.placed.as_ref()?;
         if !self.plan.mesh.is_domain() {
             return Some(t.block_window(&self.shape, coord));
@@ -430,7 +436,7 @@ impl FeatureBlocks<'_, '_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
     /// The block of the rank at this CP coordinate (shard-local ids shifted).
-    Block([usize; 2]),
+    Block(Coord),
     /// The whole padded layout: every rank's block together, index values in the
     /// padded layout, shard-local ids not yet shifted.
     Padded,
@@ -438,7 +444,7 @@ pub enum Part {
     Serial,
     /// The block of the rank at this CP coordinate in its compact form: a one-hot
     /// feature's indices ([`crate::compact`]); any other feature its block.
-    Compact([usize; 2]),
+    Compact(Coord),
 }
 
 /// All of `x`, as it is.

@@ -10,7 +10,7 @@ use featshard_spec::ir::{DType, Placement};
 use featshard_spec::plan::{FeatureShapes, Plan, TensorPlan};
 use serde::{Deserialize, Serialize};
 
-use crate::blocks::{feature_blocks, FeatureBlocks, Part};
+use crate::blocks::{feature_blocks, FeatureBlocks};
 use crate::compact::{Form, Recipe};
 use crate::dtype;
 use crate::error::ExecError;
@@ -207,7 +207,7 @@ pub fn block_slot(t: &TensorPlan, f: &FeatureBlocks, s: &FeatureShapes, compact:
             dtype: f.dtype,
             shape: std::mem::replace(&mut slot.shape, shape),
         });
-        slot.dtype = f.dtype_of(Part::Compact([0, 0]));
+        slot.dtype = f.compact_dtype();
     }
     slot
 }

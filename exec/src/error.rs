@@ -1,6 +1,7 @@
 //! Errors of a sample against its plan, shared by every executor (this crate's and the
 //! tch runtime's): each names the feature and, where one is at fault, the axis.
 
+use featshard_spec::mesh::Named;
 use featshard_spec::plan::ResolveError;
 
 /// Why a sample could not be laid out, sharded or assembled.
@@ -141,15 +142,15 @@ pub enum ExecError {
     Torch { feature: String, message: String },
     /// As many ranks' items (blocks, headers, paths) as the mesh has ranks were
     /// expected.
-    #[error("{given} {what} given for a {}x{} mesh of {} ranks", .mesh[0], .mesh[1], .mesh[0] * .mesh[1])]
+    #[error("{given} {what} given for mesh {mesh} of {} ranks", .mesh.ranks())]
     RankCount {
         what: &'static str,
         given: usize,
-        mesh: [usize; 2],
+        mesh: Named,
     },
     /// A rank outside the mesh.
-    #[error("rank {rank} is outside the {}x{} mesh of {} ranks", .mesh[0], .mesh[1], .mesh[0] * .mesh[1])]
-    NoSuchRank { rank: usize, mesh: [usize; 2] },
+    #[error("rank {rank} is outside mesh {mesh} of {} ranks", .mesh.ranks())]
+    NoSuchRank { rank: usize, mesh: Named },
     /// A semantic without a `window` cannot be packed.
     #[error("semantic `{semantic}` has no `window`, so it cannot be packed")]
     NoWindow { semantic: String },

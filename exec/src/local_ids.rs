@@ -5,6 +5,7 @@
 //! exists, as a rank holds it or as a view of the padded layout cuts it.
 
 use featshard_spec::plan::{Remap, SampleLayout, TensorPlan};
+use featshard_spec::Coord;
 
 use crate::dtype;
 use crate::error::ExecError;
@@ -25,7 +26,7 @@ pub fn shift(
     t: &TensorPlan,
     layout: &SampleLayout,
     local: &[usize],
-    coord: [usize; 2],
+    coord: Coord,
     bytes: &mut [u8],
     direction: Direction,
 ) -> Result<(), ExecError> {

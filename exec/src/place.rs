@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::plan::{Plan, SampleLayout, CP_AXES};
+use featshard_spec::plan::{Plan, SampleLayout};
+use featshard_spec::Mesh;
 
 use crate::array::Array;
 use crate::blocks::feature_blocks;
@@ -19,7 +20,7 @@ use crate::validate::check;
 /// remapped, nothing outside the diagonal blocks of co-sharded features.
 pub fn place<'a>(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     features: &Sample<'a>,
     opts: &Options,
 ) -> Result<Placed<'a>, ExecError> {
@@ -33,7 +34,7 @@ pub fn place<'a>(
 /// ([`crate::blocks::FeatureBlocks::shape_of`]).
 pub fn place_domain<'a>(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     features: &Sample<'a>,
     opts: &Options,
 ) -> Result<Placed<'a>, ExecError> {
@@ -47,7 +48,7 @@ pub fn place_domain<'a>(
 
 fn place_taken<'a>(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     taken: crate::intake::Intake<'a>,
 ) -> Result<Placed<'a>, ExecError> {
     let checked = check(plan, &taken)?;
@@ -93,14 +94,13 @@ fn place_taken<'a>(
 /// Every sparse feature's room for entries: the most nonzero elements any rank's block
 /// holds, counted through the same windows the blocks are written by.
 fn sparse_room(plan: &Plan, placed: &Placed) -> Result<BTreeMap<String, usize>, ExecError> {
-    let [m0, m1] = placed.layout.mesh;
     let mut out = BTreeMap::new();
     for blocks in feature_blocks(plan, placed)? {
         if !plan.tensor(&blocks.name).is_some_and(|t| t.sparse) {
             continue;
         }
         let mut most = 0;
-        for coord in (0..m0).flat_map(|i| (0..m1).map(move |j| [i, j])) {
+        for coord in placed.layout.mesh.coords() {
             let n = blocks.count_entries(coord).map_err(|e| ExecError::Blocks {
                 feature: blocks.name.clone(),
                 message: e.to_string(),

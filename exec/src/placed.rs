@@ -127,7 +127,7 @@ fn check_local_ids(
     else {
         return Ok(());
     };
-    if layout.mesh.get(m).copied().unwrap_or(1) <= 1 || d >= x.dim() {
+    if layout.mesh.size(m) <= 1 || d >= x.dim() {
         return Ok(());
     }
     let named = layout.positions.get(of.as_str());
@@ -174,7 +174,7 @@ fn check_diagonal(
         let Split::Follows { leader, mesh_axis } = a.split else {
             continue;
         };
-        let parts = layout.mesh[mesh_axis];
+        let parts = layout.mesh.size(mesh_axis);
         if parts == 1 {
             continue;
         }

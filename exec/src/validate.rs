@@ -8,6 +8,7 @@ use featshard_spec::ir::DType;
 use featshard_spec::ir::Role;
 use featshard_spec::layout::count_total;
 use featshard_spec::plan::{OwnedBy, Ownership, Plan, ResolveError};
+use featshard_spec::Mesh;
 
 use crate::array::Array;
 use crate::compact::{
@@ -153,7 +154,7 @@ pub fn check_parameter(
     name: &str,
     dtype: DType,
     shape: &[usize],
-    mesh: [usize; 2],
+    mesh: Mesh,
 ) -> Result<(), ExecError> {
     let t = tensor_plan(plan, name)?;
     check_shape(
@@ -168,7 +169,7 @@ pub fn check_parameter(
         let Some(m) = a.split.mesh_axis() else {
             continue;
         };
-        let ranks = mesh.get(m).copied().unwrap_or(1);
+        let ranks = mesh.size(m);
         if len < ranks {
             return Err(ExecError::Plan(ResolveError::EmptyShard {
                 feature: name.to_owned(),

@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 
 use featshard::exec::array::Array;
 use featshard::exec::blocks::feature_blocks;
-use featshard::exec::sink::SliceSink;
 use featshard::exec::files::Sample;
+use featshard::exec::sink::SliceSink;
 use featshard::exec::{dtype, place, Options};
 use featshard::spec::ir::DType;
 use featshard::spec::plan::Plan;
@@ -38,7 +38,11 @@ features:
 
 fn plan() -> &'static Plan {
     static PLAN: OnceLock<Plan> = OnceLock::new();
-    PLAN.get_or_init(|| featshard::spec::compile_str("fuzzed.yaml", SPEC).expect("spec").1)
+    PLAN.get_or_init(|| {
+        featshard::spec::compile_str("fuzzed.yaml", SPEC)
+            .expect("spec")
+            .1
+    })
 }
 
 /// Reads the fuzzer's bytes as small numbers.
@@ -77,8 +81,12 @@ fn array(d: DType, shape: Vec<usize>, values: &[i64]) -> Array<'static> {
 
 fuzz_target!(|data: &[u8]| {
     let mut b = Bytes(data.iter().copied());
-    let (n, atoms) = (1 + usize::from(b.byte() % 12), 1 + usize::from(b.byte() % 24));
-    let mesh = [1 + usize::from(b.byte() % 3), 1 + usize::from(b.byte() % 3)];
+    let (n, atoms) = (
+        1 + usize::from(b.byte() % 12),
+        1 + usize::from(b.byte() % 24),
+    );
+    let sizes = [1 + usize::from(b.byte() % 3), 1 + usize::from(b.byte() % 3)];
+    let mesh = featshard::spec::Mesh::new(&sizes).expect("a mesh of at most 3x3");
     let mut sample = Sample::new();
     sample.insert("mask".into(), array(DType::Float32, vec![n], &vec![1; n]));
     let kind: Vec<i64> = (0..n).map(|_| b.index()).collect();
@@ -101,15 +109,24 @@ fuzz_target!(|data: &[u8]| {
         })
         .collect();
     let values: Vec<i64> = (0..k).map(|_| i64::from(b.byte() % 4)).collect();
-    sample.insert("bonds.indices".into(), array(index_dtype, vec![3, k], &coords));
-    sample.insert("bonds.values".into(), array(DType::Float32, vec![k], &values));
+    sample.insert(
+        "bonds.indices".into(),
+        array(index_dtype, vec![3, k], &coords),
+    );
+    sample.insert(
+        "bonds.values".into(),
+        array(DType::Float32, vec![k], &values),
+    );
     if b.byte() % 4 == 0 {
         let shape = [n as i64 + i64::from(b.byte() % 2), n as i64, 1];
         sample.insert("bonds.shape".into(), array(DType::Int64, vec![3], &shape));
     }
     if b.byte() % 2 == 0 {
         let flags: Vec<i64> = (0..n * n).map(|_| i64::from(b.byte() % 3 / 2)).collect();
-        let bytes: Vec<u8> = flags.iter().map(|&v| v as u8 + u8::from(b.byte() == 255)).collect();
+        let bytes: Vec<u8> = flags
+            .iter()
+            .map(|&v| v as u8 + u8::from(b.byte() == 255))
+            .collect();
         sample.insert("flags".into(), Array::owned(DType::Bool, vec![n, n], bytes));
     }
     let placed = match place(plan(), mesh, &sample, &Options::default()) {
@@ -124,16 +141,17 @@ fuzz_target!(|data: &[u8]| {
     let all = feature_blocks(plan(), &placed).expect("blocks of a placed sample");
     for f in all.iter().filter(|f| f.is_placed()) {
         let Some(form) = f.form() else { continue };
-        for rank in 0..mesh[0] * mesh[1] {
-            let coord = [rank / mesh[1], rank % mesh[1]];
+        for coord in mesh.coords() {
             let dense_shape = placed.shapes[&f.name].local_shape.clone();
             let mut dense = vec![0u8; f.nbytes()];
-            f.write(coord, &mut SliceSink::new(&mut dense)).expect("dense block");
+            f.write(coord, &mut SliceSink::new(&mut dense))
+                .expect("dense block");
             let compact_shape = f.compact_shape().expect("compact shape");
-            let stored = f.dtype_of(featshard::exec::blocks::Part::Compact(coord));
+            let stored = f.compact_dtype();
             let len = compact_shape.iter().product::<usize>() * dtype::size(stored);
             let mut packed = vec![0u8; len];
-            f.write_compact(coord, &mut SliceSink::new(&mut packed)).expect("compact block");
+            f.write_compact(coord, &mut SliceSink::new(&mut packed))
+                .expect("compact block");
             let mut back = vec![0xA5u8; dense.len()];
             form.expand_into(&packed, f.dtype, &dense_shape, &mut back);
             assert_eq!(back, dense, "feature `{}` at {coord:?}", f.name);

@@ -25,7 +25,8 @@ fuzz_target!(|data: &[u8]| {
                 .insert(name.clone(), featshard_spec::plan::RootCounts::Each(counts));
         }
     }
-    for mesh in [[1, 1], [2, 3], [3, 3], [4, 1]] {
+    let meshes: [&[usize]; 6] = [&[1], &[4], &[1, 1], &[2, 3], &[3, 3], &[4, 1]];
+    for mesh in meshes.into_iter().filter_map(|s| plan.mesh.matched(s).ok()) {
         let _ = plan.resolve(mesh, &lengths, None);
     }
     for (name, _) in plan.windowed() {

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(m) = featshard::spec::shards::parse(text, boltz2_plan()) else {
         return;
     };
-    let world: usize = m.mesh.iter().product();
+    let world = m.layout.mesh.ranks();
     assert!(world <= featshard::spec::limits::MAX_RANKS);
     let names: Vec<&str> = m.features.keys().map(String::as_str).collect();
     boltz2_plan()

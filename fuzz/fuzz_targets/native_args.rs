@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use featshard::spec::plan::{Ownership, Plan};
 use featshard::spec::replicas::{checked_replica_indices, Order};
-use featshard::spec::{layout, plan::chunk_sizes};
+use featshard::spec::{layout, plan::chunk_sizes, Mesh};
 use libfuzzer_sys::fuzz_target;
 
 fn plans() -> &'static [Plan; 2] {
@@ -45,7 +45,13 @@ fuzz_target!(|data: &[u8]| {
     let small = |i: usize| at(i) % 4096;
     let plan = &plans()[usize::from(op >> 7)];
     match op % 8 {
-        0 => drop(layout::checked_coords([at(0), at(1)], at(2))),
+        0 => {
+            if let Ok(mesh) =
+                Mesh::new(&w.iter().take(op as usize % 4).copied().collect::<Vec<_>>())
+            {
+                let _ = mesh.checked_coord(at(2));
+            }
+        }
         1 => drop(chunk_sizes(small(0), at(1))),
         2 => {
             let mut values: Vec<i64> = w.iter().skip(2).map(|&v| v as i64).collect();
@@ -83,25 +89,34 @@ fuzz_target!(|data: &[u8]| {
             let _ = plan.checked_layout(&mesh, &sizes, &ownership);
         }
         5 => {
-            if let Ok(mesh) = plan.mesh_sizes(&w.iter().take(2).copied().collect::<Vec<_>>()) {
+            if let Ok(mesh) = plan
+                .mesh
+                .matched(&w.iter().take(2).copied().collect::<Vec<_>>())
+            {
                 for s in plan.semantics.keys() {
                     let _ = plan.padded_length(s, small(2), mesh);
                 }
             }
         }
         6 => {
+            let Ok(mesh) = Mesh::new(&[at(0) % 70 + 1, at(1) % 70 + 1]) else {
+                return;
+            };
+            let coord = mesh.coord(at(2));
             for (_, t) in plan.tensors() {
-                let local: Vec<usize> = (0..t.axes.len()).map(|d| at(d + 2)).collect();
-                let _ = t.checked_block_window(&local, [at(0), at(1)]);
+                let local: Vec<usize> = (0..t.axes.len()).map(|d| at(d + 3)).collect();
+                let _ = t.checked_block_window(&local, coord);
             }
         }
         _ => {
-            let Ok(mesh) = plan.mesh_sizes(&[at(0) % 70, at(1) % 70]) else {
+            let sizes: Vec<usize> = [at(0) % 70, at(1) % 70][..plan.mesh.axes().len()].to_vec();
+            let Ok(mesh) = plan.mesh.matched(&sizes) else {
                 return;
             };
+            let coord = mesh.coord(at(2));
             for (_, t) in plan.tensors() {
                 let global: Vec<usize> = (0..t.axes.len()).map(|d| small(d + 4)).collect();
-                let _ = plan.domain_window(t, &global, mesh, [at(2), at(3)]);
+                let _ = plan.domain_window(t, &global, mesh, coord);
             }
         }
     }

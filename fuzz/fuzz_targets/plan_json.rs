@@ -19,10 +19,16 @@ fuzz_target!(|data: &[u8]| {
     // Lengths and a mesh from the input's last bytes, small enough to lay out.
     let tail: Vec<usize> = data.iter().rev().take(4).map(|&b| usize::from(b)).collect();
     let len = tail.first().copied().unwrap_or(7) % 40 + 1;
-    let mesh = [
+    let mesh_sizes = [
         tail.get(1).map_or(2, |b| b % 4 + 1),
         tail.get(2).map_or(3, |b| b % 4 + 1),
     ];
+    let Ok(mesh) = plan
+        .mesh
+        .matched(&mesh_sizes[..plan.mesh.axes().len().min(2)])
+    else {
+        return;
+    };
     let sizes: BTreeMap<String, usize> = plan.semantics.keys().map(|s| (s.clone(), len)).collect();
     let ownership: BTreeMap<String, Ownership> = plan
         .semantics
@@ -35,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
             _ => None,
         })
         .collect();
-    let Ok(layout) = plan.checked_layout(&mesh, &sizes, &ownership) else {
+    let Ok(layout) = plan.checked_layout(mesh.sizes(), &sizes, &ownership) else {
         return;
     };
     let names: Vec<&str> = plan.tensors().map(|(n, _)| n).collect();
@@ -44,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
     };
     for (name, s) in &shapes {
         let t = plan.tensor(name).expect("a feature of the plan");
-        for coord in [[0, 0], [mesh[0] - 1, mesh[1] - 1]] {
+        for coord in [mesh.coord(0), mesh.coord(mesh.ranks() - 1)] {
             let _ = t.checked_block_window(&s.local_shape, coord);
             let _ = plan.domain_window(t, &s.padded_shape, mesh, coord);
         }

@@ -33,7 +33,7 @@ fuzz_target!(|data: &[u8]| {
     ));
     let req = featshard::shards::Request {
         plan: boltz2_plan(),
-        mesh: [2, 2],
+        mesh: tile(),
         workflow: Some("inference"),
         passthrough: &[],
         threads: 1,
@@ -46,6 +46,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(bytes > 0);
     }
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = featshard::spec::shards::parse_dataset(text, boltz2_plan(), [2, 2]);
+        let _ = featshard::spec::shards::parse_dataset(text, boltz2_plan(), tile());
     }
 });
+
+/// The 2x2 CP mesh the resumed dataset was sharded for.
+fn tile() -> featshard::spec::Mesh {
+    featshard::spec::Mesh::new(&[2, 2]).expect("a 2x2 mesh")
+}

@@ -18,7 +18,13 @@ fuzz_target!(|data: &[u8]| {
     assert!(Status::decode(&frame).expect("a frame it wrote").failed());
     let ranks: Vec<usize> = data.iter().map(|&b| usize::from(b)).collect();
     let axes = [(text.clone(), data.len()), ("cp".to_owned(), 1)];
-    let terms = Terms::new(&text, Some(&text), &axes, &ranks, data.first().map(|&b| b.into()));
+    let terms = Terms::new(
+        &text,
+        Some(&text),
+        &axes,
+        &ranks,
+        data.first().map(|&b| b.into()),
+    );
     let mine = frame_of(0, &Status::Ok, Some(&terms)).encode();
     assert_eq!(mine.len(), STATUS_BYTES);
     let frames: Vec<Option<Status>> = [&mine[..], data, &frame]

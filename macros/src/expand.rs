@@ -99,7 +99,7 @@ fn plan_items(names: &Names, model: &Model) -> syn::Result<TokenStream> {
         .collect();
     let (_, insert, take) = field_code(model, |f| f.optional);
     Ok(quote! {
-        /// Placements on the CP sub-mesh `(cp0, cp1)` of every field's feature.
+        /// Placements on the CP sub-mesh of every field's feature, one per CP axis.
         pub const PLACEMENTS: &'static [(&'static str, &'static [#module::Placement])] =
             &[#((#features, #module::Feature::#variants.placements())),*];
         /// Placements on `(dp, cp0, cp1)`.
@@ -156,10 +156,11 @@ fn runtime_methods(names: &Names) -> TokenStream {
     let local = &names.local;
     let distribution = distribution_methods(local);
     quote! {
-        /// Validates and pads the sample for a CP mesh.
+        /// Validates and pads the sample for a CP mesh (one size per axis of the
+        /// spec's mesh).
         pub fn pad(
             &self,
-            mesh: [usize; 2],
+            mesh: ::featshard::spec::Mesh,
         ) -> ::core::result::Result<::featshard::runtime::Padded, ::featshard::runtime::RuntimeError> {
             ::featshard::runtime::pad(Self::plan(), mesh, &self.to_features(), &Self::options())
         }

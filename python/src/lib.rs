@@ -103,10 +103,7 @@ impl Plan {
         dir: std::path::PathBuf,
         mesh: Option<Vec<usize>>,
     ) -> PyResult<shard_folder::PyShardFolder> {
-        let mesh = mesh
-            .map(|m| self.plan.mesh_sizes(&m))
-            .transpose()
-            .map_err(value_error)?;
+        let mesh = mesh.map(|m| self.mesh(&m)).transpose()?;
         shard_folder::read(py, &self.plan, dir, mesh)
     }
 
@@ -143,13 +140,13 @@ impl Plan {
         cp: Vec<usize>,
     ) -> PyResult<Vec<usize>> {
         let t = tensor(&self.plan, name, local.len())?;
-        let cp = self.plan.mesh_sizes(&cp).map_err(value_error)?;
+        let cp = self.mesh(&cp)?;
         Ok(t.collated_global_shape(&local, batch, dp, cp))
     }
 
     /// The multiple `semantic`'s axes pad to on `mesh` (1 when never padded).
     fn pad_multiple(&self, semantic: &str, mesh: Vec<usize>) -> PyResult<usize> {
-        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
+        let mesh = self.mesh(&mesh)?;
         self.semantic(semantic)?;
         Ok(self.plan.pad_multiple(semantic, mesh))
     }
@@ -158,7 +155,7 @@ impl Plan {
     /// domain mesh of one or two axes): a multiple of `pad_multiple`, long enough that
     /// every shard holds its halo; `len` itself where the semantic is never padded.
     fn padded_length(&self, semantic: &str, len: usize, mesh: Vec<usize>) -> PyResult<usize> {
-        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
+        let mesh = self.mesh(&mesh)?;
         self.semantic(semantic)?;
         Ok(self.plan.padded_length(semantic, len, mesh))
     }
@@ -174,10 +171,9 @@ impl Plan {
         coord: Vec<usize>,
     ) -> PyResult<Vec<(usize, usize)>> {
         let t = tensor(&self.plan, feature, global.len())?;
-        let sizes = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
-        let at = coord_of(&coord)?;
-        self.plan
-            .domain_window(t, &global, sizes, at)
+        let sizes = self.mesh(&mesh)?;
+        let at = sizes.coord_at(&coord).ok();
+        at.and_then(|at| self.plan.domain_window(t, &global, sizes, at))
             .ok_or_else(|| {
                 value_error(format!(
                     "feature `{feature}`: global shape {global:?} has no window at coordinate \
@@ -204,7 +200,7 @@ impl Plan {
             passthrough,
             threads,
         };
-        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
+        let mesh = self.mesh(&mesh)?;
         placement::place(py, &self.plan, features, mesh, opts)
     }
 
@@ -250,7 +246,7 @@ impl Plan {
         mesh: Vec<usize>,
     ) -> PyResult<()> {
         let dtype = dtype_named(name, dtype)?;
-        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
+        let mesh = self.mesh(&mesh)?;
         featshard_exec::validate::check_parameter(&self.plan, name, dtype, &shape, mesh)
             .map_err(value_error)
     }
@@ -307,7 +303,7 @@ impl Plan {
         root: std::path::PathBuf,
         mesh: Vec<usize>,
     ) -> PyResult<Vec<String>> {
-        let mesh = self.plan.mesh_sizes(&mesh).map_err(value_error)?;
+        let mesh = self.mesh(&mesh)?;
         let d = py
             .detach(|| featshard_exec::shard_folder::read_dataset(&self.plan, &root, mesh))
             .map_err(value_error)?;
@@ -431,10 +427,7 @@ impl Plan {
         mesh: Vec<usize>,
     ) -> PyResult<Vec<(usize, usize)>> {
         let t = tensor(&self.plan, feature, local.len())?;
-        let sizes = self
-            .plan
-            .mesh_sizes(&mesh)
-            .map_err(|e| value_error(format!("mesh: {e}")))?;
+        let sizes = self.mesh(&mesh)?;
         let at = coord_on(&coord, sizes)?;
         t.checked_block_window(&local, at).ok_or_else(|| {
             value_error(format!(
@@ -445,6 +438,14 @@ impl Plan {
 }
 
 impl Plan {
+    /// A mesh from Python: one size per axis of the spec's mesh.
+    fn mesh(&self, sizes: &[usize]) -> PyResult<featshard_spec::Mesh> {
+        self.plan
+            .mesh
+            .matched(sizes)
+            .map_err(|e| value_error(format!("mesh: {e}")))
+    }
+
     fn semantic(&self, name: &str) -> PyResult<()> {
         if self.plan.semantics.contains_key(name) {
             return Ok(());
@@ -467,31 +468,19 @@ fn dtype_named(feature: &str, name: &str) -> PyResult<DType> {
         })
 }
 
-/// A mesh coordinate of one or two axes as the spec crate takes it (a missing second
-/// axis is 0), for a mesh given to [`featshard_spec::Plan::mesh_sizes`].
-/// `coord` (one or two axes) checked to lie on a mesh of `sizes`.
-pub(crate) fn coord_on(coord: &[usize], sizes: [usize; 2]) -> PyResult<[usize; 2]> {
-    let at = coord_of(coord)?;
-    if at[0] < sizes[0] && at[1] < sizes[1] {
-        return Ok(at);
-    }
-    // Written as Python writes the tuple it was given.
-    let parts: Vec<String> = coord.iter().map(ToString::to_string).collect();
-    let tuple = match parts.len() {
-        1 => format!("({},)", parts[0]),
-        _ => format!("({})", parts.join(", ")),
-    };
-    Err(value_error(format!(
-        "coord: {tuple} is not on the {}x{} mesh",
-        sizes[0], sizes[1]
-    )))
-}
-
-pub(crate) fn coord_of(v: &[usize]) -> PyResult<[usize; 2]> {
-    featshard_spec::layout::two_axes(v, 0).ok_or_else(|| {
-        value_error(format!(
-            "coord {v:?}: a mesh coordinate has one or two axes"
-        ))
+/// `coord` (one index per axis) checked to lie on `mesh`.
+pub(crate) fn coord_on(
+    coord: &[usize],
+    mesh: featshard_spec::Mesh,
+) -> PyResult<featshard_spec::Coord> {
+    mesh.coord_at(coord).map_err(|_| {
+        // Written as Python writes the tuple it was given.
+        let parts: Vec<String> = coord.iter().map(ToString::to_string).collect();
+        let tuple = match parts.len() {
+            1 => format!("({},)", parts[0]),
+            _ => format!("({})", parts.join(", ")),
+        };
+        value_error(format!("coord: {tuple} is not on the mesh {mesh}"))
     })
 }
 
@@ -533,10 +522,11 @@ fn release_buffers() -> usize {
 /// mesh, `(rank,)` on a one-axis mesh.
 #[pyfunction]
 fn coords(py: Python<'_>, mesh: Vec<usize>, rank: usize) -> PyResult<Bound<'_, PyTuple>> {
-    let sizes = featshard_spec::layout::two_axes(&mesh, 1)
-        .ok_or_else(|| value_error(format!("mesh {mesh:?}: one or two sizes")))?;
-    let at = featshard_spec::layout::checked_coords(sizes, rank).map_err(value_error)?;
-    PyTuple::new(py, &at[..mesh.len()])
+    let mesh = featshard_spec::Mesh::new(&mesh).map_err(|e| value_error(format!("mesh: {e}")))?;
+    let at = mesh
+        .checked_coord(rank)
+        .map_err(|e| value_error(format!("rank: {e}")))?;
+    PyTuple::new(py, at.as_slice())
 }
 
 /// The `torch.chunk` pieces of `len` items over `ranks` (how ShardTensor splits an

@@ -138,7 +138,7 @@ pub(crate) fn place(
     py: Python<'_>,
     plan: &Arc<featshard_spec::Plan>,
     features: BTreeMap<String, Value<'_>>,
-    mesh: [usize; 2],
+    mesh: featshard_spec::Mesh,
     opts: Options,
 ) -> PyResult<Placement> {
     let (inputs, opaque, shapes) = gathered(&features)?;
@@ -405,7 +405,7 @@ impl Placement {
     }
 
     /// `coord` as a mesh coordinate of this placement; `ValueError` off the mesh.
-    fn on_mesh(&self, coord: Vec<usize>) -> PyResult<[usize; 2]> {
+    fn on_mesh(&self, coord: Vec<usize>) -> PyResult<featshard_spec::Coord> {
         crate::coord_on(&coord, self.placed.layout.mesh)
     }
 
@@ -423,7 +423,7 @@ impl Placement {
 type Job<'f, 'b> = (&'f FeatureBlocks<'f, 'f>, &'b mut [u8]);
 
 /// A rank's block, dense or in its compact form.
-fn part_at(coord: [usize; 2], compact: bool) -> Part {
+fn part_at(coord: featshard_spec::Coord, compact: bool) -> Part {
     match compact {
         true => Part::Compact(coord),
         false => Part::Block(coord),

@@ -31,7 +31,7 @@ pub(crate) fn read(
     py: Python<'_>,
     plan: &Arc<featshard_spec::Plan>,
     dir: PathBuf,
-    mesh: Option<[usize; 2]>,
+    mesh: Option<featshard_spec::Mesh>,
 ) -> PyResult<PyShardFolder> {
     let folder = py
         .detach(|| ShardFolder::open(plan, &dir, mesh))
@@ -59,8 +59,7 @@ impl PyShardFolder {
     /// Mesh sizes, one per axis of the spec's mesh: `(cp0, cp1)` or `(cp,)`.
     #[getter]
     fn mesh<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let axes = self.plan.mesh.axes().len().clamp(1, 2);
-        PyTuple::new(py, &self.m().mesh[..axes])
+        PyTuple::new(py, self.m().layout.mesh.sizes())
     }
 
     /// The workflow sharded, if one was chosen.

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use featshard_spec::ir::{PadValue, Placement, Role};
 use featshard_spec::plan::{Padding, SampleLayout, SemanticPlan, Split, TensorPlan};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 /// A DTensor placement per mesh axis: the tensor dimension it shards, or `None` for
 /// `Replicate()`.
@@ -149,10 +150,10 @@ pub struct Layout {
 
 #[pymethods]
 impl Layout {
-    /// Mesh sizes `(cp0, cp1)` (a domain mesh's second axis 1 where it has one).
+    /// Mesh sizes, one per axis of the spec's mesh: `(cp0, cp1)` or `(cp,)`.
     #[getter]
-    fn mesh(&self) -> (usize, usize) {
-        (self.layout.mesh[0], self.layout.mesh[1])
+    fn mesh<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.layout.mesh.sizes())
     }
 
     /// Serial length of every semantic present.

@@ -38,7 +38,10 @@ use featshard_runtime::dist::{
 use featshard_runtime::{Features, Options};
 use tch::{Device, Kind, Tensor};
 
-const CP: [usize; 2] = [3, 3];
+/// The CP tile the bench distributes over.
+fn cp() -> featshard_spec::Mesh {
+    featshard_spec::Mesh::new(&[3, 3]).expect("a 3x3 mesh")
+}
 const RUNS: usize = 5;
 const LOADER_SAMPLES: usize = 4;
 
@@ -94,7 +97,7 @@ fn main() {
         .map(|t| t.numel() * t.kind().elt_size_in_bytes())
         .sum();
     let dataset = Arc::new(Repeat(Mutex::new(sample)));
-    let world = CP[0] * CP[1];
+    let world = cp().ranks();
     let gopts = GroupOptions {
         timeout: Duration::from_secs(600),
         ..GroupOptions::default()
@@ -106,7 +109,8 @@ fn main() {
             let (plan, opts, dataset) = (Arc::clone(&plan), opts.clone(), Arc::clone(&dataset));
             thread::spawn(move || -> Option<Times> {
                 tch::set_num_threads(1);
-                let mesh = Mesh::new(&rdv, 1, CP).expect("mesh");
+                let mesh =
+                    Mesh::new(&rdv, featshard_spec::DeviceMesh { dp: 1, cp: cp() }).expect("mesh");
                 let mut rank = Rank::new(mesh, plan, opts, dataset);
                 let mut times = rank.steps();
                 rank.loader(&mut times);
@@ -144,7 +148,7 @@ impl Rank {
         opts: Options,
         dataset: Arc<Repeat>,
     ) -> Self {
-        let world = CP[0] * CP[1];
+        let world = cp().ranks();
         let mut rank = Rank {
             mesh,
             plan,
@@ -179,7 +183,7 @@ impl Rank {
     }
 
     fn preparer(&self, threads: usize, write: Write) -> Preparer {
-        Preparer::new(Arc::clone(&self.plan), CP)
+        Preparer::new(Arc::clone(&self.plan), cp())
             .options(self.with_threads(threads))
             .pool(self.pool.clone())
             .write(write)
@@ -224,7 +228,7 @@ impl Rank {
     /// featshard's steps, free between steps.
     fn raw_inputs(&self) -> Option<Vec<Tensor>> {
         self.mesh.is_source().then(|| {
-            (0..CP[0] * CP[1])
+            (0..cp().ranks())
                 .map(|_| {
                     self.pool
                         .take(self.per_rank, Device::Cpu)
@@ -331,7 +335,7 @@ impl Rank {
 }
 
 fn report(times: &Times, serial_bytes: usize) {
-    let world = CP[0] * CP[1];
+    let world = cp().ranks();
     let gb = |b: usize| b as f64 / 1e9;
     let scattered = times.bytes_per_rank * world;
     println!(
@@ -339,8 +343,8 @@ fn report(times: &Times, serial_bytes: usize) {
         common::TOKENS,
         common::MSA,
         gb(serial_bytes),
-        CP[0],
-        CP[1]
+        cp().size(0),
+        cp().size(1)
     );
     println!(
         "bytes scattered per sample         {:>7.3} GB ({:.3} GB per rank)",

@@ -17,7 +17,10 @@ mod common;
 
 use common::{MSA, TOKENS};
 
-const MESH: [usize; 2] = [3, 3];
+/// The CP tile the bench shards on.
+fn mesh() -> featshard_spec::Mesh {
+    featshard_spec::Mesh::new(&[3, 3]).expect("a 3x3 mesh")
+}
 const RUNS: usize = 3;
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -61,8 +64,8 @@ fn main() {
         MSA,
         sample.len(),
         gb(serial_bytes),
-        MESH[0],
-        MESH[1]
+        mesh().size(0),
+        mesh().size(1)
     );
     let opts = Options {
         workflow: Some("inference".into()),
@@ -102,8 +105,8 @@ fn featshard_run(
     let mut times = Vec::new();
     for run in 0..RUNS {
         let start = Instant::now();
-        let padded = pad(plan, MESH, sample, opts).expect("pad");
-        let ranks: Vec<_> = (0..MESH[0] * MESH[1])
+        let padded = pad(plan, mesh(), sample, opts).expect("pad");
+        let ranks: Vec<_> = (0..mesh().ranks())
             .map(|r| padded.rank_blocks(plan, r).expect("blocks"))
             .collect();
         times.push(start.elapsed());
@@ -112,8 +115,8 @@ fn featshard_run(
         }
         drop(ranks);
     }
-    let padded = pad(plan, MESH, sample, opts).expect("pad");
-    let ranks: Vec<_> = (0..MESH[0] * MESH[1])
+    let padded = pad(plan, mesh(), sample, opts).expect("pad");
+    let ranks: Vec<_> = (0..mesh().ranks())
         .map(|r| padded.rank_blocks(plan, r).expect("blocks"))
         .collect();
     let block_bytes: usize = ranks

@@ -14,14 +14,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let [_, spec, sample, mesh, rest @ ..] = args.as_slice() else {
         return Err(
-            "usage: time_blocks SPEC SAMPLE.safetensors CP0xCP1 [WORKFLOW [THREADS]]".into(),
+            "usage: time_blocks SPEC SAMPLE.safetensors MESH (3x3, 8) [WORKFLOW [THREADS]]".into(),
         );
     };
     let threads: usize = rest.get(1).map_or(Ok(1), |t| t.parse())?;
     tch::set_num_threads(threads as i32);
     let (_, plan) = featshard_spec::compile_file(spec.as_ref()).map_err(|d| d.render_plain())?;
-    let (a, b) = mesh.split_once('x').ok_or("mesh like 3x3")?;
-    let mesh = [a.parse()?, b.parse()?];
+    let mesh = plan.mesh.parse(mesh)?.cp;
     let features = Tensor::read_safetensors(sample)?.into_iter().collect();
     let opts = Options {
         workflow: rest.first().cloned(),
@@ -36,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..3 {
         let start = Instant::now();
         let padded = pad(&plan, mesh, &features, &opts)?;
-        let blocks: Vec<_> = (0..mesh[0] * mesh[1])
+        let blocks: Vec<_> = (0..mesh.ranks())
             .map(|r| padded.rank_blocks(&plan, r))
             .collect::<Result<_, _>>()?;
         times.push(start.elapsed().as_secs_f64());

@@ -35,4 +35,4 @@ pub use error::RuntimeError;
 pub use intake::{intake, Intake};
 pub use pad::{pad, place, IntakeReport, Padded, Placed};
 pub use sample::{Features, Options};
-pub use shard::{assemble, coords, unpad, DTensorMeta, LocalBlock};
+pub use shard::{assemble, unpad, DTensorMeta, LocalBlock};

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use featshard_spec::pack::PackPlan;
 use featshard_spec::plan::Plan;
-use featshard_spec::plan::CP_AXES;
+use featshard_spec::{Coord, Mesh};
 use tch::Tensor;
 
 use crate::error::{RuntimeError, TorchContext};
@@ -35,7 +35,7 @@ pub struct Packed {
 /// Validates a serial sample and lays it out with `semantic` packed.
 pub fn pack(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     features: &Features,
     opts: &Options,
     semantic: &str,
@@ -93,12 +93,7 @@ pub fn pack(
 
 impl Packed {
     /// One feature's block on the rank at `coord`, with its DTensor metadata.
-    pub fn block(
-        &self,
-        plan: &Plan,
-        name: &str,
-        coord: [usize; CP_AXES],
-    ) -> Result<LocalBlock, RuntimeError> {
+    pub fn block(&self, plan: &Plan, name: &str, coord: Coord) -> Result<LocalBlock, RuntimeError> {
         let (Some(x), Some(pf)) = (self.tensors.get(name), self.pack.features.get(name)) else {
             return self.rest.block(plan, name, coord);
         };

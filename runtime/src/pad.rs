@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use featshard_exec::array::Array;
 use featshard_exec::blocks::{FeatureBlocks, Part};
 use featshard_exec::buffer::{block_slot, Slot};
-use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{FeatureShapes, Plan, SampleLayout};
+use featshard_spec::{Coord, Mesh};
 use tch::{Device, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
@@ -65,7 +65,7 @@ pub use featshard_exec::IntakeReport;
 /// Validates a serial sample and pads it for `mesh`.
 pub fn pad(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     features: &Features,
     opts: &Options,
 ) -> Result<Padded, RuntimeError> {
@@ -77,7 +77,7 @@ pub fn pad(
 /// in the byte executor on views of the tensors; their result comes back as tensors.
 pub fn place(
     plan: &Plan,
-    mesh: [usize; CP_AXES],
+    mesh: Mesh,
     features: &Features,
     opts: &Options,
 ) -> Result<Placed, RuntimeError> {
@@ -229,7 +229,7 @@ impl Placed {
         &self,
         plan: &Plan,
         name: &str,
-        coord: [usize; CP_AXES],
+        coord: Coord,
         out: &Tensor,
     ) -> Result<(), RuntimeError> {
         self.with_blocks(plan, name, |blocks, _, _| {
@@ -293,7 +293,8 @@ pub(crate) fn pad_feature(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::{assemble, coords, unpad};
+    use crate::shard::{assemble, unpad};
+    use featshard_spec::Mesh;
     use tch::{Device, Kind};
 
     const SPEC: &str = "\
@@ -319,7 +320,13 @@ features:
             ("pair".to_owned(), x.shallow_clone()),
         ]
         .into();
-        let padded = pad(&plan, [2, 3], &features, &Options::default()).expect("pad");
+        let padded = pad(
+            &plan,
+            Mesh::new(&[2, 3]).unwrap(),
+            &features,
+            &Options::default(),
+        )
+        .expect("pad");
         let out = &padded.tensors["pair"];
         let pos: Vec<i64> = padded.layout.positions["atoms"]
             .iter()
@@ -358,17 +365,17 @@ features:
             ),
         ]
         .into();
-        for mesh in [[2, 1], [3, 2], [4, 1]] {
+        for mesh in [[2, 1], [3, 2], [4, 1]].map(|s| Mesh::new(&s).unwrap()) {
             let padded = pad(&plan, mesh, &sample, &Options::default()).expect("pad");
             let placed = place(&plan, mesh, &sample, &Options::default()).expect("place");
             let layout = &padded.layout;
             let (n_loc, a_loc) = (
-                (layout.padded["tokens"] / mesh[0]) as i64,
-                (layout.padded["atoms"] / mesh[0]) as i64,
+                (layout.padded["tokens"] / mesh.size(0)) as i64,
+                (layout.padded["atoms"] / mesh.size(0)) as i64,
             );
             let mut ranks = Vec::new();
-            for rank in 0..mesh[0] * mesh[1] {
-                let coord = coords(mesh, rank);
+            for rank in 0..mesh.ranks() {
+                let coord = mesh.coord(rank);
                 let viewed = padded.block(&plan, "owner", coord).expect("block").tensor;
                 let mut written = viewed.full_like(7);
                 placed
@@ -377,7 +384,7 @@ features:
                 assert!(written.equal(&viewed), "mesh {mesh:?} rank {rank}");
                 // Every real atom's id is its owner's padded position minus the shard start.
                 for row in 0..a_loc {
-                    let p = coord[0] as i64 * a_loc + row;
+                    let p = coord.get(0) as i64 * a_loc + row;
                     let local = written.int64_value(&[row]);
                     match layout.positions["atoms"]
                         .iter()
@@ -386,7 +393,7 @@ features:
                         Some(atom) => {
                             // Tokens are end-padded: a token's padded position is its index.
                             let token = owner[atom];
-                            assert_eq!(local, token - coord[0] as i64 * n_loc, "atom {atom}");
+                            assert_eq!(local, token - coord.get(0) as i64 * n_loc, "atom {atom}");
                             assert!((0..n_loc).contains(&local));
                         }
                         None => assert_eq!(local, -1, "pad at {p}"),

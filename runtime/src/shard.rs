@@ -1,6 +1,6 @@
 //! Per-rank blocks of a padded sample, their DTensor metadata, and assembly back.
 //!
-//! A rank at CP mesh coordinate `(i, j)` (rank `i * cp1 + j`) holds, for each feature,
+//! A rank at CP mesh coordinate `coord` (rank `mesh.rank(coord)`) holds, for each feature,
 //! the narrow of the padded tensor along every split axis: a view, not a copy. A
 //! co-sharded (follower) axis is narrowed with its leader's coordinate, which keeps the
 //! diagonal block and makes its one-hot ids shard-local.
@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use featshard_exec::assemble::Dense;
 use featshard_exec::local_ids::{self, Direction};
 use featshard_spec::ir::Placement;
-use featshard_spec::plan::CP_AXES;
 use featshard_spec::plan::{Plan, Remap, SampleLayout, TensorPlan};
+use featshard_spec::{Coord, Mesh};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
@@ -41,29 +41,21 @@ pub struct LocalBlock {
     pub meta: DTensorMeta,
 }
 
-/// The CP mesh coordinate of a rank, `rank = i * cp1 + j` (the spec's rule).
-pub use featshard_spec::layout::coords;
-
 pub use featshard_spec::layout::contiguous_stride;
 
 impl Padded {
-    /// The CP mesh `(cp0, cp1)` the sample is laid out on.
-    pub fn mesh(&self) -> [usize; CP_AXES] {
+    /// The CP mesh the sample is laid out on.
+    pub fn mesh(&self) -> Mesh {
         self.layout.mesh
     }
 
     /// How many ranks the CP mesh holds.
     pub fn world_size(&self) -> usize {
-        self.layout.mesh.iter().product()
+        self.layout.mesh.ranks()
     }
 
     /// One feature's block on the rank at `coord`.
-    pub fn block(
-        &self,
-        plan: &Plan,
-        name: &str,
-        coord: [usize; CP_AXES],
-    ) -> Result<LocalBlock, RuntimeError> {
+    pub fn block(&self, plan: &Plan, name: &str, coord: Coord) -> Result<LocalBlock, RuntimeError> {
         let t = tensor_plan(plan, name)?;
         let x = self
             .tensors
@@ -93,7 +85,7 @@ impl Padded {
         plan: &Plan,
         rank: usize,
     ) -> Result<BTreeMap<String, LocalBlock>, RuntimeError> {
-        let coord = coords(self.mesh(), rank);
+        let coord = self.mesh().coord(rank);
         self.tensors
             .keys()
             .map(|n| Ok((n.clone(), self.block(plan, n, coord)?)))
@@ -109,7 +101,7 @@ impl Placed {
         &self,
         plan: &Plan,
         name: &str,
-        coord: [usize; CP_AXES],
+        coord: Coord,
         out: &mut Tensor,
     ) -> Result<DTensorMeta, RuntimeError> {
         let t = tensor_plan(plan, name)?;
@@ -139,11 +131,7 @@ impl Placed {
 
 /// The region of a feature's padded layout the rank at `coord` holds, `(start, len)`
 /// per axis: a co-sharded (follower) axis takes its leader's coordinate.
-pub(crate) fn block_window(
-    t: &TensorPlan,
-    local: &[usize],
-    coord: [usize; CP_AXES],
-) -> Vec<(i64, i64)> {
+pub(crate) fn block_window(t: &TensorPlan, local: &[usize], coord: Coord) -> Vec<(i64, i64)> {
     t.block_window(local, coord)
         .into_iter()
         .map(|(start, n)| (start as i64, n as i64))
@@ -155,7 +143,7 @@ fn narrow_to_block(
     t: &TensorPlan,
     x: &Tensor,
     local: &[usize],
-    coord: [usize; CP_AXES],
+    coord: Coord,
 ) -> Result<Tensor, RuntimeError> {
     let mut view = x.shallow_clone();
     for (d, &(start, len)) in block_window(t, local, coord).iter().enumerate() {
@@ -173,7 +161,7 @@ fn to_local_ids(
     name: &str,
     t: &TensorPlan,
     block: &Tensor,
-    coord: [usize; CP_AXES],
+    coord: Coord,
     layout: &SampleLayout,
 ) -> Result<Tensor, RuntimeError> {
     let shape: Vec<usize> = block.size().iter().map(|&d| d as usize).collect();

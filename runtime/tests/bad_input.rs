@@ -24,13 +24,14 @@ fn inference() -> Options {
 }
 
 fn error(plan: &featshard_spec::Plan, s: &Features) -> RuntimeError {
-    let e = pad(plan, [2, 3], s, &inference()).expect_err("bad sample was accepted");
+    let e = pad(plan, common::mesh(&[2, 3]), s, &inference()).expect_err("bad sample was accepted");
     // With threads for writing blocks, the error is the same.
     let threaded = Options {
         threads: 3,
         ..inference()
     };
-    let t = pad(plan, [2, 3], s, &threaded).expect_err("bad sample was accepted on 3 threads");
+    let t = pad(plan, common::mesh(&[2, 3]), s, &threaded)
+        .expect_err("bad sample was accepted on 3 threads");
     assert_eq!(t.to_string(), e.to_string());
     let bytes = exec(plan, s).expect_err("the byte executor accepted a bad sample");
     assert_eq!(bytes, e, "tensors and file disagree");
@@ -44,13 +45,13 @@ fn exec(plan: &featshard_spec::Plan, s: &Features) -> Result<(), RuntimeError> {
     let path = dir.path().join("sample.safetensors");
     featshard_runtime::files::write(&path, s, &Default::default()).unwrap();
     let mapped = featshard_exec::files::Mapped::open(&path)?;
-    featshard_exec::place(plan, [2, 3], &mapped.sample(), &inference()).map(|_| ())
+    featshard_exec::place(plan, common::mesh(&[2, 3]), &mapped.sample(), &inference()).map(|_| ())
 }
 
 #[test]
 fn the_unmodified_sample_is_accepted() {
     let (plan, s) = sample();
-    pad(&plan, [2, 3], &s, &inference()).expect("valid sample");
+    pad(&plan, common::mesh(&[2, 3]), &s, &inference()).expect("valid sample");
     exec(&plan, &s).expect("valid sample, byte executor");
 }
 
@@ -79,7 +80,7 @@ fn an_unknown_feature_unless_passed_through() {
         passthrough: ["record_id".to_string()].into(),
         ..inference()
     };
-    let padded = pad(&plan, [2, 3], &s, &opts).expect("passed through");
+    let padded = pad(&plan, common::mesh(&[2, 3]), &s, &opts).expect("passed through");
     assert!(padded.passthrough.contains_key("record_id"));
 }
 
@@ -240,7 +241,8 @@ fn an_owner_map_row_without_an_owner_is_a_pad_where_the_spec_says_so() {
     let rows = m.size()[0] as usize;
     let _ = m.get(0).fill_(0);
     s.insert("r_set_to_rep_atom".into(), m);
-    let padded = pad(&plan, [2, 3], &s, &inference()).expect("an unowned row is a pad");
+    let padded =
+        pad(&plan, common::mesh(&[2, 3]), &s, &inference()).expect("an unowned row is a pad");
     assert_eq!(padded.layout.sizes["rset"], rows - 1);
     assert_eq!(padded.intake.unowned["rset"], 1);
 }
@@ -336,8 +338,13 @@ fn a_domain_parallel_plan_is_refused() {
     let path =
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/weather.yaml");
     let (_, plan) = featshard_spec::compile_file(&path).unwrap();
-    let e = featshard_runtime::pad(&plan, [3, 1], &Default::default(), &Default::default())
-        .unwrap_err();
+    let e = featshard_runtime::pad(
+        &plan,
+        common::mesh(&[3, 1]),
+        &Default::default(),
+        &Default::default(),
+    )
+    .unwrap_err();
     assert!(
         matches!(&e, RuntimeError::Unsupported { message } if message.contains("`weather_placements` is a domain-parallel (ShardTensor) plan")),
         "{e}"

@@ -31,7 +31,7 @@ fn replicas_of_different_lengths_collate_to_one_shape() {
     );
     // Replica 0: 9 tokens with few atoms; replica 1: 14 tokens with many.
     let counts = [vec![1i64; 9], vec![6i64; 14]];
-    let (dp, cp) = (2, [2, 1]);
+    let shape = featshard_spec::DeviceMesh::new(2, common::mesh(&[2, 1])).unwrap();
     let opts = GroupOptions {
         timeout: Duration::from_secs(30),
         ..GroupOptions::default()
@@ -43,7 +43,7 @@ fn replicas_of_different_lengths_collate_to_one_shape() {
             let plan = Arc::clone(&plan);
             let counts = counts.clone();
             thread::spawn(move || {
-                let mesh = Mesh::new(&rdv, dp, cp).unwrap();
+                let mesh = Mesh::new(&rdv, shape).unwrap();
                 let sopts = Options {
                     workflow: Some("inference".into()),
                     ..Options::default()
@@ -158,7 +158,8 @@ fn replicas_whose_samples_hold_different_features_fail_collate_by_name() {
         .map(|rdv| {
             let plan = Arc::clone(&plan);
             thread::spawn(move || {
-                let mesh = Mesh::new(&rdv, 2, [2, 1]).unwrap();
+                let shape = featshard_spec::DeviceMesh::new(2, common::mesh(&[2, 1])).unwrap();
+                let mesh = Mesh::new(&rdv, shape).unwrap();
                 let sopts = Options {
                     workflow: Some("inference".into()),
                     ..Options::default()

@@ -8,17 +8,6 @@ use std::time::{Duration, Instant};
 use featshard_runtime::dist::{DistError, GroupOptions, ReduceOp, Rendezvous};
 use tch::{Kind, Tensor};
 
-/// A small two-axis spec; its one-axis form is the same with `cp: [cp]`.
-const TILE: &str = "\
-version: 1
-module: demo
-mesh: {cp: [cp0, cp1], dp: dp}
-semantics:
-  tokens: {shard: true}
-features:
-  x: {axes: [tokens, tokens], dtype: float32}
-";
-
 /// Runs `f(rendezvous)` on `n` threads and returns their results in rank order.
 fn on_threads<T: Send + 'static>(
     n: usize,
@@ -214,30 +203,43 @@ fn nccl_is_an_error_without_the_feature() {
 #[test]
 fn a_mesh_that_does_not_hold_the_world_is_an_error() {
     use featshard_runtime::dist::Mesh;
+    use featshard_spec::{DeviceMesh, Mesh as CpMesh};
     let out = on_threads(4, Duration::from_secs(10), |rdv| {
-        Mesh::new(&rdv, 1, [3, 3]).err().map(|e| e.to_string())
+        let shape = DeviceMesh::new(1, CpMesh::new(&[3, 3]).unwrap()).unwrap();
+        Mesh::new(&rdv, shape).err().map(|e| e.to_string())
     });
     for e in out {
         assert_eq!(
             e.as_deref(),
-            Some("distributed setup: mesh dp=1 x cp=(3, 3) holds 9 ranks, but the world has 4")
+            Some("distributed setup: mesh dp=1 x cp=3x3 holds 9 ranks, but the world has 4")
         );
     }
-    let tile = featshard_spec::compile_str("s.yaml", TILE).unwrap().1;
-    let axis = featshard_spec::compile_str("s.yaml", &TILE.replace("[cp0, cp1]", "[cp]"))
-        .unwrap()
-        .1;
-    assert!(Mesh::parse_shape("2x0", &tile).is_err());
-    assert_eq!(Mesh::parse_shape("2x2x2", &tile).unwrap(), (2, [2, 2]));
-    assert_eq!(Mesh::parse_shape("2x3", &tile).unwrap(), (1, [2, 3]));
-    // One axis: the size alone, or the DP size in front; never a tile.
-    assert_eq!(Mesh::parse_shape("8", &axis).unwrap(), (1, [8, 1]));
-    assert_eq!(Mesh::parse_shape("2x3", &axis).unwrap(), (2, [3, 1]));
-    let err = Mesh::parse_shape("3", &tile).unwrap_err().to_string();
-    assert!(
-        err.contains("1 sizes for the spec's mesh (cp0, cp1)"),
-        "{err}"
-    );
-    let err = Mesh::parse_shape("2x2x2", &axis).unwrap_err().to_string();
-    assert!(err.contains("3 sizes for the spec's mesh (cp)"), "{err}");
+}
+
+/// A one-axis mesh makes one CP axis group (all of a replica's ranks), never a second
+/// of size 1; a tile makes one group per axis, each a row or column of the tile.
+#[test]
+fn each_cp_axis_has_one_group_and_a_one_axis_mesh_has_one_axis() {
+    use featshard_runtime::dist::Mesh;
+    use featshard_spec::{DeviceMesh, Mesh as CpMesh};
+    for (dp, sizes) in [(2, vec![2]), (1, vec![2, 2])] {
+        let shape = DeviceMesh::new(dp, CpMesh::new(&sizes).unwrap()).unwrap();
+        let out = on_threads(4, Duration::from_secs(30), move |rdv| {
+            let mesh = Mesh::new(&rdv, shape).unwrap();
+            let axes: Vec<usize> = (0..3)
+                .map_while(|m| mesh.cp_axis(m).map(|g| g.size()))
+                .collect();
+            (
+                axes,
+                mesh.cp().size(),
+                mesh.dp().size(),
+                mesh.cp_coord().as_slice().to_vec(),
+            )
+        });
+        for (rank, (axes, cp, dp_size, coord)) in out.into_iter().enumerate() {
+            assert_eq!(axes, sizes, "rank {rank}: one group per axis, of its size");
+            assert_eq!((cp, dp_size), (sizes.iter().product(), dp));
+            assert_eq!(coord, shape.position(rank).1.as_slice());
+        }
+    }
 }

@@ -14,14 +14,14 @@ fn inference() -> Options {
     }
 }
 
-fn check_packed(mesh: [usize; 2]) {
+fn check_packed(mesh: featshard_spec::Mesh) {
     let plan = common::boltz2_plan();
     let counts: Vec<i64> = vec![3, 0, 2, 5, 1, 0, 0, 4, 2, 1, 3, 7, 0, 1, 30, 2];
     let a: i64 = counts.iter().sum();
     let n = counts.len() as i64;
     let sample = common::boltz_sample(&plan, &counts, 5);
     let packed = pack(&plan, mesh, &sample, &inference(), "atoms").expect("pack");
-    let w = 32 * mesh[0] as i64;
+    let w = 32 * mesh.size(0) as i64;
     let len = packed.packed_len as i64;
     assert!(
         len >= a && len % w == 0 && len - a < w,
@@ -90,17 +90,17 @@ fn check_packed(mesh: [usize; 2]) {
         .equal(&sample["frames_idx"]));
 
     // Blocks split the packed axis evenly over cp0, whole windows each.
-    for rank in 0..mesh[0] * mesh[1] {
-        let coord = featshard_runtime::coords(mesh, rank);
+    for rank in 0..mesh.ranks() {
+        let coord = mesh.coord(rank);
         let b = packed.block(&plan, "ref_pos", coord).expect("block");
-        assert_eq!(b.tensor.size(), vec![len / mesh[0] as i64, 3]);
-        assert_eq!((len / mesh[0] as i64) % 32, 0);
+        assert_eq!(b.tensor.size(), vec![len / mesh.size(0) as i64, 3]);
+        assert_eq!((len / mesh.size(0) as i64) % 32, 0);
         assert_eq!(
             b.meta.placements,
             vec![Placement::Shard(0), Placement::Replicate]
         );
         let pm = packed.block(&plan, "pair_mask", coord).expect("block");
-        assert_eq!(pm.tensor.size(), vec![len / mesh[0] as i64, len]);
+        assert_eq!(pm.tensor.size(), vec![len / mesh.size(0) as i64, len]);
     }
 
     // Features without atoms are as in the plain padded layout.
@@ -114,18 +114,25 @@ fn check_packed(mesh: [usize; 2]) {
 
 #[test]
 fn atoms_pack_left_and_split_in_whole_windows_on_3x3() {
-    check_packed([3, 3]);
+    check_packed(common::mesh(&[3, 3]));
 }
 
 #[test]
 fn atoms_pack_left_and_split_in_whole_windows_on_2x3() {
-    check_packed([2, 3]);
+    check_packed(common::mesh(&[2, 3]));
 }
 
 #[test]
 fn a_semantic_without_window_cannot_be_packed() {
     let plan = common::boltz2_plan();
     let sample = common::boltz_sample(&plan, &[1, 2], 5);
-    let e = pack(&plan, [1, 1], &sample, &inference(), "tokens").expect_err("tokens has no window");
+    let e = pack(
+        &plan,
+        common::mesh(&[1, 1]),
+        &sample,
+        &inference(),
+        "tokens",
+    )
+    .expect_err("tokens has no window");
     assert!(e.to_string().contains("semantic `tokens` has no `window`"));
 }

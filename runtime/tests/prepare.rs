@@ -14,7 +14,7 @@ use featshard_runtime::{pad, Options};
 fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads_written_now_or_deferred() {
     let plan = common::boltz2_plan();
     let features = common::boltz_sample(&plan, &[3, 0, 2, 4, 1, 0, 2], 5);
-    let cp = [2, 3];
+    let cp = common::mesh(&[2, 3]);
     let mut opts = Options {
         workflow: Some("inference".into()),
         ..Options::default()
@@ -28,7 +28,7 @@ fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads_written_now_or_
         (2, Write::InStep, true),
     ] {
         opts.threads = threads;
-        let pool = BufferPool::new(cp[0] * cp[1]);
+        let pool = BufferPool::new(cp.ranks());
         let preparer = Preparer::new(Arc::clone(&plan), cp)
             .options(opts.clone())
             .pool(pool.clone())
@@ -37,13 +37,13 @@ fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads_written_now_or_
         // Twice from one pool: the second sample is written over the first one's bytes,
         // which dropping (or distributing) the first frees.
         for round in 0..2 {
-            assert_eq!(pool.free(), round * cp[0] * cp[1]);
+            assert_eq!(pool.free(), round * cp.ranks());
             let mut p = preparer.prepare(4, &features).expect("prepare");
-            assert_eq!((pool.free(), pool.kept()), (0, cp[0] * cp[1]));
-            for rank in 0..cp[0] * cp[1] {
+            assert_eq!((pool.free(), pool.kept()), (0, cp.ranks()));
+            for rank in 0..cp.ranks() {
                 let local = p.local(rank).expect("rank buffer");
                 assert_eq!((local.sample, &local.layout), (4, &padded.layout));
-                assert_eq!(local.coord, featshard_runtime::coords(cp, rank));
+                assert_eq!(local.coord, cp.coord(rank));
                 let want = padded.rank_blocks(&plan, rank).expect("blocks");
                 assert_eq!(
                     local.blocks.keys().collect::<Vec<_>>(),
@@ -58,10 +58,10 @@ fn rank_buffers_hold_the_runtime_blocks_on_any_number_of_threads_written_now_or_
                 }
                 assert!(local.passthrough.is_empty());
             }
-            let outside = p.local(cp[0] * cp[1]).map(|_| ()).unwrap_err();
+            let outside = p.local(cp.ranks()).map(|_| ()).unwrap_err();
             assert_eq!(
                 outside.to_string(),
-                "rank 6 is outside the 2x3 mesh of 6 ranks"
+                "rank 6 is outside mesh 2x3 (cp_axis_0, cp_axis_1) of 6 ranks"
             );
         }
     }

@@ -36,7 +36,7 @@ proptest! {
         if counts.iter().all(|&c| c == 0) {
             counts[0] = 1;
         }
-        check_rank_files([mesh.0, mesh.1], &counts, threads, seed)?;
+        check_rank_files(common::mesh(&[mesh.0, mesh.1]), &counts, threads, seed)?;
     }
 }
 
@@ -45,12 +45,12 @@ proptest! {
 #[test]
 fn pages_given_back_while_writing_leave_every_block_whole() {
     let counts: Vec<i64> = (0..120).map(|i| i % 4).collect();
-    check_rank_files([3, 3], &counts, 1, 7).unwrap();
-    check_rank_files([2, 3], &counts, 2, 8).unwrap();
+    check_rank_files(common::mesh(&[3, 3]), &counts, 1, 7).unwrap();
+    check_rank_files(common::mesh(&[2, 3]), &counts, 2, 8).unwrap();
 }
 
 fn check_rank_files(
-    mesh: [usize; 2],
+    mesh: featshard_spec::Mesh,
     counts: &[i64],
     threads: usize,
     seed: i64,
@@ -65,7 +65,7 @@ fn check_rank_files(
     let mapped = Mapped::open(&input).unwrap();
     let placed = featshard_exec::place(&plan, mesh, &mapped.sample(), &inference()).unwrap();
     assert_eq!(placed.layout, padded.layout);
-    let world = mesh[0] * mesh[1];
+    let world = mesh.ranks();
     let headers: Vec<Metadata> = (0..world)
         .map(|r| [("rank".to_owned(), r.to_string())].into())
         .collect();

@@ -7,7 +7,6 @@ mod common;
 use std::path::PathBuf;
 
 use featshard_runtime::kind::kind_of;
-use featshard_runtime::shard::coords;
 use featshard_runtime::{assemble, intake, pad, place, unpad, Features, Options, Padded, Placed};
 use featshard_spec::ir::Role;
 use featshard_spec::plan::{Plan, Remap};
@@ -101,7 +100,7 @@ fn every_real_sample_shards_and_assembles_back_on_every_mesh() {
     for name in SAMPLES {
         let sample = real(name);
         let taken = intake(&plan, &sample, &inference()).unwrap();
-        for mesh in MESHES {
+        for mesh in MESHES.map(|s| common::mesh(&s)) {
             let padded = pad(&plan, mesh, &sample, &inference()).unwrap();
             let ranks = blocks(&plan, &padded);
             let global = assemble(&plan, &padded.layout, Some("inference"), &ranks).unwrap();
@@ -115,7 +114,7 @@ fn every_real_sample_shards_and_assembles_back_on_every_mesh() {
                     "{name} {mesh:?} {f}: the round trip differs"
                 );
             }
-            if mesh != [1, 1] {
+            if mesh.ranks() > 1 {
                 let local = &ranks[0]["token_pair_pad_mask"];
                 assert!(local.size()[0] < padded.tensors["token_pair_pad_mask"].size()[0]);
             }
@@ -128,7 +127,7 @@ fn masks_are_zero_exactly_at_pads() {
     let plan = common::boltz2_plan();
     for name in SAMPLES {
         let sample = real(name);
-        let padded = pad(&plan, [3, 3], &sample, &inference()).unwrap();
+        let padded = pad(&plan, common::mesh(&[3, 3]), &sample, &inference()).unwrap();
         let atoms = &padded.layout.positions["atoms"];
         let a_pad = padded.layout.padded["atoms"];
         let real_atom: Vec<bool> = (0..a_pad).map(|p| atoms.contains(&p)).collect();
@@ -163,7 +162,7 @@ fn every_remapped_id_points_at_the_same_item() {
     for name in SAMPLES {
         let sample = real(name);
         let taken = intake(&plan, &sample, &inference()).unwrap().features;
-        for mesh in MESHES {
+        for mesh in MESHES.map(|s| common::mesh(&s)) {
             let padded = pad(&plan, mesh, &sample, &inference()).unwrap();
             let ref_pos = &padded.tensors["ref_pos"];
             let mut checked = 0;
@@ -226,10 +225,10 @@ fn index_roles_match_the_real_values() {
 fn blocks_differ_per_rank_on_a_sharded_mesh() {
     let plan = common::boltz2_plan();
     let sample = real("prot60_smiles");
-    let padded = pad(&plan, [2, 2], &sample, &inference()).unwrap();
+    let padded = pad(&plan, common::mesh(&[2, 2]), &sample, &inference()).unwrap();
     let ranks = blocks(&plan, &padded);
-    let c = coords([2, 2], 3);
-    assert_eq!(c, [1, 1]);
+    let c = common::mesh(&[2, 2]).coord(3);
+    assert_eq!(c.as_slice(), &[1, 1]);
     assert!(!ranks[0]["ref_pos"].equal(&ranks[3]["ref_pos"]));
 }
 
@@ -291,7 +290,7 @@ fn a_sample_padded_to_max_tokens_and_atoms_gives_the_same_blocks() {
         assert_eq!(taken.arrived["tokens"], 80, "{name}");
         assert_eq!(taken.arrived["atoms"], 544, "{name}");
         assert_eq!(taken.unowned["rset"], 7, "{name}");
-        for mesh in [[2, 2], [2, 3]] {
+        for mesh in [[2, 2], [2, 3]].map(|s| common::mesh(&s)) {
             let want = pad(&plan, mesh, &sample, &inference()).unwrap();
             let got = pad(&plan, mesh, &padded_in, &inference()).unwrap();
             assert_eq!(want.layout, got.layout, "{name} {mesh:?}");
@@ -353,7 +352,7 @@ fn one_hot_features_maps_and_sparse_features_given_compact_give_the_same_blocks(
             given.insert(format!("{f}.indices"), at.transpose(0, 1).contiguous());
             given.insert(format!("{f}.values"), values);
         }
-        for mesh in MESHES {
+        for mesh in MESHES.map(|s| common::mesh(&s)) {
             same_compact_blocks(&plan, mesh, &sample, &given, name);
             let want = pad(&plan, mesh, &sample, &inference()).unwrap();
             let got = pad(&plan, mesh, &given, &inference()).unwrap();
@@ -372,7 +371,7 @@ fn one_hot_features_maps_and_sparse_features_given_compact_give_the_same_blocks(
 /// rows or elements: no dense tensor of it is made.
 fn same_compact_blocks(
     plan: &Plan,
-    mesh: [usize; 2],
+    mesh: featshard_spec::Mesh,
     sample: &Features,
     given: &Features,
     what: &str,
@@ -401,11 +400,11 @@ fn same_compact_blocks(
         p.write_compact_block(plan, name, coord, &out).unwrap();
         Some(out)
     };
-    for rank in 0..mesh[0] * mesh[1] {
+    for rank in 0..mesh.ranks() {
         for name in want.names() {
             let (a, b) = (
-                compact(&want, &name, coords(mesh, rank)),
-                compact(&got, &name, coords(mesh, rank)),
+                compact(&want, &name, mesh.coord(rank)),
+                compact(&got, &name, mesh.coord(rank)),
             );
             let same = match (&a, &b) {
                 (Some(a), Some(b)) => a.equal(b),

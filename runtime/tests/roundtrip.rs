@@ -3,7 +3,6 @@
 
 mod common;
 
-use featshard_runtime::shard::coords;
 use featshard_runtime::{assemble, intake, pad, place, unpad, Features, Options, Padded};
 use featshard_spec::ir::Role;
 use featshard_spec::plan::Split;
@@ -75,7 +74,7 @@ proptest! {
         seed in 0i64..1000,
     ) {
         let plan = common::boltz2_plan();
-        let mesh = [mesh.0, mesh.1];
+        let mesh = common::mesh(&[mesh.0, mesh.1]);
         let sample = common::boltz_sample(&plan, &counts, seed);
         let padded = pad(&plan, mesh, &sample, &inference())
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -94,13 +93,13 @@ proptest! {
             }
             for (d, a) in t.axes.iter().enumerate() {
                 if let Split::Mesh { mesh_axis } = a.split {
-                    if mesh[mesh_axis] > 1 && shapes.global_shape[d] > 0 {
+                    if mesh.size(mesh_axis) > 1 && shapes.global_shape[d] > 0 {
                         // Sharding is active on every split axis of a mesh axis > 1.
                         prop_assert!(shapes.local_shape[d] < shapes.global_shape[d], "{} axis {}", name, d);
                     }
                 }
             }
-            if mesh == [1, 1] {
+            if mesh.ranks() == 1 {
                 prop_assert_eq!(&shapes.local_shape, &shapes.global_shape);
             }
             // Masks are zero at pads: nothing valid is added by padding.
@@ -123,7 +122,7 @@ proptest! {
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut written = Vec::new();
         for (r, blocks) in ranks.iter().enumerate() {
-            let coord = coords(mesh, r);
+            let coord = mesh.coord(r);
             let mut mine = Features::new();
             for (name, view) in blocks {
                 // Anything left unwritten would show as 7.
@@ -147,15 +146,15 @@ proptest! {
 
 /// Meaning of the index features on a mesh: maps and indices still point at the same
 /// items as in the serial sample.
-fn check_index_meaning(mesh: [usize; 2]) {
+fn check_index_meaning(mesh: featshard_spec::Mesh) {
     let plan = common::boltz2_plan();
     let counts: Vec<i64> = vec![3, 0, 2, 5, 1, 0, 0, 4, 2, 1, 3, 7, 0, 1];
     let sample = common::boltz_sample(&plan, &counts, 7);
     let padded = pad(&plan, mesh, &sample, &inference()).expect("pad");
     let layout = &padded.layout;
     let atom_pos = &layout.positions["atoms"];
-    let n_loc = (layout.padded["tokens"] / mesh[0]) as i64;
-    let a_loc = (layout.padded["atoms"] / mesh[0]) as i64;
+    let n_loc = (layout.padded["tokens"] / mesh.size(0)) as i64;
+    let a_loc = (layout.padded["atoms"] / mesh.size(0)) as i64;
     // Serial owner of every padded atom position.
     let token_of_atom: Vec<i64> = counts
         .iter()
@@ -166,8 +165,8 @@ fn check_index_meaning(mesh: [usize; 2]) {
     for (atom, &p) in atom_pos.iter().enumerate() {
         owner_at[p] = token_of_atom[atom];
     }
-    for rank in 0..mesh[0] * mesh[1] {
-        let [i, _] = coords(mesh, rank);
+    for rank in 0..mesh.ranks() {
+        let i = mesh.coord(rank).get(0);
         let blocks = padded.rank_blocks(&plan, rank).expect("blocks");
         // atom_to_token: argmax per row + block offset is the serial owner.
         let a2t = &blocks["atom_to_token"].tensor;
@@ -227,21 +226,25 @@ fn check_index_meaning(mesh: [usize; 2]) {
 
 #[test]
 fn index_features_keep_their_meaning_on_3x3() {
-    check_index_meaning([3, 3]);
+    check_index_meaning(common::mesh(&[3, 3]));
 }
 
 #[test]
 fn index_features_keep_their_meaning_on_2x3() {
-    check_index_meaning([2, 3]);
+    check_index_meaning(common::mesh(&[2, 3]));
 }
 
 #[test]
 fn dtensor_metadata_matches_the_plan() {
     let plan = common::boltz2_plan();
     let sample = common::boltz_sample(&plan, &[2, 1, 3, 0, 2], 1);
-    let padded = pad(&plan, [2, 3], &sample, &inference()).expect("pad");
+    let padded = pad(&plan, common::mesh(&[2, 3]), &sample, &inference()).expect("pad");
     let b = padded
-        .block(&plan, "token_pair_pad_mask", [1, 2])
+        .block(
+            &plan,
+            "token_pair_pad_mask",
+            common::coord(padded.mesh(), &[1, 2]),
+        )
         .expect("block");
     assert_eq!(
         b.meta.placements,
@@ -253,7 +256,13 @@ fn dtensor_metadata_matches_the_plan() {
     assert_eq!(b.meta.global_shape, vec![6, 6]);
     assert_eq!(b.meta.stride, vec![6, 1]);
     assert_eq!(b.tensor.size(), vec![3, 2]);
-    let b = padded.block(&plan, "atom_to_token", [1, 0]).expect("block");
+    let b = padded
+        .block(
+            &plan,
+            "atom_to_token",
+            common::coord(padded.mesh(), &[1, 0]),
+        )
+        .expect("block");
     assert_eq!(
         b.meta.global_shape[1], 3,
         "co-sharded axis counts one block"
@@ -264,8 +273,10 @@ fn dtensor_metadata_matches_the_plan() {
 fn a_block_on_a_leading_axis_is_a_view_of_the_padded_tensor() {
     let plan = common::boltz2_plan();
     let sample = common::boltz_sample(&plan, &[2, 1, 3, 0, 2, 1], 1);
-    let padded = pad(&plan, [3, 3], &sample, &inference()).expect("pad");
-    let b = padded.block(&plan, "ref_pos", [1, 0]).expect("block");
+    let padded = pad(&plan, common::mesh(&[3, 3]), &sample, &inference()).expect("pad");
+    let b = padded
+        .block(&plan, "ref_pos", common::coord(padded.mesh(), &[1, 0]))
+        .expect("block");
     let base = padded.tensors["ref_pos"].data_ptr() as usize;
     let ptr = b.tensor.data_ptr() as usize;
     assert!(
@@ -280,7 +291,7 @@ fn a_shard_without_atoms_and_a_giant_token_round_trip_on_3x3() {
     // Tokens 0..3 (the whole first shard on 3x3) own no atom; token 7 owns 60.
     let counts: Vec<i64> = vec![0, 0, 0, 2, 1, 3, 1, 60, 2];
     let sample = common::boltz_sample(&plan, &counts, 9);
-    let padded = pad(&plan, [3, 3], &sample, &inference()).expect("pad");
+    let padded = pad(&plan, common::mesh(&[3, 3]), &sample, &inference()).expect("pad");
     let blocks = &padded.layout.blocks["atoms"];
     assert_eq!(blocks.block_counts, vec![0, 6, 63]);
     assert_eq!(blocks.per_block, 63);
@@ -296,7 +307,7 @@ fn a_shard_without_atoms_and_a_giant_token_round_trip_on_3x3() {
     let short = assemble(&plan, &padded.layout, Some("inference"), &ranks[1..]).unwrap_err();
     assert_eq!(
         short.to_string(),
-        "8 ranks' blocks given for a 3x3 mesh of 9 ranks"
+        "8 ranks' blocks given for mesh 3x3 (cp_axis_0, cp_axis_1) of 9 ranks"
     );
     let assembled = assemble(&plan, &padded.layout, Some("inference"), &ranks).expect("assemble");
     let serial = unpad(&plan, &padded.layout, &assembled).expect("unpad");
@@ -328,7 +339,7 @@ fn a_tensor_marked_negative_gives_the_blocks_of_its_resolved_copy() {
     // A non-contiguous one too: read through the copy path.
     let x = &sample["ref_charge"];
     lazy.insert("ref_charge".into(), marked(&x.unsqueeze(1)).squeeze_dim(1));
-    for mesh in [[1, 1], [2, 2], [3, 2]] {
+    for mesh in [[1, 1], [2, 2], [3, 2]].map(|s| common::mesh(&s)) {
         let want = pad(&plan, mesh, &sample, &inference()).expect("pad");
         let got = pad(&plan, mesh, &lazy, &inference()).expect("pad");
         for (a, b) in all_blocks(&plan, &want)

@@ -16,10 +16,6 @@ use serde::{Deserialize, Serialize};
 use crate::diag::SpecError;
 use crate::ir::*;
 
-/// The most CP mesh axes a spec names (a one-axis mesh `(cp,)` is held as `(cp, 1)`
-/// wherever geometry takes mesh sizes).
-pub const CP_AXES: usize = 2;
-
 /// How one tensor axis is split over the CP mesh.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "kind")]

@@ -160,35 +160,6 @@ pub fn round_up(n: usize, m: usize) -> usize {
     }
 }
 
-/// Sizes (or a coordinate) given one per mesh axis, one or two, as the two axes every
-/// geometry function takes: a missing second axis is `fill` (1 for a size, 0 for a
-/// coordinate). `None` for any other count.
-pub fn two_axes(v: &[usize], fill: usize) -> Option<[usize; 2]> {
-    match *v {
-        [a] => Some([a, fill]),
-        [a, b] => Some([a, b]),
-        _ => None,
-    }
-}
-
-/// The CP mesh coordinate `(i, j)` of rank `rank = i * cp1 + j` on mesh `(cp0, cp1)`.
-pub fn coords(mesh: [usize; 2], rank: usize) -> [usize; 2] {
-    [rank / mesh[1].max(1), rank % mesh[1].max(1)]
-}
-
-/// [`coords`] of arguments from outside: `Err` naming the argument unless `mesh` is
-/// within the limits and `rank` one of its ranks.
-pub fn checked_coords(mesh: [usize; 2], rank: usize) -> Result<[usize; 2], String> {
-    crate::limits::check_mesh(&mesh).map_err(|e| format!("mesh: {e}"))?;
-    if rank >= mesh[0] * mesh[1] {
-        return Err(format!(
-            "rank: {rank} is not a rank of a {}x{} mesh",
-            mesh[0], mesh[1]
-        ));
-    }
-    Ok(coords(mesh, rank))
-}
-
 /// The row-major multi-index of element `flat` of a tensor of `shape` (an axis of length
 /// 0 counts as 1, so that any `flat` has an index).
 pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {

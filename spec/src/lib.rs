@@ -11,7 +11,7 @@
 //!
 //! The public surface is the two IRs ([`ir`], [`plan`]), the syntax tree both front ends
 //! build ([`syntax`]), the geometry a runtime executes ([`layout`], [`pack`], [`shards`],
-//! [`replicas`]),
+//! [`replicas`]), the mesh in numbers ([`mesh`]),
 //! errors ([`diag`], [`loc`]), [`limits`] and [`names`]. Validation (`check`), the
 //! placement inference (`infer`) and lowering (`lower`) are internal: what they decide
 //! reaches other crates only through the plan.
@@ -27,6 +27,7 @@ pub mod layout;
 pub mod limits;
 pub mod loc;
 mod lower;
+pub mod mesh;
 pub mod names;
 mod ownership;
 pub mod pack;
@@ -38,7 +39,8 @@ pub mod syntax;
 pub use diag::{Diagnostics, SpecError};
 pub use ir::{DType, PadValue, Placement, Spec};
 pub use lower::{lower, parse_str, sha256_hex};
-pub use plan::{Lengths, Plan, Resolved, Split, CP_AXES};
+pub use mesh::{Coord, DeviceMesh, Mesh};
+pub use plan::{Lengths, Plan, Resolved, Split};
 
 /// Parses, validates and plans spec text in one step.
 pub fn compile_str(name: &str, text: &str) -> Result<(Spec, Plan), Diagnostics> {

@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::infer::{Split, CP_AXES};
+use crate::infer::Split;
 use crate::ir::{PadValue, Placement, Role};
 use crate::layout::round_up;
+use crate::mesh::{Coord, Mesh};
 use crate::plan::{FeaturePlan, Plan, SampleLayout};
 
 /// Id value at pads of a packed id vector.
@@ -48,19 +49,14 @@ pub struct PackedFeature {
 impl PackedFeature {
     /// The region of its packed tensor of `shape` the rank at `coord` of `mesh` holds,
     /// `(start, len)` per axis.
-    pub fn block_window(
-        &self,
-        shape: &[usize],
-        mesh: [usize; CP_AXES],
-        coord: [usize; CP_AXES],
-    ) -> Vec<(usize, usize)> {
+    pub fn block_window(&self, shape: &[usize], mesh: Mesh, coord: Coord) -> Vec<(usize, usize)> {
         self.splits
             .iter()
             .zip(shape)
             .map(|(s, &n)| match s.mesh_axis() {
                 Some(m) => {
-                    let len = n / mesh[m].max(1);
-                    (coord[m] * len, len)
+                    let len = n / mesh.size(m).max(1);
+                    (coord.get(m) * len, len)
                 }
                 None => (0, n),
             })
@@ -121,8 +117,8 @@ impl Plan {
     }
 
     /// Length of the packed axis: `len` rounded up to a multiple of `window x cp0`.
-    pub fn packed_length(window: u32, len: usize, mesh: [usize; CP_AXES]) -> usize {
-        round_up(len, window as usize * mesh[0])
+    pub fn packed_length(window: u32, len: usize, mesh: Mesh) -> usize {
+        round_up(len, window as usize * mesh.size(0))
     }
 
     /// The packed form of every feature of the spec that has a `semantic` axis or a
@@ -173,7 +169,7 @@ impl Plan {
                 };
                 splits.push(split);
             }
-            let mut placements = vec![Placement::Replicate; CP_AXES];
+            let mut placements = vec![Placement::Replicate; self.mesh.axes().len()];
             for (i, s) in splits.iter().enumerate() {
                 if let Split::Mesh { mesh_axis } = s {
                     placements[*mesh_axis] = Placement::Shard(i);

@@ -1,9 +1,7 @@
-//! Data parallelism in numbers: where a global rank sits on the `(dp, cp0, cp1)` mesh,
-//! and which samples each DP replica reads in an epoch. The Rust loader and the Python
+//! Data parallelism in numbers: which samples each DP replica reads in an epoch (where
+//! a global rank sits is [`crate::mesh::DeviceMesh`]'s). The Rust loader and the Python
 //! package's sampler both call these, so the two visit the same samples in the same
 //! order.
-
-use crate::plan::CP_AXES;
 
 /// The order samples are visited in, each epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,19 +13,6 @@ pub enum Order {
         /// The shuffle's seed.
         seed: u64,
     },
-}
-
-/// The replica `d` and CP coordinate `(i, j)` of global rank
-/// `rank = d * cp0 * cp1 + i * cp1 + j` (row-major over `(dp, cp0, cp1)`).
-pub fn mesh_position(rank: usize, cp: [usize; CP_AXES]) -> (usize, [usize; CP_AXES]) {
-    let size = (cp[0] * cp[1]).max(1);
-    (rank / size, crate::layout::coords(cp, rank % size))
-}
-
-/// The global rank at replica `d` and CP coordinate `coord`: the inverse of
-/// [`mesh_position`].
-pub fn mesh_rank(d: usize, coord: [usize; CP_AXES], cp: [usize; CP_AXES]) -> usize {
-    d * cp[0] * cp[1] + coord[0] * cp[1] + coord[1]
 }
 
 /// SplitMix64: a small, fixed generator, so permutations never change between builds
@@ -113,16 +98,6 @@ pub fn replica_indices(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mesh_position_and_rank_are_inverse_row_major() {
-        let cp = [2, 3];
-        for rank in 0..12 {
-            let (d, c) = mesh_position(rank, cp);
-            assert_eq!(mesh_rank(d, c, cp), rank);
-        }
-        assert_eq!(mesh_position(10, cp), (1, [1, 1]));
-    }
 
     #[test]
     fn replicas_read_every_sample_once_per_epoch_wrapping_to_equal_counts() {

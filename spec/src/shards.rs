@@ -6,13 +6,15 @@
 use std::collections::BTreeMap;
 
 use crate::ir::{Placement, Source};
-use crate::limits::{check_length, check_mesh};
+use crate::limits::check_length;
+use crate::mesh::{Mesh, Named};
 use crate::plan::{FeatureShapes, Plan, SampleLayout, TensorPlan};
 use serde::{Deserialize, Serialize};
 
-/// Version of manifest.json: 3 records the rank files' [`Encoding`]; version 2 (dense
-/// rank files) is read too.
-pub const MANIFEST_VERSION: u32 = 3;
+/// Version of manifest.json: 4 names the mesh's axes (`{"cp": 4}`). Versions 2 and 3
+/// gave the mesh as two sizes (`[4, 1]` for one axis) and are refused by name: their
+/// samples are sharded again.
+pub const MANIFEST_VERSION: u32 = 4;
 
 /// How rank files store the blocks of features with a compact form (one-hot features
 /// and maps, masks); every other block is stored as it is.
@@ -43,10 +45,9 @@ pub struct Manifest {
     pub version: u32,
     /// The spec file name and the SHA-256 of its text.
     pub spec: Source,
-    /// Mesh sizes `(cp0, cp1)`.
-    pub mesh: [usize; 2],
-    /// How the rank files store blocks with a compact form (dense in version 2).
-    #[serde(default)]
+    /// The mesh, its axes named: `{"cp": 4}`, `{"cp0": 3, "cp1": 3}`.
+    pub mesh: Named,
+    /// How the rank files store blocks with a compact form.
     pub encoding: Encoding,
     /// The workflow sharded, if one was chosen.
     pub workflow: Option<String>,
@@ -102,8 +103,8 @@ pub struct RankIdentity {
     pub run: String,
     /// Its rank on the mesh.
     pub rank: usize,
-    /// Mesh sizes `(cp0, cp1)`.
-    pub mesh: [usize; 2],
+    /// The mesh, its axes named.
+    pub mesh: Named,
     /// SHA-256 of the manifest's layout.
     pub layout_sha256: String,
     /// How the file stores blocks with a compact form.
@@ -172,7 +173,7 @@ impl Manifest {
             )
         } else if found.mesh != self.mesh {
             format!(
-                "was written for mesh {:?}, the manifest says {:?}",
+                "was written for mesh {}, the manifest says {}",
                 found.mesh, self.mesh
             )
         } else if found.layout_sha256 != layout_sha256 {
@@ -253,32 +254,28 @@ impl FeatureEntry {
 /// within the spec crate's limits, every position inside its padded axis, and the
 /// layout's shapes resolvable, so nothing later indexes out of range.
 pub fn parse(text: &str, plan: &Plan) -> Result<Manifest, String> {
+    check_version(text, "manifest", MANIFEST_VERSION)?;
     let m: Manifest = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    if m.version != MANIFEST_VERSION && !(m.version == 2 && m.encoding == Encoding::Dense) {
-        return Err(format!(
-            "manifest version {} (this featshard reads {MANIFEST_VERSION})",
-            m.version
-        ));
-    }
     if m.spec.sha256 != plan.source.sha256 {
         return Err(format!(
             "sharded with a different spec (sha256 {}); this spec has sha256 {}",
             m.spec.sha256, plan.source.sha256
         ));
     }
-    check_mesh(&m.mesh)?;
+    let mesh = plan.mesh.mesh_of(&m.mesh)?;
+    if m.layout.mesh != mesh {
+        return Err(format!(
+            "the layout is for mesh {}, the manifest's is {}",
+            plan.mesh.named(m.layout.mesh),
+            m.mesh
+        ));
+    }
     check_layout(&m, plan)?;
     Ok(m)
 }
 
 fn check_layout(m: &Manifest, plan: &Plan) -> Result<(), String> {
     let l = &m.layout;
-    if l.mesh != m.mesh {
-        return Err(format!(
-            "the layout is for mesh {:?}, the manifest's is {:?}",
-            l.mesh, m.mesh
-        ));
-    }
     for (s, &n) in l.sizes.iter().chain(&l.padded) {
         check_length(s, n)?;
     }
@@ -298,8 +295,27 @@ fn check_layout(m: &Manifest, plan: &Plan) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Version of `dataset.json`.
-pub const DATASET_VERSION: u32 = 1;
+/// `Err` unless JSON `text` is a `what` of version `current`; an earlier version is
+/// refused by name (it gave the mesh as sizes without axis names).
+fn check_version(text: &str, what: &str, current: u32) -> Result<(), String> {
+    #[derive(Deserialize)]
+    struct Version {
+        version: u32,
+    }
+    let v: Version = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    match v.version {
+        n if n == current => Ok(()),
+        n if n < current => Err(format!(
+            "{what} version {n} was written by an earlier featshard, which gave the mesh as sizes without axis names (this one reads version {current}): shard the samples again"
+        )),
+        n => Err(format!(
+            "{what} version {n} (this featshard reads {current})"
+        )),
+    }
+}
+
+/// Version of `dataset.json`: 2 names the mesh's axes; version 1 is refused by name.
+pub const DATASET_VERSION: u32 = 2;
 
 /// `OUT/dataset.json`: every sample of the run and how it went.
 #[derive(Debug, Serialize, Deserialize)]
@@ -308,8 +324,8 @@ pub struct DatasetManifest {
     pub version: u32,
     /// The spec file name and the SHA-256 of its text.
     pub spec: Source,
-    /// Mesh sizes `(cp0, cp1)`.
-    pub mesh: [usize; 2],
+    /// The mesh, its axes named.
+    pub mesh: Named,
     /// The workflow sharded, if one was chosen.
     pub workflow: Option<String>,
     /// Every sample of the run.
@@ -346,25 +362,18 @@ pub enum Status {
 
 /// Reads a dataset's `dataset.json` for `plan` and a CP mesh: refuses another spec or
 /// mesh.
-pub fn parse_dataset(text: &str, plan: &Plan, mesh: [usize; 2]) -> Result<DatasetManifest, String> {
+pub fn parse_dataset(text: &str, plan: &Plan, mesh: Mesh) -> Result<DatasetManifest, String> {
+    check_version(text, "dataset", DATASET_VERSION)?;
     let d: DatasetManifest = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    if d.version != DATASET_VERSION {
-        return Err(format!(
-            "dataset version {} (this featshard reads {DATASET_VERSION})",
-            d.version
-        ));
-    }
     if d.spec.sha256 != plan.source.sha256 {
         return Err(format!(
             "sharded with a different spec (sha256 {})",
             d.spec.sha256
         ));
     }
-    if d.mesh != mesh {
-        return Err(format!(
-            "sharded for mesh {:?}, this CP mesh is {mesh:?}",
-            d.mesh
-        ));
+    let named = plan.mesh.named(mesh);
+    if d.mesh != named {
+        return Err(format!("sharded for mesh {}, this mesh is {named}", d.mesh));
     }
     Ok(d)
 }

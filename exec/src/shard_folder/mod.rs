@@ -19,6 +19,7 @@ use featshard_spec::plan::Plan;
 use featshard_spec::shards::{
     self, layout_digest, DatasetManifest, Manifest, SourceStamp, RANK_KEY,
 };
+use featshard_spec::Mesh;
 
 pub use write::{rank_file_sizes, write_rank_files};
 
@@ -86,7 +87,7 @@ pub fn read_manifest(plan: &Plan, path: &Path) -> Result<Manifest, String> {
 
 /// A dataset folder's `dataset.json`, read (bounded) and checked against `plan` and the
 /// CP mesh `mesh`.
-pub fn read_dataset(plan: &Plan, root: &Path, mesh: [usize; 2]) -> Result<DatasetManifest, String> {
+pub fn read_dataset(plan: &Plan, root: &Path, mesh: Mesh) -> Result<DatasetManifest, String> {
     let path = root.join(DATASET);
     let text = read_text(&path, MAX_DATASET_BYTES)?;
     shards::parse_dataset(&text, plan, mesh).map_err(|e| format!("{}: {e}", path.display()))
@@ -106,14 +107,15 @@ pub struct ShardFolder {
 impl ShardFolder {
     /// The folder `dir` for `plan`: its manifest read (bounded) and checked; with
     /// `mesh`, refused unless it was sharded for that CP mesh.
-    pub fn open(plan: &Plan, dir: &Path, mesh: Option<[usize; 2]>) -> Result<Self, String> {
+    pub fn open(plan: &Plan, dir: &Path, mesh: Option<Mesh>) -> Result<Self, String> {
         let path = dir.join(MANIFEST);
         let manifest = read_manifest(plan, &path)?;
-        if let Some(mesh) = mesh.filter(|m| *m != manifest.mesh) {
+        if let Some(mesh) = mesh.filter(|m| *m != manifest.layout.mesh) {
             return Err(format!(
-                "{}: sharded for mesh {:?}, this CP mesh is {mesh:?}",
+                "{}: sharded for mesh {}, this mesh is {}",
                 path.display(),
-                manifest.mesh
+                manifest.mesh,
+                plan.mesh.named(mesh)
             ));
         }
         let layout_sha256 = layout_digest(&manifest.layout)?;

@@ -11,14 +11,13 @@ use std::path::{Path, PathBuf};
 use featshard_spec::ir::DType;
 use featshard_spec::plan::Plan;
 use featshard_spec::shards::{Encoding, FileSum};
+use featshard_spec::Coord;
 
-use crate::blocks::{feature_blocks, FeatureBlocks, Part};
+use crate::blocks::{feature_blocks, FeatureBlocks};
 use crate::error::ExecError;
 use crate::files::{self, Metadata};
 use crate::placed::Placed;
 use crate::sink::Sink;
-
-use featshard_spec::layout::coords;
 
 /// Writes `paths[r]` (created new) for every rank `r`, with `headers[r]` as its
 /// `__metadata__`, blocks stored as `encoding` says; `threads` (at least 1) share the
@@ -31,10 +30,10 @@ pub fn write_rank_files(
     threads: usize,
     encoding: Encoding,
 ) -> Result<Vec<FileSum>, ExecError> {
-    let world = placed.layout.mesh.iter().product::<usize>();
+    let world = placed.layout.mesh.ranks();
     for (what, given) in [("headers", headers.len()), ("paths", paths.len())] {
         if given != world {
-            let mesh = placed.layout.mesh;
+            let mesh = plan.mesh.named(placed.layout.mesh);
             return Err(ExecError::RankCount { what, given, mesh });
         }
     }
@@ -43,7 +42,7 @@ pub fn write_rank_files(
     let write = |rank: usize| {
         let file = RankFile {
             entries: &entries,
-            coord: coords(placed.layout.mesh, rank),
+            coord: placed.layout.mesh.coord(rank),
             encoding,
         };
         file.write(&paths[rank], &headers[rank])
@@ -114,7 +113,7 @@ fn keyed<'e>(
     encoding: Encoding,
 ) -> Vec<(&'e str, DType, Vec<usize>)> {
     let stored = |e: &FeatureBlocks| match (encoding, e.compact_shape()) {
-        (Encoding::Compact, Some(shape)) => (e.dtype_of(Part::Compact([0, 0])), shape),
+        (Encoding::Compact, Some(shape)) => (e.compact_dtype(), shape),
         _ => (e.dtype, e.shape.clone()),
     };
     entries
@@ -129,7 +128,7 @@ fn keyed<'e>(
 /// One rank's file.
 struct RankFile<'r, 'p, 'a> {
     entries: &'r [FeatureBlocks<'p, 'a>],
-    coord: [usize; 2],
+    coord: Coord,
     encoding: Encoding,
 }
 

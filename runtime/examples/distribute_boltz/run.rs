@@ -161,8 +161,8 @@ fn check_blocks(
             .meta
             .placements
             .iter()
-            .zip(mesh.cp_shape())
-            .any(|(p, n)| matches!(p, Placement::Shard(_)) && n > 1);
+            .zip(mesh.cp_shape().sizes())
+            .any(|(p, &n)| matches!(p, Placement::Shard(_)) && n > 1);
         if split {
             sharded += 1;
             let global: usize = got.meta.global_shape.iter().product();
@@ -264,12 +264,12 @@ fn check_collate(mesh: &Mesh, plan: &Plan, local: LocalSample) -> Result<(), Dis
 }
 
 /// How many CP ranks hold each element of a tensor with these placements.
-fn replicas(placements: &[Placement], cp: [usize; 2]) -> usize {
+fn replicas(placements: &[Placement], cp: featshard_spec::Mesh) -> usize {
     placements
         .iter()
-        .zip(cp)
+        .zip(cp.sizes())
         .filter(|(p, _)| matches!(p, Placement::Replicate))
-        .map(|(_, n)| n)
+        .map(|(_, &n)| n)
         .product()
 }
 
@@ -280,12 +280,12 @@ pub fn run(args: &Args, step_start: &mut Instant) -> Result<String, DistError> {
     let (_, plan) =
         featshard_spec::compile_file(args.spec.as_ref()).map_err(|d| setup(d.render_plain()))?;
     let plan = Arc::new(plan);
-    let (dp, cp) = Mesh::parse_shape(&args.mesh, &plan)?;
+    let shape = plan.mesh.parse(&args.mesh).map_err(setup)?;
     let rdv = Rendezvous::from_env(GroupOptions {
         timeout: Duration::from_secs(args.timeout),
         ..GroupOptions::default()
     })?;
-    let mesh = Mesh::new(&rdv, dp, cp)?;
+    let mesh = Mesh::new(&rdv, shape)?;
     let data = Arc::new(BoltzSamples {
         plan: Arc::clone(&plan),
         workflow: args.workflow.clone(),
@@ -347,11 +347,10 @@ pub fn run(args: &Args, step_start: &mut Instant) -> Result<String, DistError> {
         }
     }
     Ok(format!(
-        "rank={} coord=({},{},{}) ok samples={seen:?} local_bytes={bytes} seconds={:.3}",
+        "rank={} dp={} cp={} ok samples={seen:?} local_bytes={bytes} seconds={:.3}",
         mesh.rank(),
         mesh.dp_index(),
-        mesh.cp_coord()[0],
-        mesh.cp_coord()[1],
+        mesh.cp_coord(),
         start.elapsed().as_secs_f64()
     ))
 }

@@ -156,7 +156,13 @@ impl<'m> Distributor<'m> {
         let cp = self.mesh.cp_shape();
         let dp_name = plan.mesh.dp.clone().unwrap_or_else(|| "dp".to_owned());
         let mut axes = vec![(dp_name, self.mesh.dp_size())];
-        axes.extend(plan.mesh.axes().iter().cloned().zip(cp));
+        axes.extend(
+            plan.mesh
+                .axes()
+                .iter()
+                .cloned()
+                .zip(cp.sizes().iter().copied()),
+        );
         let world: Vec<usize> = (0..self.mesh.world().size()).collect();
         let workflow = self.preparer.sample_options().workflow.as_deref();
         Terms::new(&plan.source.sha256, workflow, &axes, &world, Some(0))
@@ -303,6 +309,7 @@ pub fn agree_on(mesh: &Mesh, local: Result<(), String>) -> Result<(), DistError>
 mod tests {
     use super::*;
     use crate::dist::{GroupOptions, Rendezvous};
+    use featshard_spec::DeviceMesh;
 
     const SPEC: &str = "\
 version: 1
@@ -318,9 +325,14 @@ features:
         Arc::new(featshard_spec::compile_str("t.yaml", SPEC).expect("spec").1)
     }
 
+    /// The 1x2 CP mesh the tests run on.
+    fn tile() -> featshard_spec::Mesh {
+        featshard_spec::Mesh::new(&[1, 2]).expect("a 1x2 mesh")
+    }
+
     /// A preparer for the 1x2 CP mesh, blocks written in the step.
     fn in_step() -> Preparer {
-        Preparer::new(plan(), [1, 2]).write(Write::InStep)
+        Preparer::new(plan(), tile()).write(Write::InStep)
     }
 
     /// Runs one step on a 1x2 CP mesh of threads, `source` on rank 0.
@@ -332,7 +344,7 @@ features:
             .map(|rdv| {
                 let mine = source.take();
                 std::thread::spawn(move || {
-                    let mesh = Mesh::new(&rdv, 1, [1, 2])?;
+                    let mesh = Mesh::new(&rdv, DeviceMesh { dp: 1, cp: tile() })?;
                     let d = Distributor::new(&mesh, plan());
                     d.step(mine.map(Ok)).map(|_| ())
                 })
@@ -357,7 +369,7 @@ features:
             .map(|rdv| {
                 let plan = Arc::clone(&plan);
                 std::thread::spawn(move || -> Result<(), DistError> {
-                    let mesh = Mesh::new(&rdv, 1, [1, 2])?;
+                    let mesh = Mesh::new(&rdv, DeviceMesh { dp: 1, cp: tile() })?;
                     let pool = BufferPool::new(1);
                     let d = Distributor::new(&mesh, plan).recv_pool(pool.clone());
                     let send = |values: &[f32]| {
@@ -396,7 +408,7 @@ features:
             .zip(ranks)
             .map(|(rdv, (plan, opts))| {
                 std::thread::spawn(move || {
-                    let mesh = Mesh::new(&rdv, 1, [1, 2])?;
+                    let mesh = Mesh::new(&rdv, DeviceMesh { dp: 1, cp: tile() })?;
                     let d = Distributor::new(&mesh, plan).options(opts);
                     let features = sample(&[1., 2., 3.]);
                     d.send(mesh.is_source().then_some((0, &features)))
@@ -480,7 +492,7 @@ features:
             .into_iter()
             .map(|rdv| {
                 std::thread::spawn(move || {
-                    let mesh = Mesh::new(&rdv, 1, [1, 2])?;
+                    let mesh = Mesh::new(&rdv, DeviceMesh { dp: 1, cp: tile() })?;
                     let wrong: Features =
                         [("x".to_owned(), Tensor::zeros([2, 2], tch::kind::FLOAT_CPU))].into();
                     Distributor::new(&mesh, plan())

@@ -137,7 +137,7 @@ impl<D: SerialDataset + 'static> ShardedLoader<D> {
         // Every rank's buffer of the samples in flight: prefetched + one scattering.
         let send = self
             .pool
-            .get_or_init(|| BufferPool::new(cp[0] * cp[1] * (ahead + 1)));
+            .get_or_init(|| BufferPool::new(cp.ranks() * (ahead + 1)));
         let distributor = Distributor::new(mesh, Arc::clone(&self.plan))
             .options(self.opts.sample.clone())
             .send_pool(send.clone())

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::plan::{SampleLayout, CP_AXES};
+use featshard_spec::plan::SampleLayout;
+use featshard_spec::Coord;
 
 use crate::error::RuntimeError;
 use crate::sample::Features;
@@ -17,7 +18,7 @@ pub struct LocalSample {
     /// The sample's layout on the CP mesh (lengths, padded lengths, owner blocks).
     pub layout: SampleLayout,
     /// This rank's CP coordinate.
-    pub coord: [usize; CP_AXES],
+    pub coord: Coord,
     /// Sorted by name, each with its DTensor metadata on `(cp0, cp1)`.
     pub blocks: BTreeMap<String, LocalBlock>,
     /// Features carried along untouched (replicated).

@@ -1,110 +1,87 @@
-//! The device mesh `(dp, cp0, cp1)`: row-major global ranks and this rank's groups.
+//! The device mesh `(dp, cp...)`: row-major global ranks and this rank's groups.
 
-use featshard_spec::layout::coords;
-use featshard_spec::plan::{Plan, CP_AXES};
-use featshard_spec::replicas::{mesh_position, mesh_rank};
+use featshard_spec::{Coord, DeviceMesh, Mesh as CpMesh};
 
 use super::error::DistError;
 use super::group::{ProcessGroup, Rendezvous};
 
-/// This rank's place on the mesh and a process group along each of its axes.
+/// This rank's place on the device mesh and a process group along each of its axes.
 ///
-/// Global rank `r = d * cp0 * cp1 + i * cp1 + j` sits at `(d, i, j)`. The CP group of a
-/// replica is its `cp0 * cp1` ranks (group rank `i * cp1 + j`, the runtime's block
-/// order); its source is CP coordinate `(0, 0)`.
+/// Global rank `r = d * cp.ranks() + cp.rank(coord)` sits at replica `d`, CP
+/// coordinate `coord` ([`DeviceMesh::position`]). The CP group of a replica is its
+/// `cp.ranks()` ranks (group rank `cp.rank(coord)`, the runtime's block order); its
+/// source is the CP mesh's origin.
 #[derive(Debug)]
 pub struct Mesh {
-    dp: usize,
-    cp: [usize; CP_AXES],
+    shape: DeviceMesh,
     rank: usize,
     world: ProcessGroup,
     cp_group: ProcessGroup,
     dp_group: ProcessGroup,
-    axes: [ProcessGroup; CP_AXES],
+    /// One group per CP axis, in the mesh's order.
+    axes: Vec<ProcessGroup>,
 }
 
 impl Mesh {
     /// Creates the groups of this rank; every rank of the world must call it with the
-    /// same shape.
-    pub fn new(rdv: &Rendezvous, dp: usize, cp: [usize; CP_AXES]) -> Result<Mesh, DistError> {
-        let product = dp * cp[0] * cp[1];
-        if product == 0 || product != rdv.world_size() {
+    /// same shape (parsed for a plan by [`featshard_spec::plan::MeshPlan::parse`]).
+    pub fn new(rdv: &Rendezvous, shape: DeviceMesh) -> Result<Mesh, DistError> {
+        if shape.world() != rdv.world_size() {
             return Err(DistError::Setup {
                 message: format!(
-                    "mesh dp={dp} x cp=({}, {}) holds {product} ranks, but the world has {}",
-                    cp[0],
-                    cp[1],
+                    "mesh dp={} x cp={} holds {} ranks, but the world has {}",
+                    shape.dp,
+                    shape.cp,
+                    shape.world(),
                     rdv.world_size()
                 ),
             });
         }
         let rank = rdv.rank();
-        let cp_size = cp[0] * cp[1];
-        let (d, [i, j]) = mesh_position(rank, cp);
-        let at = |d: usize, i: usize, j: usize| mesh_rank(d, [i, j], cp);
+        let (d, coord) = shape.position(rank);
         let world = rdv.world()?;
-        // Every rank creates its groups in the same order (cp, dp, cp0, cp1).
+        // Every rank creates its groups in the same order (cp, dp, then each CP axis).
         let member = |g: Result<Option<ProcessGroup>, DistError>, what: &str| {
             g?.ok_or_else(|| DistError::Setup {
                 message: format!("rank {rank} is not in its own {what} group"),
             })
         };
-        let cp_ranks: Vec<usize> = (0..cp_size)
-            .map(|k| mesh_rank(d, coords(cp, k), cp))
-            .collect();
+        let cp_ranks: Vec<usize> = shape.cp.coords().map(|c| shape.rank(d, c)).collect();
         let cp_group = member(rdv.group(&format!("cp.{d}"), &cp_ranks), "cp")?;
-        let dp_ranks: Vec<usize> = (0..dp).map(|e| at(e, i, j)).collect();
-        let dp_group = member(rdv.group(&format!("dp.{i}.{j}"), &dp_ranks), "dp")?;
-        let cp0_ranks: Vec<usize> = (0..cp[0]).map(|k| at(d, k, j)).collect();
-        let cp0 = member(rdv.group(&format!("cp0.{d}.{j}"), &cp0_ranks), "cp0")?;
-        let cp1_ranks: Vec<usize> = (0..cp[1]).map(|k| at(d, i, k)).collect();
-        let cp1 = member(rdv.group(&format!("cp1.{d}.{i}"), &cp1_ranks), "cp1")?;
+        let dp_ranks: Vec<usize> = (0..shape.dp).map(|e| shape.rank(e, coord)).collect();
+        let dp_group = member(
+            rdv.group(&format!("dp.{}", line(coord, None)), &dp_ranks),
+            "dp",
+        )?;
+        let mut axes = Vec::with_capacity(shape.cp.ndim());
+        for m in 0..shape.cp.ndim() {
+            let along = along_axis(shape, d, coord, m);
+            let key = format!("cp{m}.{d}.{}", line(coord, Some(m)));
+            axes.push(member(rdv.group(&key, &along), &format!("cp axis {m}"))?);
+        }
         Ok(Mesh {
-            dp,
-            cp,
+            shape,
             rank,
             world,
             cp_group,
             dp_group,
-            axes: [cp0, cp1],
+            axes,
         })
-    }
-
-    /// Parses a mesh shape for `plan`'s mesh: one size per CP axis (`3x3` on
-    /// `(cp0, cp1)`, `8` on `(cp,)`; dp = 1), or the DP size in front (`2x2x2`, `2x3`).
-    /// Any other count is refused by name, never read as another mesh.
-    pub fn parse_shape(s: &str, plan: &Plan) -> Result<(usize, [usize; CP_AXES]), DistError> {
-        let bad = |why: String| DistError::Setup {
-            message: format!("mesh `{s}`: {why}"),
-        };
-        let sizes: Vec<usize> = s
-            .split('x')
-            .map(|p| p.trim().parse::<usize>().ok().filter(|&n| n > 0))
-            .collect::<Option<_>>()
-            .ok_or_else(|| bad("sizes must be positive integers, e.g. 3x3, 2x2x2 or 8".into()))?;
-        let axes = plan.mesh.axes().len();
-        let (dp, cp) = match sizes.len() {
-            n if n == axes => (1, &sizes[..]),
-            n if n == axes + 1 => (sizes[0], &sizes[1..]),
-            n => {
-                return Err(bad(format!(
-                "{n} sizes for the spec's mesh ({}): one per axis, the DP size optionally in front",
-                plan.mesh.axes().join(", ")
-            )))
-            }
-        };
-        let cp = plan.mesh_sizes(cp).map_err(|e| bad(e.to_string()))?;
-        Ok((dp, cp))
     }
 
     /// How many data-parallel replicas.
     pub fn dp_size(&self) -> usize {
-        self.dp
+        self.shape.dp
     }
 
-    /// The CP mesh `(cp0, cp1)`.
-    pub fn cp_shape(&self) -> [usize; CP_AXES] {
-        self.cp
+    /// The CP mesh: the axes one sample is split over.
+    pub fn cp_shape(&self) -> CpMesh {
+        self.shape.cp
+    }
+
+    /// The whole device mesh, DP and CP.
+    pub fn shape(&self) -> DeviceMesh {
+        self.shape
     }
 
     /// This rank in the world.
@@ -114,15 +91,15 @@ impl Mesh {
 
     /// This rank's data-parallel replica.
     pub fn dp_index(&self) -> usize {
-        mesh_position(self.rank, self.cp).0
+        self.shape.position(self.rank).0
     }
 
     /// This rank's coordinate on the CP mesh.
-    pub fn cp_coord(&self) -> [usize; CP_AXES] {
-        mesh_position(self.rank, self.cp).1
+    pub fn cp_coord(&self) -> Coord {
+        self.shape.position(self.rank).1
     }
 
-    /// Rank within the CP group (`i * cp1 + j`).
+    /// Rank within the CP group (`cp.rank(coord)`).
     pub fn cp_rank(&self) -> usize {
         self.cp_group.rank()
     }
@@ -147,8 +124,36 @@ impl Mesh {
         &self.dp_group
     }
 
-    /// The group along CP mesh axis `m` (0 or 1) through this rank.
+    /// The group along CP mesh axis `m` through this rank (`None` past the mesh's axes).
     pub fn cp_axis(&self, m: usize) -> Option<&ProcessGroup> {
         self.axes.get(m)
     }
+}
+
+/// The global ranks of replica `d` along CP axis `m` through `coord`, in order.
+fn along_axis(shape: DeviceMesh, d: usize, coord: Coord, m: usize) -> Vec<usize> {
+    let mut at = coord.as_slice().to_vec();
+    (0..shape.cp.size(m))
+        .map(|k| {
+            at[m] = k;
+            let c = shape.cp.coord_at(&at).unwrap_or(coord);
+            shape.rank(d, c)
+        })
+        .collect()
+}
+
+/// A group's key part for the line through `coord` along axis `m` (every index but
+/// `m`'s, which is `*`), the same on every rank of the group.
+fn line(coord: Coord, m: Option<usize>) -> String {
+    let at = coord.as_slice().iter().enumerate();
+    let parts: Vec<String> = at
+        .map(|(k, i)| {
+            if Some(k) == m {
+                "*".into()
+            } else {
+                i.to_string()
+            }
+        })
+        .collect();
+    parts.join(".")
 }

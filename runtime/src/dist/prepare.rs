@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use featshard_spec::ir::DType;
-use featshard_spec::plan::{Plan, CP_AXES};
+use featshard_spec::plan::Plan;
+use featshard_spec::Mesh;
 use tch::{Device, Kind, Tensor};
 
 use super::pool::{buffer, BufferPool};
@@ -14,7 +15,6 @@ use super::LocalSample;
 use crate::error::{torch, RuntimeError, TorchContext};
 use crate::pad::{place, Placed};
 use crate::sample::{Features, Options};
-use crate::shard::coords;
 use featshard_exec::buffer::{BufferLayout, Slot};
 use featshard_exec::par::try_map;
 
@@ -36,7 +36,7 @@ pub enum Write {
 #[derive(Clone, Debug)]
 pub struct Preparer {
     plan: Arc<Plan>,
-    cp: [usize; CP_AXES],
+    cp: Mesh,
     opts: Options,
     pool: Option<BufferPool>,
     write: Write,
@@ -46,7 +46,7 @@ pub struct Preparer {
 impl Preparer {
     /// Samples of `plan` for the CP mesh `cp`, with default options, new buffers for
     /// every sample and the blocks written at once.
-    pub fn new(plan: Arc<Plan>, cp: [usize; CP_AXES]) -> Self {
+    pub fn new(plan: Arc<Plan>, cp: Mesh) -> Self {
         Preparer {
             plan,
             cp,
@@ -101,7 +101,7 @@ impl Preparer {
         slots.extend(passthrough_slots(&placed)?);
         let laid_out = BufferLayout::new(slots);
         let bytes = laid_out.bytes;
-        let world: usize = self.cp.iter().product();
+        let world = self.cp.ranks();
         let buffers = (0..world)
             .map(|_| buffer(self.pool.as_ref(), bytes, Device::Cpu).map(|(t, _)| t))
             .collect::<Result<Vec<_>, _>>()
@@ -111,6 +111,7 @@ impl Preparer {
                 message: e.to_string(),
             })?;
         let mut prepared = Prepared {
+            plan: Arc::clone(&self.plan),
             announced: Announced {
                 sample,
                 layout: placed.layout.clone(),
@@ -163,6 +164,7 @@ fn dtype_of(name: &str, k: Kind) -> Result<DType, RuntimeError> {
 /// A sample prepared by the source rank: what it announces and every CP rank's buffer.
 #[derive(Debug)]
 pub struct Prepared {
+    plan: Arc<Plan>,
     pub(super) announced: Announced,
     /// Views of their pool's buffers, when there is a pool: dropping the prepared
     /// sample frees them for the next one.
@@ -199,7 +201,7 @@ impl Prepared {
         let a = &self.announced;
         let buf = self.buffers.get(rank).ok_or(RuntimeError::NoSuchRank {
             rank,
-            mesh: a.layout.mesh,
+            mesh: self.plan.mesh.named(a.layout.mesh),
         })?;
         let (mut blocks, mut passthrough) =
             wire::unpack(buf, &a.buffer.slots).map_err(|(feature, e)| torch(&feature, &e))?;
@@ -217,7 +219,7 @@ impl Prepared {
         Ok(LocalSample {
             sample: a.sample,
             layout: a.layout.clone(),
-            coord: coords(a.layout.mesh, rank),
+            coord: a.layout.mesh.coord(rank),
             blocks,
             passthrough,
         })
@@ -243,7 +245,7 @@ fn write_ranks(p: &Pending, slots: &[Slot], buffers: &[Tensor]) -> Result<(), Ru
         },
         |(placed, buffers), &(rank, slot)| {
             let mut dst = wire::view(&buffers[rank], slot).feature(&slot.name)?;
-            let coord = coords(cp, rank);
+            let coord = cp.coord(rank);
             match (placed.passthrough.get(&slot.name), &slot.compact) {
                 (Some(x), _) => dst.f_copy_(x).feature(&slot.name),
                 (None, Some(_)) => placed.write_compact_block(plan, &slot.name, coord, &dst),

@@ -17,15 +17,16 @@ use super::error::DistError;
 use super::local::LocalSample;
 use super::on_device;
 use crate::files;
-use crate::shard::{coords, DTensorMeta, LocalBlock};
+use crate::shard::{DTensorMeta, LocalBlock};
 use crate::Features;
+use featshard_spec::Mesh;
 
 /// A folder of pre-sharded samples, read from one rank.
 #[derive(Debug)]
 pub struct PreshardedDataset {
     root: PathBuf,
     names: Vec<String>,
-    cp: [usize; 2],
+    cp: Mesh,
     verify: bool,
     expand: Expansion,
 }
@@ -47,7 +48,7 @@ fn setup(message: String) -> DistError {
 impl PreshardedDataset {
     /// Opens `root` (with its `dataset.json`) for `plan` on a CP mesh of sizes `cp`:
     /// refuses a folder sharded with another spec or mesh. Failed samples are left out.
-    pub fn open(root: &Path, plan: &Plan, cp: [usize; 2]) -> Result<Self, DistError> {
+    pub fn open(root: &Path, plan: &Plan, cp: Mesh) -> Result<Self, DistError> {
         let d = read_dataset(plan, root, cp).map_err(setup)?;
         let names = d
             .samples
@@ -127,7 +128,7 @@ impl PreshardedDataset {
         Ok(LocalSample {
             sample: index,
             layout: m.layout.clone(),
-            coord: coords(self.cp, cp_rank),
+            coord: self.cp.coord(cp_rank),
             blocks,
             passthrough: tensors,
         })

@@ -21,3 +21,13 @@ pub fn boltz_sample(plan: &Plan, counts: &[i64], seed: i64) -> Features {
     let shape = Shape::boltz(counts.iter().map(|&c| c as usize).collect(), 5, None);
     synthetic::sample(plan, Some("inference"), &shape, seed).expect("synthetic sample")
 }
+
+/// A CP mesh of `sizes` (one per axis), which tests give within the limits.
+pub fn mesh(sizes: &[usize]) -> featshard_spec::Mesh {
+    featshard_spec::Mesh::new(sizes).expect("a test mesh")
+}
+
+/// The coordinate `at` on `mesh`, which tests give on the mesh.
+pub fn coord(mesh: featshard_spec::Mesh, at: &[usize]) -> featshard_spec::Coord {
+    mesh.coord_at(at).expect("a test coordinate")
+}

@@ -2,26 +2,15 @@
 
 use std::fmt;
 
+use crate::mesh::Mesh;
+
 /// Why a plan could not be resolved for a sample.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResolveError {
-    /// A mesh axis of size 0, or more ranks than the limit.
-    BadMesh {
-        /// The sizes given.
-        mesh: Vec<usize>,
-    },
-    /// Mesh sizes of neither one nor two axes.
-    MeshRank {
-        /// The sizes given.
-        mesh: Vec<usize>,
-        /// The plan's mesh axes.
-        axes: Vec<String>,
-    },
-    /// A mesh with more axes than the plan's domain mesh: a one-axis domain plan
-    /// given a second axis larger than 1.
-    MeshAxes {
-        /// The sizes given.
-        mesh: Vec<usize>,
+    /// A mesh that is not the plan's: another count of axes.
+    Mesh {
+        /// The mesh given.
+        mesh: Mesh,
         /// The plan's mesh axes.
         axes: Vec<String>,
     },
@@ -113,25 +102,12 @@ pub enum ResolveError {
 impl fmt::Display for ResolveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ResolveError::MeshAxes { mesh, axes } => write!(
+            ResolveError::Mesh { mesh, axes } => write!(
                 f,
-                "mesh sizes {mesh:?}: the spec's mesh has {} axis {axes:?}; give one size per axis (e.g. --mesh {})",
-                axes.len(),
-                mesh[0]
+                "mesh {mesh} has {} axes; the spec's mesh is ({}): give one size per axis",
+                mesh.ndim(),
+                axes.join(", ")
             ),
-            ResolveError::MeshRank { mesh, axes } => write!(
-                f,
-                "mesh sizes {mesh:?}: the spec's mesh is ({}), {} {} given; one size per axis ({})",
-                axes.join(", "),
-                mesh.len(),
-                if mesh.len() == 1 { "axis" } else { "axes" },
-                match (axes.len(), mesh.first()) {
-                    (1, Some(a)) => format!("`{a}`"),
-                    (_, Some(a)) => format!("`{a}x{}`", mesh.get(1).unwrap_or(a)),
-                    _ => "`3x3`, or `8` on one axis".to_owned(),
-                },
-            ),
-            ResolveError::BadMesh { mesh } => write!(f, "mesh sizes {mesh:?}: every CP mesh axis needs size at least 1, and the mesh at most {} ranks", crate::limits::MAX_RANKS),
             ResolveError::MissingLength { semantic, feature, axis } => write!(
                 f,
                 "feature `{feature}`, axis {axis} ({semantic}): no run-time length given for semantic `{semantic}`"

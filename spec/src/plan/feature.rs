@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::*;
+use crate::mesh::{Coord, Mesh};
 
 /// One feature of the plan.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -96,12 +97,12 @@ impl TensorPlan {
     /// `coord` holds, `(start, len)` per axis, for local block shape `local`: a split
     /// axis takes the block of its mesh axis' coordinate (a co-sharded axis its
     /// leader's, which keeps the diagonal block), a whole axis all of it.
-    pub fn block_window(&self, local: &[usize], coord: [usize; CP_AXES]) -> Vec<(usize, usize)> {
+    pub fn block_window(&self, local: &[usize], coord: Coord) -> Vec<(usize, usize)> {
         self.axes
             .iter()
             .zip(local)
             .map(|(a, &n)| match a.split.mesh_axis() {
-                Some(m) => (coord[m] * n, n),
+                Some(m) => (coord.get(m) * n, n),
                 None => (0, n),
             })
             .collect()
@@ -112,13 +113,14 @@ impl TensorPlan {
     pub fn checked_block_window(
         &self,
         local: &[usize],
-        coord: [usize; CP_AXES],
+        coord: Coord,
     ) -> Option<Vec<(usize, usize)>> {
         self.axes
             .iter()
             .zip(local)
             .map(|(a, &n)| match a.split.mesh_axis() {
-                Some(m) => coord[m]
+                Some(m) => coord
+                    .get(m)
                     .checked_mul(n)
                     .filter(|s| s.checked_add(n).is_some())
                     .map(|s| (s, n)),
@@ -136,11 +138,11 @@ impl TensorPlan {
         local: &[usize],
         batch: usize,
         dp: usize,
-        cp: [usize; CP_AXES],
+        cp: Mesh,
     ) -> Vec<usize> {
         let mut shape = vec![batch * dp];
         shape.extend(self.axes.iter().zip(local).map(|(a, &n)| match a.split {
-            Split::Mesh { mesh_axis } => n * cp[mesh_axis],
+            Split::Mesh { mesh_axis } => n * cp.size(mesh_axis),
             _ => n,
         }));
         shape

@@ -4,9 +4,10 @@
 //! `plan::plan` built passes by construction; a plan file edited or corrupted by hand
 //! is refused by name instead of panicking later.
 
-use crate::infer::{Split, CP_AXES};
+use crate::infer::Split;
 use crate::ir::{DeriveRule, Placement, Role};
 use crate::limits;
+use crate::mesh::MAX_MESH_AXES;
 
 use super::{FeaturePlan, Padding, Plan, Remap, TensorPlan, PLAN_VERSION};
 
@@ -72,7 +73,7 @@ fn feature(plan: &Plan, name: &str) -> Result<(), String> {
 }
 
 fn mesh_axes(plan: &Plan, axes: &[usize]) -> Result<(), String> {
-    let count = plan.mesh.axes().len().min(CP_AXES);
+    let count = plan.mesh.axes().len().min(MAX_MESH_AXES);
     match axes.iter().find(|&&m| m >= count) {
         Some(m) => Err(format!("mesh axis {m} (the mesh has {count})")),
         None => Ok(()),

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use crate::mesh::MAX_MESH_AXES;
 
 /// The mesh of a plan: the axes that split a sample, how, and the DP axis.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -192,7 +192,7 @@ impl TryFrom<MeshRepr> for MeshPlan {
 
     fn try_from(r: MeshRepr) -> Result<Self, String> {
         let split = match r.domain {
-            None if (1..=CP_AXES).contains(&r.cp.len()) => SplitPlan::Cp(r.cp),
+            None if (1..=MAX_MESH_AXES).contains(&r.cp.len()) => SplitPlan::Cp(r.cp),
             None => {
                 return Err(format!(
                     "a CP mesh has one or two axes, this plan names {}",

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::infer::{Split, CP_AXES};
+pub use crate::infer::Split;
 use crate::ir::*;
 use crate::layout::BlockLayout;
 use crate::ownership::chain;
@@ -160,7 +160,7 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
-    use crate::layout::coords;
+    use crate::mesh::Mesh;
 
     const SPEC: &str = "\
 version: 1
@@ -187,13 +187,11 @@ features:
         };
         // A padded length every mesh divides.
         const N: usize = 12;
-        for mesh in [[1, 1], [2, 3], [3, 2], [4, 1]] {
-            let local = [N / mesh[0], N / mesh[1], 4];
-            let world = mesh[0] * mesh[1];
+        for sizes in [[1, 1], [2, 3], [3, 2], [4, 1]] {
+            let mesh = Mesh::new(&sizes).unwrap();
+            let local = [N / sizes[0], N / sizes[1], 4];
             let mut cover = vec![vec![0; N]; N];
-            for rank in 0..world {
-                let c = coords(mesh, rank);
-                assert_eq!(c[0] * mesh[1] + c[1], rank);
+            for c in mesh.coords() {
                 let w = pair.block_window(&local, c);
                 assert_eq!(w[2], (0, 4));
                 for row in &mut cover[w[0].0..w[0].0 + w[0].1] {
@@ -201,7 +199,7 @@ features:
                         *n += 1;
                     }
                 }
-                let d = owner.block_window(&[N / mesh[0], N / mesh[0]], c);
+                let d = owner.block_window(&[N / sizes[0], N / sizes[0]], c);
                 assert_eq!(d[0], d[1], "a co-sharded axis takes its leader's block");
             }
             assert!(
@@ -212,10 +210,10 @@ features:
                 pair.collated_global_shape(&local, 2, 3, mesh),
                 vec![6, N, N, 4]
             );
-            let diag = [N / mesh[0], N / mesh[0]];
+            let diag = [N / sizes[0], N / sizes[0]];
             assert_eq!(
                 owner.collated_global_shape(&diag, 1, 1, mesh),
-                vec![1, N, N / mesh[0]]
+                vec![1, N, N / sizes[0]]
             );
         }
     }
@@ -244,14 +242,17 @@ features:
             sizes: [("atoms".to_owned(), 4)].into(),
             counts: [("atoms".to_owned(), super::RootCounts::Each(vec![2, 2]))].into(),
         };
-        assert_eq!(plan.resolve([2, 1], &lengths, None), Err(expected.clone()));
+        assert_eq!(
+            plan.resolve(Mesh::new(&[2, 1]).unwrap(), &lengths, None),
+            Err(expected.clone())
+        );
         let owners = [(
             "atoms".to_owned(),
             super::Ownership::Owners(vec![0, 0, 1, 1]),
         )]
         .into();
         assert_eq!(
-            plan.layout([2, 1], &lengths.sizes, &owners),
+            plan.layout(Mesh::new(&[2, 1]).unwrap(), &lengths.sizes, &owners),
             Err(expected.clone())
         );
         assert!(expected

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::layout::{lcm_of, owner_block, round_up};
+use crate::mesh::{Coord, Mesh};
 
 /// Run-time sizes of one sample.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,17 +42,19 @@ impl RootCounts {
 impl Plan {
     /// The padding multiple of a semantic on this mesh (1 when never padded): the lcm
     /// of the sizes of the mesh axes that split it, times its stride.
-    pub fn pad_multiple(&self, semantic: &str, mesh: [usize; CP_AXES]) -> usize {
+    pub fn pad_multiple(&self, semantic: &str, mesh: Mesh) -> usize {
         let Some(s) = self.semantics.get(semantic) else {
             return 1;
         };
         match &s.padding {
             Padding::Multiple { mesh_axes, window } => {
                 let window = window.map_or(1, |w| w as usize);
-                lcm_of(mesh_axes.iter().map(|&m| mesh[m]).chain([window]))
+                lcm_of(mesh_axes.iter().map(|&m| mesh.size(m)).chain([window]))
                     * s.stride.max(1) as usize
             }
-            Padding::OwnerBlocks { mesh_axes, .. } => lcm_of(mesh_axes.iter().map(|&m| mesh[m])),
+            Padding::OwnerBlocks { mesh_axes, .. } => {
+                lcm_of(mesh_axes.iter().map(|&m| mesh.size(m)))
+            }
             Padding::None => 1,
         }
     }
@@ -87,14 +90,14 @@ impl Plan {
 
     /// The padded length of a semantic's axes for `len` items: a multiple of
     /// [`Plan::pad_multiple`], and long enough that every shard holds its halo.
-    pub fn padded_length(&self, semantic: &str, len: usize, mesh: [usize; CP_AXES]) -> usize {
+    pub fn padded_length(&self, semantic: &str, len: usize, mesh: Mesh) -> usize {
         let halo_min = match self.semantics.get(semantic) {
             Some(SemanticPlan {
                 padding: Padding::Multiple { mesh_axes, .. },
                 halo,
                 ..
             }) => {
-                let most = mesh_axes.iter().map(|&m| mesh[m]).max().unwrap_or(1);
+                let most = mesh_axes.iter().map(|&m| mesh.size(m)).max().unwrap_or(1);
                 *halo as usize * most
             }
             _ => 0,
@@ -106,7 +109,7 @@ impl Plan {
     /// `workflow` (all features for `None`). Owner counts are per root owner.
     pub fn resolve(
         &self,
-        mesh: [usize; CP_AXES],
+        mesh: Mesh,
         lengths: &Lengths,
         workflow: Option<&str>,
     ) -> Result<Resolved, ResolveError> {
@@ -177,7 +180,7 @@ impl Plan {
     /// semantic, who owns each item (as the spec's owner source gives it).
     pub fn layout(
         &self,
-        mesh: [usize; CP_AXES],
+        mesh: Mesh,
         sizes: &BTreeMap<String, usize>,
         owners: &BTreeMap<String, Ownership>,
     ) -> Result<SampleLayout, ResolveError> {
@@ -242,25 +245,9 @@ impl Plan {
         self.layout_from_roots(mesh, sizes, roots)
     }
 
-    /// The sizes of a mesh given with one size per axis of the plan's mesh (one or
-    /// two) as the two axes every geometry function takes (a missing second axis has
-    /// size 1), checked by [`Plan::check_mesh`]. A count that is not the plan's is
-    /// refused by name: `3` is no `(cp0, cp1)` mesh, and `2x2` no `(cp,)` mesh.
-    pub fn mesh_sizes(&self, sizes: &[usize]) -> Result<[usize; CP_AXES], ResolveError> {
-        let axes = self.mesh.axes();
-        let mesh = crate::layout::two_axes(sizes, 1)
-            .filter(|_| sizes.len() == axes.len())
-            .ok_or_else(|| ResolveError::MeshRank {
-                mesh: sizes.to_vec(),
-                axes: axes.to_vec(),
-            })?;
-        self.check_mesh(mesh)?;
-        Ok(mesh)
-    }
-
     /// [`Plan::layout`] of arguments from outside (the Python package's): `Err` naming
     /// the argument unless every length in `sizes` is a semantic of the plan within the
-    /// limits and `mesh` fits ([`Plan::mesh_sizes`]).
+    /// limits and `mesh` has one size per axis of the plan's mesh ([`MeshPlan::matched`]).
     pub fn checked_layout(
         &self,
         mesh: &[usize],
@@ -273,24 +260,17 @@ impl Plan {
                 return Err(format!("sizes: `{semantic}` is not a semantic of the spec"));
             }
         }
-        let mesh = self.mesh_sizes(mesh).map_err(|e| e.to_string())?;
+        let mesh = self.mesh.matched(mesh)?;
         self.layout(mesh, sizes, ownership)
             .map_err(|e| e.to_string())
     }
 
-    /// `mesh` fits this plan: every axis at least 1, at most the limit of ranks, and
-    /// no second axis past 1 for a one-axis domain mesh.
-    pub fn check_mesh(&self, mesh: [usize; CP_AXES]) -> Result<(), ResolveError> {
-        if crate::limits::check_mesh(&mesh).is_err() {
-            return Err(ResolveError::BadMesh {
-                mesh: mesh.to_vec(),
-            });
-        }
-        let axes = self.mesh.axes();
-        if axes.len() == 1 && mesh[1] != 1 {
-            return Err(ResolveError::MeshAxes {
-                mesh: mesh.to_vec(),
-                axes: axes.to_vec(),
+    /// `mesh` fits this plan: one size per axis of the plan's mesh.
+    pub fn check_mesh(&self, mesh: Mesh) -> Result<(), ResolveError> {
+        if mesh.ndim() != self.mesh.axes().len() {
+            return Err(ResolveError::Mesh {
+                mesh,
+                axes: self.mesh.axes().to_vec(),
             });
         }
         Ok(())
@@ -299,7 +279,7 @@ impl Plan {
     /// The layout of every semantic that is not owner-partitioned: padded lengths.
     fn unowned_layout(
         &self,
-        mesh: [usize; CP_AXES],
+        mesh: Mesh,
         sizes: &BTreeMap<String, usize>,
     ) -> Result<SampleLayout, ResolveError> {
         self.check_mesh(mesh)?;
@@ -325,7 +305,7 @@ impl Plan {
 
     fn layout_from_roots(
         &self,
-        mesh: [usize; CP_AXES],
+        mesh: Mesh,
         sizes: &BTreeMap<String, usize>,
         roots: BTreeMap<String, Vec<usize>>,
     ) -> Result<SampleLayout, ResolveError> {
@@ -370,14 +350,20 @@ impl Plan {
         &self,
         t: &TensorPlan,
         global: &[usize],
-        mesh: [usize; CP_AXES],
-        coord: [usize; CP_AXES],
+        mesh: Mesh,
+        coord: Coord,
     ) -> Option<Vec<(usize, usize)>> {
-        if coord.iter().zip(mesh).any(|(&c, n)| c >= n) {
+        if coord.as_slice().len() != mesh.ndim()
+            || coord
+                .as_slice()
+                .iter()
+                .zip(mesh.sizes())
+                .any(|(&c, &n)| c >= n)
+        {
             return None;
         }
         let window = |m: usize, n: usize| {
-            let (ranks, at) = (*mesh.get(m)?, *coord.get(m)?);
+            let (ranks, at) = (mesh.size(m), coord.get(m));
             if self.mesh.uneven(m) {
                 let pieces = chunk_sizes(n, ranks)?;
                 return Some((pieces[..at].iter().sum(), pieces[at]));

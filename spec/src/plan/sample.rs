@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::mesh::{Coord, Mesh};
 
 /// Who owns each item of an owner-partitioned semantic, as a sample gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,7 +18,7 @@ pub enum Ownership {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SampleLayout {
     /// Mesh sizes `(cp0, cp1)`.
-    pub mesh: [usize; CP_AXES],
+    pub mesh: Mesh,
     /// Serial length of every semantic present.
     pub sizes: BTreeMap<String, usize>,
     /// Padded length of every semantic present.
@@ -32,21 +33,16 @@ impl SampleLayout {
     /// Where the shard of `semantic` along `mesh_axis` at CP coordinate `coord` starts
     /// in its padded layout (what a shard-local id is counted from); `None` when the
     /// layout has no length for it.
-    pub fn shard_start(
-        &self,
-        semantic: &str,
-        mesh_axis: usize,
-        coord: [usize; CP_AXES],
-    ) -> Option<usize> {
+    pub fn shard_start(&self, semantic: &str, mesh_axis: usize, coord: Coord) -> Option<usize> {
         let padded = *self.padded.get(semantic)?;
-        Some(coord[mesh_axis] * (padded / self.mesh[mesh_axis].max(1)))
+        Some(coord.get(mesh_axis) * (padded / self.mesh.size(mesh_axis).max(1)))
     }
 
     /// The shard along `mesh_axis` that holds padded position `position` of `semantic`;
     /// `None` when the layout has no length for it.
     pub fn shard_of(&self, semantic: &str, mesh_axis: usize, position: usize) -> Option<usize> {
         let padded = *self.padded.get(semantic)?;
-        let block = padded / self.mesh.get(mesh_axis).copied().unwrap_or(1).max(1);
+        let block = padded / self.mesh.size(mesh_axis);
         Some(position / block.max(1))
     }
 }

@@ -6,12 +6,13 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::*;
+use crate::mesh::Mesh;
 
 /// A plan evaluated for one mesh and one sample's lengths.
 #[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 pub struct Resolved {
     /// Mesh sizes `(cp0, cp1)`.
-    pub mesh: [usize; CP_AXES],
+    pub mesh: Mesh,
     /// Padded length of every semantic that was given a length.
     pub padded: BTreeMap<String, usize>,
     /// Block layout of every owner-partitioned semantic.
@@ -99,7 +100,7 @@ impl Plan {
                     Split::Whole => (full, full),
                     // Uneven shards differ per rank; the largest (the first) is shown.
                     Split::Mesh { mesh_axis } if uneven(mesh_axis) => {
-                        let ranks = mesh[mesh_axis];
+                        let ranks = mesh.size(mesh_axis);
                         let sizes =
                             chunk_sizes(full, ranks).ok_or_else(|| ResolveError::EmptyShard {
                                 feature: name.to_owned(),
@@ -117,9 +118,9 @@ impl Plan {
                         self.check_shard_rule(name, i, a.semantic.as_deref(), mesh_axis, &sizes)?;
                         (full, sizes[0])
                     }
-                    Split::Mesh { mesh_axis } => (full, full / mesh[mesh_axis]),
+                    Split::Mesh { mesh_axis } => (full, full / mesh.size(mesh_axis)),
                     Split::Follows { mesh_axis, .. } => {
-                        let block = full / mesh[mesh_axis];
+                        let block = full / mesh.size(mesh_axis);
                         (block, block)
                     }
                 };

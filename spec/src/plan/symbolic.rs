@@ -4,7 +4,8 @@
 use std::fmt;
 
 use super::{Padding, Plan, TensorPlan};
-use crate::infer::{Split, CP_AXES};
+use crate::infer::Split;
+use crate::mesh::Mesh;
 
 /// One axis' extent, symbolic in the semantic's length.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,12 +58,7 @@ pub struct SymbolicShapes {
 
 impl Plan {
     /// The padded extent of every axis of `t` on `mesh`, before any split.
-    fn padded_extent(
-        &self,
-        semantic: Option<&str>,
-        size: Option<u64>,
-        mesh: [usize; CP_AXES],
-    ) -> Extent {
+    fn padded_extent(&self, semantic: Option<&str>, size: Option<u64>, mesh: Mesh) -> Extent {
         let Some(s) = semantic else {
             return size.map_or(Extent::Unknown, Extent::Channel);
         };
@@ -81,11 +77,11 @@ impl Plan {
     }
 
     /// A feature's shapes on `mesh` in terms of its semantics' lengths.
-    pub fn symbolic_shapes(&self, t: &TensorPlan, mesh: [usize; CP_AXES]) -> SymbolicShapes {
+    pub fn symbolic_shapes(&self, t: &TensorPlan, mesh: Mesh) -> SymbolicShapes {
         let (mut global, mut local) = (Vec::new(), Vec::new());
         for a in &t.axes {
             let full = self.padded_extent(a.semantic.as_deref(), a.size, mesh);
-            let part = match a.split.mesh_axis().map(|m| mesh[m]).filter(|&d| d > 1) {
+            let part = match a.split.mesh_axis().map(|m| mesh.size(m)).filter(|&d| d > 1) {
                 Some(d) => Extent::Split(Box::new(full.clone()), d),
                 None => full.clone(),
             };
