@@ -169,13 +169,15 @@ impl MeshArg {
     /// and pictures are one CP group's).
     pub fn sizes(&self, plan: &Plan) -> Result<Mesh, Failure> {
         let axes = plan.mesh.axes();
-        let given = self.0.split(['x', 'X']).count();
-        if !self.0.contains('=') && given != axes.len() {
+        let sizes: Vec<usize> = self
+            .0
+            .split(['x', 'X'])
+            .filter_map(|p| p.trim().parse().ok())
+            .collect();
+        if !self.0.contains('=') && sizes.len() != axes.len() {
+            let e = plan.mesh.matched(&sizes).err().unwrap_or_default();
             return Err(Failure::Other(format!(
-                "--mesh {self}: {} for the spec's mesh ({}): one size per axis ({}); no DP size here, the command works on one CP group",
-                featshard_spec::mesh::sizes_text(given),
-                axes.join(", "),
-                plan.mesh.example()
+                "--mesh {self}: {e}; no DP size here, the command works on one CP group"
             )));
         }
         let shape = plan

@@ -782,8 +782,8 @@ fn a_one_axis_domain_spec_refuses_a_two_axis_mesh() {
     refused(
         &run,
         &[
-            "--mesh 3x3: 2 sizes for the spec's mesh (domain)",
-            "one size per axis (`8`)",
+            "--mesh 3x3: sizes [3, 3] for the spec's mesh (domain)",
+            "one size per axis (`3`)",
         ],
     );
     let ok = featshard(&["explain", "examples/weather.yaml", "--mesh", "3"]);

@@ -304,11 +304,11 @@ fn a_mesh_with_the_wrong_number_of_axes_is_refused_and_nothing_written() {
     for (mesh, want) in [
         (
             "3",
-            "--mesh 3: 1 size for the spec's mesh (cp_axis_0, cp_axis_1): one size per axis (`3x3`)",
+            "--mesh 3: sizes [3] for the spec's mesh (cp_axis_0, cp_axis_1): one size per axis (`3x3`)",
         ),
         (
             "2x2",
-            "--mesh 2x2: 2 sizes for the spec's mesh (cp): one size per axis (`8`)",
+            "--mesh 2x2: sizes [2, 2] for the spec's mesh (cp): one size per axis (`2`)",
         ),
     ] {
         let out_dir = dir.path().join(mesh);

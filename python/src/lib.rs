@@ -428,7 +428,7 @@ impl Plan {
     ) -> PyResult<Vec<(usize, usize)>> {
         let t = tensor(&self.plan, feature, local.len())?;
         let sizes = self.mesh(&mesh)?;
-        let at = coord_on(&coord, sizes)?;
+        let at = coord_on(&coord, sizes, &self.plan.mesh)?;
         t.checked_block_window(&local, at).ok_or_else(|| {
             value_error(format!(
                 "coord: {coord:?} puts a block of {local:?} past the largest layout"
@@ -468,10 +468,11 @@ fn dtype_named(feature: &str, name: &str) -> PyResult<DType> {
         })
 }
 
-/// `coord` (one index per axis) checked to lie on `mesh`.
+/// `coord` (one index per axis) checked to lie on `mesh`, whose axes `axes` names.
 pub(crate) fn coord_on(
     coord: &[usize],
     mesh: featshard_spec::Mesh,
+    axes: &featshard_spec::plan::MeshPlan,
 ) -> PyResult<featshard_spec::Coord> {
     mesh.coord_at(coord).map_err(|_| {
         // Written as Python writes the tuple it was given.
@@ -480,7 +481,10 @@ pub(crate) fn coord_on(
             1 => format!("({},)", parts[0]),
             _ => format!("({})", parts.join(", ")),
         };
-        value_error(format!("coord: {tuple} is not on the mesh {mesh}"))
+        value_error(format!(
+            "coord: {tuple} is not on mesh {}",
+            axes.named(mesh)
+        ))
     })
 }
 

@@ -406,7 +406,7 @@ impl Placement {
 
     /// `coord` as a mesh coordinate of this placement; `ValueError` off the mesh.
     fn on_mesh(&self, coord: Vec<usize>) -> PyResult<featshard_spec::Coord> {
-        crate::coord_on(&coord, self.placed.layout.mesh)
+        crate::coord_on(&coord, self.placed.layout.mesh, &self.plan.mesh)
     }
 
     /// `Err` naming the first input tensor resized or freed since the sample was

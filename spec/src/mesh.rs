@@ -308,7 +308,7 @@ impl MeshPlan {
                         "{} for the spec's mesh ({}): one per axis ({}), the DP size optionally in front",
                         sizes_text(n),
                         self.axes().join(", "),
-                        self.example()
+                        self.example(&sizes)
                     )))
                 }
             }
@@ -363,18 +363,19 @@ impl MeshPlan {
             return Err(format!(
                 "sizes {sizes:?} for the spec's mesh ({}): one size per axis ({})",
                 self.axes().join(", "),
-                self.example()
+                self.example(sizes)
             ));
         }
         Mesh::new(sizes)
     }
 
-    /// An example of a mesh argument for this plan (`pub` for the CLI's messages).
-    pub fn example(&self) -> &'static str {
-        if self.axes().len() == 1 {
-            "`8`"
-        } else {
-            "`3x3`"
+    /// A mesh argument for this plan made of the sizes given, as an example of the
+    /// form: `` `3` `` on one axis, `` `3x2` `` on two.
+    pub fn example(&self, sizes: &[usize]) -> String {
+        let first = sizes.first().copied().unwrap_or(3);
+        match self.axes().len() {
+            1 => format!("`{first}`"),
+            _ => format!("`{first}x{}`", sizes.get(1).copied().unwrap_or(first)),
         }
     }
 }

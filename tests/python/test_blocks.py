@@ -252,7 +252,7 @@ def test_native_entry_points_refuse_bad_arguments_by_name(
     sample = random_sample(placements, 9, seed=11)
     placed = blocks.place(plan, sample, (3, 3), workflow="inference")
     for read in (lambda: placed.blocks_at((5, 5)), lambda: placed.rank_blocks((3, 0))):
-        with pytest.raises(ValueError, match=r"^coord: \(\d, \d\) is not on the 3x3 mesh"):
+        with pytest.raises(ValueError, match=r"^coord: \(\d, \d\) is not on mesh 3x3 \(cp_axis_0, cp_axis_1\)"):
             read()
 
 

@@ -111,7 +111,10 @@ def test_one_buffer_for_every_ranks_blocks_is_refused_on_a_domain_plan(weather: 
     placed = blocks.place(weather.plan(), weather_inputs(), (3,))
     with pytest.raises(ValueError, match="`weather_placements` is a domain-parallel plan"):
         placed.rank_buffer((0, 0))
-    assert placed.blocks_at((2, 0))["state"].shape == (1, 26, 1, 12)
+    assert placed.blocks_at((2,))["state"].shape == (1, 26, 1, 12)
+    # One index per axis of the spec's mesh: a second is no coordinate of a one-axis mesh.
+    with pytest.raises(ValueError, match=r"^coord: \(2, 0\) is not on mesh domain=3"):
+        placed.blocks_at((2, 0))
 
 
 def test_placements_follow_the_axis_semantics(weather: ModuleType) -> None:
@@ -513,13 +516,13 @@ def test_setup_checks_the_mesh_against_the_spec(weather: ModuleType) -> None:
 
 def test_a_one_axis_domain_plan_refuses_a_two_axis_mesh_by_name() -> None:
     """A mesh with more sizes than the plan's domain axes is refused by the spec's own
-    check (`Plan::check_mesh`), as `featshard explain --mesh 3x2` refuses it, never
+    check (`MeshPlan::matched`), as `featshard explain --mesh 3x2` refuses it, never
     read as a two-axis layout."""
     import featshard
     from featshard import blocks
 
     plan = featshard.Plan(ROOT / "examples" / "weather.yaml")
-    want = "mesh sizes [3, 2]: the spec's mesh is (domain), 2 axes given; one size per axis (`3`)"
+    want = "sizes [3, 2] for the spec's mesh (domain): one size per axis (`3`)"
     with pytest.raises(ValueError) as placed:
         blocks.place(plan, weather_inputs(), (3, 2))
     assert want in str(placed.value)
@@ -534,5 +537,5 @@ def test_a_one_axis_domain_plan_refuses_a_two_axis_mesh_by_name() -> None:
                  lambda: plan.domain_window("state", [1, 26, 7, 12], [3, 2], [0, 0])):
         with pytest.raises(ValueError, match=re.escape(want)):
             call()
-    with pytest.raises(ValueError, match=r"mesh sizes \[2, 2, 2\]: the spec's mesh is \(domain\), 3 axes given"):
+    with pytest.raises(ValueError, match=r"sizes \[2, 2, 2\] for the spec's mesh \(domain\): one size per axis \(`2`\)"):
         plan.padded_length("lat", 7, [2, 2, 2])

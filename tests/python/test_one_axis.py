@@ -306,7 +306,7 @@ def test_a_device_mesh_named_otherwise_than_the_spec_is_refused_by_name(one_axis
         plan.mesh_dims(["dp", "cp0"], 2)
     with pytest.raises(ValueError, match="without names"):
         plan.mesh_dims(None, 2)
-    with pytest.raises(ValueError, match=r"the spec's mesh is \(cp\), 2 axes given"):
+    with pytest.raises(ValueError, match=r"sizes \[2, 2\] for the spec's mesh \(cp\): one size per axis \(`2`\)"):
         plan.pad_multiple("tokens", (2, 2))
 
 
