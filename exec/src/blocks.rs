@@ -331,6 +331,21 @@ impl FeatureBlocks<'_, '_> {
         }
     }
 
+    /// [`FeatureBlocks::write_part`] into `out`, which must be exactly its size.
+    pub fn write_part_into(&self, placed: &Placed, part: Part, out: &mut [u8]) -> io::Result<()> {
+        let want = out.len();
+        let mut sink = crate::sink::SliceSink::new(out);
+        self.write_part(placed, part, &mut sink)?;
+        if sink.written() != want {
+            return Err(io::Error::other(format!(
+                "feature `{}`: {} of its {want} bytes written",
+                self.name,
+                sink.written(),
+            )));
+        }
+        Ok(())
+    }
+
     /// Writes the block of the rank at CP coordinate `coord` into `sink`, row-major.
     pub fn write(&self, coord: Coord, sink: &mut impl Sink) -> io::Result<()> {
         let Some((t, axes)) = &self.placed else {

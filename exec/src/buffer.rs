@@ -10,7 +10,7 @@ use featshard_spec::ir::{DType, Placement};
 use featshard_spec::plan::{FeatureShapes, Plan, TensorPlan};
 use serde::{Deserialize, Serialize};
 
-use crate::blocks::{feature_blocks, FeatureBlocks};
+use crate::blocks::{feature_blocks, FeatureBlocks, Part};
 use crate::compact::{Form, Recipe};
 use crate::dtype;
 use crate::error::ExecError;
@@ -133,6 +133,25 @@ impl BufferLayout {
             .sum()
     }
 
+    /// `buf` (at least [`BufferLayout::bytes`] long) cut into each slot's bytes, in slot
+    /// order, the alignment gaps zeroed (a recycled buffer's old bytes never show);
+    /// `None` when `buf` is shorter.
+    pub fn split_mut<'b>(&self, buf: &'b mut [u8]) -> Option<Vec<(&Slot, &'b mut [u8])>> {
+        let mut rest = buf.get_mut(..self.bytes)?;
+        let mut at = 0;
+        let mut out = Vec::with_capacity(self.slots.len());
+        for slot in &self.slots {
+            let (gap, tail) = rest.split_at_mut(slot.offset.checked_sub(at)?);
+            gap.fill(0);
+            let (mine, tail) = tail.split_at_mut(slot.nbytes());
+            out.push((slot, mine));
+            rest = tail;
+            at = slot.offset + slot.nbytes();
+        }
+        rest.fill(0);
+        Some(out)
+    }
+
     /// The slot of feature `name`.
     pub fn slot(&self, name: &str) -> Option<&Slot> {
         self.slots.iter().find(|s| s.name == name)
@@ -210,6 +229,45 @@ pub fn block_slot(t: &TensorPlan, f: &FeatureBlocks, s: &FeatureShapes, compact:
         slot.dtype = f.compact_dtype();
     }
     slot
+}
+
+/// Every slot's block of the rank at `part` (its dense or compact block) written into
+/// `buf`, laid out as `layout` says, on up to `threads` threads (the largest blocks
+/// dealt first): the one writer of a rank's buffer from a placed sample.
+pub fn fill(
+    plan: &Plan,
+    placed: &Placed,
+    layout: &BufferLayout,
+    part: Part,
+    buf: &mut [u8],
+    threads: usize,
+) -> Result<(), ExecError> {
+    let all = feature_blocks(plan, placed)?;
+    let blocks_error = |feature: &str, message: String| ExecError::Blocks {
+        feature: feature.to_owned(),
+        message,
+    };
+    let len = buf.len();
+    let mut jobs = Vec::with_capacity(layout.slots.len());
+    let slices = layout.split_mut(buf).ok_or_else(|| {
+        blocks_error(
+            "*",
+            format!("a buffer of {len} bytes for a layout of {}", layout.bytes),
+        )
+    })?;
+    for (slot, out) in slices {
+        let f = all.iter().find(|f| f.name == slot.name);
+        let f = f.ok_or_else(|| blocks_error(&slot.name, "not placed".into()))?;
+        jobs.push((f, out));
+    }
+    jobs.sort_by_key(|(_, out)| std::cmp::Reverse(out.len()));
+    crate::par::try_each(jobs, threads, |(f, out)| {
+        f.write_part_into(placed, part, out)
+            .map_err(|e| ExecError::Io {
+                path: "the rank buffer".into(),
+                message: e.to_string(),
+            })
+    })
 }
 
 #[cfg(test)]

@@ -1,10 +1,48 @@
-//! A small parallel map for per-feature and per-block work on a sample.
+//! The one scheduler of per-feature, per-block and per-rank work on a sample.
 //!
 //! Values that are `Send` but not `Sync` (tch tensors) cannot be shared by threads:
 //! every thread gets its own handles (`make`, called on the calling thread) on the same
-//! storage. Work items are taken in order by whichever thread is free.
+//! storage. Work items are taken in order by whichever thread is free; items that own
+//! what they write (`&mut` slices of one buffer) are handed out whole ([`try_each`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// `f` on each of `items` (each taken whole, in order, by whichever of up to `threads`
+/// threads is free); the first failing item's error, as on one thread.
+pub fn try_each<I, E>(
+    items: Vec<I>,
+    threads: usize,
+    f: impl Fn(I) -> Result<(), E> + Sync,
+) -> Result<(), E>
+where
+    I: Send,
+    E: Send,
+{
+    let n = items.len();
+    let queue = Mutex::new(items.into_iter().enumerate());
+    let take = || queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+    let results = map(
+        &vec![(); threads.clamp(1, n.max(1))],
+        threads,
+        || (),
+        |_, _| {
+            let mut failed: Option<(usize, E)> = None;
+            while let Some((k, item)) = take() {
+                if let Err(e) = f(item) {
+                    if failed.as_ref().is_none_or(|(j, _)| k < *j) {
+                        failed = Some((k, e));
+                    }
+                }
+            }
+            failed
+        },
+    );
+    match results.into_iter().flatten().min_by_key(|(k, _)| *k) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
 
 /// `f` over `items` with up to `threads` threads; results in item order. Every item
 /// is run, so that the error returned is the one of the first failing item, as on one
@@ -73,6 +111,24 @@ where
 #[cfg(test)]
 mod tests {
     use super::try_map;
+
+    #[test]
+    fn owned_items_are_each_run_once_and_the_first_error_wins() {
+        for threads in [1, 2, 7] {
+            let mut out = [0u8; 100];
+            let items: Vec<(usize, &mut u8)> = out.iter_mut().enumerate().collect();
+            let r = super::try_each(items, threads, |(i, b)| {
+                *b += 1;
+                if i % 30 == 29 {
+                    Err(i)
+                } else {
+                    Ok(())
+                }
+            });
+            assert_eq!(r, Err(29), "{threads} threads");
+            assert!(out.iter().all(|&b| b == 1), "{threads} threads");
+        }
+    }
 
     #[test]
     fn results_keep_item_order_and_the_first_error_wins() {

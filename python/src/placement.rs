@@ -12,7 +12,6 @@ use std::sync::Arc;
 use featshard_exec::array::Array;
 use featshard_exec::blocks::{feature_blocks, FeatureBlocks, Part};
 use featshard_exec::files::Sample;
-use featshard_exec::sink::SliceSink;
 use featshard_exec::{ExecError, Options, Placed};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -326,7 +325,6 @@ impl Placement {
         }
         let part = part_at(self.on_mesh(coord.clone())?, compact);
         let layout = self.laid_out(compact)?;
-        let all = feature_blocks(&self.plan, &self.placed).map_err(runtime_error)?;
         let mut buffer = Buffer::new(layout.bytes).map_err(|e| {
             PyValueError::new_err(format!(
                 "the buffer of the rank at {coord:?}: cannot allocate {} bytes ({:.2} GB): {e}",
@@ -336,22 +334,8 @@ impl Placement {
         })?;
         self.inputs_alive(py)?;
         // The lock stays held while the inputs are read (see `inputs_alive`).
-        let mut slices = Vec::with_capacity(layout.slots.len());
-        let mut rest: &mut [u8] = buffer.bytes_mut();
-        let mut at = 0;
-        for slot in &layout.slots {
-            let f = all.iter().find(|f| f.name == slot.name).ok_or_else(|| {
-                PyValueError::new_err(format!("feature `{}`: not placed", slot.name))
-            })?;
-            // Recycled memory: the alignment gaps are zeroed, each block is written whole.
-            let (gap, tail) = rest.split_at_mut(slot.offset - at);
-            gap.fill(0);
-            let (mine, tail) = tail.split_at_mut(slot.nbytes());
-            slices.push((f, mine));
-            rest = tail;
-            at = slot.offset + slot.nbytes();
-        }
-        write_all(&self.placed, part, slices, threads)
+        let buf = buffer.bytes_mut();
+        featshard_exec::buffer::fill(&self.plan, &self.placed, &layout, part, buf, threads)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         buffer.into_capsule(py)
     }
@@ -390,11 +374,14 @@ impl Placement {
             )?;
             jobs.push((f, out));
         }
-        let slices: Vec<(&FeatureBlocks, &mut [u8])> =
+        let mut slices: Vec<(&FeatureBlocks, &mut [u8])> =
             jobs.iter_mut().map(|(f, m)| (*f, m.bytes_mut())).collect();
+        slices.sort_by_key(|(_, out)| std::cmp::Reverse(out.len()));
         // The lock stays held while the inputs are read (see `inputs_alive`).
-        write_all(&self.placed, part, slices, threads)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        featshard_exec::par::try_each(slices, threads, |(f, out)| {
+            f.write_part_into(&self.placed, part, out)
+        })
+        .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
     /// The executor's layout of every rank's buffer of this placement.
@@ -418,9 +405,6 @@ impl Placement {
             .try_for_each(|(name, m)| m.check_alive(py, name))
     }
 }
-
-/// One block to write: its feature and the memory it goes to.
-type Job<'f, 'b> = (&'f FeatureBlocks<'f, 'f>, &'b mut [u8]);
 
 /// A rank's block, dense or in its compact form.
 fn part_at(coord: featshard_spec::Coord, compact: bool) -> Part {
@@ -461,49 +445,4 @@ fn check_out<'m>(
         )));
     }
     Ok(())
-}
-
-/// `part` of every job's feature written on `threads` threads, the largest dealt first,
-/// each to the thread with the fewest bytes so far.
-fn write_all(
-    placed: &Placed,
-    part: Part,
-    mut jobs: Vec<(&FeatureBlocks, &mut [u8])>,
-    threads: usize,
-) -> std::io::Result<()> {
-    let threads = threads.clamp(1, jobs.len().max(1));
-    jobs.sort_by_key(|(_, out)| std::cmp::Reverse(out.len()));
-    let mut shares: Vec<(usize, Vec<Job>)> = (0..threads).map(|_| (0, Vec::new())).collect();
-    for job in jobs {
-        if let Some(least) = shares.iter_mut().min_by_key(|(bytes, _)| *bytes) {
-            least.0 += job.1.len();
-            least.1.push(job);
-        }
-    }
-    let write = |share: Vec<(&FeatureBlocks, &mut [u8])>| -> std::io::Result<()> {
-        for (f, out) in share {
-            let want = out.len();
-            let mut sink = SliceSink::new(out);
-            f.write_part(placed, part, &mut sink)?;
-            if sink.written() != want {
-                return Err(std::io::Error::other(format!(
-                    "feature `{}`: {} of its {want} bytes written",
-                    f.name,
-                    sink.written(),
-                )));
-            }
-        }
-        Ok(())
-    };
-    let mut shares = shares.into_iter().map(|(_, share)| share);
-    if threads == 1 {
-        return shares.try_for_each(write);
-    }
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = shares.map(|share| scope.spawn(|| write(share))).collect();
-        workers
-            .into_iter()
-            // A panic while writing is a bug, not an input error: it propagates.
-            .try_for_each(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-    })
 }

@@ -300,7 +300,7 @@ def _check_presharded(P: Any, D: Any, mesh: Any, root: Path, dp: bool) -> None:
     try:
         D.PreshardedDataset(root.parent / "sharded_2x2", mesh)
     except ValueError as e:
-        assert "sharded for mesh [2, 2], this CP mesh is" in str(e), str(e)
+        assert "sharded for mesh 2x2 (cp_axis_0, cp_axis_1), this mesh is" in str(e), str(e)
     else:
         raise AssertionError("a folder of another mesh was read")
     swapped = D.PreshardedDataset(root.parent / "swapped", mesh)

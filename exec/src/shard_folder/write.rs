@@ -38,8 +38,8 @@ pub fn write_rank_files(
         }
     }
     let entries = entries(plan, placed, encoding)?;
-    let threads = threads.clamp(1, world.max(1));
-    let write = |rank: usize| {
+    let ranks: Vec<usize> = (0..world).collect();
+    let write = |_: &(), &rank: &usize| {
         let file = RankFile {
             entries: &entries,
             coord: placed.layout.mesh.coord(rank),
@@ -47,27 +47,7 @@ pub fn write_rank_files(
         };
         file.write(&paths[rank], &headers[rank])
     };
-    let done: Vec<Result<FileSum, ExecError>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|k| {
-                let write = &write;
-                scope.spawn(move || {
-                    (k..world)
-                        .step_by(threads)
-                        .map(|r| (r, write(r)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        let mut all: Vec<(usize, Result<FileSum, ExecError>)> = workers
-            .into_iter()
-            // A panic while writing is a bug, not an input error: it propagates.
-            .flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect();
-        all.sort_by_key(|(r, _)| *r);
-        all.into_iter().map(|(_, s)| s).collect()
-    });
-    done.into_iter().collect()
+    crate::par::try_map(&ranks, threads, || (), write)
 }
 
 /// Every rank file's size in bytes before any is written (its header and its blocks),
