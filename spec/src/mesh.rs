@@ -1,8 +1,9 @@
 //! A mesh in numbers: the one or two axes that split a sample ([`Mesh`]), a rank's
 //! place on them ([`Coord`]), and the DP replicas in front ([`DeviceMesh`]). The plan's
-//! [`MeshPlan`] names the axes; [`Named`] is a mesh as files and messages say it
-//! (`cp=4`, `3x3 (cp0, cp1)`). Every geometry function takes a [`Mesh`]; a one-axis
-//! mesh has one axis, never a second of size 1.
+//! `MeshPlan` names the axes, and reads a mesh argument for them (`MeshPlan::parse`);
+//! [`Named`] is a mesh as files and messages say it (`cp=4`, `3x3 (cp0, cp1)`). Every
+//! geometry function takes a [`Mesh`]; a one-axis mesh has one axis, never a second of
+//! size 1.
 
 use std::fmt;
 
@@ -11,7 +12,6 @@ use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::limits::MAX_RANKS;
-use crate::plan::MeshPlan;
 
 /// Most axes a mesh splits one sample over.
 pub const MAX_MESH_AXES: usize = 2;
@@ -254,129 +254,11 @@ impl DeviceMesh {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Named(pub Vec<(String, usize)>);
 
-impl MeshPlan {
-    /// `mesh` with this plan's axis names.
-    pub fn named(&self, mesh: Mesh) -> Named {
-        Named(
-            self.axes()
-                .iter()
-                .cloned()
-                .zip(mesh.sizes().iter().copied())
-                .collect(),
-        )
-    }
-
-    /// The mesh a file names, checked against this plan: the plan's axes, in its
-    /// order, each with a size. `Err` says what differs.
-    pub fn mesh_of(&self, named: &Named) -> Result<Mesh, String> {
-        let names: Vec<&String> = named.0.iter().map(|(n, _)| n).collect();
-        if names.len() != self.axes().len() || names.iter().zip(self.axes()).any(|(a, b)| *a != b) {
-            return Err(format!(
-                "mesh {named} names axes ({}); the spec's mesh is ({})",
-                names
-                    .iter()
-                    .map(|n| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                self.axes().join(", ")
-            ));
-        }
-        let sizes: Vec<usize> = named.0.iter().map(|&(_, n)| n).collect();
-        Mesh::new(&sizes)
-    }
-
-    /// Parses a `--mesh` argument for this plan: one size per axis (`3x3` on
-    /// `(cp0, cp1)`, `8` on `(cp,)`), the DP size optionally in front (`2x3x3`), or the
-    /// axes by name (`cp0=3,cp1=3`, `dp=2,cp=8`). Any other count or name is refused by
-    /// name, never read as another mesh.
-    pub fn parse(&self, s: &str) -> Result<DeviceMesh, String> {
-        let bad = |why: String| format!("mesh `{s}`: {why}");
-        let (dp, sizes) = if s.contains('=') {
-            self.parse_named(s).map_err(bad)?
-        } else {
-            let sizes = s
-                .split(['x', 'X'])
-                .map(|p| p.trim().parse::<usize>().ok().filter(|&n| n > 0))
-                .collect::<Option<Vec<usize>>>()
-                .ok_or_else(|| bad("sizes must be positive integers: 3x3, 2x3x3 or 8".into()))?;
-            let axes = self.axes().len();
-            match sizes.len() {
-                n if n == axes => (1, sizes),
-                n if n == axes + 1 => (sizes[0], sizes[1..].to_vec()),
-                n => {
-                    return Err(bad(format!(
-                        "{} for the spec's mesh ({}): one per axis ({}), the DP size optionally in front",
-                        sizes_text(n),
-                        self.axes().join(", "),
-                        self.example(&sizes)
-                    )))
-                }
-            }
-        };
-        let cp = self.matched(&sizes).map_err(bad)?;
-        DeviceMesh::new(dp, cp).map_err(bad)
-    }
-
-    /// `dp=2,cp0=3,cp1=3`: every axis of the spec's mesh named once, `dp` optional.
-    fn parse_named(&self, s: &str) -> Result<(usize, Vec<usize>), String> {
-        let mut dp = None;
-        let mut sizes = vec![None; self.axes().len()];
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (name, n) = part
-                .split_once('=')
-                .ok_or_else(|| format!("`{part}` is not AXIS=SIZE"))?;
-            let n = n
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("`{part}`: the size must be a positive integer"))?;
-            let name = name.trim();
-            let slot = match self.axes().iter().position(|a| a == name) {
-                Some(m) => &mut sizes[m],
-                None if Some(name) == self.dp.as_deref() || (self.dp.is_none() && name == "dp") => {
-                    &mut dp
-                }
-                None => {
-                    return Err(format!(
-                        "`{name}` is not an axis of the spec's mesh ({})",
-                        self.axes().join(", ")
-                    ))
-                }
-            };
-            if slot.replace(n).is_some() {
-                return Err(format!("axis `{name}` is given twice"));
-            }
-        }
-        let sizes = sizes
-            .into_iter()
-            .zip(self.axes())
-            .map(|(n, a)| n.ok_or_else(|| format!("no size for axis `{a}`")))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok((dp.unwrap_or(1), sizes))
-    }
-
-    /// A mesh of one size per axis of this plan's mesh, refused by name when the count
-    /// is not the plan's: `3` is no `(cp0, cp1)` mesh, and `2x2` no `(cp,)` mesh.
-    pub fn matched(&self, sizes: &[usize]) -> Result<Mesh, String> {
-        if sizes.len() != self.axes().len() {
-            return Err(format!(
-                "sizes {sizes:?} for the spec's mesh ({}): one size per axis ({})",
-                self.axes().join(", "),
-                self.example(sizes)
-            ));
-        }
-        Mesh::new(sizes)
-    }
-
-    /// A mesh argument for this plan made of the sizes given, as an example of the
-    /// form: `` `3` `` on one axis, `` `3x2` `` on two.
-    pub fn example(&self, sizes: &[usize]) -> String {
-        let first = sizes.first().copied().unwrap_or(3);
-        match self.axes().len() {
-            1 => format!("`{first}`"),
-            _ => format!("`{first}x{}`", sizes.get(1).copied().unwrap_or(first)),
-        }
+/// `1 size`, `3 sizes`.
+pub fn sizes_text(n: usize) -> String {
+    match n {
+        1 => "1 size".to_owned(),
+        n => format!("{n} sizes"),
     }
 }
 
@@ -384,14 +266,6 @@ impl Named {
     /// How many ranks: the product of the sizes.
     pub fn ranks(&self) -> usize {
         self.0.iter().map(|&(_, n)| n).product()
-    }
-}
-
-/// `1 size`, `3 sizes`.
-pub fn sizes_text(n: usize) -> String {
-    match n {
-        1 => "1 size".to_owned(),
-        n => format!("{n} sizes"),
     }
 }
 
@@ -526,41 +400,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(old.contains("before it named mesh axes"), "{old}");
-    }
-
-    fn plan_mesh(axes: &[&str], dp: Option<&str>) -> MeshPlan {
-        MeshPlan {
-            split: crate::plan::SplitPlan::Cp(axes.iter().map(|a| a.to_string()).collect()),
-            dp: dp.map(str::to_owned),
-        }
-    }
-
-    #[test]
-    fn parses_sizes_and_names_for_the_plan() {
-        let tile = plan_mesh(&["cp0", "cp1"], Some("dp"));
-        let axis = plan_mesh(&["cp"], None);
-        let at = |p: &MeshPlan, s: &str| p.parse(s).map(|m| (m.dp, m.cp.sizes().to_vec()));
-        assert_eq!(at(&tile, "3x3"), Ok((1, vec![3, 3])));
-        assert_eq!(at(&tile, "2x2x3"), Ok((2, vec![2, 3])));
-        assert_eq!(at(&tile, "cp1=3, cp0=2,dp=2"), Ok((2, vec![2, 3])));
-        assert_eq!(at(&axis, "8"), Ok((1, vec![8])));
-        assert_eq!(at(&axis, "2x3"), Ok((2, vec![3])));
-        assert_eq!(at(&axis, "cp=4,dp=2"), Ok((2, vec![4])));
-        for (p, bad, says) in [
-            (&tile, "3", "1 size for the spec's mesh (cp0, cp1)"),
-            (&axis, "2x2x2", "3 sizes for the spec's mesh (cp)"),
-            (&tile, "2x0", "positive integers"),
-            (&tile, "cp0=3", "no size for axis `cp1`"),
-            (&tile, "cp0=3,cp0=3,cp1=1", "given twice"),
-            (&axis, "cq=3", "`cq` is not an axis of the spec's mesh (cp)"),
-        ] {
-            let e = p.parse(bad).unwrap_err();
-            assert!(e.contains(says), "{bad}: {e}");
-        }
-        let named = tile.named(Mesh::new(&[3, 2]).unwrap());
-        assert_eq!(named.to_string(), "3x2 (cp0, cp1)");
-        assert_eq!(tile.mesh_of(&named).unwrap().sizes(), &[3, 2]);
-        let e = axis.mesh_of(&named).unwrap_err();
-        assert!(e.contains("the spec's mesh is (cp)"), "{e}");
     }
 }
