@@ -17,10 +17,10 @@ pub const STATUS_BYTES: usize = 1024;
 
 /// Words of a terms digest in a vote (60 bits each: a word and its negation both fit
 /// an `i64`).
-pub const WORDS: usize = 4;
+pub(crate) const WORDS: usize = 4;
 
 /// Length of a vote: the failure flag, the digest's words, their negations.
-pub const VOTE_LEN: usize = 1 + 2 * WORDS;
+pub(crate) const VOTE_LEN: usize = 1 + 2 * WORDS;
 
 /// Characters of a name or value kept in a frame (digests cover the whole value).
 const CLIP: usize = 64;
@@ -78,7 +78,7 @@ impl Terms {
     }
 
     /// The digest as [`WORDS`] 60-bit words.
-    pub fn words(&self) -> [i64; WORDS] {
+    pub(crate) fn words(&self) -> [i64; WORDS] {
         let mut words = [0i64; WORDS];
         for (k, w) in words.iter_mut().enumerate() {
             let hex = self.digest.get(k * 15..(k + 1) * 15).unwrap_or("");

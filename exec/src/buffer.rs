@@ -17,7 +17,7 @@ use crate::error::ExecError;
 use crate::placed::Placed;
 
 /// Byte alignment of every slot: any dtype's view is legal at it, and a cache line.
-pub const ALIGN: usize = 64;
+pub(crate) const ALIGN: usize = 64;
 
 /// How a compact slot's block expands to the dense block the model takes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,11 +126,7 @@ impl BufferLayout {
     /// Bytes the dense blocks of the compact slots take, each at an [`ALIGN`]ed offset
     /// (room a receiver expands them into).
     pub fn expanded_bytes(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| s.compact.is_some())
-            .map(|s| s.dense_nbytes().next_multiple_of(ALIGN))
-            .sum()
+        room_offsets(&self.slots).1
     }
 
     /// `buf` (at least [`BufferLayout::bytes`] long) cut into each slot's bytes, in slot
@@ -186,18 +182,40 @@ impl BufferLayout {
 
 /// Runs of `sizes` bytes laid back to back, each at an [`ALIGN`]ed offset: their
 /// offsets, and the bytes they span. Every buffer of several blocks is laid out so (a
-/// rank's buffer, the blocks a reader moves to a device in one copy).
+/// rank's buffer, the room after it, the blocks a reader moves to a device in one copy).
+/// Sizes from a layout (within the spec's limits) always fit; see [`checked_packed`].
 pub fn packed(sizes: &[usize]) -> (Vec<usize>, usize) {
+    checked_packed(sizes).unwrap_or_else(|_| (vec![usize::MAX; sizes.len()], usize::MAX))
+}
+
+/// [`packed`] of sizes from outside: `Err` with the index of the first run whose end
+/// would pass `usize`.
+pub fn checked_packed(sizes: &[usize]) -> Result<(Vec<usize>, usize), usize> {
     let mut end = 0usize;
-    let offsets = sizes
+    let mut offsets = Vec::with_capacity(sizes.len());
+    for (k, &n) in sizes.iter().enumerate() {
+        let at = end.checked_next_multiple_of(ALIGN).ok_or(k)?;
+        end = at.checked_add(n).ok_or(k)?;
+        offsets.push(at);
+    }
+    Ok((offsets, end))
+}
+
+/// Where each compact slot's dense block lies in the room after a buffer (counted from
+/// [`BufferLayout::room_at`]), in slot order (`None` for a slot without a compact
+/// form), and the room's bytes: each block [`ALIGN`]ed, the room a multiple of it.
+pub fn room_offsets(slots: &[Slot]) -> (Vec<Option<usize>>, usize) {
+    let sizes: Vec<usize> = slots
         .iter()
-        .map(|&n| {
-            let at = end.next_multiple_of(ALIGN);
-            end = at + n;
-            at
-        })
+        .filter(|s| s.compact.is_some())
+        .map(Slot::dense_nbytes)
         .collect();
-    (offsets, end)
+    let (offsets, end) = packed(&sizes);
+    let mut next = offsets.into_iter();
+    let at = slots
+        .iter()
+        .map(|s| s.compact.as_ref().and_then(|_| next.next()));
+    (at.collect(), end.next_multiple_of(ALIGN))
 }
 
 /// The slots of every feature `placed` places, in name order (see [`block_slot`]).

@@ -68,21 +68,25 @@ pub(crate) fn check_blocks<'py>(
     blocks: &[Compact<'_, 'py>],
 ) -> Result<(Vec<Checked>, usize), String> {
     let mut checked = Vec::with_capacity(blocks.len());
-    let mut end = 0usize;
+    let mut sizes = Vec::with_capacity(blocks.len());
     for b in blocks {
         let memory = Memory::new(&b.name, &b.stored).map_err(|e| e.to_string())?;
         let array = Array::borrowed(memory.dtype, memory.shape.clone(), memory.bytes(), None);
         let form = check_stored(&b.name, b.plan, &b.dense, &array).map_err(|e| e.to_string())?;
         // `check_stored` has shown each block's bytes addressable; their sum may not be.
-        let bytes = b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype);
-        let offset = end.checked_next_multiple_of(featshard_exec::buffer::ALIGN);
-        end = offset.and_then(|o| o.checked_add(bytes)).ok_or_else(|| {
-            format!(
-                "feature `{}`: the dense blocks are larger than memory can address",
-                b.name
-            )
-        })?;
-        checked.push((memory, form, end - bytes));
+        sizes.push(b.dense.iter().product::<usize>() * dtype::size(b.plan.dtype));
+        checked.push((memory, form));
     }
+    let (offsets, end) = featshard_exec::buffer::checked_packed(&sizes).map_err(|k| {
+        format!(
+            "feature `{}`: the dense blocks are larger than memory can address",
+            blocks[k].name
+        )
+    })?;
+    let checked = checked
+        .into_iter()
+        .zip(offsets)
+        .map(|((memory, form), at)| (memory, form, at))
+        .collect();
     Ok((checked, end))
 }

@@ -225,7 +225,7 @@ impl OneHot {
 }
 
 /// The smallest integer dtype holding `0..=classes`.
-pub fn index_dtype(classes: usize) -> DType {
+pub(crate) fn index_dtype(classes: usize) -> DType {
     if classes <= u8::MAX as usize {
         DType::Uint8
     } else if classes <= i16::MAX as usize {

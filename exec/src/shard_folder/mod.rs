@@ -59,7 +59,7 @@ pub fn new_run_id(plan: &Plan) -> String {
 }
 
 /// A dataset's list of sample folders.
-pub const DATASET: &str = "dataset.json";
+pub(crate) const DATASET: &str = "dataset.json";
 
 /// Largest manifest read (a 2^27-item layout's positions are about 1 GB of JSON).
 const MAX_MANIFEST_BYTES: u64 = 2 << 30;

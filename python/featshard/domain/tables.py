@@ -83,26 +83,17 @@ class DomainTables:
 
     def _place(self, inputs: Mapping[str, Any], mesh_sizes: Sequence[int]) -> tuple[blocks.Placement, dict[str, int]]:
         """The sample validated and laid out by the executor, and its semantics' lengths."""
-        mesh = self._mesh(mesh_sizes)
+        # The executor reads the sizes for the spec's mesh, one per axis, or refuses them.
+        mesh = tuple(int(n) for n in mesh_sizes)
         try:
             placed = place(self.plan, inputs, mesh)
         except (ValueError, TypeError) as e:
             raise FeatureDistributionError(str(e)) from None
         return placed, placed.layout.sizes
 
-    def _mesh(self, mesh_sizes: Sequence[int]) -> tuple[int, ...]:
-        """A domain mesh of this plan's axes: one size per axis, as the executor takes it."""
-        sizes = tuple(int(n) for n in mesh_sizes)
-        if len(sizes) != len(self.domain_axes):
-            raise FeatureDistributionError(
-                f"a domain mesh of {len(self.domain_axes)} axes {self.domain_axes}, got sizes {sizes}"
-            )
-        return sizes
-
     def check_shapes(self, shapes: Mapping[str, tuple[Sequence[int], torch.dtype]], mesh_sizes: Sequence[int]) -> dict[str, int]:
         """`check_inputs` on the inputs' shapes and dtypes alone (a file's header, say): the
         executor's checks that need no values, then the layout's on `mesh_sizes`."""
-        self._mesh(mesh_sizes)
         named = {n: (dtype_name(d), [int(x) for x in s]) for n, (s, d) in shapes.items()}
         try:
             lengths = self.plan.check_shapes(named)
@@ -190,7 +181,7 @@ class DomainTables:
         no process group: what each rank's ShardTensor holds after `scatter`, written by
         featshard's byte executor (the Rust runtime's) from the sample's memory. Raises
         FeatureDistributionError naming the feature and axis at fault."""
-        mesh = self._mesh(mesh_sizes)
+        mesh = tuple(int(n) for n in mesh_sizes)
         try:
             placed = place(self.plan, inputs, mesh, threads=threads)
         except ValueError as e:

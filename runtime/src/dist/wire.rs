@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 use super::on_device;
 use crate::kind::kind_of;
 use crate::shard::{DTensorMeta, LocalBlock};
-use featshard_exec::buffer::{BufferLayout, Expansion, Global, Slot, ALIGN};
+use featshard_exec::buffer::{room_offsets, BufferLayout, Expansion, Global, Slot};
 
 /// The first message of a step, from the source to its CP group (once the world agreed
 /// that the source holds a sample): what every rank's buffer will hold.
@@ -62,17 +62,17 @@ pub fn unpack_into(
 ) -> Result<Unpacked, SlotError> {
     let mut blocks = BTreeMap::new();
     let mut passthrough = BTreeMap::new();
-    let mut at = 0;
-    for slot in slots {
+    let (at, _) = room_offsets(slots);
+    for (slot, at) in slots.iter().zip(at) {
         let t = view(buf, slot).map_err(|e| (slot.name.clone(), e))?;
-        let t = match (&slot.compact, room) {
-            (Some(c), Some(room)) => {
-                let dense = dense_view(room, &mut at, c).map_err(|e| (slot.name.clone(), e))?;
+        let t = match (&slot.compact, room, at) {
+            (Some(c), Some(room), Some(at)) => {
+                let dense = dense_view(room, at, c).map_err(|e| (slot.name.clone(), e))?;
                 expand_into(&slot.name, &t, c, &dense).map_err(|e| (slot.name.clone(), e))?;
                 dense
             }
-            (Some(c), None) => expand(&slot.name, &t, c).map_err(|e| (slot.name.clone(), e))?,
-            (None, _) => t,
+            (Some(c), _, _) => expand(&slot.name, &t, c).map_err(|e| (slot.name.clone(), e))?,
+            (None, _, _) => t,
         };
         match &slot.global {
             Some(Global {
@@ -128,16 +128,15 @@ fn expand(
     .map_err(torch_error)
 }
 
-/// The next dense block's view of `room`, at byte `at` (moved past it, aligned).
+/// A dense block's view of `room`, at byte `at` ([`room_offsets`]).
 fn dense_view(
     room: &Tensor,
-    at: &mut usize,
+    at: usize,
     Expansion { dtype, shape, .. }: &Expansion,
 ) -> Result<Tensor, tch::TchError> {
     let kind = kind_of(*dtype);
     let n = shape.iter().product::<usize>() * kind.elt_size_in_bytes();
-    let bytes = room.f_narrow(0, *at as i64, n as i64)?;
-    *at += n.next_multiple_of(ALIGN);
+    let bytes = room.f_narrow(0, at as i64, n as i64)?;
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let typed = if kind == Kind::Uint8 {
         bytes
