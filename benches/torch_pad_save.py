@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 def main(sample_path: str, manifest_path: str, out: str) -> None:
     torch.set_num_threads(1)
     manifest = json.loads(Path(manifest_path).read_text())
-    mesh = manifest["mesh"]
+    # The mesh's sizes, one per axis (the layout's; `mesh` names the axes); a 2-D tile here.
+    mesh = manifest["layout"]["mesh"]
     sample = load_file(sample_path)
     padded: dict[str, torch.Tensor] = {}
     for name, f in manifest["features"].items():
