@@ -41,18 +41,7 @@ impl Mesh {
                 sizes.len()
             ));
         }
-        let mut ranks: usize = 1;
-        for &n in sizes {
-            if n == 0 {
-                return Err(format!("mesh {sizes:?}: a mesh axis of size 0"));
-            }
-            ranks = ranks
-                .checked_mul(n)
-                .filter(|&w| w <= MAX_RANKS)
-                .ok_or_else(|| {
-                    format!("mesh {sizes:?}: more than the limit of {MAX_RANKS} ranks")
-                })?;
-        }
+        crate::limits::check_mesh(sizes)?;
         let mut at = [1; MAX_MESH_AXES];
         at[..sizes.len()].copy_from_slice(sizes);
         Ok(Mesh {
