@@ -52,35 +52,44 @@ pub fn feature_blocks<'p, 'a>(
     plan: &'p Plan,
     placed: &'p Placed<'a>,
 ) -> Result<Vec<FeatureBlocks<'p, 'a>>, ExecError> {
-    let mut out = Vec::new();
-    for (name, x) in &placed.arrays {
-        let shapes = placed.shapes.get(name).ok_or_else(|| ExecError::Missing {
-            feature: name.clone(),
-        })?;
-        let blocks = FeatureBlocks::placed(plan, name, x, shapes, &placed.layout)?;
-        out.push(
-            blocks
-                .with_compact(placed.compact.get(name))
-                .with_entries(placed.entries.get(name).copied()),
-        );
+    let names = placed.arrays.keys().chain(placed.passthrough.keys());
+    names.map(|name| placed.blocks(plan, name)).collect()
+}
+
+impl<'a> Placed<'a> {
+    /// The writer of feature `name`'s blocks: a placed feature's, or a passthrough
+    /// feature's (written whole).
+    pub fn blocks<'p>(
+        &'p self,
+        plan: &'p Plan,
+        name: &str,
+    ) -> Result<FeatureBlocks<'p, 'a>, ExecError> {
+        let missing = || ExecError::Missing {
+            feature: name.to_owned(),
+        };
+        if let Some(x) = self.passthrough.get(name) {
+            return Ok(FeatureBlocks {
+                name: name.to_owned(),
+                dtype: x.dtype(),
+                shape: x.shape(),
+                x,
+                placed: None,
+                pad: Vec::new(),
+                plan,
+                layout: &self.layout,
+                compact: None,
+                given: false,
+                entries: None,
+                narrow: false,
+            });
+        }
+        let x = self.arrays.get(name).ok_or_else(missing)?;
+        let shapes = self.shapes.get(name).ok_or_else(missing)?;
+        let blocks = FeatureBlocks::placed(plan, name, x, shapes, &self.layout)?;
+        Ok(blocks
+            .with_compact(self.compact.get(name))
+            .with_entries(self.entries.get(name).copied()))
     }
-    for (name, x) in &placed.passthrough {
-        out.push(FeatureBlocks {
-            name: name.clone(),
-            dtype: x.dtype(),
-            shape: x.shape(),
-            x,
-            placed: None,
-            pad: Vec::new(),
-            plan,
-            layout: &placed.layout,
-            compact: None,
-            given: false,
-            entries: None,
-            narrow: false,
-        });
-    }
-    Ok(out)
 }
 
 impl<'p, 'a> FeatureBlocks<'p, 'a> {

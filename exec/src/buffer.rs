@@ -8,6 +8,7 @@
 
 use featshard_spec::ir::{DType, Placement};
 use featshard_spec::plan::{FeatureShapes, Plan, TensorPlan};
+use featshard_spec::Coord;
 use serde::{Deserialize, Serialize};
 
 use crate::blocks::{feature_blocks, FeatureBlocks, Part};
@@ -249,40 +250,66 @@ pub fn block_slot(t: &TensorPlan, f: &FeatureBlocks, s: &FeatureShapes, compact:
     slot
 }
 
-/// Every slot's block of the rank at `part` (its dense or compact block) written into
-/// `buf`, laid out as `layout` says, on up to `threads` threads (the largest blocks
-/// dealt first): the one writer of a rank's buffer from a placed sample.
+/// The slots of the features `placed` carries along whole, in name order: each rides
+/// its own slot, as it is, without DTensor metadata.
+pub fn passthrough_slots(placed: &Placed) -> Vec<Slot> {
+    let whole =
+        |(name, x): (&String, &crate::array::Array)| Slot::new(name, x.dtype(), x.shape(), None);
+    placed.passthrough.iter().map(whole).collect()
+}
+
+/// The buffer of the rank at `coord` written into `buf`, laid out as `layout` says
+/// (see [`fill_ranks`]).
 pub fn fill(
     plan: &Plan,
     placed: &Placed,
     layout: &BufferLayout,
-    part: Part,
+    coord: Coord,
     buf: &mut [u8],
     threads: usize,
 ) -> Result<(), ExecError> {
+    fill_ranks(plan, placed, layout, vec![(coord, buf)], threads)
+}
+
+/// The buffer of each rank (at its CP coordinate) written, laid out as `layout` says:
+/// each slot's block, compact where the slot holds its compact form, a passed-through
+/// feature whole, alignment gaps zeroed; on up to `threads` threads, the largest
+/// blocks of every rank dealt first. The one writer of rank buffers from a placed
+/// sample, for every distributor.
+pub fn fill_ranks(
+    plan: &Plan,
+    placed: &Placed,
+    layout: &BufferLayout,
+    buffers: Vec<(Coord, &mut [u8])>,
+    threads: usize,
+) -> Result<(), ExecError> {
     let all = feature_blocks(plan, placed)?;
-    let blocks_error = |feature: &str, message: String| ExecError::Blocks {
-        feature: feature.to_owned(),
-        message,
-    };
-    let len = buf.len();
-    let mut jobs = Vec::with_capacity(layout.slots.len());
-    let slices = layout.split_mut(buf).ok_or_else(|| {
-        blocks_error(
-            "*",
-            format!("a buffer of {len} bytes for a layout of {}", layout.bytes),
-        )
-    })?;
-    for (slot, out) in slices {
-        let f = all.iter().find(|f| f.name == slot.name);
-        let f = f.ok_or_else(|| blocks_error(&slot.name, "not placed".into()))?;
-        jobs.push((f, out));
+    let mut jobs = Vec::with_capacity(layout.slots.len() * buffers.len());
+    for (coord, buf) in buffers {
+        let len = buf.len();
+        let slices = layout.split_mut(buf).ok_or_else(|| ExecError::Blocks {
+            feature: "*".into(),
+            message: format!("a buffer of {len} bytes for a layout of {}", layout.bytes),
+        })?;
+        for (slot, out) in slices {
+            let f = all.iter().find(|f| f.name == slot.name);
+            let f = f.ok_or_else(|| ExecError::Blocks {
+                feature: slot.name.clone(),
+                message: "the buffer layout has a slot for it; this sample has no such feature"
+                    .into(),
+            })?;
+            let part = match slot.compact {
+                Some(_) => Part::Compact(coord),
+                None => Part::Block(coord),
+            };
+            jobs.push((f, part, out));
+        }
     }
-    jobs.sort_by_key(|(_, out)| std::cmp::Reverse(out.len()));
-    crate::par::try_each(jobs, threads, |(f, out)| {
+    jobs.sort_by_key(|(_, _, out)| std::cmp::Reverse(out.len()));
+    crate::par::try_each(jobs, threads, |(f, part, out)| {
         f.write_part_into(placed, part, out)
-            .map_err(|e| ExecError::Io {
-                path: "the rank buffer".into(),
+            .map_err(|e| ExecError::Blocks {
+                feature: f.name.clone(),
                 message: e.to_string(),
             })
     })

@@ -323,7 +323,7 @@ impl Placement {
                 self.plan.module
             )));
         }
-        let part = part_at(self.on_mesh(coord.clone())?, compact);
+        let at = self.on_mesh(coord.clone())?;
         let layout = self.laid_out(compact)?;
         let mut buffer = Buffer::new(layout.bytes).map_err(|e| {
             PyValueError::new_err(format!(
@@ -335,7 +335,7 @@ impl Placement {
         self.inputs_alive(py)?;
         // The lock stays held while the inputs are read (see `inputs_alive`).
         let buf = buffer.bytes_mut();
-        featshard_exec::buffer::fill(&self.plan, &self.placed, &layout, part, buf, threads)
+        featshard_exec::buffer::fill(&self.plan, &self.placed, &layout, at, buf, threads)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         buffer.into_capsule(py)
     }
@@ -403,14 +403,6 @@ impl Placement {
         self.inputs
             .iter()
             .try_for_each(|(name, m)| m.check_alive(py, name))
-    }
-}
-
-/// A rank's block, dense or in its compact form.
-fn part_at(coord: featshard_spec::Coord, compact: bool) -> Part {
-    match compact {
-        true => Part::Compact(coord),
-        false => Part::Block(coord),
     }
 }
 

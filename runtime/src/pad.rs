@@ -7,17 +7,16 @@
 
 use std::collections::BTreeMap;
 
-use featshard_exec::array::Array;
 use featshard_exec::blocks::{FeatureBlocks, Part};
 use featshard_exec::buffer::{block_slot, Slot};
 use featshard_spec::plan::{FeatureShapes, Plan, SampleLayout};
 use featshard_spec::{Coord, Mesh};
 use tch::{Device, Tensor};
 
-use crate::error::{RuntimeError, TorchContext};
+use crate::error::RuntimeError;
 use crate::kind::kind_of;
-use crate::sample::{handles, Features, Options};
-use crate::views::{new_written, tensor, view, views, write_into};
+use crate::sample::{Features, Options};
+use crate::views::{new_written, view, write_into};
 
 /// One sample in the padded global layout of one mesh.
 #[derive(Debug)]
@@ -34,32 +33,7 @@ pub struct Padded {
     pub intake: IntakeReport,
 }
 
-/// A validated sample placed on one mesh, not yet padded.
-#[derive(Debug)]
-pub struct Placed {
-    /// Padded lengths and owner-block positions.
-    pub layout: SampleLayout,
-    /// Every tensor feature's shapes.
-    pub shapes: BTreeMap<String, FeatureShapes>,
-    /// Every tensor feature at its serial shape, index values already in the padded
-    /// layout (one-hot maps are moved by their axes instead).
-    pub tensors: BTreeMap<String, Tensor>,
-    /// Features carried along untouched.
-    pub passthrough: BTreeMap<String, Tensor>,
-    /// What intake did to the sample as emitted (incoming pads, dropped keys).
-    pub intake: IntakeReport,
-    /// Every one-hot feature's and map's indices, as the executor made them
-    /// (`featshard_exec::compact`).
-    pub compact: BTreeMap<String, Array<'static>>,
-    /// Every sparse feature's room for entries: the most any rank's block holds.
-    pub entries: BTreeMap<String, usize>,
-    /// Features given compact that intake holds by their rows or elements (a one-hot
-    /// map given as indices, a sparse feature given as its elements): their blocks are
-    /// written from them, and their dense serial form is never made. They have no entry
-    /// in `tensors`.
-    pub held: BTreeMap<String, Array<'static>>,
-}
-
+pub use crate::views::Placed;
 pub use featshard_exec::IntakeReport;
 
 /// Validates a serial sample and pads it for `mesh`.
@@ -74,97 +48,56 @@ pub fn pad(
 
 /// Validates a serial sample and places it on `mesh`: layout, shapes, index values
 /// remapped, nothing outside the diagonal blocks of co-sharded features. The rules run
-/// in the byte executor on views of the tensors; their result comes back as tensors.
+/// in the byte executor on views of the tensors; every block is then written by it
+/// from them.
 pub fn place(
     plan: &Plan,
     mesh: Mesh,
     features: &Features,
     opts: &Options,
 ) -> Result<Placed, RuntimeError> {
-    let seen = views(plan, features)?;
-    let placed = featshard_exec::place(plan, mesh, &seen, opts)?;
-    let held: BTreeMap<String, Array<'static>> = placed
-        .arrays
-        .iter()
-        .filter(|(_, a)| a.is_rows_only() || a.entry_list().is_some())
-        .filter_map(|(n, a)| Some((n.clone(), a.to_static()?)))
-        .collect();
-    // Contiguous once here, so that every later write views them without a copy.
-    let tensors = placed
-        .arrays
-        .iter()
-        .filter(|(n, _)| !held.contains_key(*n))
-        .map(|(n, a)| {
-            let x = tensor(n, a, features.get(n).zip(seen.get(n)))?;
-            Ok((n.clone(), x.f_contiguous().feature(n)?))
-        })
-        .collect::<Result<_, RuntimeError>>()?;
-    let passthrough = placed
-        .passthrough
-        .keys()
-        .map(|n| (n.clone(), features[n].shallow_clone()))
-        .collect();
-    Ok(Placed {
-        layout: placed.layout,
-        shapes: placed.shapes,
-        tensors,
-        passthrough,
-        intake: placed.intake,
-        compact: placed.compact,
-        entries: placed.entries,
-        held,
-    })
+    Placed::new(plan, mesh, features, opts)
 }
 
 impl Placed {
-    /// Another handle on the same tensors (tensors are `Send`, not `Sync`: each thread
-    /// writing blocks holds its own).
-    pub fn shallow_clone(&self) -> Placed {
-        Placed {
-            layout: self.layout.clone(),
-            shapes: self.shapes.clone(),
-            tensors: handles(&self.tensors),
-            passthrough: handles(&self.passthrough),
-            intake: self.intake.clone(),
-            compact: self.compact.clone(),
-            entries: self.entries.clone(),
-            held: self.held.clone(),
-        }
+    /// Padded lengths and owner-block positions.
+    pub fn layout(&self) -> &SampleLayout {
+        &self.exec().layout
     }
 
-    /// Every placed feature's name, sorted: those held as tensors and those held by
-    /// their rows or elements.
+    /// What intake did to the sample as emitted (incoming pads, dropped keys).
+    pub fn intake(&self) -> &IntakeReport {
+        &self.exec().intake
+    }
+
+    /// Every placed feature's name, sorted.
     pub fn names(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .tensors
-            .keys()
-            .chain(self.held.keys())
-            .cloned()
-            .collect();
-        out.sort();
-        out
+        self.exec().arrays.keys().cloned().collect()
     }
 
-    /// Runs `f` on the executor's writer of one tensor feature, with the device its
-    /// tensor is on (the CPU for a feature held by its rows or elements).
+    /// Every passed-through feature's name, sorted.
+    pub fn passthrough_names(&self) -> Vec<String> {
+        self.exec().passthrough.keys().cloned().collect()
+    }
+
+    /// Runs `f` on the executor's writer of one placed feature, with the device its
+    /// padded tensor goes to (the device of the tensor the sample gave for it; the
+    /// CPU for one the executor made).
     pub(crate) fn with_blocks<R>(
         &self,
         plan: &Plan,
         name: &str,
         f: impl FnOnce(&FeatureBlocks, Device, &FeatureShapes) -> Result<R, RuntimeError>,
     ) -> Result<R, RuntimeError> {
-        let missing = || RuntimeError::Missing {
-            feature: name.to_owned(),
-        };
-        let shapes = self.shapes.get(name).ok_or_else(missing)?;
-        let (seen, device) = match (self.held.get(name), self.tensors.get(name)) {
-            (Some(a), _) => (a.clone(), Device::Cpu),
-            (None, Some(x)) => (view(plan, name, x)?, x.device()),
-            (None, None) => return Err(missing()),
-        };
-        let blocks = FeatureBlocks::placed(plan, name, &seen, shapes, &self.layout)?
-            .with_compact(self.compact.get(name))
-            .with_entries(self.entries.get(name).copied());
+        let shapes = self
+            .exec()
+            .shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::Missing {
+                feature: name.to_owned(),
+            })?;
+        let blocks = self.exec().blocks(plan, name)?;
+        let device = self.input(name).map_or(Device::Cpu, Tensor::device);
         f(&blocks, device, shapes)
     }
 
@@ -257,12 +190,17 @@ impl Placed {
             .into_iter()
             .map(|n| Ok((n.clone(), self.padded(plan, &n)?)))
             .collect::<Result<_, RuntimeError>>()?;
+        let passthrough = self
+            .passthrough_names()
+            .into_iter()
+            .filter_map(|n| Some((n.clone(), self.input(&n)?.shallow_clone())))
+            .collect();
         Ok(Padded {
-            layout: self.layout,
-            shapes: self.shapes,
+            layout: self.layout().clone(),
+            shapes: self.exec().shapes.clone(),
             tensors,
-            passthrough: self.passthrough,
-            intake: self.intake,
+            passthrough,
+            intake: self.intake().clone(),
         })
     }
 }

@@ -15,11 +15,12 @@ use featshard_exec::files::Sample;
 use featshard_exec::sink::SliceSink;
 use featshard_spec::ir::DType;
 use featshard_spec::plan::Plan;
+use featshard_spec::Mesh;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::{dtype_of, kind_name, kind_of};
-use crate::sample::Features;
+use crate::sample::{handles, Features, Options};
 
 /// Every feature as a view (or, off the CPU or not contiguous, a copy).
 pub(crate) fn views<'t>(plan: &Plan, features: &'t Features) -> Result<Sample<'t>, RuntimeError> {
@@ -31,6 +32,16 @@ pub(crate) fn views<'t>(plan: &Plan, features: &'t Features) -> Result<Sample<'t
 
 /// One feature as a view (or a copy; see [`views`]).
 pub(crate) fn view<'t>(plan: &Plan, name: &str, x: &'t Tensor) -> Result<Array<'t>, RuntimeError> {
+    // SAFETY: the view borrows `x` for `'t`, which keeps its memory alive.
+    unsafe { viewed(plan, name, x) }
+}
+
+/// [`view`] for any lifetime the caller names.
+///
+/// # Safety
+/// A view (not a copy) reads the memory of `x`: the caller keeps a handle on `x`'s
+/// storage alive for `'t`, and no handle writes or resizes it meanwhile.
+unsafe fn viewed<'t>(plan: &Plan, name: &str, x: &Tensor) -> Result<Array<'t>, RuntimeError> {
     let shape: Vec<usize> = x.size().iter().map(|&d| d as usize).collect();
     let Some(dtype) = dtype_of(x.kind()) else {
         // No spec dtype: refused by name when the spec places it; carried as bytes
@@ -48,8 +59,7 @@ pub(crate) fn view<'t>(plan: &Plan, name: &str, x: &'t Tensor) -> Result<Array<'
     let bytes = numel * featshard_exec::dtype::size(dtype);
     if x.device() == Device::Cpu && x.is_contiguous() && numel > 0 && !marked(x) {
         // SAFETY: a contiguous CPU tensor of `numel` elements of `dtype` holds `bytes`
-        // bytes at `data_ptr`, alive while `x` (borrowed for `'t`) is. The pipeline only
-        // reads samples: no handle writes into them while this view lives.
+        // bytes at `data_ptr`, alive and unwritten for `'t` (this function's contract).
         let data = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const u8, bytes) };
         return Ok(Array::borrowed(dtype, shape, data, None));
     }
@@ -60,6 +70,54 @@ pub(crate) fn view<'t>(plan: &Plan, name: &str, x: &'t Tensor) -> Result<Array<'
         .and_then(|c| c.f_copy_data_u8(&mut data, numel))
         .feature(name)?;
     Ok(Array::owned(dtype, shape, data))
+}
+
+/// A sample placed on a mesh by the executor, on the memory of its tensors: the
+/// executor's placed sample (`featshard_exec::Placed`, what every block writer reads)
+/// and handles on the tensors it views. The tensors must not be written or resized
+/// while it lives.
+#[derive(Debug)]
+pub struct Placed {
+    // Declared first so it drops first: its arrays view the memory of `inputs`.
+    placed: featshard_exec::Placed<'static>,
+    inputs: Features,
+}
+
+impl Placed {
+    /// Validates `features` and places them on `mesh` (see `featshard_exec::place`).
+    pub(crate) fn new(
+        plan: &Plan,
+        mesh: Mesh,
+        features: &Features,
+        opts: &Options,
+    ) -> Result<Placed, RuntimeError> {
+        let inputs = handles(features);
+        let mut seen = Sample::new();
+        for (name, x) in &inputs {
+            // SAFETY: `inputs` holds a handle on `x`'s storage for as long as the
+            // placed sample lives (it drops first), and lends its views out only for
+            // as long as it is borrowed; moving `inputs` moves handles, not memory.
+            seen.insert(name.clone(), unsafe { viewed(plan, name, x)? });
+        }
+        let placed = featshard_exec::place(plan, mesh, &seen, opts)?;
+        Ok(Placed { placed, inputs })
+    }
+
+    /// The executor's placed sample.
+    pub fn exec(&self) -> &featshard_exec::Placed<'_> {
+        &self.placed
+    }
+
+    /// The tensor the sample gave for key `name`.
+    pub fn input(&self, name: &str) -> Option<&Tensor> {
+        self.inputs.get(name)
+    }
+
+    /// Drops every placed feature's array, so that writing a block fails.
+    #[cfg(test)]
+    pub(crate) fn forget_arrays(&mut self) {
+        self.placed.arrays.clear();
+    }
 }
 
 /// Whether torch marks `x` lazily (its negative or conjugate bit): its memory then holds
@@ -135,6 +193,52 @@ pub(crate) fn fill_into(
     fill(&mut data)?;
     let made = Tensor::f_from_data_size(&data, &out.size(), out.kind()).feature(name)?;
     out.shallow_clone().f_copy_(&made).feature(name)
+}
+
+/// [`fill_into`] on several tensors at once: `fill` gets all of their bytes together,
+/// in order (in place where each is a contiguous CPU tensor and no two share a byte,
+/// else through buffers copied in after).
+pub(crate) fn fill_each(
+    name: &str,
+    outs: &[Tensor],
+    fill: impl FnOnce(Vec<&mut [u8]>) -> Result<(), RuntimeError>,
+) -> Result<(), RuntimeError> {
+    let spans: Vec<(usize, usize)> = outs
+        .iter()
+        .map(|x| {
+            (
+                x.data_ptr() as usize,
+                x.numel() * x.kind().elt_size_in_bytes(),
+            )
+        })
+        .collect();
+    let mut sorted: Vec<(usize, usize)> = spans.iter().copied().filter(|s| s.1 > 0).collect();
+    sorted.sort_unstable();
+    let apart = sorted.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0);
+    let in_place = outs
+        .iter()
+        .all(|x| x.device() == Device::Cpu && x.is_contiguous() && !marked(x));
+    if apart && in_place {
+        let slices = spans
+            .iter()
+            .map(|&(ptr, len)| match len {
+                0 => &mut [][..],
+                // SAFETY: each contiguous CPU tensor of `len` bytes holds them at
+                // `data_ptr`, alive while `outs` is borrowed; no two share a byte
+                // (checked above), and nothing else reads or writes them while they
+                // are filled (callers own the tensors they hand in).
+                _ => unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) },
+            })
+            .collect();
+        return fill(slices);
+    }
+    let mut data: Vec<Vec<u8>> = spans.iter().map(|&(_, len)| vec![0u8; len]).collect();
+    fill(data.iter_mut().map(Vec::as_mut_slice).collect())?;
+    for (out, bytes) in outs.iter().zip(&data) {
+        let made = Tensor::f_from_data_size(bytes, &out.size(), out.kind()).feature(name)?;
+        out.shallow_clone().f_copy_(&made).feature(name)?;
+    }
+    Ok(())
 }
 
 /// Runs `write` on the memory of `out`, which it must fill exactly (see [`fill_into`]).

@@ -136,9 +136,9 @@ proptest! {
             assert_same(&mine, blocks, "written block")?;
             written.push(mine);
         }
-        let from_written = assemble(&plan, &placed.layout, Some("inference"), &written)
+        let from_written = assemble(&plan, placed.layout(), Some("inference"), &written)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let serial = unpad(&plan, &placed.layout, &from_written)
+        let serial = unpad(&plan, placed.layout(), &from_written)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         assert_same(&serial, &taken, "unpadded from written blocks")?;
     }

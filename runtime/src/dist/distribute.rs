@@ -479,7 +479,10 @@ features:
                     rank: 0,
                     sample: Some(7),
                     message,
-                }) => assert_eq!(message, "feature `x`: missing from the sample"),
+                }) => assert_eq!(
+                    message,
+                    "feature `x`: the buffer layout has a slot for it; this sample has no such feature"
+                ),
                 other => panic!("expected the source's failure, got {other:?}"),
             }
         }

@@ -4,10 +4,9 @@
 
 use std::sync::Arc;
 
-use featshard_spec::ir::DType;
 use featshard_spec::plan::Plan;
 use featshard_spec::Mesh;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use super::pool::{buffer, BufferPool};
 use super::wire::{self, Announced};
@@ -15,8 +14,8 @@ use super::LocalSample;
 use crate::error::{torch, RuntimeError, TorchContext};
 use crate::pad::{place, Placed};
 use crate::sample::{Features, Options};
-use featshard_exec::buffer::{BufferLayout, Slot};
-use featshard_exec::par::try_map;
+use crate::views::fill_each;
+use featshard_exec::buffer::{block_slots, fill_ranks, passthrough_slots, BufferLayout, Slot};
 
 /// When a prepared sample's blocks are written into its send buffers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -97,9 +96,7 @@ impl Preparer {
     /// blocks are written now or in the step, as [`Preparer::write`] said.
     pub fn prepare(&self, sample: usize, features: &Features) -> Result<Prepared, RuntimeError> {
         let placed = place(&self.plan, self.cp, features, &self.opts)?;
-        let mut slots = block_slots(&self.plan, &placed, self.compact)?;
-        slots.extend(passthrough_slots(&placed)?);
-        let laid_out = BufferLayout::new(slots);
+        let laid_out = BufferLayout::new(slots(&self.plan, &placed, self.compact)?);
         let bytes = laid_out.bytes;
         let world = self.cp.ranks();
         let buffers = (0..world)
@@ -114,7 +111,7 @@ impl Preparer {
             plan: Arc::clone(&self.plan),
             announced: Announced {
                 sample,
-                layout: placed.layout.clone(),
+                layout: placed.layout().clone(),
                 buffer: laid_out,
                 deferred: true,
             },
@@ -132,33 +129,23 @@ impl Preparer {
     }
 }
 
-/// The slots of the placed tensors, in name order, with their DTensor metadata; with
-/// `compact`, those with a compact form hold it (the executor's buffer contract).
-fn block_slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, RuntimeError> {
-    placed
-        .names()
-        .iter()
-        .map(|name| placed.slot(plan, name, compact))
-        .collect()
-}
-
-/// The slots of the features carried along untouched (replicated).
-fn passthrough_slots(placed: &Placed) -> Result<Vec<Slot>, RuntimeError> {
-    placed
-        .passthrough
-        .iter()
-        .map(|(name, x)| {
-            let shape = x.size().iter().map(|&n| n as usize).collect();
-            Ok(Slot::new(name, dtype_of(name, x.kind())?, shape, None))
-        })
-        .collect()
-}
-
-fn dtype_of(name: &str, k: Kind) -> Result<DType, RuntimeError> {
-    crate::kind::dtype_of(k).ok_or_else(|| RuntimeError::Torch {
-        feature: name.to_owned(),
-        message: format!("dtype {k:?} cannot be passed through"),
-    })
+/// The slots of every rank's buffer: the placed features' blocks in name order (with
+/// `compact`, those with a compact form hold it), then the passed-through features
+/// (the executor's buffer contract); a passed-through tensor of a dtype no slot can
+/// hold is refused by name.
+fn slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, RuntimeError> {
+    let mut slots = block_slots(plan, placed.exec(), compact)?;
+    for name in placed.passthrough_names() {
+        let kind = placed.input(&name).map(Tensor::kind);
+        if let Some(k) = kind.filter(|&k| crate::kind::dtype_of(k).is_none()) {
+            return Err(RuntimeError::Torch {
+                feature: name,
+                message: format!("dtype {k:?} cannot be passed through"),
+            });
+        }
+    }
+    slots.extend(passthrough_slots(placed.exec()));
+    Ok(slots)
 }
 
 /// A sample prepared by the source rank: what it announces and every CP rank's buffer.
@@ -187,7 +174,7 @@ impl Prepared {
         let Some(p) = self.pending.take() else {
             return Ok(());
         };
-        write_ranks(&p, &self.announced.buffer.slots, &self.buffers)?;
+        write_ranks(&p, &self.announced.buffer, &self.buffers)?;
         self.announced.deferred = false;
         Ok(())
     }
@@ -226,36 +213,15 @@ impl Prepared {
     }
 }
 
-/// Writes every rank's buffer straight from the placed sample, block by block (the
-/// largest first, when there are several threads).
-fn write_ranks(p: &Pending, slots: &[Slot], buffers: &[Tensor]) -> Result<(), RuntimeError> {
-    // Tensors are not `Sync`: the workers share the plan, each has its own handles.
-    let (plan, placed) = (&*p.plan, &p.placed);
-    let cp = placed.layout.mesh;
-    let mut work: Vec<(usize, &Slot)> = (0..buffers.len())
-        .flat_map(|rank| slots.iter().map(move |slot| (rank, slot)))
-        .collect();
-    work.sort_by_key(|(_, slot)| std::cmp::Reverse(slot.nbytes()));
-    try_map(
-        &work,
-        p.threads,
-        || {
-            let buffers: Vec<Tensor> = buffers.iter().map(Tensor::shallow_clone).collect();
-            (placed.shallow_clone(), buffers)
-        },
-        |(placed, buffers), &(rank, slot)| {
-            let mut dst = wire::view(&buffers[rank], slot).feature(&slot.name)?;
-            let coord = cp.coord(rank);
-            match (placed.passthrough.get(&slot.name), &slot.compact) {
-                (Some(x), _) => dst.f_copy_(x).feature(&slot.name),
-                (None, Some(_)) => placed.write_compact_block(plan, &slot.name, coord, &dst),
-                (None, None) => placed
-                    .write_block(plan, &slot.name, coord, &mut dst)
-                    .map(|_| ()),
-            }
-        },
-    )?;
-    Ok(())
+/// Writes every rank's buffer straight from the placed sample, by the executor (the
+/// largest blocks of every rank first, when there are several threads).
+fn write_ranks(p: &Pending, layout: &BufferLayout, buffers: &[Tensor]) -> Result<(), RuntimeError> {
+    let cp = p.placed.layout().mesh;
+    fill_each("the rank buffers", buffers, |bufs| {
+        let coords = (0..bufs.len()).map(|rank| cp.coord(rank));
+        let work = coords.zip(bufs).collect();
+        fill_ranks(&p.plan, p.placed.exec(), layout, work, p.threads).map_err(RuntimeError::from)
+    })
 }
 
 #[cfg(test)]
@@ -263,8 +229,7 @@ impl Prepared {
     /// Drops the placed tensors a pending write needs, so that it fails.
     pub(super) fn break_pending(&mut self) {
         if let Some(p) = self.pending.as_mut() {
-            p.placed.tensors.clear();
-            p.placed.held.clear();
+            p.placed.forget_arrays();
         }
     }
 }
