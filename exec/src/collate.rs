@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use featshard_spec::ir::PadValue;
 use featshard_spec::plan::Plan;
 
 use crate::error::ExecError;
@@ -193,6 +194,60 @@ pub fn collate_targets(
     Ok(Some(targets))
 }
 
+/// How one sample's block of a feature joins its collated batch, stated as data for a
+/// tensor executor (the tch runtime's collate, the Python package's) to apply on the
+/// block's own device: index values re-padded first, then the block written at the
+/// start of a `target`-shaped block of `pad` values (each shard's items keep their
+/// place and gain pads at its end).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Join {
+    /// The batch's agreed local shape of the feature.
+    pub target: Vec<usize>,
+    /// The pad value around the sample's block.
+    pub pad: PadValue,
+    /// `(old, new)` for an index into an owner-partitioned layout whose per-block stride
+    /// grows from `old` to `new` in the batch: every value `v >= 0` becomes
+    /// `(v / old) * new + v % old` (`featshard_spec::layout::repad_index`); negative
+    /// values (pads of index lists) stay. `None`: values stay.
+    pub repad: Option<(usize, usize)>,
+}
+
+/// The [`Join`] of feature `name`'s block in a sample whose blocks have the local shapes
+/// `local`, into a batch whose agreed local shapes are `targets` ([`collate_targets`]);
+/// a block larger than its target, or of another rank, is refused by name.
+pub fn join(
+    plan: &Plan,
+    name: &str,
+    local: &BTreeMap<String, Vec<usize>>,
+    targets: &BTreeMap<String, Vec<usize>>,
+) -> Result<Join, ExecError> {
+    let t = crate::feature::tensor_plan(plan, name)?;
+    let (Some(shape), Some(target)) = (local.get(name), targets.get(name)) else {
+        return Err(collate_error(format!(
+            "feature `{name}`: no block or no agreed shape in this batch"
+        )));
+    };
+    let fits = shape.len() == target.len() && shape.iter().zip(target).all(|(a, b)| a <= b);
+    if !fits {
+        return Err(collate_error(format!(
+            "feature `{name}`: a block of shape {shape:?} does not fit the batch's {target:?}"
+        )));
+    }
+    let repad = plan
+        .repad_strides(name, pairs(local), pairs(targets))
+        .filter(|&(old, new)| old > 0 && old != new);
+    Ok(Join {
+        target: target.clone(),
+        pad: t.pad_value,
+        repad,
+    })
+}
+
+/// Shapes by name, as the plan's shape lookups take them.
+fn pairs(m: &BTreeMap<String, Vec<usize>>) -> impl Iterator<Item = (&str, &[usize])> {
+    m.iter().map(|(n, v)| (n.as_str(), v.as_slice()))
+}
+
 fn collate_error(message: String) -> ExecError {
     ExecError::Collate { message }
 }
@@ -324,5 +379,43 @@ mod tests {
         ];
         let e = collate_frame(&plan, &two, &shapes).unwrap_err().to_string();
         assert!(e.contains("`t` cannot be stacked: sample 0 holds a float32 tensor of shape [2], sample 1 holds a float32 tensor of shape [3]"), "{e}");
+    }
+
+    /// A sample's block joins its batch at the agreed shape with the feature's pad
+    /// value; an index into an owner-partitioned layout is re-padded by the stride of
+    /// the semantic it points into, other features are not; a block that outgrows its
+    /// target is refused by name.
+    #[test]
+    fn a_join_pads_to_the_target_and_repads_indices_into_owner_layouts() {
+        let spec = "version: 1\nmodule: t\nmesh: {cp: [cp0, cp1]}\n\
+            semantics:\n  tokens: {shard: true}\n  \
+            atoms: {shard: true, owner: tokens, counts: atoms_per_token}\n\
+            features:\n  atoms_per_token: {axes: [tokens], dtype: int64}\n  \
+            coords: {axes: [atoms, 3], dtype: float32, pad: -1.0}\n  \
+            frames: {axes: [tokens, 3], dtype: int64, pad: -1, index: {of: atoms, scope: padded_global}}\n";
+        let plan = featshard_spec::compile_str("t.yaml", spec).expect("spec").1;
+        let shapes = |t: usize, a: usize| {
+            BTreeMap::from([
+                ("atoms_per_token".to_owned(), vec![t]),
+                ("coords".to_owned(), vec![a, 3]),
+                ("frames".to_owned(), vec![t, 3]),
+            ])
+        };
+        let (local, target) = (shapes(4, 12), shapes(5, 16));
+        let frames = join(&plan, "frames", &local, &target).expect("frames");
+        assert_eq!(frames.target, vec![5, 3]);
+        assert_eq!(frames.repad, Some((12, 16)));
+        assert_eq!(frames.pad, PadValue::Int(-1));
+        let coords = join(&plan, "coords", &local, &target).expect("coords");
+        assert_eq!((coords.repad, coords.pad), (None, PadValue::Float(-1.0)));
+        // The same strides: nothing to re-pad.
+        assert_eq!(join(&plan, "frames", &target, &target).unwrap().repad, None);
+        let e = join(&plan, "coords", &target, &local)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("feature `coords`") && e.contains("[16, 3]"),
+            "{e}"
+        );
     }
 }

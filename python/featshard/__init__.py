@@ -24,7 +24,6 @@ from featshard._native import (
     chunk_sizes,
     coords,
     plan_json,
-    repad_indices,
     replica_indices,
 )
 
@@ -39,7 +38,6 @@ __all__ = [
     "coords",
     "plan",
     "plan_json",
-    "repad_indices",
     "replica_indices",
 ]
 
@@ -219,11 +217,12 @@ class Plan:
         """The multiple ``semantic``'s axes pad to on ``mesh``."""
         return self._native.pad_multiple(semantic, mesh)
 
-    def repad_strides(
-        self, name: str, local: dict[str, list[int]], target: dict[str, list[int]]
-    ) -> tuple[int, int] | None:
-        """Collate's re-pad of feature ``name``'s owner-block indices: old and new stride."""
-        return self._native.repad_strides(name, local, target)
+    def collate_join(
+        self, name: str, local: dict[str, list[int]], targets: dict[str, list[int]]
+    ) -> tuple[list[int], bool | int | float, tuple[int, int] | None]:
+        """How feature ``name``'s block joins a collated batch: its target shape, pad value
+        and owner-block re-pad ``(old, new)`` stride (None: values stay)."""
+        return self._native.collate_join(name, local, targets)
 
     def collated_shape(self, name: str, local: list[int], batch: int, dp: int, cp: tuple[int, ...]) -> list[int]:
         """The DTensor global shape of a DP batch of feature ``name``."""

@@ -2,8 +2,9 @@
 the datasets (online and pre-sharded), the DP sampler and a Lightning data module.
 
 Every number comes from the plan through the native module: collate's DTensor shapes
-(``Plan.collated_shape``), the re-pad strides of indices into owner-partitioned layouts
-(``Plan.repad_strides``) and the samples each DP replica reads
+(``Plan.collated_shape``), how each sample's block joins its batch (``Plan.collate_join``:
+target shape, pad value, the re-pad of indices into owner-partitioned layouts, applied
+here by torch on the blocks' device) and the samples each DP replica reads
 (``featshard.replica_indices``, the Rust loader's split).
 """
 
@@ -112,10 +113,14 @@ def _agreed_targets(
     return frame.names, targets
 
 
-def _pad_to(plan: Plan, name: str, x: torch.Tensor, target: list[int]) -> torch.Tensor:
-    y = torch.full(target, plan.features[name].pad_value, dtype=x.dtype, device=x.device)
-    y[tuple(slice(0, length) for length in x.shape)] = x
-    return y
+def _join_into(x: torch.Tensor, repad: tuple[int, int] | None, out: torch.Tensor) -> None:
+    """A sample's block written at the start of ``out`` (its place in the batch, already
+    the pad value) as the executor's join says: index values ``v >= 0`` re-padded to
+    ``(v // old) * new + v % old``, negative ones (pads of index lists) kept."""
+    if repad is not None:
+        old, new = repad
+        x = torch.where(x >= 0, torch.div(x, old, rounding_mode="floor") * new + x % old, x)
+    out[tuple(slice(0, n) for n in x.shape)] = x
 
 
 def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) -> dict[str, Any]:
@@ -141,17 +146,15 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     on_mesh = placements(plan, dp=True)
     out: dict[str, Any] = {}
     for name in names:
-        padded = []
-        for i, x in enumerate(locals_[name]):
-            local = {f: list(locals_[f][i].shape) for f in names}
-            strides = plan.repad_strides(name, local, target)
-            if strides is not None:
-                x = torch.tensor(_native.repad_indices(x.flatten().tolist(), *strides),
-                                 dtype=x.dtype, device=x.device).view(x.shape)
-            padded.append(_pad_to(plan, name, x, target[name]))
+        joins = [plan.collate_join(name, {f: list(locals_[f][i].shape) for f in names}, target)
+                 for i in range(len(batch))]
+        first = locals_[name][0]
+        stacked = torch.full((len(batch), *target[name]), joins[0][1], dtype=first.dtype, device=first.device)
+        for i, (x, (_, _, repad)) in enumerate(zip(locals_[name], joins)):
+            _join_into(x, repad, stacked[i])
         shape = plan.collated_shape(name, target[name], len(batch), dp_size, cp)
         out[name] = DTensor.from_local(
-            torch.stack(padded), mesh, on_mesh[name], run_check=False,
+            stacked, mesh, on_mesh[name], run_check=False,
             shape=torch.Size(shape), stride=_stride(shape),
         )
     for name in sorted(n for n in batch[0] if n not in out):

@@ -1,7 +1,7 @@
 //! `featshard._native`: the featshard command line run in process (so `pip install
 //! featshard` gives the `featshard` command with no Rust toolchain), and the spec crate's
 //! plans and geometry (padded lengths, owner-block positions, shapes, block windows,
-//! rank coordinates, repad strides), computed by the same functions the Rust executors
+//! rank coordinates, collate's joins), computed by the same functions the Rust executors
 //! call, for the typed Python package around it. One abi3 module serves every CPython
 //! >= 3.10; it links no libtorch.
 
@@ -113,20 +113,20 @@ impl Plan {
         self.plan.source.sha256.clone()
     }
 
-    /// DP collate's re-pad of index feature `name`: the per-block stride `(old, new)`
-    /// of the layout it points into, from a sample's local shapes and the batch's agreed
-    /// ones; `None` when the feature is not re-padded.
-    fn repad_strides(
+    /// How feature `name`'s block in a sample (its blocks' local shapes `local`) joins
+    /// a collated batch (the agreed local shapes `targets`): `(target, pad, repad)`,
+    /// `repad` the `(old, new)` per-block stride of an index into an owner-partitioned
+    /// layout (see `featshard_exec::collate::Join`).
+    #[allow(clippy::type_complexity)]
+    fn collate_join(
         &self,
         name: &str,
         local: BTreeMap<String, Vec<usize>>,
-        target: BTreeMap<String, Vec<usize>>,
-    ) -> Option<(usize, usize)> {
-        self.plan.repad_strides(
-            name,
-            local.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
-            target.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
-        )
+        targets: BTreeMap<String, Vec<usize>>,
+    ) -> PyResult<(Vec<usize>, tables::Pad, Option<(usize, usize)>)> {
+        let join = featshard_exec::collate::join(&self.plan, name, &local, &targets)
+            .map_err(|e| value_error(e.to_string()))?;
+        Ok((join.target, tables::Pad::from(join.pad), join.repad))
     }
 
     /// The DTensor global shape of feature `name` collated from `batch` samples per
@@ -544,28 +544,6 @@ fn chunk_sizes(len: usize, ranks: usize) -> PyResult<Vec<usize>> {
     })
 }
 
-/// Positions in an owner-block layout whose per-block stride grows from `old` to `new`
-/// (DP collate's repad); negative values (pads of index lists) stay.
-#[pyfunction]
-fn repad_indices(mut values: Vec<i64>, old: usize, new: usize) -> PyResult<Vec<i64>> {
-    if old == 0 {
-        return Err(value_error(
-            "old: a per-block stride is at least 1, given 0",
-        ));
-    }
-    if new < old {
-        return Err(value_error(format!(
-            "new: a re-padded stride grows, given {new} below the old {old}"
-        )));
-    }
-    featshard_spec::layout::repad_indices(&mut values, old, new).map_err(|v| {
-        value_error(format!(
-            "values: index {v} re-padded from stride {old} to {new} passes int64"
-        ))
-    })?;
-    Ok(values)
-}
-
 /// The samples DP replica `replica` of `dp` reads in `epoch`, in order: dataset order,
 /// or shuffled by `seed` and the epoch; the tail wraps around (or is dropped with
 /// `drop_last`) so that every replica reads as many.
@@ -689,7 +667,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(contiguous_stride, m)?)?;
     m.add_function(wrap_pyfunction!(packed_offsets, m)?)?;
     m.add_function(wrap_pyfunction!(expansion_vectors, m)?)?;
-    m.add_function(wrap_pyfunction!(repad_indices, m)?)?;
     m.add_function(wrap_pyfunction!(replica_indices, m)?)?;
     Ok(())
 }

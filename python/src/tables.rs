@@ -63,6 +63,16 @@ pub enum Pad {
     Float(f64),
 }
 
+impl From<PadValue> for Pad {
+    fn from(p: PadValue) -> Pad {
+        match p {
+            PadValue::Bool(b) => Pad::Bool(b),
+            PadValue::Int(i) => Pad::Int(i),
+            PadValue::Float(x) => Pad::Float(x),
+        }
+    }
+}
+
 #[pymethods]
 impl Feature {
     fn __repr__(&self) -> String {
@@ -94,11 +104,7 @@ impl Feature {
             optional: t.optional,
             parameter: t.parameter,
             output: t.output,
-            pad_value: match t.pad_value {
-                PadValue::Bool(b) => Pad::Bool(b),
-                PadValue::Int(i) => Pad::Int(i),
-                PadValue::Float(x) => Pad::Float(x),
-            },
+            pad_value: Pad::from(t.pad_value),
         }
     }
 }

@@ -4,9 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use tch::{Kind, Tensor};
-
-use crate::error::{RuntimeError, TorchContext};
+use tch::Tensor;
 
 /// One sample: feature name -> tensor.
 pub type Features = BTreeMap<String, Tensor>;
@@ -23,13 +21,3 @@ pub(crate) fn handles(features: &Features) -> Features {
 }
 
 pub use featshard_exec::tensor_plan;
-
-/// Reads a small integer tensor into a vector.
-pub(crate) fn to_vec_i64(x: &Tensor, name: &str) -> Result<Vec<i64>, RuntimeError> {
-    let flat = x
-        .f_to_kind(Kind::Int64)
-        .feature(name)?
-        .f_flatten(0, -1)
-        .feature(name)?;
-    Vec::<i64>::try_from(&flat).feature(name)
-}

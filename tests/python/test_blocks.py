@@ -237,15 +237,14 @@ def test_native_entry_points_refuse_bad_arguments_by_name(
     for call, name in [
         (lambda: _native.coords((3, 3), 9), "rank"),
         (lambda: _native.coords((2**64 - 1, 2), 0), "mesh"),
-        (lambda: _native.repad_indices([2**62], 1, 4), "values"),
+        (lambda: plan.collate_join("res_type", {"res_type": [5, 33]}, {"res_type": [3, 33]}), "collate"),
         (lambda: _native.replica_indices(2**64 - 1, 2, 0), "n"),
         (lambda: plan.layout((2, 2), {"tokens": 2**40}), "sizes"),
         (lambda: plan.layout((2, 2), {"not_a_semantic": 3}), "sizes"),
         (lambda: plan.block_window("res_type", [2**60, 33], (65535, 0), (65536, 1)), "coord"),
         (lambda: plan.block_window("res_type", [3, 33], (7, 7), (3, 3)), "coord"),
         (lambda: _native.replica_indices(10, 0, 0), "dp"),
-        (lambda: _native.repad_indices([1, 2], 0, 4), "old"),
-        (lambda: _native.repad_indices([1, 2], 4, 2), "new"),
+        (lambda: plan.collate_join("res_type", {"res_type": [3, 33]}, {}), "collate"),
     ]:
         with pytest.raises(ValueError, match=f"^{name}: "):
             call()

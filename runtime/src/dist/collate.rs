@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 
 use featshard_exec::agree::Status;
-use featshard_exec::collate::{collate_frame, collate_targets, failed_frame, Others};
-use featshard_spec::layout::repad_indices;
+use featshard_exec::collate::{collate_frame, collate_targets, failed_frame, Join, Others};
 use featshard_spec::plan::Plan;
 use tch::{Device, Tensor};
 
@@ -17,7 +16,7 @@ use super::local::LocalSample;
 use super::mesh::Mesh;
 use crate::error::{RuntimeError, TorchContext};
 use crate::kind::{kind_of, scalar};
-use crate::sample::{tensor_plan, to_vec_i64, Features};
+use crate::sample::{tensor_plan, Features};
 use crate::shard::{contiguous_stride, DTensorMeta, LocalBlock};
 
 /// One DP replica's batch on this rank.
@@ -31,22 +30,29 @@ pub struct Batch {
     pub passthrough: Vec<Features>,
 }
 
-/// Positions in a layout whose per-block stride grows from `old` to `new`, moved by the
-/// spec's [`repad_indices`] (pads of index lists, negative, stay).
-fn repad(name: &str, x: &Tensor, old: usize, new: usize) -> Result<Tensor, RuntimeError> {
-    if old == 0 || old == new {
-        return Ok(x.shallow_clone());
+/// A sample's block written into `out`, its place in the batch, as the executor's
+/// [`Join`] says: index values re-padded, the block at the start of `out` (already the
+/// pad value), on the block's device.
+fn join_into(name: &str, x: &Tensor, join: &Join, out: &Tensor) -> Result<(), RuntimeError> {
+    let x = match join.repad {
+        Some((old, new)) => {
+            let (old, new) = (old as i64, new as i64);
+            let moved = x
+                .f_div_scalar_mode(old, "floor")
+                .and_then(|q| q.f_mul_scalar(new))
+                .and_then(|q| q.f_add(&x.f_remainder(old)?));
+            // Negative values (pads of index lists) stay.
+            moved
+                .and_then(|m| m.f_where_self(&x.f_ge(0)?, x))
+                .feature(name)?
+        }
+        None => x.shallow_clone(),
+    };
+    let mut region = out.shallow_clone();
+    for (d, &n) in x.size().iter().enumerate() {
+        region = region.f_narrow(d as i64, 0, n).feature(name)?;
     }
-    let mut values = to_vec_i64(x, name)?;
-    repad_indices(&mut values, old, new).map_err(|v| RuntimeError::Blocks {
-        feature: name.to_owned(),
-        message: format!("index {v} re-padded from stride {old} to {new} passes int64"),
-    })?;
-    Tensor::from_slice(&values)
-        .f_view(x.size().as_slice())
-        .and_then(|v| v.f_to_kind(x.kind()))
-        .and_then(|v| v.f_to(x.device()))
-        .feature(name)
+    region.f_copy_(&x).feature(name)
 }
 
 /// Every block's local shape in a sample, by feature name.
@@ -141,33 +147,22 @@ fn stack(
 ) -> Result<LocalBlock, DistError> {
     let t = tensor_plan(plan, name)?;
     let target = &targets[name];
-    let full: Vec<i64> = target.iter().map(|&d| d as i64).collect();
-    let mut padded = Vec::with_capacity(batch.len());
-    for s in batch {
-        let mut x = s.blocks[name].tensor.shallow_clone();
-        let local = local_shapes(s);
-        let strides = plan.repad_strides(
-            name,
-            local.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
-            targets.iter().map(|(n, v)| (n.as_str(), v.as_slice())),
-        );
-        if let Some((old, new)) = strides {
-            x = repad(name, &x, old, new)?;
-        }
-        let y = Tensor::f_full(
-            full.as_slice(),
-            scalar(t.pad_value),
-            (kind_of(t.dtype), x.device()),
-        )
-        .feature(name)?;
-        let mut region = y.shallow_clone();
-        for (d, &n) in x.size().iter().enumerate() {
-            region = region.f_narrow(d as i64, 0, n).feature(name)?;
-        }
-        region.f_copy_(&x).feature(name)?;
-        padded.push(y);
+    let device = batch
+        .first()
+        .map_or(Device::Cpu, |s| s.blocks[name].tensor.device());
+    let mut full = vec![batch.len() as i64];
+    full.extend(target.iter().map(|&d| d as i64));
+    let stacked = Tensor::f_full(
+        full.as_slice(),
+        scalar(t.pad_value),
+        (kind_of(t.dtype), device),
+    )
+    .feature(name)?;
+    for (i, s) in batch.iter().enumerate() {
+        let join = featshard_exec::collate::join(plan, name, &local_shapes(s), targets)?;
+        let out = stacked.f_select(0, i as i64).feature(name)?;
+        join_into(name, &s.blocks[name].tensor, &join, &out)?;
     }
-    let stacked = Tensor::f_stack(&padded, 0).feature(name)?;
     let shape = t.collated_global_shape(target, batch.len(), mesh.dp_size(), mesh.cp_shape());
     Ok(LocalBlock {
         tensor: stacked,

@@ -220,7 +220,7 @@ fn write_ranks(p: &Pending, layout: &BufferLayout, buffers: &[Tensor]) -> Result
     fill_each("the rank buffers", buffers, |bufs| {
         let coords = (0..bufs.len()).map(|rank| cp.coord(rank));
         let work = coords.zip(bufs).collect();
-        fill_ranks(&p.plan, p.placed.exec(), layout, work, p.threads).map_err(RuntimeError::from)
+        fill_ranks(&p.plan, p.placed.exec(), layout, work, p.threads)
     })
 }
 
