@@ -63,6 +63,10 @@ pub struct Slot {
     /// How the block expands, when the slot holds a compact block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compact: Option<Expansion>,
+    /// How the front end that passed a value through encoded it, for a value that is
+    /// not a tensor (the slot holds its bytes): `pickle` from the Python package.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
 }
 
 impl Slot {
@@ -75,6 +79,7 @@ impl Slot {
             offset: 0,
             global,
             compact: None,
+            encoding: None,
         }
     }
 
@@ -154,30 +159,23 @@ impl BufferLayout {
         self.slots.iter().find(|s| s.name == name)
     }
 
-    /// The layout as the header bytes a source sends (JSON).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    /// A layout read back from header bytes, every slot inside the buffer; an error
-    /// saying what does not fit.
-    pub fn from_bytes(bytes: &[u8]) -> Result<BufferLayout, String> {
-        let layout: BufferLayout =
-            serde_json::from_slice(bytes).map_err(|e| format!("a buffer layout: {e}"))?;
-        for s in &layout.slots {
+    /// `Err` naming the first slot that does not lie inside the buffer at an
+    /// [`ALIGN`]ed offset (a layout read from bytes a peer sent).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        for s in &self.slots {
             let end = s
                 .shape
                 .iter()
                 .try_fold(dtype::size(s.dtype), |n, &k| n.checked_mul(k))
                 .and_then(|n| n.checked_add(s.offset));
-            if end.is_none_or(|e| e > layout.bytes) || s.offset % ALIGN != 0 {
+            if end.is_none_or(|e| e > self.bytes) || s.offset % ALIGN != 0 {
                 return Err(format!(
                     "a buffer layout: slot `{}` lies outside its {} bytes",
-                    s.name, layout.bytes
+                    s.name, self.bytes
                 ));
             }
         }
-        Ok(layout)
+        Ok(())
     }
 }
 
@@ -320,7 +318,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_are_aligned_back_to_back_and_read_back_from_their_header() {
+    fn slots_are_aligned_back_to_back_and_inside_their_buffer() {
         let one = |name: &str, d, shape: Vec<usize>| Slot::new(name, d, shape, None);
         let layout = BufferLayout::new(vec![
             one("a", DType::Uint8, vec![3]),
@@ -331,14 +329,13 @@ mod tests {
         let offsets: Vec<usize> = layout.slots.iter().map(|s| s.offset).collect();
         assert_eq!(offsets, vec![0, 64, 192, 192]);
         assert_eq!(layout.bytes, 192 + 14);
-        let back = BufferLayout::from_bytes(&layout.to_bytes()).unwrap();
-        assert_eq!(back, layout);
+        assert_eq!(layout.check(), Ok(()));
         // A slot moved past the buffer's end, or off its alignment, is refused.
         for (offset, bytes) in [(256, layout.bytes), (65, 400)] {
             let mut bad = layout.clone();
             bad.slots[3].offset = offset;
             bad.bytes = bytes;
-            let e = BufferLayout::from_bytes(&bad.to_bytes()).unwrap_err();
+            let e = bad.check().unwrap_err();
             assert!(e.contains("slot `d` lies outside"), "{e}");
         }
     }

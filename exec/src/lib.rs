@@ -25,6 +25,7 @@ pub mod dtype;
 mod error;
 mod feature;
 pub mod files;
+pub mod header;
 pub mod intake;
 pub mod local_ids;
 mod mapping;

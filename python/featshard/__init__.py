@@ -162,9 +162,10 @@ class Plan:
     # place that reaches `_native.Plan`.
 
     def place(self, values: dict[str, Any], mesh: tuple[int, ...], workflow: str | None,
-              passthrough: set[str], threads: int) -> _native.Placement:
-        """The executor's placement of ``values`` (see :func:`featshard.blocks.place`)."""
-        return self._native.place(values, mesh, workflow, passthrough, threads)
+              passthrough: set[str], threads: int, objects: dict[str, bytes | str]) -> _native.Placement:
+        """The executor's placement of ``values`` (see :func:`featshard.blocks.place`);
+        ``objects``: the values it cannot read, pickled (or why they do not pickle)."""
+        return self._native.place(values, mesh, workflow, passthrough, threads, objects)
 
     def expand_blocks(self, blocks: list[tuple[str, list[int], Any]]) -> tuple[Any, list[int]]:
         """Compact blocks checked and expanded by the executor into one new buffer."""

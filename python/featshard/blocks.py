@@ -13,6 +13,7 @@ freed memory. Every number
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -186,6 +187,11 @@ class Placement:
         wire = self.wire(compact=compact)
         return expand(self._plan, buffer_views(buffer, wire), wire)
 
+    def header(self, *, compact: bool = False, sample: int | None = None) -> _native.Header:
+        """What a source announces before the buffers (the same bytes as the tch
+        runtime's): the sample's layout and :meth:`wire`, and its index when given."""
+        return self._native.header(compact, sample)
+
     def wire(self, *, compact: bool = False) -> Wire:
         """What a receiver needs to read a rank's buffer: the executor's layout of it,
         every block's slot (name, dtype, shape, offset; a compact block's form and dense
@@ -201,8 +207,22 @@ def view_at(buffer: torch.Tensor, offset: int, nbytes: int, dtype: str, shape: l
 
 def buffer_views(buffer: torch.Tensor, wire: Wire) -> dict[str, torch.Tensor]:
     """The blocks in a rank's buffer (``Placement.wire`` tells where), views of it: a
-    compact block as it is held."""
-    return {s.name: view_at(buffer, s.offset, s.nbytes, s.dtype, s.shape) for s in wire.slots}
+    compact block as it is held. Passed-through values are not blocks: see
+    :func:`carried`."""
+    return {s.name: view_at(buffer, s.offset, s.nbytes, s.dtype, s.shape)
+            for s in wire.slots if s.global_shape is not None}
+
+
+def carried(buffer: torch.Tensor, wire: Wire) -> dict[str, Any]:
+    """The passed-through values in a rank's buffer (on the host): a tensor as a view
+    of it, any other value unpickled from its slot."""
+    out: dict[str, Any] = {}
+    for s in wire.slots:
+        if s.global_shape is not None:
+            continue
+        x = view_at(buffer, s.offset, s.nbytes, s.dtype, s.shape)
+        out[s.name] = pickle.loads(x.numpy().tobytes()) if s.encoding == "pickle" else x
+    return out
 
 
 def expand(plan: Plan, blocks: Mapping[str, torch.Tensor], wire: Wire) -> dict[str, torch.Tensor]:
@@ -343,8 +363,22 @@ def place(
     ``TypeError`` for a spec tensor that is not a tensor.
     """
     values = _as_elements(plan, features)
-    native = plan.place(values, mesh, workflow, set(passthrough), threads)
+    native = plan.place(values, mesh, workflow, set(passthrough), threads, _objects(plan, features, values))
     return Placement(plan, native, features)
+
+
+def _objects(plan: Plan, features: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, bytes | str]:
+    """Each value the executor cannot read that is no feature of the spec, pickled (or
+    why it does not pickle): a passed-through one rides its own slot of every rank's
+    buffer as its pickle."""
+    out: dict[str, bytes | str] = {}
+    for name, v in values.items():
+        if isinstance(v, str) and name not in plan.features:
+            try:
+                out[name] = pickle.dumps(features[name])
+            except Exception as e:  # noqa: BLE001 - refused by name if it is passed through
+                out[name] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def _as_elements(plan: Plan, features: Mapping[str, Any]) -> dict[str, Any]:

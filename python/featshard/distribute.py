@@ -13,7 +13,6 @@ explicit global shape and stride.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import partial
@@ -26,7 +25,14 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.utils.dlpack import from_dlpack
 
 from featshard import Plan, _native, blocks
-from featshard.blocks import Wire, buffer_views, expand, expand_on_device, place
+from featshard.blocks import (
+    Wire,
+    buffer_views,
+    carried,
+    expand,
+    expand_on_device,
+    place,
+)
 from featshard.errors import (
     CollectiveError,
     FeatureDistributionError,
@@ -174,7 +180,9 @@ def distribute_features(
     sizes = tuple(cp_mesh.size(d) for d in range(cp_mesh.ndim))
     source = ranks[0] if src is None else src
     me = dist.get_rank()
-    placed, header, failed = None, None, None
+    placed: blocks.Placement | None = None
+    header: _native.Header | None = None
+    failed: Status | None = None
     try:
         if source not in ranks:
             raise FeatureDistributionError(f"src {source} is not a rank of this rank's CP group {ranks}")
@@ -182,8 +190,9 @@ def distribute_features(
             if features is None:
                 raise ValueError("the source rank was given no sample")
             placed = place(plan, features, sizes, workflow=workflow, threads=threads)
-            # The executor's buffer layout as its header bytes, and the values passed through.
-            header = (placed.wire(compact=compact).to_bytes(), placed.passthrough)
+            # The executor's header: the layout and every rank's buffer, passed-through
+            # values in slots of their own.
+            header = placed.header(compact=compact)
     except Exception as e:  # noqa: BLE001 - agreed on by the whole world
         failed = status_of(e)
     # Before any rank waits on another: the same spec, workflow, mesh and source
@@ -196,9 +205,11 @@ def distribute_features(
     else:
         header, mine = _receive_blocks(pg, source)
     local: dict[str, torch.Tensor] = {}
-    wire, passthrough = _native.BufferLayout.from_bytes(header[0]), header[1]
+    wire = header.buffer
+    passthrough: dict[str, Any] = {}
     if failed is None:
         try:
+            passthrough = carried(mine, wire)
             local = _local_blocks(plan, mine, wire, _device_of(cp_mesh))
             if check is not None:
                 check(local)
@@ -217,7 +228,7 @@ def distribute_features(
 
 def _send_blocks(
     placed: blocks.Placement,
-    header: tuple[bytes, dict[str, Any]],
+    header: _native.Header,
     sizes: tuple[int, ...],
     to: tuple[dist.ProcessGroup, list[int], int],
     threads: int,
@@ -227,7 +238,7 @@ def _send_blocks(
     and its blocks; returns its own blocks' buffer and its failure to write a buffer (that
     rank got zeros, and the failure is agreed on)."""
     pg, ranks, source = to
-    message = torch.frombuffer(bytearray(pickle.dumps(header)), dtype=torch.uint8)
+    message = torch.frombuffer(bytearray(header.to_bytes()), dtype=torch.uint8)
     length = torch.tensor([message.numel()], dtype=torch.int64)
     late: Status | None = None
     for k, r in enumerate(ranks):
@@ -247,15 +258,18 @@ def _send_blocks(
     return mine, late
 
 
-def _receive_blocks(pg: dist.ProcessGroup, source: int) -> tuple[Any, torch.Tensor]:
+def _receive_blocks(pg: dist.ProcessGroup, source: int) -> tuple[_native.Header, torch.Tensor]:
     """A receiver's part: the source's header, then this rank's buffer."""
     what = f"receiving rank {dist.get_rank()}'s blocks from source rank {source}"
     length = torch.empty(1, dtype=torch.int64)
     collective(what, pg, lambda: dist.recv(length, src=source, group=pg))
     message = torch.empty(int(length.item()), dtype=torch.uint8)
     collective(what, pg, lambda: dist.recv(message, src=source, group=pg))
-    header = pickle.loads(message.numpy().tobytes())
-    mine = from_dlpack(_native.receive_buffer(_native.BufferLayout.from_bytes(header[0]).nbytes))
+    try:
+        header = _native.Header.from_bytes(message.numpy().tobytes())
+    except ValueError as e:
+        raise FeatureDistributionError(f"unreadable header from source rank {source}: {e}") from None
+    mine = from_dlpack(_native.receive_buffer(header.buffer.nbytes))
     collective(what, pg, lambda: dist.recv(mine, src=source, group=pg))
     return header, mine
 

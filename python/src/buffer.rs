@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use featshard_exec::buffer;
 use featshard_exec::compact::{self, Table};
+use featshard_exec::{buffer, header};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -21,6 +21,60 @@ pub(crate) struct BufferLayout {
 #[pyclass(frozen, module = "featshard._native")]
 pub(crate) struct Slot {
     pub(crate) slot: buffer::Slot,
+}
+
+/// A step's header: the sample, its layout, every rank's buffer
+/// (`featshard_exec::header`).
+#[pyclass(frozen, module = "featshard._native")]
+pub(crate) struct Header {
+    header: header::Header,
+}
+
+impl Header {
+    pub(crate) fn new(header: header::Header) -> Header {
+        Header { header }
+    }
+}
+
+#[pymethods]
+impl Header {
+    /// The sample's index in the serial dataset, where the source gave it.
+    #[getter]
+    fn sample(&self) -> Option<usize> {
+        self.header.sample
+    }
+
+    /// The sample's layout on the mesh.
+    #[getter]
+    fn layout(&self) -> crate::tables::Layout {
+        crate::tables::Layout {
+            layout: self.header.layout.clone(),
+        }
+    }
+
+    /// Every rank's buffer.
+    #[getter]
+    fn buffer(&self) -> BufferLayout {
+        BufferLayout::new(self.header.buffer.clone())
+    }
+
+    /// The bytes a source sends.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = self
+            .header
+            .to_bytes()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// A header read back from a source's bytes; `ValueError` when they are not one
+    /// whose slots lie inside the buffer.
+    #[staticmethod]
+    fn from_bytes(data: &[u8]) -> PyResult<Header> {
+        header::Header::from_bytes(data)
+            .map(Header::new)
+            .map_err(PyValueError::new_err)
+    }
 }
 
 impl BufferLayout {
@@ -55,20 +109,6 @@ impl BufferLayout {
     /// The slot of feature `name`, if the buffer holds it.
     fn slot(&self, name: &str) -> Option<Slot> {
         self.layout.slot(name).map(|s| Slot { slot: s.clone() })
-    }
-
-    /// The header bytes a source sends for this layout.
-    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.layout.to_bytes())
-    }
-
-    /// A layout read back from a source's header bytes; `ValueError` when they are not
-    /// one whose slots lie inside the buffer.
-    #[staticmethod]
-    fn from_bytes(data: &[u8]) -> PyResult<BufferLayout> {
-        buffer::BufferLayout::from_bytes(data)
-            .map(BufferLayout::new)
-            .map_err(PyValueError::new_err)
     }
 
     fn __len__(&self) -> usize {
@@ -106,6 +146,13 @@ impl Slot {
     #[getter]
     fn nbytes(&self) -> usize {
         self.slot.nbytes()
+    }
+
+    /// How a passed-through value that is not a tensor was encoded (`pickle`); `None`
+    /// for a tensor.
+    #[getter]
+    fn encoding(&self) -> Option<&str> {
+        self.slot.encoding.as_deref()
     }
 
     /// The DTensor's global shape; `None` for a passed-through feature.

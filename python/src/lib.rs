@@ -183,9 +183,11 @@ impl Plan {
     }
 
     /// Validates `features` (name -> a tensor's DLPack capsule, or the description of
-    /// a value that is not a readable tensor) and places them on `mesh`; see
-    /// `_native.pyi`.
-    #[pyo3(signature = (features, mesh, workflow = None, passthrough = BTreeSet::new(), threads = 1))]
+    /// a value that is not a readable tensor) and places them on `mesh`; `objects`
+    /// holds each such value pickled (or why it does not pickle), which it rides in
+    /// when it is passed through; see `_native.pyi`.
+    #[pyo3(signature = (features, mesh, workflow = None, passthrough = BTreeSet::new(), threads = 1, objects = BTreeMap::new()))]
+    #[allow(clippy::too_many_arguments)]
     fn place(
         &self,
         py: Python<'_>,
@@ -194,6 +196,7 @@ impl Plan {
         workflow: Option<String>,
         passthrough: BTreeSet<String>,
         threads: usize,
+        objects: BTreeMap<String, placement::Object>,
     ) -> PyResult<placement::Placement> {
         let opts = featshard_exec::Options {
             workflow,
@@ -201,7 +204,7 @@ impl Plan {
             threads,
         };
         let mesh = self.mesh(&mesh)?;
-        placement::place(py, &self.plan, features, mesh, opts)
+        placement::place(py, &self.plan, features, mesh, opts, objects)
     }
 
     /// The generated module's name.
@@ -640,6 +643,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Plan>()?;
     m.add_class::<placement::Placement>()?;
     m.add_class::<buffer::BufferLayout>()?;
+    m.add_class::<buffer::Header>()?;
     m.add_class::<buffer::Slot>()?;
     m.add_class::<buffer::Recipe>()?;
     m.add_class::<collate::CollateFrame>()?;

@@ -32,6 +32,17 @@ pub(crate) struct Placement {
     placed: Placed<'static>,
     plan: Arc<featshard_spec::Plan>,
     inputs: Vec<(String, Memory)>,
+    /// Passed-through values that are not tensors: each rides its own slot as its
+    /// pickle (`Ok`), or cannot ride at all (`Err`: why it does not pickle).
+    objects: BTreeMap<String, Result<(), String>>,
+}
+
+/// A value that is not a readable tensor, as Python pickled it: its bytes, or why it
+/// does not pickle.
+#[derive(FromPyObject)]
+pub(crate) enum Object {
+    Pickled(Vec<u8>),
+    Unpicklable(String),
 }
 
 /// A tensor's DLPack capsule with the tensor's storage.
@@ -139,6 +150,7 @@ pub(crate) fn place(
     features: BTreeMap<String, Value<'_>>,
     mesh: featshard_spec::Mesh,
     opts: Options,
+    objects: BTreeMap<String, Object>,
 ) -> PyResult<Placement> {
     let (inputs, opaque, shapes) = gathered(&features)?;
     let mut sample = Sample::new();
@@ -172,12 +184,37 @@ pub(crate) fn place(
     // The interpreter's lock stays held while the tensors are read: no Python thread
     // can resize or free one meanwhile (see `Memory::check_alive`).
     let _ = py;
-    let placed = place(plan, mesh, &sample, &opts).map_err(runtime_error)?;
+    let mut placed = place(plan, mesh, &sample, &opts).map_err(runtime_error)?;
+    let objects = carried_objects(&mut placed, objects);
     Ok(Placement {
         placed,
         plan: Arc::clone(plan),
         inputs,
+        objects,
     })
+}
+
+/// The passed-through values that are not tensors put in their pickles' place (an
+/// opaque value's placeholder holds no bytes): what rides each one's slot.
+fn carried_objects(
+    placed: &mut Placed<'static>,
+    mut objects: BTreeMap<String, Object>,
+) -> BTreeMap<String, Result<(), String>> {
+    let mut out = BTreeMap::new();
+    for (name, x) in placed.passthrough.iter_mut() {
+        match objects.remove(name) {
+            Some(Object::Pickled(bytes)) => {
+                let shape = vec![bytes.len()];
+                *x = Array::owned(featshard_spec::ir::DType::Uint8, shape, bytes);
+                out.insert(name.clone(), Ok(()));
+            }
+            Some(Object::Unpicklable(why)) => {
+                out.insert(name.clone(), Err(why));
+            }
+            None => {}
+        }
+    }
+    out
 }
 
 #[pymethods]
@@ -212,6 +249,19 @@ impl Placement {
     #[pyo3(signature = (compact = false))]
     fn buffer_layout(&self, compact: bool) -> PyResult<BufferLayout> {
         Ok(BufferLayout::new(self.laid_out(compact)?))
+    }
+
+    /// The header a source sends for this sample (`featshard_exec::header`, the same
+    /// bytes as the tch runtime's): the layout and every rank's buffer (see
+    /// `buffer_layout`), the sample's index where the caller knows it.
+    #[pyo3(signature = (compact = false, sample = None))]
+    fn header(&self, compact: bool, sample: Option<usize>) -> PyResult<crate::buffer::Header> {
+        Ok(crate::buffer::Header::new(featshard_exec::header::Header {
+            sample,
+            layout: self.placed.layout.clone(),
+            buffer: self.laid_out(compact)?,
+            deferred: false,
+        }))
     }
 
     /// Sample keys carried along untouched, sorted.
@@ -386,8 +436,21 @@ impl Placement {
 
     /// The executor's layout of every rank's buffer of this placement.
     fn laid_out(&self, compact: bool) -> PyResult<featshard_exec::buffer::BufferLayout> {
-        let slots = featshard_exec::buffer::block_slots(&self.plan, &self.placed, compact)
-            .map_err(runtime_error)?;
+        use featshard_exec::buffer::{block_slots, passthrough_slots};
+        let mut slots = block_slots(&self.plan, &self.placed, compact).map_err(runtime_error)?;
+        for mut slot in passthrough_slots(&self.placed) {
+            match self.objects.get(&slot.name) {
+                Some(Ok(())) => slot.encoding = Some("pickle".into()),
+                Some(Err(why)) => {
+                    return Err(PyValueError::new_err(format!(
+                        "feature `{}`: passed through, so it rides to every rank, pickled when it is not a tensor of a spec dtype; it does not pickle: {why}",
+                        slot.name
+                    )))
+                }
+                None => {}
+            }
+            slots.push(slot);
+        }
         Ok(featshard_exec::buffer::BufferLayout::new(slots))
     }
 

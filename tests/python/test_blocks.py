@@ -22,7 +22,7 @@ from boltz_samples import (
     real_samples,
 )
 from conftest import ROOT, featshard_bin
-from featshard import blocks
+from featshard import _native, blocks
 from featshard.distribute import _local_blocks
 from safetensors.torch import save_file
 
@@ -132,6 +132,18 @@ def test_a_placement_reports_its_layout_and_carries_metadata(
     assert lay.padded["tokens"] % 2 == 0
     dtype, shape = placed.features["token_pad_mask"]
     assert dtype == sample["token_pad_mask"].dtype and shape == (lay.padded["tokens"] // 2,)
+    # Every rank's buffer carries it in a slot of its own, pickled; the header says so,
+    # and reads back from its bytes.
+    header = _native.Header.from_bytes(placed.header(sample=4).to_bytes())
+    assert header.sample == 4 and header.layout.sizes["tokens"] == 11
+    slot = header.buffer.slot("extra")
+    assert slot is not None and slot.encoding == "pickle" and slot.global_shape is None
+    assert blocks.carried(placed.rank_buffer((1, 0)), header.buffer) == {"extra": [1, 2]}
+    # A passed-through value that cannot ride (it does not pickle) is refused by name.
+    lost = blocks.place(plan, dict(sample, extra=lambda: 0), (2, 2), workflow="inference",
+                        passthrough={"extra"})
+    with pytest.raises(ValueError, match="^feature `extra`: passed through, .* does not pickle"):
+        lost.header()
 
 
 def test_bad_samples_are_refused_as_featshard_shard_refuses_them(
@@ -232,8 +244,6 @@ def test_native_entry_points_refuse_bad_arguments_by_name(
 ) -> None:
     """No argument reaches Rust unchecked: each is a ValueError naming it, never a
     PanicException or an answer for a rank that does not exist."""
-    from featshard import _native
-
     for call, name in [
         (lambda: _native.coords((3, 3), 9), "rank"),
         (lambda: _native.coords((2**64 - 1, 2), 0), "mesh"),

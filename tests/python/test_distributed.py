@@ -47,7 +47,13 @@ def _worker(rank: int, world: int, store: str, gen_dir: str, shape: tuple[int, .
     out: dict[str, Any] = {"rank": rank}
     try:
         if scenario == "parity":
-            got = D.distribute_features(sample if source else None, mesh, workflow="inference")
+            # Passed-through values ride slots of their own: a tensor, and a value that is
+            # not one (pickled), the same on every rank.
+            record = {"id": f"replica-{dp}", "chains": [("A", 60), ("B", 2)]}
+            carried = dict(sample, record=record, affinity_mw=torch.tensor([412.5 + dp]))
+            got = D.distribute_features(carried if source else None, mesh, workflow="inference")
+            assert got.pop("record") == record
+            assert torch.equal(got.pop("affinity_mw"), torch.tensor([412.5 + dp]))
             _check_parity(P, D, got, sample, cp, (i, j))
         elif scenario == "collate":
             _check_collate(P, D, mesh, dp, cp, source, rank)

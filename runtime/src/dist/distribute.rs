@@ -14,11 +14,12 @@ use super::error::DistError;
 use super::mesh::Mesh;
 use super::pool::{buffer, BufferPool};
 use super::prepare::{Prepared, Preparer, Write};
-use super::wire::{self, Announced};
+use super::wire;
 use super::LocalSample;
 use crate::error::RuntimeError;
 use crate::sample::{Features, Options};
 use featshard_exec::agree::{Status, Terms};
+use featshard_exec::header::Header;
 
 /// Why the source has no sample for this step.
 #[derive(Clone, Debug, PartialEq)]
@@ -131,17 +132,17 @@ impl<'m> Distributor<'m> {
         agree(world, status, Some(&self.terms()))?;
         let header = prepared
             .as_ref()
-            .map(|p| serde_json::to_vec(&p.announced))
-            .transpose()
-            .map_err(|e| DistError::Protocol {
-                message: format!("the header of a prepared sample: {e}"),
-            })?;
+            .map(|p| p.announced.to_bytes())
+            .transpose()?;
         let received = cp.broadcast_bytes(header.as_deref(), 0)?;
-        let announced: Announced =
-            serde_json::from_slice(&received).map_err(|e| DistError::Protocol {
-                message: format!("unreadable header from rank {}: {e}", cp.ranks()[0]),
-            })?;
-        let (status, value) = self.receive(prepared, announced, local)?;
+        let unreadable = |e: String| DistError::Protocol {
+            message: format!("unreadable header from rank {}: {e}", cp.ranks()[0]),
+        };
+        let announced = Header::from_bytes(&received).map_err(unreadable)?;
+        let sample = announced
+            .sample
+            .ok_or_else(|| unreadable("it names no sample".into()))?;
+        let (status, value) = self.receive(prepared, (sample, announced), local)?;
         agree(world, status, None)?;
         value.ok_or_else(|| DistError::Protocol {
             message: "agreed on success without a local value".into(),
@@ -174,7 +175,7 @@ impl<'m> Distributor<'m> {
     fn receive<T, E: Display>(
         &self,
         mut prepared: Option<Prepared>,
-        a: Announced,
+        (sample, a): (usize, Header),
         local: impl FnOnce(LocalSample) -> Result<T, E>,
     ) -> Result<(Status, Option<T>), DistError> {
         let cp = self.mesh.cp();
@@ -207,7 +208,7 @@ impl<'m> Distributor<'m> {
             .map_err(|(feature, e)| format!("feature `{feature}`: {e}"))
             .and_then(|(blocks, passthrough)| {
                 let sample = LocalSample {
-                    sample: a.sample,
+                    sample,
                     coord: self.mesh.cp_coord(),
                     layout: a.layout,
                     blocks,
@@ -218,7 +219,7 @@ impl<'m> Distributor<'m> {
         let status = match (unwritten, outcome) {
             (Some(message), _) => Status::Source {
                 rank: cp.ranks()[0],
-                sample: Some(a.sample),
+                sample: Some(sample),
                 message,
             },
             (None, Ok(v)) => return Ok((Status::Ok, Some(v))),
@@ -234,7 +235,7 @@ impl<'m> Distributor<'m> {
     /// The buffer this rank receives `a` into. While a deferred source writes its
     /// blocks, the others fault a new one in (zeroing it), which the scatter would
     /// otherwise wait on.
-    fn receive_buffer(&self, a: &Announced, receiver: bool) -> Result<Tensor, DistError> {
+    fn receive_buffer(&self, a: &Header, receiver: bool) -> Result<Tensor, DistError> {
         let failed = |e: tch::TchError| DistError::Protocol {
             message: format!("a {}-byte buffer: {e}", a.buffer.bytes),
         };

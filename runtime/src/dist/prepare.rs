@@ -9,13 +9,14 @@ use featshard_spec::Mesh;
 use tch::{Device, Tensor};
 
 use super::pool::{buffer, BufferPool};
-use super::wire::{self, Announced};
+use super::wire;
 use super::LocalSample;
 use crate::error::{torch, RuntimeError, TorchContext};
 use crate::pad::{place, Placed};
 use crate::sample::{Features, Options};
 use crate::views::fill_each;
 use featshard_exec::buffer::{block_slots, fill_ranks, passthrough_slots, BufferLayout, Slot};
+use featshard_exec::header::Header;
 
 /// When a prepared sample's blocks are written into its send buffers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -109,8 +110,9 @@ impl Preparer {
             })?;
         let mut prepared = Prepared {
             plan: Arc::clone(&self.plan),
-            announced: Announced {
-                sample,
+            sample,
+            announced: Header {
+                sample: Some(sample),
                 layout: placed.layout().clone(),
                 buffer: laid_out,
                 deferred: true,
@@ -152,7 +154,9 @@ fn slots(plan: &Plan, placed: &Placed, compact: bool) -> Result<Vec<Slot>, Runti
 #[derive(Debug)]
 pub struct Prepared {
     plan: Arc<Plan>,
-    pub(super) announced: Announced,
+    /// The sample's index in the serial dataset.
+    sample: usize,
+    pub(super) announced: Header,
     /// Views of their pool's buffers, when there is a pool: dropping the prepared
     /// sample frees them for the next one.
     pub(super) buffers: Vec<Tensor>,
@@ -204,7 +208,7 @@ impl Prepared {
             *x = copy(name, x)?;
         }
         Ok(LocalSample {
-            sample: a.sample,
+            sample: self.sample,
             layout: a.layout.clone(),
             coord: a.layout.mesh.coord(rank),
             blocks,

@@ -1,31 +1,14 @@
-//! What travels in one distribution step: the header the source broadcasts (the layout
-//! of every rank's byte buffer), and the buffers read back into blocks.
+//! A rank's byte buffer read back into blocks, by the slots of the header the source
+//! broadcast (`featshard_exec::header`).
 
 use std::collections::BTreeMap;
 
-use featshard_spec::plan::SampleLayout;
-use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::on_device;
 use crate::kind::kind_of;
 use crate::shard::{DTensorMeta, LocalBlock};
-use featshard_exec::buffer::{room_offsets, BufferLayout, Expansion, Global, Slot};
-
-/// The first message of a step, from the source to its CP group (once the world agreed
-/// that the source holds a sample): what every rank's buffer will hold.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Announced {
-    /// Index of the sample in the serial dataset.
-    pub sample: usize,
-    pub layout: SampleLayout,
-    /// Every rank's buffer: blocks first, sorted by name, then passed-through features.
-    pub buffer: BufferLayout,
-    /// The source writes the blocks after sending this header: receivers ready
-    /// their buffers meanwhile.
-    #[serde(default)]
-    pub deferred: bool,
-}
+use featshard_exec::buffer::{room_offsets, Expansion, Global, Slot};
 
 /// The typed view of one slot inside a byte buffer.
 pub fn view(buf: &Tensor, slot: &Slot) -> Result<Tensor, tch::TchError> {
