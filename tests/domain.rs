@@ -577,3 +577,40 @@ fn domain_windows_are_chunk_pieces_and_even_blocks_that_tile_the_global_shape() 
 fn mesh(sizes: &[usize]) -> featshard_spec::Mesh {
     featshard_spec::Mesh::new(sizes).unwrap()
 }
+
+/// ShardTensor's sharding shapes are each rank's `torch.chunk` piece along the axis
+/// that splits a feature; a padded output is cut back to the sample's lengths by its
+/// declared semantics, and a semantic the spec lacks or an axis count that does not
+/// match is refused by name.
+#[test]
+fn sharding_shapes_are_chunk_pieces_and_outputs_cut_back_to_their_lengths() {
+    let text = format!("{BASE}  x: {{axes: [batch, height, width], dtype: float32}}\n");
+    let (_, plan) = compile_str("spec.yaml", &text).unwrap();
+    let t = match &plan.features["x"] {
+        FeaturePlan::Tensor(t) => t,
+        FeaturePlan::Metadata { .. } => unreachable!(),
+    };
+    let m = mesh(&[3]);
+    let along = plan.sharding_shapes(t, &[1, 7, 5], m, m.coord(1)).unwrap();
+    assert_eq!(along.len(), 1);
+    assert_eq!(along[&0], vec![vec![1, 3, 5], vec![1, 3, 5], vec![1, 1, 5]]);
+    assert_eq!(plan.sharding_shapes(t, &[1, 2, 5], m, m.coord(0)), None);
+    let axes: Vec<Option<String>> = t.axes.iter().map(|a| a.semantic.clone()).collect();
+    let lengths = [("height".to_owned(), 6)].into();
+    assert_eq!(
+        plan.real_shape(&axes, &[1, 9, 5], &lengths),
+        Ok(vec![1, 6, 5])
+    );
+    let e = plan
+        .real_shape(&axes[..2], &[1, 9, 5], &lengths)
+        .unwrap_err();
+    assert!(e.contains("2 axis semantics for shape [1, 9, 5]"), "{e}");
+    let odd = vec![None, Some("depth".to_owned()), None];
+    let e = plan.real_shape(&odd, &[1, 9, 5], &lengths).unwrap_err();
+    assert!(
+        e.contains("axis 1: semantic `depth` is not declared"),
+        "{e}"
+    );
+    let e = plan.real_shape(&axes, &[1, 4, 5], &lengths).unwrap_err();
+    assert!(e.contains("more than the 4"), "{e}");
+}

@@ -146,6 +146,39 @@ pub fn check_shapes(
     Ok(sizes)
 }
 
+/// The dtype and shape of every sample input of a sample known by its semantics'
+/// lengths alone (a reader's, before any value is read): each axis its semantic's
+/// length, or its channel size. Refused by name: a semantic an input needs that
+/// `lengths` lacks, and a length `lengths` gives for no semantic of the spec.
+/// [`check_shapes`] then checks them as any sample's.
+pub fn shapes_of_lengths(
+    plan: &Plan,
+    lengths: &BTreeMap<String, usize>,
+) -> Result<BTreeMap<String, (DType, Vec<usize>)>, ExecError> {
+    if let Some(s) = lengths.keys().find(|s| !plan.semantics.contains_key(*s)) {
+        return Err(ExecError::Blocks {
+            feature: "*".into(),
+            message: format!("a length is given for `{s}`, which is no semantic of the spec"),
+        });
+    }
+    let mut out = BTreeMap::new();
+    for (name, t) in plan.tensors().filter(|(_, t)| !t.parameter && !t.output) {
+        let mut shape = Vec::with_capacity(t.axes.len());
+        for (axis, a) in t.axes.iter().enumerate() {
+            let len = match (&a.semantic, a.size) {
+                (Some(s), _) => lengths.get(s).copied().ok_or_else(|| ExecError::Blocks {
+                    feature: name.to_owned(),
+                    message: format!("axis {axis}: no length given for its semantic `{s}`"),
+                })?,
+                (None, size) => usize::try_from(size.unwrap_or(0)).unwrap_or(usize::MAX),
+            };
+            shape.push(len);
+        }
+        out.insert(name.to_owned(), (t.dtype, shape));
+    }
+    Ok(out)
+}
+
 /// The checks of a domain model's parameter `name` (declared `parameter: true`), given
 /// as `dtype` and `shape`, before it is sharded over the domain mesh `mesh`: rank,
 /// dtype, channel sizes, and every split axis at least as long as its ranks.

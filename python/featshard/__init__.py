@@ -185,6 +185,24 @@ class Plan:
         """The checks of ``place`` that need no values, on dtypes and shapes."""
         return self._native.check_shapes(shapes)
 
+    def device_mesh(self, sizes: Sequence[int], dp: int = 1) -> tuple[list[str], list[int], int]:
+        """The device mesh of ``dp`` replicas of a mesh of ``sizes``: its dimension names
+        (the DP axis first where the spec names one), their sizes and its world size."""
+        return self._native.device_mesh(list(sizes), dp)
+
+    def input_shapes(self, lengths: dict[str, int]) -> dict[str, tuple[str, list[int]]]:
+        """Every sample input's dtype name and shape at these semantics' lengths (a
+        sample known by its lengths alone), as :meth:`check_shapes` takes them."""
+        return self._native.input_shapes(lengths)
+
+    def real_shape(
+        self, name: str, shape: Sequence[int], lengths: dict[str, int], semantics: Sequence[str | None] | None = None
+    ) -> list[int] | None:
+        """Output (or feature) ``name``'s real shape given padded as ``shape``: axes of a
+        semantic in ``lengths`` cut back to it, by ``semantics`` (one per axis) or the
+        spec's declaration; None for a value neither names."""
+        return self._native.real_shape(name, list(shape), lengths, None if semantics is None else list(semantics))
+
     def real_window(self, name: str, window: Sequence[tuple[int, int]], lengths: dict[str, int]) -> list[tuple[int, int]]:
         """The part of ``window`` (``(start, len)`` per axis of feature ``name``'s padded
         layout) that holds real items given every semantic's real length: ``(start,
@@ -249,3 +267,10 @@ class Plan:
         ``coord`` of domain mesh ``mesh`` holds: its ``torch.chunk`` piece on an uneven
         axis, its equal block on an even one."""
         return self._native.domain_window(feature, list(global_shape), list(mesh), list(coord))
+
+    def sharding_shapes(
+        self, feature: str, global_shape: Sequence[int], mesh: Sequence[int], coord: Sequence[int]
+    ) -> dict[int, list[list[int]]]:
+        """ShardTensor's ``sharding_shapes`` of ``feature`` as the rank at ``coord`` sees it:
+        per mesh axis that splits it, the local shapes of the ranks along that axis."""
+        return self._native.sharding_shapes(feature, list(global_shape), list(mesh), list(coord))

@@ -182,6 +182,68 @@ impl Plan {
             })
     }
 
+    /// ShardTensor's `sharding_shapes` of `feature` (global shape `global`) as the rank
+    /// at `coord` of domain mesh `mesh` sees it: per mesh axis that splits it, the local
+    /// shapes of the ranks along that axis, in order.
+    fn sharding_shapes(
+        &self,
+        feature: &str,
+        global: Vec<usize>,
+        mesh: Vec<usize>,
+        coord: Vec<usize>,
+    ) -> PyResult<BTreeMap<usize, Vec<Vec<usize>>>> {
+        let t = tensor(&self.plan, feature, global.len())?;
+        let sizes = self.mesh(&mesh)?;
+        let at = sizes.coord_at(&coord).ok();
+        at.and_then(|at| self.plan.sharding_shapes(t, &global, sizes, at))
+            .ok_or_else(|| {
+                value_error(format!(
+                    "feature `{feature}`: global shape {global:?} has no windows along the axes \
+                 of coordinate {coord:?} of mesh {mesh:?} (off the mesh, or an empty uneven shard)"
+                ))
+            })
+    }
+
+    /// The real shape of output (or feature) `name` given padded as `shape`: its axes of
+    /// a semantic `lengths` gives cut back to that length. The axes' semantics are
+    /// `semantics` (one per axis, `None` for a channel axis) or the spec's declaration;
+    /// `None` for a value the spec does not declare and no semantics are given for.
+    #[pyo3(signature = (name, shape, lengths, semantics = None))]
+    fn real_shape(
+        &self,
+        name: &str,
+        shape: Vec<usize>,
+        lengths: BTreeMap<String, usize>,
+        semantics: Option<Vec<Option<String>>>,
+    ) -> PyResult<Option<Vec<usize>>> {
+        let axes = semantics.or_else(|| {
+            let t = self.plan.tensor(name)?;
+            Some(t.axes.iter().map(|a| a.semantic.clone()).collect())
+        });
+        let Some(axes) = axes else {
+            return Ok(None);
+        };
+        self.plan
+            .real_shape(&axes, &shape, &lengths)
+            .map(Some)
+            .map_err(|e| value_error(format!("output `{name}`: {e}")))
+    }
+
+    /// Every sample input's dtype name and shape for a sample known by its semantics'
+    /// lengths alone (see `featshard_exec::validate::shapes_of_lengths`), as
+    /// `check_shapes` takes them.
+    fn input_shapes(
+        &self,
+        lengths: BTreeMap<String, usize>,
+    ) -> PyResult<BTreeMap<String, (&'static str, Vec<usize>)>> {
+        let shapes = featshard_exec::validate::shapes_of_lengths(&self.plan, &lengths)
+            .map_err(value_error)?;
+        Ok(shapes
+            .into_iter()
+            .map(|(n, (d, shape))| (n, (d.name(), shape)))
+            .collect())
+    }
+
     /// Validates `features` (name -> a tensor's DLPack capsule, or the description of
     /// a value that is not a readable tensor) and places them on `mesh`; `objects`
     /// holds each such value pickled (or why it does not pickle), which it rides in
@@ -404,6 +466,24 @@ impl Plan {
             .dims(names.as_deref(), ndim)
             .map_err(value_error)?;
         Ok((d.dp, d.sample))
+    }
+
+    /// The device mesh of `dp` replicas of a mesh of `sizes` for this plan: its
+    /// dimension names (the DP axis first where the spec names one), their sizes, and
+    /// the world it takes; `ValueError` naming what does not fit the spec.
+    fn device_mesh(
+        &self,
+        sizes: Vec<usize>,
+        dp: usize,
+    ) -> PyResult<(Vec<String>, Vec<usize>, usize)> {
+        let m = self
+            .plan
+            .mesh
+            .replicated(dp, &sizes)
+            .map_err(|e| value_error(format!("mesh: {e}")))?;
+        let mut shape: Vec<usize> = self.plan.mesh.dp.iter().map(|_| m.dp).collect();
+        shape.extend(m.cp.sizes());
+        Ok((self.plan.mesh.dim_names(), shape, m.world()))
     }
 
     /// The data-parallel axis's name, if the spec names one.

@@ -3,7 +3,6 @@ and a model readied for it (weights synced over the domain, DDP or FSDP2)."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from datetime import timedelta
@@ -42,24 +41,20 @@ class DomainModel(DomainScatter):
         """
         from torch.distributed.device_mesh import init_device_mesh
 
-        sizes = tuple(int(n) for n in domain)
-        if len(sizes) != len(self.domain_axes) or min(sizes, default=1) < 1 or ddp < 1:
-            raise FeatureDistributionError(f"domain sizes {sizes} and ddp {ddp} for the domain axes {self.domain_axes}")
-        if ddp > 1 and self.dp_axis is None:
-            raise FeatureDistributionError(f"ddp {ddp}, but the spec names no data-parallel mesh axis (`mesh.dp`)")
+        try:
+            names, shape, needed = self.plan.device_mesh([int(n) for n in domain], int(ddp))
+        except (ValueError, OverflowError) as e:  # OverflowError: a negative size
+            raise FeatureDistributionError(f"domain sizes {tuple(domain)} and ddp {ddp}: {e}") from None
         _start_group(init_method, rank, world_size, timeout)
         world = dist.get_world_size()
-        if world != ddp * math.prod(sizes):
+        if world != needed:
             raise FeatureDistributionError(
-                f"world size {world}, but ddp {ddp} x domain {sizes} {self.domain_axes} needs {ddp * math.prod(sizes)} ranks"
+                f"world size {world}, but ddp {ddp} x domain {tuple(domain)} {self.domain_axes} needs {needed} ranks"
             )
-        dp = self.dp_axis
-        names: tuple[str, ...] = ((dp,) if dp is not None else ()) + tuple(self.domain_axes)
-        shape = ((ddp,) if dp is not None else ()) + sizes
         device = "cuda" if torch.cuda.is_available() else "cpu"
         # Its groups take the caller's timeout, not torch's 30 minutes.
         backend = ("nccl" if device == "cuda" else "gloo", backend_options(device, timeout))
-        return init_device_mesh(device, shape, mesh_dim_names=names,
+        return init_device_mesh(device, tuple(shape), mesh_dim_names=tuple(names),
                                 backend_override=dict.fromkeys(names, backend))
 
     def wrap_model(self, model: torch.nn.Module, mesh: DeviceMesh, strategy: str = "none") -> torch.nn.Module:

@@ -178,17 +178,13 @@ class DomainScatter(DomainTables):
         return Scattered(out, {s: int(n) for s, n in lengths.items()})
 
     def _check_lengths(self, lengths: Mapping[str, int], mesh_sizes: Sequence[int]) -> None:
-        """The lengths every input's shape would have pass `check_shapes`."""
-        missing = sorted(s for f in self.features.values() for s in f.semantics if s is not None and s not in lengths)
-        if missing:
-            raise FeatureDistributionError(f"no length given for semantics {sorted(set(missing))}")
-        self.check_shapes(
-            {
-                n: (tuple(lengths[s] if s is not None else int(c or 0) for s, c in zip(f.semantics, f.channels)), f.dtype)
-                for n, f in self.features.items()
-            },
-            mesh_sizes,
-        )
+        """The shapes every input has at these lengths (the executor's) pass
+        `check_shapes`."""
+        try:
+            shapes = self.plan.input_shapes(dict(lengths))
+        except ValueError as e:
+            raise FeatureDistributionError(str(e)) from None
+        self.check_shapes({n: (s, torch_dtype(d)) for n, (d, s) in shapes.items()}, mesh_sizes)
 
     def _read_block(
         self,
@@ -257,21 +253,14 @@ class DomainScatter(DomainTables):
         out: dict[str, Any] = {}
         for name, v in outputs.items():
             full = v.full_tensor() if hasattr(v, "full_tensor") else v
-            if semantics is not None and name in semantics:
-                axes: Sequence[str | None] | None = tuple(semantics[name])
-            else:
-                declared = self.outputs.get(name) or self.features.get(name)
-                axes = declared.semantics if declared is not None else None
-            if lengths is not None and axes is not None and isinstance(full, torch.Tensor):
-                if len(axes) != full.dim():
-                    raise FeatureDistributionError(
-                        f"output `{name}`: {len(axes)} axis semantics for shape {tuple(full.shape)}"
-                    )
-                for d, s in enumerate(axes):
-                    if s is not None and s not in self.semantics:
-                        raise FeatureDistributionError(f"output `{name}`, axis {d}: semantic `{s}` is not declared")
-                    if s is not None and s in lengths:
-                        full = full.narrow(d, 0, lengths[s])
+            if lengths is not None and isinstance(full, torch.Tensor):
+                axes = None if semantics is None or name not in semantics else semantics[name]
+                try:
+                    real = self.plan.real_shape(name, full.shape, dict(lengths), axes)
+                except ValueError as e:
+                    raise FeatureDistributionError(str(e)) from None
+                if real is not None:
+                    full = full[tuple(slice(0, n) for n in real)]
             out[name] = full
         return out
 

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Placement, Replicate
+from torch.distributed.tensor import Placement
 
 from featshard import Feature, Plan, Semantic, blocks
 from featshard.blocks import dtype_name, place
@@ -140,18 +140,10 @@ class DomainTables:
         name: str, shape: Sequence[int], mesh_sizes: Sequence[int], coord: Sequence[int]
     ) -> dict[int, tuple[tuple[int, ...], ...]]:
         """ShardTensor's layout as the rank at `coord` sees it: per sharded mesh axis, the
-        local shapes of the ranks along that axis (sharing this rank's other coordinates)."""
-        out: dict[int, tuple[tuple[int, ...], ...]] = {}
-        for m, p in enumerate(self.features[name].placements):
-            if isinstance(p, Replicate):
-                continue
-            along = []
-            for k in range(mesh_sizes[m]):
-                c = list(coord)
-                c[m] = k
-                along.append(self.local_shape(name, shape, mesh_sizes, c))
-            out[m] = tuple(along)
-        return out
+        local shapes of the ranks along that axis (sharing this rank's other coordinates),
+        from the plan alone."""
+        along = self.plan.sharding_shapes(name, list(shape), list(mesh_sizes), list(coord))
+        return {m: tuple(tuple(s) for s in shapes) for m, shapes in along.items()}
 
     def pad_inputs(
         self,

@@ -265,6 +265,23 @@ impl MeshPlan {
         Mesh::new(sizes)
     }
 
+    /// `dp` replicas of a mesh of `sizes` for this plan (see [`MeshPlan::matched`]):
+    /// more than one replica needs the spec's DP axis.
+    pub fn replicated(&self, dp: usize, sizes: &[usize]) -> Result<DeviceMesh, String> {
+        if dp > 1 && self.dp.is_none() {
+            return Err(format!(
+                "{dp} DP replicas, but the spec names no data-parallel mesh axis (`mesh.dp`)"
+            ));
+        }
+        DeviceMesh::new(dp, self.matched(sizes)?)
+    }
+
+    /// The dimension names of a device mesh for this plan: the DP axis first where the
+    /// spec names one, then the sample's axes.
+    pub fn dim_names(&self) -> Vec<String> {
+        self.dp.iter().chain(self.axes()).cloned().collect()
+    }
+
     /// A mesh argument for this plan made of the sizes given, as an example of the
     /// form: `` `3` `` on one axis, `` `3x2` `` on two.
     pub fn example(&self, sizes: &[usize]) -> String {
@@ -396,5 +413,22 @@ mod tests {
         assert_eq!(tile.mesh_of(&named).unwrap().sizes(), &[3, 2]);
         let e = axis.mesh_of(&named).unwrap_err();
         assert!(e.contains("the spec's mesh is (cp)"), "{e}");
+    }
+
+    /// Replicas in front of a mesh need the spec's DP axis; the device mesh's
+    /// dimensions are named DP first.
+    #[test]
+    fn replicas_need_the_specs_dp_axis() {
+        let tile = plan_mesh(&["cp0", "cp1"], Some("dp"));
+        let axis = plan_mesh(&["cp"], None);
+        let m = tile.replicated(2, &[3, 2]).unwrap();
+        assert_eq!((m.dp, m.world()), (2, 12));
+        assert_eq!(tile.dim_names(), ["dp", "cp0", "cp1"]);
+        assert_eq!(axis.dim_names(), ["cp"]);
+        assert_eq!(axis.replicated(1, &[4]).unwrap().world(), 4);
+        let e = axis.replicated(2, &[4]).unwrap_err();
+        assert!(e.contains("names no data-parallel mesh axis"), "{e}");
+        let e = tile.replicated(1, &[4]).unwrap_err();
+        assert!(e.contains("one size per axis"), "{e}");
     }
 }

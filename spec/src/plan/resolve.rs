@@ -1,6 +1,6 @@
 //! Resolving a plan for one sample on one mesh: padded lengths, layouts and shapes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 use crate::layout::{lcm_of, owner_block, round_up};
@@ -378,6 +378,61 @@ impl Plan {
                 None => Some((0, n)),
             })
             .collect()
+    }
+
+    /// ShardTensor's layout of tensor feature `t` (global shape `global`) as the rank at
+    /// `coord` sees it: for each mesh axis that splits it, the local shapes of the
+    /// ranks along that axis that share this rank's other coordinates, in order. `None`
+    /// as for [`Plan::domain_window`].
+    pub fn sharding_shapes(
+        &self,
+        t: &TensorPlan,
+        global: &[usize],
+        mesh: Mesh,
+        coord: Coord,
+    ) -> Option<BTreeMap<usize, Vec<Vec<usize>>>> {
+        let mut out = BTreeMap::new();
+        let split: BTreeSet<usize> = t.axes.iter().filter_map(|a| a.split.mesh_axis()).collect();
+        for m in split {
+            let along = (0..mesh.size(m)).map(|k| {
+                let mut at = coord.as_slice().to_vec();
+                *at.get_mut(m)? = k;
+                let window = self.domain_window(t, global, mesh, mesh.coord_at(&at).ok()?)?;
+                Some(window.into_iter().map(|(_, n)| n).collect())
+            });
+            out.insert(m, along.collect::<Option<Vec<Vec<usize>>>>()?);
+        }
+        Some(out)
+    }
+
+    /// The real shape of a padded tensor of `shape` whose axes have the semantics
+    /// `axes` (`None` for a channel axis): each axis of a semantic `lengths` gives cut
+    /// back to that length, any other axis whole. `Err` saying what does not match: an
+    /// axis count other than the shape's, a semantic the spec does not declare, a
+    /// length past the axis.
+    pub fn real_shape(
+        &self,
+        axes: &[Option<String>],
+        shape: &[usize],
+        lengths: &BTreeMap<String, usize>,
+    ) -> Result<Vec<usize>, String> {
+        if axes.len() != shape.len() {
+            return Err(format!("{} axis semantics for shape {shape:?}", axes.len()));
+        }
+        let real = |(d, (s, &n)): (usize, (&Option<String>, &usize))| match s {
+            Some(s) if !self.semantics.contains_key(s) => {
+                Err(format!("axis {d}: semantic `{s}` is not declared"))
+            }
+            Some(s) => match lengths.get(s) {
+                Some(&len) if len > n => Err(format!(
+                    "axis {d}: `{s}` has {len} items, more than the {n} the axis holds"
+                )),
+                Some(&len) => Ok(len),
+                None => Ok(n),
+            },
+            None => Ok(n),
+        };
+        axes.iter().zip(shape).enumerate().map(real).collect()
     }
 }
 
