@@ -122,7 +122,7 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
 
     /// The same, able to write compact blocks of a one-hot feature from its `indices`
     /// (as [`Placed::compact`] holds them); other features ignore them.
-    pub fn with_compact(mut self, indices: Option<&'p Array<'static>>) -> Self {
+    pub(crate) fn with_compact(mut self, indices: Option<&'p Array<'static>>) -> Self {
         let one_hot = self
             .placed
             .as_ref()
@@ -133,14 +133,9 @@ impl<'p, 'a> FeatureBlocks<'p, 'a> {
 
     /// The same, a sparse feature able to write compact blocks of `entries` rows (as
     /// [`Placed::entries`] holds it); other features ignore it.
-    pub fn with_entries(mut self, entries: Option<usize>) -> Self {
+    pub(crate) fn with_entries(mut self, entries: Option<usize>) -> Self {
         self.entries = entries;
         self
-    }
-
-    /// The feature's compact form, when it has one and its indices were given.
-    pub fn one_hot(&self) -> Option<OneHot> {
-        self.compact.map(|(oh, _)| oh)
     }
 
     /// How the feature's compact block expands (`None`: it travels as its block).

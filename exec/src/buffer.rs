@@ -138,7 +138,7 @@ impl BufferLayout {
     /// `buf` (at least [`BufferLayout::bytes`] long) cut into each slot's bytes, in slot
     /// order, the alignment gaps zeroed (a recycled buffer's old bytes never show);
     /// `None` when `buf` is shorter.
-    pub fn split_mut<'b>(&self, buf: &'b mut [u8]) -> Option<Vec<(&Slot, &'b mut [u8])>> {
+    pub(crate) fn split_mut<'b>(&self, buf: &'b mut [u8]) -> Option<Vec<(&Slot, &'b mut [u8])>> {
         let mut rest = buf.get_mut(..self.bytes)?;
         let mut at = 0;
         let mut out = Vec::with_capacity(self.slots.len());

@@ -79,7 +79,7 @@ pub(crate) const PIECE: usize = 1024;
 /// of `to`, each as `encode_i64(to, read_i64(from, e))` writes it, in tight loops per
 /// type: blocks given narrow are widened, and ranged blocks narrowed, this way. `out`
 /// holds as many elements as `bytes`; elements past the shorter are left.
-pub fn cast(from: DType, bytes: &[u8], to: DType, out: &mut [u8]) {
+pub(crate) fn cast(from: DType, bytes: &[u8], to: DType, out: &mut [u8]) {
     // An integer read and written back is itself (not so a bool or a float).
     if from == to && from.int_range().is_some() {
         let n = bytes.len().min(out.len());

@@ -47,7 +47,7 @@ where
 /// `f` over `items` with up to `threads` threads; results in item order. Every item
 /// is run, so that the error returned is the one of the first failing item, as on one
 /// thread.
-pub fn try_map<I, C, R, E>(
+pub(crate) fn try_map<I, C, R, E>(
     items: &[I],
     threads: usize,
     make: impl Fn() -> C,
@@ -64,7 +64,7 @@ where
 
 /// `f` over `items` with up to `threads` threads, each taking the next item as it is
 /// free; every result, in item order.
-pub fn map<I, C, R>(
+pub(crate) fn map<I, C, R>(
     items: &[I],
     threads: usize,
     make: impl Fn() -> C,

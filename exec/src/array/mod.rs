@@ -131,25 +131,6 @@ impl<'a> Array<'a> {
         a
     }
 
-    /// The same view with no borrowed bytes, when its base owns its bytes (or has none:
-    /// a map known by its rows, a feature known by its elements); `None` for a view of
-    /// borrowed memory.
-    pub fn to_static(&self) -> Option<Array<'static>> {
-        let Base::Owned(bytes) = &self.base else {
-            return None;
-        };
-        Some(Array {
-            dtype: self.dtype,
-            base: Base::Owned(Arc::clone(bytes)),
-            base_shape: self.base_shape.clone(),
-            sel: self.sel.clone(),
-            sparse: Arc::clone(&self.sparse),
-            rows_only: self.rows_only,
-            dense: Arc::clone(&self.dense),
-            entries: self.entries.clone(),
-        })
-    }
-
     /// The nonzero elements of a base given as them ([`Array::from_entries`]).
     pub fn entry_list(&self) -> Option<&EntryList> {
         self.entries.as_deref()

@@ -33,14 +33,14 @@ mod stored;
 
 pub(crate) use bits::bits_len;
 use bits::unpack_bits_into;
-pub use bits::Bits;
+pub(crate) use bits::Bits;
 pub(crate) use entries::Entries;
 pub use entries::ENTRY_BYTES;
-pub use given::given_as_indices;
+pub(crate) use given::given_as_indices;
 pub(crate) use given::{given_narrow, indices_given, map_given_as_indices, narrow_hint};
 pub(crate) use given_entries::entries_from_pairs;
 pub use given_entries::{INDICES, SHAPE, VALUES};
-pub use narrow::narrowed;
+pub(crate) use narrow::narrowed;
 pub(crate) use narrow::{check_range, Cast};
 pub use recipe::{Recipe, Table};
 pub use stored::{check_stored, expand_stored, stored_form};
@@ -133,7 +133,7 @@ impl Form {
 
 /// How one one-hot feature is held compact.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OneHot {
+pub(crate) struct OneHot {
     /// The one-hot axis of the dense feature.
     pub axis: usize,
     /// Its size: the class count.
@@ -260,7 +260,7 @@ pub(crate) fn one_and_negative_zero(d: DType) -> (u64, Option<u64>) {
 /// The indices of one-hot feature `name` (`x` at its serial shape), validating it: every
 /// value is 0 or 1, and every row along the one-hot axis holds at most one 1. A fault
 /// names the feature, the axis and the first bad position.
-pub fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, ExecError> {
+pub(crate) fn indices(name: &str, x: &Array, oh: &OneHot) -> Result<Array<'static>, ExecError> {
     let dense = x.contiguous();
     let shape = dense.shape();
     let bytes = dense.base_bytes();
@@ -431,7 +431,7 @@ pub(crate) fn map_indices(x: &Array, positions: Option<&[usize]>) -> Array<'stat
 /// The dense bytes of compact indices `idx` (row-major, of `compact` shape): a 1 at
 /// each row's class, 0 elsewhere; a row of index `none` (or any index past the classes)
 /// all 0.
-pub fn expand(oh: &OneHot, idx: &[u8], compact: &[usize]) -> Vec<u8> {
+pub(crate) fn expand(oh: &OneHot, idx: &[u8], compact: &[usize]) -> Vec<u8> {
     let n: usize = oh.dense_shape(compact).iter().product();
     let mut out = vec![0u8; n * dtype::size(oh.dense)];
     expand_into(oh, idx, compact, &mut out);

@@ -163,7 +163,7 @@ pub struct RankFile {
 
 /// One tensor of a rank file laid out in one buffer: name, dtype, shape, byte offset
 /// and bytes.
-pub type Packed = (String, DType, Vec<usize>, usize, usize);
+pub(crate) type Packed = (String, DType, Vec<usize>, usize, usize);
 
 impl RankFile {
     /// The file's path.
