@@ -749,3 +749,31 @@ fn a_range_is_two_ordered_integers_that_hold_the_pad_and_fit_the_dtype() {
         );
     }
 }
+
+/// An index's none value names no item: a non-negative one would name one, a one-hot
+/// map has none (a row of zeros), and it fits the dtype; each error at the index.
+#[test]
+fn an_index_none_value_that_could_name_an_item_is_refused() {
+    assert_error(
+        &with_features(
+            "  f: {axes: [tokens], dtype: int64, index: {of: atoms, scope: padded_global, none: 0}}\n",
+        ),
+        &["spec.yaml:13:", "feature `f`", "`none: 0` would name item 0 of `atoms`"],
+    );
+    assert_error(
+        &with_features(
+            "  m: {axes: [atoms, tokens], dtype: int64, index: {of: tokens, scope: shard_local, one_hot: 1, none: -1}, coshard: [{axis: 1, follows: 0}]}\n",
+        ),
+        &["spec.yaml:13:", "feature `m`", "a one-hot map has no none value"],
+    );
+    assert_error(
+        &with_features(
+            "  f: {axes: [tokens], dtype: int8, index: {of: tokens, scope: padded_global, none: -300}}\n",
+        ),
+        &["spec.yaml:13:", "feature `f`", "`none: -300` does not fit int8"],
+    );
+    let ok = with_features(
+        "  f: {axes: [tokens], dtype: int64, pad: -1, index: {of: atoms, scope: padded_global, none: -1}}\n",
+    );
+    compile_str("spec.yaml", &ok).expect("a none of -1 is a valid declaration");
+}

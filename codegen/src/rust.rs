@@ -150,6 +150,8 @@ fn consts(plan: &Plan) -> TokenStream {
             pub scope: IndexScope,
             /// `Some(axis)` when the index is one-hot along that axis.
             pub one_hot: Option<usize>,
+            /// The value that names no item (kept through every remap and pad).
+            pub none: Option<i64>,
         }
     }
 }
@@ -327,10 +329,18 @@ fn role(r: &Role) -> (TokenStream, TokenStream) {
                 }
                 None => quote!(None),
             };
+            let none = match ix.none {
+                Some(v) => {
+                    let v = Literal::i64_unsuffixed(v);
+                    quote!(Some(#v))
+                }
+                None => quote!(None),
+            };
             let index = quote!(Some(IndexRole {
                 of: Semantic::#of,
                 scope: #scope,
                 one_hot: #one_hot,
+                none: #none,
             }));
             (quote!(&[]), index)
         }

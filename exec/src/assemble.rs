@@ -405,7 +405,7 @@ fn unpad_feature(
     }
     let mut y = gather(x, &select);
     if let Remap::ToPaddedLayout { of, .. } | Remap::ShardLocal { of, .. } = &t.remap {
-        to_serial_ids(name, of, layout, &mut y)?;
+        to_serial_ids(name, of, layout, crate::placed::index_none(t), &mut y)?;
     }
     Ok(y)
 }
@@ -432,12 +432,13 @@ fn gather(x: &Dense, select: &[Vec<usize>]) -> Dense {
     }
 }
 
-/// Index values into the padded layout of `of` back to serial item numbers; a value
-/// at a pad position, or outside the layout, is an error.
+/// Index values into the padded layout of `of` back to serial item numbers, the none
+/// value kept; a value at a pad position, or outside the layout, is an error.
 fn to_serial_ids(
     name: &str,
     of: &str,
     layout: &SampleLayout,
+    none: Option<i64>,
     y: &mut Dense,
 ) -> Result<(), ExecError> {
     let (Some(pos), Some(&padded)) = (layout.positions.get(of), layout.padded.get(of)) else {
@@ -456,6 +457,7 @@ fn to_serial_ids(
             .and_then(|g| inverse.get(g))
             .copied();
         match serial {
+            _ if Some(g) == none => dtype::encode_i64(y.dtype, g, &mut out),
             Some(s) if s >= 0 => dtype::encode_i64(y.dtype, s, &mut out),
             _ => {
                 return Err(blocks_error(

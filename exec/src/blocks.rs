@@ -368,6 +368,7 @@ impl FeatureBlocks<'_, '_> {
                     out: sink,
                     dtype: self.dtype,
                     by: start as i64,
+                    none: crate::placed::index_none(t),
                     buf: Vec::new(),
                 };
                 self.write_dense(axes, &window, &mut shifted)
@@ -481,11 +482,12 @@ fn write_whole(x: &Array, sink: &mut impl Sink) -> io::Result<()> {
 }
 
 /// Shard-local ids: every real entry (each copied one; pads are filled) moved by the
-/// start of its shard.
+/// start of its shard, but the none value, which names no item.
 struct Shift<'o, S> {
     out: &'o mut S,
     dtype: DType,
     by: i64,
+    none: Option<i64>,
     buf: Vec<u8>,
 }
 
@@ -494,11 +496,9 @@ impl<S: Sink> Sink for Shift<'_, S> {
         let es = dtype::size(self.dtype);
         self.buf.clear();
         for v in bytes.chunks_exact(es) {
-            dtype::encode_i64(
-                self.dtype,
-                dtype::read_i64(self.dtype, v) - self.by,
-                &mut self.buf,
-            );
+            let v = dtype::read_i64(self.dtype, v);
+            let id = if Some(v) == self.none { v } else { v - self.by };
+            dtype::encode_i64(self.dtype, id, &mut self.buf);
         }
         self.out.copy(&self.buf)
     }

@@ -68,13 +68,15 @@ pub enum ExecError {
         message: String,
     },
     /// Index values outside the indexed semantic.
-    #[error("feature `{feature}`: index values must lie in [0, {len}) of `{semantic}`, found [{min}, {max}]")]
+    #[error("feature `{feature}`: index values must lie in [0, {len}) of `{semantic}`, found [{min}, {max}]{}", none_hint(*.min, *.none))]
     IndexRange {
         feature: String,
         semantic: String,
         min: i64,
         max: i64,
         len: usize,
+        /// The feature's none value, if it declares one.
+        none: Option<i64>,
     },
     /// A one-hot feature with values other than 0/1 or rows with several ones.
     #[error("feature `{feature}`, axis {axis} (one-hot): {message}")]
@@ -202,4 +204,15 @@ fn first_few(names: impl ExactSizeIterator<Item = String>) -> String {
         out.push(format!("and {} more", total - SHOWN));
     }
     out.join(", ")
+}
+
+/// How to declare the value a featurizer writes for "no item", when a negative index
+/// is found and none is declared.
+fn none_hint(min: i64, none: Option<i64>) -> String {
+    match none {
+        None if min < 0 => format!(
+            " (if {min} names no item, as AlphaFold3's -1 does, declare it: `index: {{..., none: {min}}}`)"
+        ),
+        _ => String::new(),
+    }
 }

@@ -61,13 +61,16 @@ pub fn shift(
         .zip(&window)
         .map(|(a, &(at, n))| real_positions(layout, a.semantic.as_deref(), at, n))
         .collect();
+    let none = crate::placed::index_none(t);
     let mut buf = Vec::with_capacity(es);
     for_each_index(local, |flat, idx| {
         if idx.iter().zip(&real).all(|(&i, r)| r[i]) {
             let at = flat * es;
             let v = dtype::read_i64(t.dtype, &bytes[at..at + es]);
+            // The none value names no item: it stays none.
+            let id = if Some(v) == none { v } else { v + by };
             buf.clear();
-            dtype::encode_i64(t.dtype, v + by, &mut buf);
+            dtype::encode_i64(t.dtype, id, &mut buf);
             bytes[at..at + es].copy_from_slice(&buf);
         }
     });

@@ -94,12 +94,25 @@ fn remap_to_padded<'a>(t: &TensorPlan, x: &Array<'a>, layout: &SampleLayout) -> 
         return x.clone();
     };
     let d = x.dtype();
+    let none = index_none(t);
     let mut bytes = Vec::with_capacity(x.numel() * dtype::size(d));
-    for v in x.values() {
-        let p = pos.get(v as usize).copied().unwrap_or(0);
-        dtype::encode_i64(d, p as i64, &mut bytes);
+    for v in x.values().into_iter().map(|v| v as i64) {
+        // The none value names no item: it stays none.
+        let p = match usize::try_from(v).ok().and_then(|v| pos.get(v)) {
+            Some(&p) if Some(v) != none => p as i64,
+            _ => v,
+        };
+        dtype::encode_i64(d, p, &mut bytes);
     }
     Array::owned(d, x.shape(), bytes)
+}
+
+/// The none value of an index feature (see `IndexRole::none`), if it declares one.
+pub(crate) fn index_none(t: &TensorPlan) -> Option<i64> {
+    match &t.role {
+        Role::Index(ix) => ix.none,
+        _ => None,
+    }
 }
 
 /// A shard-local id counts from the start of the shard that holds its item: a value
@@ -134,6 +147,9 @@ fn check_local_ids(
     let last = x.dim() - 1;
     let off = x.for_each_row(|idx, row| {
         for (j, &v) in row.iter().enumerate() {
+            if Some(v as i64) == index_none(t) {
+                continue;
+            }
             let item = if d == last { j } else { idx[d] };
             let target = named
                 .and_then(|p| p.get(v as usize))

@@ -529,12 +529,19 @@ fn check_index(
             })?;
             let (mut min, mut max) = (i64::MAX, i64::MIN);
             let _ = x.for_each_row(|_, row| {
-                for &v in row {
-                    let v = v as i64;
+                // The none value names no item: it is never out of range.
+                for v in row
+                    .iter()
+                    .map(|&v| v as i64)
+                    .filter(|&v| Some(v) != ix.none)
+                {
                     (min, max) = (min.min(v), max.max(v));
                 }
                 Ok::<(), ()>(())
             });
+            if min == i64::MAX {
+                return Ok(());
+            }
             if min < 0 || usize::try_from(max).map_or(true, |m| m >= len) {
                 return Err(ExecError::IndexRange {
                     feature: name.to_owned(),
@@ -542,6 +549,7 @@ fn check_index(
                     min,
                     max,
                     len,
+                    none: ix.none,
                 });
             }
             Ok(())

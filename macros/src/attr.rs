@@ -8,7 +8,8 @@
 //!                    [, unowned_rows = pad | refuse] [, on_1d = whole | shard])
 //!         | other_keys = refuse | drop | pass | drop(KEY, ...)
 //! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
-//!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS])
+//!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS]
+//!                 [, none = -1])
 //!         | one_hot = AXIS | sparse | range(LO, HI)
 //!         | coshard(axis = A, follows = L) | replicate_axes(A, ...) | replicated
 //!         | placement("Shard(0)", "Replicate()") | only(WORKFLOW, ...) | name = "feature"
@@ -117,6 +118,8 @@ pub struct IndexAttr {
     pub of: String,
     pub scope: At<String>,
     pub one_hot: Option<usize>,
+    /// The value that names no item (`none = -1`).
+    pub none: Option<i64>,
 }
 
 fn is_featshard(a: &Attribute) -> bool {
@@ -479,7 +482,7 @@ fn pad_literal(e: &Expr) -> syn::Result<PadLit> {
 }
 
 fn index(meta: &ParseNestedMeta) -> syn::Result<IndexAttr> {
-    let (mut of, mut scope, mut one_hot) = (None, None, None);
+    let (mut of, mut scope, mut one_hot, mut none) = (None, None, None, None);
     meta.parse_nested_meta(|m| {
         if m.path.is_ident("of") {
             of = Some(ident_string(&m)?.value);
@@ -487,13 +490,24 @@ fn index(meta: &ParseNestedMeta) -> syn::Result<IndexAttr> {
             scope = Some(ident_string(&m)?);
         } else if m.path.is_ident("one_hot") {
             one_hot = Some(int(&m)?);
+        } else if m.path.is_ident("none") {
+            let e: Expr = m.value()?.parse()?;
+            none = match pad_literal(&e)? {
+                PadLit::Int(i) => Some(i),
+                _ => return Err(syn::Error::new_spanned(e, "`none` takes an integer (-1)")),
+            };
         } else {
-            return Err(unknown(&m, "index", "`of`, `scope`, `one_hot`"));
+            return Err(unknown(&m, "index", "`of`, `scope`, `one_hot`, `none`"));
         }
         Ok(())
     })?;
     match (of, scope) {
-        (Some(of), Some(scope)) => Ok(IndexAttr { of, scope, one_hot }),
+        (Some(of), Some(scope)) => Ok(IndexAttr {
+            of,
+            scope,
+            one_hot,
+            none,
+        }),
         _ => Err(meta
             .error("`index` needs `of = SEMANTIC, scope = serial | shard_local | padded_global`")),
     }

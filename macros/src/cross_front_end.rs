@@ -185,6 +185,14 @@ const CASES: &[Case] = &[
         derive_fields: "#[featshard(axes(tokens, 5), dtype = int64, one_hot = 4)] f: Tensor,",
     },
     Case {
+        name: "an index none value that names an item",
+        yaml_semantics: "",
+        yaml_features: "  f: {axes: [tokens], dtype: int64, index: {of: tokens, scope: serial, none: 3}}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = serial, none = 3))] f: Tensor,",
+    },
+    Case {
         name: "a sparse mask",
         yaml_semantics: "",
         yaml_features: "  f: {axes: [tokens], dtype: bool, mask: tokens, sparse: true}",

@@ -149,6 +149,7 @@ fn feature(f: &TensorField, a: &FieldAttrs, t: &mut Tokens) -> RawFeature {
                 of: i.value.of.clone(),
                 scope: i.value.scope.value.clone(),
                 one_hot: i.value.one_hot,
+                none: i.value.none,
             };
             t.at(raw, i.span)
         }),

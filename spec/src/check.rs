@@ -728,6 +728,7 @@ impl<'a> Checker<'a> {
                     self.err(e.feature(name));
                     return;
                 };
+                self.index_none(name, t, ix);
                 match ix.one_hot {
                     Some(axis) => self.one_hot(name, t, ix, axis),
                     None => self.index_values(name, t, ix, target.sharded),
@@ -843,6 +844,31 @@ impl<'a> Checker<'a> {
                 .feature(name)
                 .help("use `scope: serial`"),
             );
+        }
+    }
+
+    /// An index's none value names no item: it is negative (a non-negative one would
+    /// name one), fits the dtype, and a one-hot map has none (a row of zeros names no
+    /// item).
+    fn index_none(&mut self, name: &str, t: &TensorFeature, ix: &IndexRole) {
+        let Some(none) = ix.none else {
+            return;
+        };
+        let why = if ix.one_hot.is_some() {
+            Some("a one-hot map has no none value: a row of zeros names no item".to_owned())
+        } else if none >= 0 {
+            Some(format!("`none: {none}` would name item {none} of `{}`: the none value is negative (AlphaFold3 uses -1)", ix.of))
+        } else if t
+            .dtype
+            .int_range()
+            .is_some_and(|(lo, hi)| !(lo..=hi).contains(&none))
+        {
+            Some(format!("`none: {none}` does not fit {}", t.dtype))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.err(SpecError::new(why, t.role_loc).feature(name));
         }
     }
 

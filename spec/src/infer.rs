@@ -70,6 +70,7 @@ pub fn infer(spec: &Spec, name: &str, t: &TensorFeature) -> Result<Inferred, Box
         scope: IndexScope::ShardLocal,
         one_hot: None,
         of,
+        ..
     }) = &t.role
     {
         if splits.iter().all(|s| *s == Split::Whole) {

@@ -621,6 +621,10 @@ pub struct IndexRole {
     pub scope: IndexScope,
     /// `None`: the values are indices. `Some(axis)`: a one-hot encoding along that axis.
     pub one_hot: Option<usize>,
+    /// The value that names no item (negative), kept as it is through every remap and
+    /// pad; any other value outside the items is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub none: Option<i64>,
 }
 
 /// Which numbering an index value uses once sharded.

@@ -902,6 +902,7 @@ impl Lower {
                         of: i.value.of,
                         scope,
                         one_hot: i.value.one_hot,
+                        none: i.value.none,
                     }),
                     l,
                 )

@@ -355,6 +355,10 @@ pub struct RawIndex {
     /// One-hot encoding along this axis, instead of index values.
     #[serde(default)]
     pub one_hot: Option<usize>,
+    /// The value that names no item (AlphaFold3's `-1`: an ion has no frame atom): a
+    /// negative integer, kept as it is through every remap and pad.
+    #[serde(default)]
+    pub none: Option<i64>,
 }
 
 /// A co-sharded axis pair.

@@ -49,6 +49,8 @@ pub struct IndexRole {
     pub scope: IndexScope,
     /// `Some(axis)` when the index is one-hot along that axis.
     pub one_hot: Option<usize>,
+    /// The value that names no item (kept through every remap and pad).
+    pub none: Option<i64>,
 }
 /// Axis semantics of the spec.
 #[allow(clippy::enum_variant_names)]
@@ -1568,6 +1570,7 @@ impl Feature {
                     of: Semantic::Tokens,
                     scope: IndexScope::ShardLocal,
                     one_hot: Some(1),
+                    none: None,
                 })
             }
             Feature::ChiralAtomIndex
@@ -1583,6 +1586,7 @@ impl Feature {
                     of: Semantic::Atoms,
                     scope: IndexScope::PaddedGlobal,
                     one_hot: None,
+                    none: None,
                 })
             }
             Feature::RSetToRepAtom | Feature::TokenToRepAtom => {
@@ -1590,6 +1594,7 @@ impl Feature {
                     of: Semantic::Atoms,
                     scope: IndexScope::ShardLocal,
                     one_hot: Some(1),
+                    none: None,
                 })
             }
             Feature::TokenIndex => {
@@ -1597,6 +1602,7 @@ impl Feature {
                     of: Semantic::Tokens,
                     scope: IndexScope::Serial,
                     one_hot: None,
+                    none: None,
                 })
             }
         }

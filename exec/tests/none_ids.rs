@@ -1,0 +1,157 @@
+//! Index features with a none value (AlphaFold3's `-1`: a token without a frame atom,
+//! an atom of no token): none stays none through the remap, the shard-local shift, the
+//! pads and the way back; any other value outside the items is refused by name.
+
+use std::collections::BTreeMap;
+
+use featshard_exec::array::Array;
+use featshard_exec::blocks::{feature_blocks, Part};
+use featshard_exec::files::Sample;
+use featshard_exec::{assemble, place, Options};
+use featshard_spec::ir::DType;
+use featshard_spec::plan::Plan;
+use featshard_spec::Mesh;
+
+/// On a 2-D tile atoms sit in their token's block, so a token id can be local to the
+/// shard; on one axis atoms are split in serial order, so it is global.
+fn spec(mesh: &str) -> String {
+    let owner_scope = if mesh.contains(',') {
+        "shard_local"
+    } else {
+        "padded_global"
+    };
+    format!(
+        "version: 1
+module: t
+mesh: {{cp: {mesh}}}
+semantics:
+  tokens: {{shard: true}}
+  atoms: {{shard: true, owner: tokens, counts: atoms_per_token}}
+features:
+  atoms_per_token: {{axes: [tokens], dtype: int64}}
+  frame_atom: {{axes: [tokens, 3], dtype: int64, pad: -1, index: {{of: atoms, scope: padded_global, none: -1}}}}
+  atom_token: {{axes: [atoms], dtype: int32, pad: -1, index: {{of: tokens, scope: {owner_scope}, none: -1}}}}
+"
+    )
+}
+
+fn ints(dtype: DType, shape: Vec<usize>, values: &[i64]) -> Array<'static> {
+    let bytes = values
+        .iter()
+        .flat_map(|&v| match dtype {
+            DType::Int32 => (v as i32).to_le_bytes().to_vec(),
+            _ => v.to_le_bytes().to_vec(),
+        })
+        .collect();
+    Array::owned(dtype, shape, bytes)
+}
+
+/// Tokens of 2, 0, 3, 1, 2 atoms; token 1 (no atoms) and token 4 have no frame.
+fn sample(frame_atom: &[i64], atom_token: &[i64]) -> Sample<'static> {
+    let counts = [2i64, 0, 3, 1, 2];
+    let mut s = Sample::new();
+    s.insert(
+        "atoms_per_token".into(),
+        ints(DType::Int64, vec![5], &counts),
+    );
+    s.insert(
+        "frame_atom".into(),
+        ints(DType::Int64, vec![5, 3], frame_atom),
+    );
+    s.insert("atom_token".into(), ints(DType::Int32, vec![8], atom_token));
+    s
+}
+
+const FRAMES: [i64; 15] = [0, 1, 2, -1, -1, -1, 2, 3, 4, 5, 4, 3, -1, -1, -1];
+// The last two atoms (token 4's) belong to no token as the featurizer wrote them.
+const OWNERS: [i64; 8] = [0, 0, 2, 2, 2, 3, -1, -1];
+
+fn values(a: &featshard_exec::assemble::Dense) -> Vec<i64> {
+    let x = Array::owned(a.dtype, a.shape.clone(), a.bytes.clone());
+    x.values().into_iter().map(|v| v as i64).collect()
+}
+
+fn shard_and_assemble(plan: &Plan, mesh: Mesh, s: &Sample) -> BTreeMap<String, Vec<i64>> {
+    let placed = place(plan, mesh, s, &Options::default()).expect("place");
+    let all = feature_blocks(plan, &placed).expect("blocks");
+    let ranks: Vec<Sample> = (0..mesh.ranks())
+        .map(|rank| {
+            let coord = mesh.coord(rank);
+            all.iter()
+                .filter(|f| f.is_placed())
+                .map(|f| {
+                    let shape = f.shape_of(&placed, Part::Block(coord));
+                    let mut bytes = Vec::new();
+                    f.write_part(&placed, Part::Block(coord), &mut bytes)
+                        .unwrap();
+                    (f.name.clone(), Array::owned(f.dtype, shape, bytes))
+                })
+                .collect()
+        })
+        .collect();
+    // Every none in a block is still none; every other id is an item's.
+    for blocks in &ranks {
+        let atom_token = blocks["atom_token"].values();
+        assert!(atom_token.iter().all(|&v| v >= -1.0), "{atom_token:?}");
+    }
+    let padded = assemble::assemble(plan, &placed.layout, None, &ranks).expect("assemble");
+    let serial = assemble::unpad(plan, &placed.layout, padded).expect("unpad");
+    serial.iter().map(|(n, d)| (n.clone(), values(d))).collect()
+}
+
+#[test]
+fn none_stays_none_through_every_remap_and_pad_and_back() {
+    let s = sample(&FRAMES, &OWNERS);
+    for (axes, meshes) in [
+        ("[cp0, cp1]", vec![vec![3, 3], vec![2, 1], vec![1, 2]]),
+        ("[cp]", vec![vec![4], vec![3]]),
+    ] {
+        let plan = featshard_spec::compile_str("t.yaml", &spec(axes))
+            .expect("spec")
+            .1;
+        for sizes in meshes {
+            let mesh = Mesh::new(&sizes).unwrap();
+            let back = shard_and_assemble(&plan, mesh, &s);
+            assert_eq!(back["frame_atom"], FRAMES, "mesh {sizes:?}");
+            assert_eq!(back["atom_token"], OWNERS, "mesh {sizes:?}");
+        }
+    }
+}
+
+#[test]
+fn a_negative_id_that_is_not_the_none_value_is_refused_by_name() {
+    let plan = featshard_spec::compile_str("t.yaml", &spec("[cp0, cp1]"))
+        .expect("spec")
+        .1;
+    let mut frames = FRAMES;
+    frames[4] = -2;
+    let e = place(
+        &plan,
+        Mesh::new(&[2, 2]).unwrap(),
+        &sample(&frames, &OWNERS),
+        &Options::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("feature `frame_atom`") && e.contains("found [-2, 5]"),
+        "{e}"
+    );
+    // Without a none value, -1 is out of range, and the message says how to declare it.
+    let text = spec("[cp0, cp1]").replacen("padded_global, none: -1", "padded_global", 1);
+    let plan = featshard_spec::compile_str("t.yaml", &text)
+        .expect("spec")
+        .1;
+    let e = place(
+        &plan,
+        Mesh::new(&[2, 2]).unwrap(),
+        &sample(&FRAMES, &OWNERS),
+        &Options::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("feature `frame_atom`") && e.contains("none: -1"),
+        "{e}"
+    );
+}
