@@ -293,6 +293,7 @@ fn intake_text(plan: &Plan, names: &[&str]) -> String {
                 featshard_spec::ir::DeriveRule::Outer { of: [a, b] } => {
                     Some(format!("{n} = outer({a}, {b})"))
                 }
+                featshard_spec::ir::DeriveRule::Valid => Some(format!("{n} = valid")),
             })
             .collect(),
     );

@@ -777,3 +777,38 @@ fn an_index_none_value_that_could_name_an_item_is_refused() {
     );
     compile_str("spec.yaml", &ok).expect("a none of -1 is a valid declaration");
 }
+
+/// A validity mask made from the lengths (`derive: {valid: true}`) is a mask with only
+/// axes of the semantics it masks; `derive` takes one rule.
+#[test]
+fn a_derived_validity_mask_must_be_a_mask_of_its_axes() {
+    assert_error(
+        &with_features("  v: {axes: [tokens], dtype: bool, derive: {valid: true}}\n"),
+        &[
+            "spec.yaml:13:",
+            "feature `v`",
+            "a derived validity mask is a mask",
+        ],
+    );
+    assert_error(
+        &with_features(
+            "  v: {axes: [tokens, 3], dtype: bool, mask: tokens, derive: {valid: true}}\n",
+        ),
+        &[
+            "spec.yaml:13:",
+            "feature `v`",
+            "axis 1",
+            "not a semantic it masks",
+        ],
+    );
+    assert_error(
+        &with_features(
+            "  v: {axes: [tokens, tokens], dtype: bool, mask: tokens, derive: {valid: true, outer: [atom_counts]}}\n",
+        ),
+        &["spec.yaml:13:", "feature `v`", "one rule"],
+    );
+    let ok = with_features(
+        "  v: {axes: [tokens, atoms], dtype: float32, mask: [tokens, atoms], derive: {valid: true}}\n",
+    );
+    compile_str("spec.yaml", &ok).expect("a validity mask over its semantics is valid");
+}

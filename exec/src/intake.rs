@@ -612,6 +612,7 @@ fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), ExecErro
                     })
                 }
             },
+            DeriveRule::Valid => valid_mask(plan, name, t, kept)?,
         };
         match kept.get(name) {
             Some(given) => {
@@ -631,6 +632,54 @@ fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), ExecErro
         }
     }
     Ok(())
+}
+
+/// A validity mask at the sample's real lengths (after intake's cuts): every element 1.
+/// One row of ones is selected for every item of its first axis, so no serial copy of
+/// a pair mask is made; pads come from the layout, at the mask's pad 0.
+fn valid_mask(
+    plan: &Plan,
+    name: &str,
+    t: &TensorPlan,
+    kept: &Sample,
+) -> Result<Array<'static>, ExecError> {
+    let shape = t
+        .axes
+        .iter()
+        .map(|a| {
+            let s = a.semantic.as_deref().unwrap_or_default();
+            length_in(plan, s, kept).ok_or_else(|| ExecError::Blocks {
+                feature: name.to_owned(),
+                message: format!(
+                    "no feature of the sample gives the length of `{s}`, which this validity mask covers"
+                ),
+            })
+        })
+        .collect::<Result<Vec<usize>, _>>()?;
+    let mut one = Vec::new();
+    dtype::encode_f64(t.dtype, 1.0, &mut one);
+    let Some((&first, rest)) = shape.split_first() else {
+        return Ok(Array::owned(t.dtype, Vec::new(), one));
+    };
+    let mut base = vec![1];
+    base.extend(rest);
+    let row = one.repeat(rest.iter().product());
+    Ok(Array::owned(t.dtype, base, row).select(0, &vec![0; first]))
+}
+
+/// The length of semantic `s` in the sample: an axis of it in a feature the sample
+/// gives, at its declared rank (a feature the pipeline makes tells none).
+fn length_in(plan: &Plan, s: &str, kept: &Sample) -> Option<usize> {
+    plan.tensors()
+        .filter(|(_, t)| t.derived.is_none())
+        .find_map(|(n, t)| {
+            let x = kept.get(n).filter(|x| x.dim() == t.axes.len())?;
+            let d = t
+                .axes
+                .iter()
+                .position(|a| a.semantic.as_deref() == Some(s))?;
+            Some(x.shape()[d])
+        })
 }
 
 /// `x[i..] * y[j..]` over every pair, in `d` (a bool product is a logical and). For a
@@ -696,6 +745,7 @@ fn equal_values(given: &Array, made: &Array) -> bool {
 fn describe(rule: &DeriveRule) -> String {
     match rule {
         DeriveRule::Outer { of: [a, b] } => format!("the outer product of `{a}` and `{b}`"),
+        DeriveRule::Valid => "a validity mask, 1 on every real item".to_owned(),
     }
 }
 

@@ -13,7 +13,7 @@
 //!         | one_hot = AXIS | sparse | range(LO, HI)
 //!         | coshard(axis = A, follows = L) | replicate_axes(A, ...) | replicated
 //!         | placement("Shard(0)", "Replicate()") | only(WORKFLOW, ...) | name = "feature"
-//!         | derive(outer(FEATURE [, FEATURE]))
+//!         | derive(outer(FEATURE [, FEATURE])) | derive(valid)
 //! An `Option<Tensor>` field is an optional feature (or, with `derive`, one the
 //! pipeline makes when it is `None`).
 //! ```
@@ -92,8 +92,8 @@ pub struct FieldAttrs {
     pub replicated: Option<Span>,
     pub placement: Option<At<Vec<At<String>>>>,
     pub only: Option<Vec<At<String>>>,
-    /// `derive(outer(a, b))`: the features the outer product is taken of, at `outer`.
-    pub derive: Option<At<At<Vec<At<String>>>>>,
+    /// `derive(outer(a, b))` or `derive(valid)`: how the pipeline makes the feature.
+    pub derive: Option<At<DeriveAttr>>,
     /// The feature's name, when it differs from the field's.
     pub name: Option<At<String>>,
     /// Whether any `#[featshard]` attribute was present.
@@ -387,7 +387,7 @@ fn field_key(out: &mut FieldAttrs, meta: &ParseNestedMeta) -> syn::Result<()> {
     } else if p.is_ident("name") {
         once(&mut out.name, ident_string(meta)?, meta)?;
     } else if p.is_ident("derive") {
-        once(&mut out.derive, At::new(derive_outer(meta)?, span), meta)?;
+        once(&mut out.derive, At::new(derive_rule(meta)?, span), meta)?;
     } else {
         return Err(unknown(
             meta,
@@ -437,19 +437,34 @@ fn coshard(meta: &ParseNestedMeta) -> syn::Result<(usize, usize)> {
     }
 }
 
-/// `derive(outer(A, B))`.
-fn derive_outer(meta: &ParseNestedMeta) -> syn::Result<At<Vec<At<String>>>> {
-    let mut of = None;
+/// How the pipeline makes a derived feature.
+#[derive(Clone, Debug)]
+pub enum DeriveAttr {
+    /// `outer(A, B)`: the features the outer product is taken of, at `outer`.
+    Outer(At<Vec<At<String>>>),
+    /// `valid`: a validity mask made from the lengths, at `valid`.
+    Valid(Span),
+}
+
+/// `derive(outer(A, B))` or `derive(valid)`.
+fn derive_rule(meta: &ParseNestedMeta) -> syn::Result<DeriveAttr> {
+    let mut rule = None;
     meta.parse_nested_meta(|m| {
+        let at = m.path.get_ident().map_or_else(Span::call_site, Ident::span);
+        if rule.is_some() {
+            return Err(m.error("`derive` takes one rule"));
+        }
         if m.path.is_ident("outer") {
-            let at = m.path.get_ident().map_or_else(Span::call_site, Ident::span);
-            of = Some(At::new(name_list(&m)?, at));
+            rule = Some(DeriveAttr::Outer(At::new(name_list(&m)?, at)));
+            Ok(())
+        } else if m.path.is_ident("valid") {
+            rule = Some(DeriveAttr::Valid(at));
             Ok(())
         } else {
-            Err(unknown(&m, "derive", "`outer(FEATURE, FEATURE)`"))
+            Err(unknown(&m, "derive", "`outer(FEATURE, FEATURE)`, `valid`"))
         }
     })?;
-    of.ok_or_else(|| meta.error("`derive` needs `outer(FEATURE, FEATURE)`"))
+    rule.ok_or_else(|| meta.error("`derive` needs `outer(FEATURE, FEATURE)` or `valid`"))
 }
 
 use syn::parse::Parse as _;

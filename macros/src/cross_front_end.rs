@@ -145,6 +145,14 @@ const CASES: &[Case] = &[
         derive_fields: "#[featshard(axes(tokens), dtype = float32)] m: Tensor, #[featshard(axes(tokens, tokens), dtype = float32, derive(outer(m, m, m)))] p: Option<Tensor>,",
     },
     Case {
+        name: "a derived validity mask that is no mask",
+        yaml_semantics: "",
+        yaml_features: "  v: {axes: [tokens], dtype: bool, derive: {valid: true}}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens), dtype = bool, derive(valid))] v: Option<Tensor>,",
+    },
+    Case {
         name: "co-sharded with an unsharded axis",
         yaml_semantics: "  ensemble: {shard: false}",
         yaml_features: "  f: {axes: [ensemble, tokens], dtype: int64, coshard: [{axis: 1, follows: 0}]}",

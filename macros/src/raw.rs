@@ -10,7 +10,9 @@ use featshard_spec::syntax::{
 };
 use proc_macro2::Span;
 
-use crate::attr::{At, AxisAttr, FieldAttrs, IncomingAttr, PadLit, SemanticAttr, StructAttrs};
+use crate::attr::{
+    At, AxisAttr, DeriveAttr, FieldAttrs, IncomingAttr, PadLit, SemanticAttr, StructAttrs,
+};
 use crate::field::TensorField;
 
 /// The spans of the values put into the tree, numbered; a [`Loc`] holds the number.
@@ -184,9 +186,20 @@ fn feature(f: &TensorField, a: &FieldAttrs, t: &mut Tokens) -> RawFeature {
         parameter: None,
         output: None,
         derive: a.derive.as_ref().map(|d| {
-            let of = d.value.value.iter().map(|n| t.named(n)).collect();
-            let outer = t.at(of, d.value.span);
-            t.at(RawDerive { outer }, d.span)
+            let raw = match &d.value {
+                DeriveAttr::Outer(of) => {
+                    let names = of.value.iter().map(|n| t.named(n)).collect();
+                    RawDerive {
+                        outer: Some(t.at(names, of.span)),
+                        valid: None,
+                    }
+                }
+                DeriveAttr::Valid(at) => RawDerive {
+                    outer: None,
+                    valid: Some(t.at(Flag(true), *at)),
+                },
+            };
+            t.at(raw, d.span)
         }),
         doc: None,
     }

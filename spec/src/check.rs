@@ -584,6 +584,34 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// A validity mask made from the lengths is a mask with one axis per semantic it
+    /// masks: nothing else could tell real items from pads.
+    fn valid_mask(&mut self, name: &str, t: &TensorFeature, d: &Derived) {
+        let Role::Mask { of } = &t.role else {
+            self.err(
+                SpecError::new(
+                    "a derived validity mask is a mask: declare the semantics it masks (`mask: tokens`)",
+                    d.loc,
+                )
+                .feature(name),
+            );
+            return;
+        };
+        for (axis, a) in t.axes.iter().enumerate() {
+            let masked = matches!(&a.kind, AxisKind::Semantic(s) if of.contains(s));
+            if !masked {
+                self.err(
+                    SpecError::new(
+                        "not a semantic it masks: a derived validity mask has only axes of the semantics it masks",
+                        t.axes_loc,
+                    )
+                    .feature(name)
+                    .axis(axis, &a.kind),
+                );
+            }
+        }
+    }
+
     fn derived(
         &mut self,
         name: &str,
@@ -591,6 +619,10 @@ impl<'a> Checker<'a> {
         d: &Derived,
         workflows: &BTreeMap<String, BTreeSet<String>>,
     ) {
+        if d.rule == DeriveRule::Valid {
+            self.valid_mask(name, t, d);
+            return;
+        }
         let spec = self.spec;
         let mut axes: Vec<&AxisKind> = Vec::new();
         for input in d.rule.inputs() {

@@ -381,6 +381,9 @@ pub enum DeriveRule {
         /// The two features (one twice for a feature with itself).
         of: [String; 2],
     },
+    /// A validity mask: 1 on every real item of the semantics it masks (its axes), 0 on
+    /// their pads; made from the sample's lengths alone.
+    Valid,
 }
 
 impl DeriveRule {
@@ -388,6 +391,7 @@ impl DeriveRule {
     pub fn inputs(&self) -> Vec<&str> {
         match self {
             DeriveRule::Outer { of } => of.iter().map(String::as_str).collect(),
+            DeriveRule::Valid => Vec::new(),
         }
     }
 }

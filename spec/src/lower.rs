@@ -982,13 +982,25 @@ impl Lower {
 
     fn derive(&mut self, name: &str, raw: Spanned<RawDerive>) -> Option<Derived> {
         let at = loc(&raw);
-        let of: Vec<String> = raw
-            .value
-            .outer
-            .value
-            .iter()
-            .map(|n| n.value.clone())
-            .collect();
+        let outer = match (raw.value.outer, raw.value.valid) {
+            (Some(outer), None) => outer,
+            (None, Some(valid)) if valid.value.0 => {
+                return Some(Derived {
+                    rule: DeriveRule::Valid,
+                    loc: at,
+                });
+            }
+            (outer, valid) => {
+                let why = match (outer, valid) {
+                    (Some(_), Some(_)) => "`derive` takes one rule: `outer` or `valid`, not both",
+                    (None, Some(_)) => "`valid: false` derives nothing: leave `derive` out",
+                    _ => "`derive` needs a rule: `outer: [A, B]` or `valid: true`",
+                };
+                self.err(SpecError::new(why, at).feature(name));
+                return None;
+            }
+        };
+        let of: Vec<String> = outer.value.iter().map(|n| n.value.clone()).collect();
         let of = match of.as_slice() {
             [a] => [a.clone(), a.clone()],
             [a, b] => [a.clone(), b.clone()],
@@ -996,7 +1008,7 @@ impl Lower {
                 self.err(
                     SpecError::new(
                         format!("`outer` takes one or two features, {} given", of.len()),
-                        loc(&raw.value.outer),
+                        loc(&outer),
                     )
                     .feature(name),
                 );

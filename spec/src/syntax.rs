@@ -194,8 +194,14 @@ pub struct RawIncoming {
 pub struct RawDerive {
     /// Outer product of two features (one name: of that feature with itself); the
     /// derived axes are the first's followed by the second's.
-    #[schemars(with = "Vec<String>", length(min = 1, max = 2))]
-    pub outer: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>", length(min = 1, max = 2))]
+    pub outer: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `true`: a validity mask the featurizer does not emit, 1 on every real item of
+    /// the semantics it masks and 0 on pads (AlphaFold3-family samples carry none).
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub valid: Option<Spanned<Flag>>,
 }
 
 /// One feature.

@@ -1,6 +1,8 @@
-//! Index features with a none value (AlphaFold3's `-1`: a token without a frame atom,
-//! an atom of no token): none stays none through the remap, the shard-local shift, the
-//! pads and the way back; any other value outside the items is refused by name.
+//! The AlphaFold3 family's conventions declared in the spec. Index features with a
+//! none value (`-1`: a token without a frame atom, an atom of no token): none stays
+//! none through the remap, the shard-local shift, the pads and the way back; any other
+//! value outside the items is refused by name. Validity masks the featurizer does not
+//! emit (`derive: {valid: true}`): 1 on every real item, 0 on every pad.
 
 use std::collections::BTreeMap;
 
@@ -154,4 +156,72 @@ fn a_negative_id_that_is_not_the_none_value_is_refused_by_name() {
         e.contains("feature `frame_atom`") && e.contains("none: -1"),
         "{e}"
     );
+}
+
+/// Masks made from the lengths alone: 1 at every real item's padded position (tokens
+/// end-padded, atoms in their owner's block), 0 at every pad, on a tile and one axis;
+/// a given mask that says otherwise is refused.
+#[test]
+fn derived_validity_masks_are_one_on_real_items_and_zero_on_pads() {
+    for axes in ["[cp0, cp1]", "[cp]"] {
+        let text = format!(
+            "{}  token_valid: {{axes: [tokens], dtype: bool, mask: tokens, derive: {{valid: true}}}}\n  \
+             pair_valid: {{axes: [tokens, tokens], dtype: float32, mask: tokens, derive: {{valid: true}}}}\n  \
+             atom_valid: {{axes: [atoms], dtype: int8, mask: atoms, derive: {{valid: true}}}}\n",
+            spec(axes)
+        );
+        let plan = featshard_spec::compile_str("t.yaml", &text)
+            .expect("spec")
+            .1;
+        let meshes: &[&[usize]] = if axes.contains(',') {
+            &[&[3, 3], &[2, 1]]
+        } else {
+            &[&[4], &[3]]
+        };
+        for &sizes in meshes {
+            let mesh = Mesh::new(sizes).unwrap();
+            let placed =
+                place(&plan, mesh, &sample(&FRAMES, &OWNERS), &Options::default()).expect("place");
+            let lay = &placed.layout;
+            let (tokens, atoms) = (lay.padded["tokens"], lay.padded["atoms"]);
+            let real_atom: Vec<bool> = (0..atoms)
+                .map(|p| match lay.positions.get("atoms") {
+                    Some(pos) => pos.contains(&p),
+                    None => p < lay.sizes["atoms"],
+                })
+                .collect();
+            let padded = |name: &str| {
+                let f = placed.blocks(&plan, name).expect(name);
+                let mut bytes = Vec::new();
+                f.write_part(&placed, Part::Padded, &mut bytes).unwrap();
+                Array::owned(f.dtype, f.shape_of(&placed, Part::Padded), bytes).values()
+            };
+            let want_tokens: Vec<f64> = (0..tokens).map(|i| f64::from(u8::from(i < 5))).collect();
+            assert_eq!(padded("token_valid"), want_tokens, "{sizes:?}");
+            let pair: Vec<f64> = (0..tokens * tokens)
+                .map(|k| f64::from(u8::from(k / tokens < 5 && k % tokens < 5)))
+                .collect();
+            assert_eq!(padded("pair_valid"), pair, "{sizes:?}");
+            let want_atoms: Vec<f64> = real_atom.iter().map(|&r| f64::from(u8::from(r))).collect();
+            assert_eq!(padded("atom_valid"), want_atoms, "{sizes:?}");
+        }
+        // A mask the sample gives is checked against the rule.
+        let mut s = sample(&FRAMES, &OWNERS);
+        s.insert(
+            "token_valid".into(),
+            Array::owned(DType::Bool, vec![5], vec![1, 1, 0, 1, 1]),
+        );
+        let e = place(
+            &plan,
+            Mesh::new(if axes.contains(',') { &[2, 2] } else { &[2] }).unwrap(),
+            &s,
+            &Options::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("feature `token_valid`") && e.contains("validity mask"),
+            "{e}"
+        );
+    }
 }
