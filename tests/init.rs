@@ -270,10 +270,26 @@ fn equal_token_and_atom_counts_are_questions_not_guesses() {
         draft.contains("# QUESTION res_type: axis 0 has length 13"),
         "{draft}"
     );
+    // An open question is reported as one, at its line and column, with its choices:
+    // never as a YAML syntax error.
+    let errors = match featshard::spec::compile_str("draft.yaml", &draft) {
+        Ok(_) => panic!("a draft with open questions must not validate"),
+        Err(d) => d.render_plain(),
+    };
+    let (line, text) = draft
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.starts_with("  res_type: {axes: [QUESTION("))
+        .expect("the question's line");
+    let column = 1 + text.find("QUESTION(").expect("the question");
+    let at = format!("draft.yaml:{}:{column}:", line + 1);
     assert!(
-        featshard::spec::compile_str("draft.yaml", &draft).is_err(),
-        "a draft with open questions must not validate"
+        errors.lines().any(|l| l.contains(&at)
+            && l.contains("this question is unanswered: `QUESTION(tokens|atoms)`")),
+        "{errors}"
     );
+    assert!(errors.contains("write one of tokens, atoms"), "{errors}");
+    assert!(!errors.contains("invalid YAML"), "{errors}");
     let _ = assert_same_placements(&answer(&draft, &plan), &plan);
 }
 

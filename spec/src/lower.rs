@@ -16,6 +16,41 @@ use crate::limits;
 use crate::loc::Loc;
 use crate::syntax::*;
 
+/// Every `QUESTION(a|b)` a draft of `featshard init` left unanswered, outside comments:
+/// each an error at its line and column naming the choices, before YAML reads the text
+/// (to which it is no value, only a syntax error).
+fn unanswered_questions(text: &str) -> Vec<SpecError> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for (k, line) in text.split_inclusive('\n').enumerate() {
+        let code = line.split('#').next().unwrap_or_default();
+        let mut from = 0;
+        while let Some(at) = code[from..].find("QUESTION(").map(|i| from + i) {
+            let end = code[at..].find(')').map_or(code.len(), |i| at + i + 1);
+            let asked = &code[at..end];
+            let choices = asked
+                .trim_start_matches("QUESTION(")
+                .trim_end_matches(')')
+                .replace('|', ", ");
+            let loc = Loc {
+                line: u32::try_from(k + 1).unwrap_or(u32::MAX),
+                column: u32::try_from(code[..at].chars().count() + 1).unwrap_or(u32::MAX),
+                offset: offset + at,
+                len: asked.len(),
+                token: 0,
+            };
+            out.push(
+                SpecError::new(format!("this question is unanswered: `{asked}`"), loc).help(
+                    format!("write one of {choices} (or a channel size) in its place"),
+                ),
+            );
+            from = end;
+        }
+        offset += line.len();
+    }
+    out
+}
+
 /// Parses spec text. `name` is what errors and generated headers call the source.
 pub fn parse_str(name: &str, text: &str) -> Result<Spec, Diagnostics> {
     let fail = |errors| Diagnostics::new(name, text, errors);
@@ -40,6 +75,10 @@ pub fn parse_str(name: &str, text: &str) -> Result<Spec, Diagnostics> {
                 token: 0,
             },
         )]));
+    }
+    let questions = unanswered_questions(text);
+    if !questions.is_empty() {
+        return Err(fail(questions));
     }
     let parsed: Result<Option<RawSpec>, _> =
         serde_saphyr::from_str_with_options(text, limits::yaml_options());
