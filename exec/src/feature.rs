@@ -1,9 +1,11 @@
 //! A feature's plan found by name, and a small feature's values read: what intake,
 //! validation and placement all ask of one feature.
 
+use featshard_spec::ir::Role;
 use featshard_spec::plan::{Plan, TensorPlan};
 
 use crate::array::Array;
+use crate::dtype;
 use crate::error::ExecError;
 
 /// The tensor plan of a feature; metadata and unknown names are `Missing`.
@@ -16,6 +18,45 @@ pub fn tensor_plan<'p>(plan: &'p Plan, name: &str) -> Result<&'p TensorPlan, Exe
 /// A small feature's values as integers (floats truncated toward zero).
 pub(crate) fn to_i64(x: &Array) -> Vec<i64> {
     x.values().into_iter().map(|v| v as i64).collect()
+}
+
+/// An owner map read as a one-hot `[items, owner]` map: as it is, or, for an id vector
+/// (`[items]`, AlphaFold3's `atom_to_token_idx`), its ids as a map known by its rows,
+/// `width` owners wide, the declared none naming no owner. Any other id outside the
+/// owners is refused naming the map, the item and the id.
+pub(crate) fn owner_map<'a>(
+    plan: &Plan,
+    name: &str,
+    x: &Array<'a>,
+    owner: &str,
+    width: usize,
+) -> Result<Array<'a>, ExecError> {
+    let t = tensor_plan(plan, name)?;
+    let none = match &t.role {
+        Role::Index(ix) if t.axes.len() == 1 && x.dim() == 1 => ix.none,
+        _ => return Ok(x.clone()),
+    };
+    let given = x.contiguous();
+    let es = dtype::size(given.dtype());
+    let mut rows = Vec::with_capacity(given.numel());
+    for (k, b) in given.base_bytes().chunks_exact(es).enumerate() {
+        rows.push(match dtype::read_i64(given.dtype(), b) {
+            v if Some(v) == none => None,
+            v if (0..width as i64).contains(&v) => Some(v as usize),
+            v => {
+                return Err(ExecError::Ownership {
+                    feature: name.to_owned(),
+                    axis: 0,
+                    semantic: owner.to_owned(),
+                    message: format!(
+                        "item {k} names `{owner}` {v}, which is no item of the {width} `{owner}`{}",
+                        none.map_or(String::new(), |n| format!(" (nor the none value {n})"))
+                    ),
+                })
+            }
+        });
+    }
+    Ok(Array::one_hot_rows(t.dtype, &rows, width))
 }
 
 /// The sum of every row of a 2-D `[items, owner]` map.

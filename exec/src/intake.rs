@@ -24,7 +24,7 @@ use crate::compact::{
 };
 use crate::dtype;
 use crate::error::ExecError;
-use crate::feature::{axis_length, row_sums, tensor_plan, to_i64};
+use crate::feature::{axis_length, owner_map, row_sums, tensor_plan, to_i64};
 use crate::files::Sample;
 use featshard_spec::layout::count_total;
 use featshard_spec::limits;
@@ -525,12 +525,14 @@ fn check_cut_items_unowned(
     let Some((map, m)) = source.map().and_then(|m| Some((m, kept.get(m)?))) else {
         return Ok(());
     };
+    let width = length_in(plan, owner, kept).unwrap_or(0);
+    let m = &owner_map(plan, map, m, owner, width)?;
     let t = tensor_plan(plan, map)?;
     let Role::Index(ix) = &t.role else {
         return Ok(());
     };
-    let row_axis = (0..t.axes.len())
-        .find(|&d| Some(d) != ix.one_hot && t.axes[d].semantic.as_deref() == Some(sem));
+    let row_axis =
+        (0..m.dim()).find(|&d| Some(d) != ix.one_hot && t.axes[d].semantic.as_deref() == Some(sem));
     let Some(d) = row_axis.filter(|&d| d < m.dim() && m.shape()[d] > n) else {
         return Ok(());
     };
@@ -571,14 +573,15 @@ fn check_cut_items_unowned(
 fn drop_unowned_rows(plan: &Plan, kept: &mut Sample) -> Result<BTreeMap<String, usize>, ExecError> {
     let mut out = BTreeMap::new();
     for (sem, s) in &plan.semantics {
-        let Some(OwnedBy { source, .. }) = &s.owned_by else {
+        let Some(OwnedBy { owner, source, .. }) = &s.owned_by else {
             continue;
         };
         let Some(map) = source.map().filter(|_| s.unowned_rows_are_pads) else {
             continue;
         };
         let Some(m) = kept.get(map) else { continue };
-        let rows = row_sums(plan, map, m)?;
+        let width = length_in(plan, owner, kept).unwrap_or(0);
+        let rows = row_sums(plan, map, &owner_map(plan, map, m, owner, width)?)?;
         let owned: Vec<usize> = (0..rows.len()).filter(|&r| rows[r] != 0.0).collect();
         if owned.len() == rows.len() {
             continue;

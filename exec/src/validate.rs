@@ -16,7 +16,7 @@ use crate::compact::{
     narrow_hint, OneHot,
 };
 use crate::error::ExecError;
-use crate::feature::{tensor_plan, to_i64, two_d};
+use crate::feature::{owner_map, tensor_plan, to_i64, two_d};
 use crate::files::Sample;
 use crate::intake::Intake;
 use crate::par;
@@ -318,16 +318,20 @@ fn ownership(
         let owner_len = sizes.get(owner).copied().unwrap_or(0);
         let counts = source.counts().filter(|c| features.contains_key(*c));
         let map = source.map().filter(|m| features.contains_key(*m));
+        let map = match map {
+            Some(m) => Some((m, owner_map(plan, m, &features[m], owner, owner_len)?)),
+            None => None,
+        };
         let ownership = match (counts, map) {
             (Some(c), map) => {
                 let counts = owner_counts(c, &features[c], sem, owner, len)?;
-                if let Some(m) = map {
-                    check_map_counts(m, &features[m], c, &counts, sem, owner)?;
+                if let Some((m, x)) = map {
+                    check_map_counts(m, &x, c, &counts, sem, owner)?;
                 }
                 Ownership::Counts(counts)
             }
-            (None, Some(m)) => {
-                Ownership::Owners(map_owners(plan, m, &features[m], sem, owner, owner_len)?)
+            (None, Some((m, x))) => {
+                Ownership::Owners(map_owners(plan, m, &x, sem, owner, owner_len)?)
             }
             (None, None) => {
                 return Err(ExecError::Missing {

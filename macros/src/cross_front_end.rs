@@ -153,6 +153,22 @@ const CASES: &[Case] = &[
         derive_fields: "#[featshard(axes(tokens), dtype = bool, derive(valid))] v: Option<Tensor>,",
     },
     Case {
+        name: "an id-vector owner map of floats",
+        yaml_semantics: "  atoms: {shard: true, owner: tokens, map: m}",
+        yaml_features: "  m: {axes: [atoms], dtype: float32, index: {of: tokens, scope: serial}}",
+        yaml_extra: "",
+        derive_struct: "semantic(atoms, shard, owner = tokens, map = m)",
+        derive_fields: "#[featshard(axes(atoms), dtype = float32, index(of = tokens, scope = serial))] m: Tensor,",
+    },
+    Case {
+        name: "an id-vector owner map of another semantic",
+        yaml_semantics: "  atoms: {shard: true, owner: tokens, map: m}",
+        yaml_features: "  m: {axes: [atoms], dtype: int32, index: {of: atoms, scope: serial}}",
+        yaml_extra: "",
+        derive_struct: "semantic(atoms, shard, owner = tokens, map = m)",
+        derive_fields: "#[featshard(axes(atoms), dtype = int32, index(of = atoms, scope = serial))] m: Tensor,",
+    },
+    Case {
         name: "co-sharded with an unsharded axis",
         yaml_semantics: "  ensemble: {shard: false}",
         yaml_features: "  f: {axes: [ensemble, tokens], dtype: int64, coshard: [{axis: 1, follows: 0}]}",

@@ -185,6 +185,7 @@ fn structured(
                 }
                 Tensor::from_slice(&counts).f_to_kind(kind).feature(name)?
             }
+            false if dims.len() == 1 => ids(name, owners, kind)?,
             false => one_hot(name, dims, owners.iter().copied().enumerate(), kind)?,
         }));
     }
@@ -194,6 +195,14 @@ fn structured(
     let Role::Index(ix) = &t.role else {
         return Ok(None);
     };
+    // An id vector of the items' owner (AlphaFold3's `atom_to_token_idx`).
+    if let ([a], None) = (t.axes.as_slice(), ix.one_hot) {
+        let row_sem = a.semantic.as_deref().unwrap_or_default();
+        return match owner_chain(plan, row_sem, &ix.of, owner_of) {
+            Some(chain) => ids(name, &chain, kind).map(Some),
+            None => Ok(None),
+        };
+    }
     let (Some(hot), 2) = (ix.one_hot, t.axes.len()) else {
         return Ok(None);
     };
@@ -233,6 +242,11 @@ fn owner_chain(
         map = map.iter().map(|&o| up[o]).collect();
         cur = next;
     }
+}
+
+fn ids(name: &str, ids: &[usize], kind: Kind) -> Result<Tensor, RuntimeError> {
+    let ids: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+    Tensor::from_slice(&ids).f_to_kind(kind).feature(name)
 }
 
 fn one_hot(

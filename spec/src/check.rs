@@ -443,21 +443,50 @@ impl<'a> Checker<'a> {
         if let Some(fname) = source.map() {
             self.required(s, fname, "owner map");
             if let Some(t) = self.named_tensor(s, fname, "owner map", owner.source_loc) {
-                let sems: Vec<Option<&str>> = t.axes.iter().map(Axis::semantic).collect();
-                if sems != [Some(s.name.as_str()), Some(owner.owner.name.as_str())] {
-                    self.err(
-                        SpecError::new(
-                            format!(
-                                "owner map of `{}` must be a one-hot `[{}, {}]`",
-                                s.name, s.name, owner.owner.name
-                            ),
-                            t.axes_loc,
-                        )
-                        .feature(fname),
-                    );
-                }
+                self.owner_map(s, owner, fname, t);
             }
         }
+    }
+
+    /// An owner map is a one-hot `[items, owner]` matrix (Boltz's form) or an id
+    /// vector: an integer `[items]` index of the owner (AlphaFold3's `atom_to_token_idx`).
+    fn owner_map(&mut self, s: &Semantic, owner: &Owner, fname: &str, t: &TensorFeature) {
+        let (items, of) = (s.name.as_str(), owner.owner.name.as_str());
+        let sems: Vec<Option<&str>> = t.axes.iter().map(Axis::semantic).collect();
+        if sems == [Some(items), Some(of)] {
+            return;
+        }
+        let ids_of = match &t.role {
+            Role::Index(ix) if ix.one_hot.is_none() => Some(ix.of.as_str()),
+            _ => None,
+        };
+        let fault = if sems != [Some(items)] {
+            None
+        } else if !t.dtype.is_integer() {
+            Some((
+                format!(
+                    "an id vector of `{of}` ids is an integer dtype, not {}",
+                    t.dtype
+                ),
+                t.dtype_loc,
+            ))
+        } else if ids_of != Some(of) {
+            Some((
+                format!("an id vector names `{of}` items: declare `index: {{of: {of}}}`"),
+                t.role_loc,
+            ))
+        } else {
+            return;
+        };
+        let (message, at) = fault.unwrap_or_else(|| {
+            (
+                format!(
+                    "owner map of `{items}` must be a one-hot `[{items}, {of}]` or a `[{items}]` id vector (`index: {{of: {of}}}`)"
+                ),
+                t.axes_loc,
+            )
+        });
+        self.err(SpecError::new(message, at).feature(fname));
     }
 
     fn owner_counts(&mut self, s: &Semantic, owner: &Owner, fname: &str, t: &TensorFeature) {

@@ -250,16 +250,17 @@ pub enum OwnerSource {
         /// The counts feature.
         feature: String,
     },
-    /// A one-hot `[items, owner]` feature: the owner of each item.
+    /// The owner of each item: a one-hot `[items, owner]` feature, or an id vector (an
+    /// integer `[items]` index of the owner).
     Map {
-        /// The one-hot map feature.
+        /// The map feature.
         feature: String,
     },
     /// The counts when the sample has them (checked against the map), else the map.
     CountsOrMap {
         /// The counts feature.
         counts: String,
-        /// The one-hot map feature.
+        /// The map feature (one-hot or an id vector).
         map: String,
     },
 }
@@ -282,7 +283,7 @@ impl OwnerSource {
         }
     }
 
-    /// The one-hot map feature, if any.
+    /// The map feature (one-hot or an id vector), if any.
     pub fn map(&self) -> Option<&str> {
         match self {
             OwnerSource::Map { feature } => Some(feature),
