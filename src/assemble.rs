@@ -77,9 +77,13 @@ pub fn assemble_files(
     };
     result.extend(passthrough);
     let metadata = metadata.unwrap_or_default();
+    // Under the keys the sample file had: a nested feature's path joined by the spec's
+    // separator.
+    let keys: Vec<_> = result.keys().map(|n| plan.inputs.key_of(n)).collect();
     let tensors: Vec<_> = result
-        .iter()
-        .map(|(n, d)| (n.as_str(), d.dtype, d.shape.clone(), d.bytes.as_slice()))
+        .values()
+        .zip(&keys)
+        .map(|(d, k)| (k.as_ref(), d.dtype, d.shape.clone(), d.bytes.as_slice()))
         .collect();
     let bytes = files::serialize(&tensors, &metadata).map_err(other)?;
     staging::write_file(out, &bytes)?;

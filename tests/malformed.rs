@@ -569,6 +569,38 @@ fn feature_names_must_be_snake_case() {
     );
 }
 
+/// A feature of a nested dict is named by its path (`constraint_feature.contact`); a
+/// flattened name with `__` is told the rule, and a path through a feature refused.
+#[test]
+fn feature_paths_name_features_of_nested_dicts() {
+    let ok = with_features("  constraint.contact: {axes: [tokens, tokens, 2], dtype: float32}\n");
+    let (_, plan) = compile_str("spec.yaml", &ok).expect("a path names a feature");
+    assert!(plan.tensor("constraint.contact").is_some());
+    assert_error(
+        &with_features("  constraint__contact: {axes: [tokens], dtype: int64}\n"),
+        &[
+            "spec.yaml:13:3",
+            "feature `constraint__contact`",
+            "no `__`",
+            "joined by `.`",
+        ],
+    );
+    assert_error(
+        &with_features(
+            "  c: {axes: [tokens], dtype: int64}\n  c.d: {axes: [tokens], dtype: int64}\n",
+        ),
+        &["spec.yaml:14:3", "feature `c.d`", "`c` is a feature"],
+    );
+    assert_error(
+        &format!("{}separator: _\n", with_features("")),
+        &["spec.yaml:13:12", "could not be told from a name"],
+    );
+    let slash = format!("{}separator: /\n", with_features(""));
+    let (_, plan) = compile_str("spec.yaml", &slash).expect("`/` separates");
+    assert_eq!(plan.inputs.key_of("a.b"), "a/b");
+    assert_eq!(plan.inputs.name_of_key("a/b"), "a.b");
+}
+
 #[test]
 fn module_name_must_be_an_identifier() {
     let text = BASE.replace("module: demo", "module: class");

@@ -13,8 +13,8 @@ pub enum ExecError {
     Missing { feature: String },
     /// Features in the sample that the spec does not declare (and that were not
     /// passed through explicitly).
-    #[error("features not in the spec: {} (declare them, list them under `drop`, or set `other_keys: drop | pass`)", quoted(.features))]
-    Unknown { features: Vec<String> },
+    #[error("features not in the spec: {} (declare them, list them under `drop`, or set `other_keys: drop | pass`){hint}", quoted(.features))]
+    Unknown { features: Vec<String>, hint: String },
     /// Features of the spec that belong to other workflows than the one asked for:
     /// each with the workflows that have it.
     #[error("features of the spec that workflow `{workflow}` does not have: {} (leave them out of the sample, or give the workflow it was made for)", with_workflows(.features))]

@@ -84,6 +84,14 @@ pub(crate) fn intake_any<'a>(
     features: &Sample<'a>,
     opts: &Options,
 ) -> Result<Intake<'a>, ExecError> {
+    let named;
+    let features = match plan.inputs.separator.as_str() {
+        featshard_spec::names::PATH => features,
+        _ => {
+            named = by_name(plan, features);
+            &named
+        }
+    };
     check_lengths(plan, features)?;
     check_given_indices(plan, features)?;
     check_passthrough(plan, opts)?;
@@ -113,6 +121,35 @@ pub(crate) fn intake_any<'a>(
         unowned,
         threads: opts.threads.max(1),
     })
+}
+
+/// A sample file's keys as the spec names them: a nested feature's path joined by the
+/// spec's separator (`constraint_feature/contact`) is the spec's path
+/// (`constraint_feature.contact`).
+fn by_name<'a>(plan: &Plan, features: &Sample<'a>) -> Sample<'a> {
+    features
+        .iter()
+        .map(|(k, x)| (plan.inputs.name_of_key(k).into_owned(), x.clone()))
+        .collect()
+}
+
+/// A key that is a spec feature's path joined another way than the spec's separator
+/// says (`a/b` for `a.b`): the separator to declare.
+fn separator_hint(plan: &Plan, unknown: &[String]) -> String {
+    for key in unknown {
+        for sep in ["/", "__", ":", "-", "|", "."] {
+            let name = key.replace(sep, featshard_spec::names::PATH);
+            if key.contains(sep)
+                && sep != plan.inputs.separator
+                && plan.features.contains_key(&name)
+            {
+                return format!(
+                    "; `{key}` is feature `{name}` with its path joined by `{sep}`: declare `separator: \"{sep}\"`"
+                );
+            }
+        }
+    }
+    String::new()
 }
 
 /// Every semantic axis the sample's features give within the length limit, before
@@ -270,7 +307,11 @@ fn sort_keys<'a>(
         }
     }
     if !unknown.is_empty() {
-        return Err(ExecError::Unknown { features: unknown });
+        let hint = separator_hint(plan, &unknown);
+        return Err(ExecError::Unknown {
+            features: unknown,
+            hint,
+        });
     }
     if let (false, Some(workflow)) = (elsewhere.is_empty(), &opts.workflow) {
         let features = elsewhere

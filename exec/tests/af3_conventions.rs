@@ -232,15 +232,12 @@ fn derived_validity_masks_are_one_on_real_items_and_zero_on_pads() {
 }
 
 /// Atoms owned through an id vector, AlphaFold3's `atom_to_token_idx` (`[atoms]`, a
-/// token id per atom): shard-local ids on a tile (atoms in their token's block), padded
-/// global ids on one axis (atoms in serial order). `atom_token_x` holds each atom's
-/// token's `token_x`, so a gather of `token_x` by the delivered ids must give it back.
+/// token id per atom), declared `shard_local`: local ids on a tile (atoms in their
+/// token's block), padded global ids on one axis (atoms in serial order), as a one-hot
+/// map's columns are; one spec for both. `atom_token_x` holds each atom's token's
+/// `token_x`, so a gather of `token_x` by the delivered ids must give it back.
 fn id_map_spec(mesh: &str, owned_by: &str) -> String {
-    let scope = if mesh.contains(',') {
-        "shard_local"
-    } else {
-        "padded_global"
-    };
+    let scope = "shard_local";
     // Counts alone must be in every sample; beside a map they may be left out.
     let optional = if owned_by.contains("map") {
         ", optional: true"

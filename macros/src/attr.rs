@@ -6,7 +6,7 @@
 //!         | semantic(NAME [, shard] [, owner = SEM [, counts = FEATURE] [, map = FEATURE]]
 //!                    [, window = N] [, incoming_pads(mask = FEATURE) | incoming_pads(counts)]
 //!                    [, unowned_rows = pad | refuse] [, on_1d = whole | shard])
-//!         | other_keys = refuse | drop | pass | drop(KEY, ...)
+//!         | other_keys = refuse | drop | pass | drop(KEY, ...) | separator = "/"
 //! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
 //!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS]
 //!                 [, none = -1])
@@ -45,6 +45,7 @@ pub struct StructAttrs {
     pub semantics: Vec<SemanticAttr>,
     pub other_keys: Option<At<String>>,
     pub drop: Vec<At<String>>,
+    pub separator: Option<At<String>>,
 }
 
 /// `mesh(cp0, cp1, dp = dp)`.
@@ -233,11 +234,13 @@ pub fn struct_attrs(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> Struct
                 once(&mut out.other_keys, ident_string(&meta)?, &meta)?;
             } else if p.is_ident("drop") {
                 out.drop.extend(name_list(&meta)?);
+            } else if p.is_ident("separator") {
+                once(&mut out.separator, ident_string(&meta)?, &meta)?;
             } else {
                 return Err(unknown(
                     &meta,
                     "struct",
-                    "`module`, `spec`, `workflow`, `workflows`, `mesh`, `semantic`, `other_keys`, `drop`",
+                    "`module`, `spec`, `workflow`, `workflows`, `mesh`, `semantic`, `other_keys`, `drop`, `separator`",
                 ));
             }
             Ok(())

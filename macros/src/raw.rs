@@ -70,6 +70,7 @@ pub fn spec(
         features: Some(SpannedMap(features)),
         other_keys: sattrs.other_keys.as_ref().map(|o| t.named(o)),
         drop: sattrs.drop.iter().map(|d| t.named(d)).collect(),
+        separator: sattrs.separator.as_ref().map(|s| t.named(s)),
     }
 }
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from featshard import Layout, Plan, _native
+from featshard import Layout, Plan, _native, paths
 
 __all__ = ["Placement", "Slot", "Wire", "buffer_views", "dtype_name", "expand", "expand_block", "expand_on_device", "place", "rank_blocks", "release_buffers", "torch_dtype", "view_at"]
 
@@ -358,10 +358,12 @@ def place(
     """Validates a sample as the featurizer emitted it and places it on ``mesh``.
 
     Intake runs as the spec declares (dropped keys, incoming pads cut, unowned rows,
-    derived features). A feature declared one-hot may be given as its indices, a sparse
+    derived features). Nested dicts go in as the featurizer emits them: a feature the
+    spec names by a path (``constraint_feature.contact``) is read from its dict. A feature declared one-hot may be given as its indices, a sparse
     one as a ``torch.sparse_coo_tensor`` (or as ``NAME.indices`` and ``NAME.values``). Raises ``ValueError`` naming the feature and axis at fault, or
     ``TypeError`` for a spec tensor that is not a tensor.
     """
+    features = paths.flat(plan, features)
     values = _as_elements(plan, features)
     native = plan.place(values, mesh, workflow, set(passthrough), threads, _objects(plan, features, values))
     return Placement(plan, native, features)
@@ -429,10 +431,12 @@ def rank_blocks(
     workflow: str | None = None,
     threads: int = 1,
 ) -> list[dict[str, torch.Tensor]]:
-    """Every rank's blocks of one serial sample; rank ``i * cp1 + j`` holds (i, j)."""
+    """Every rank's blocks of one serial sample; rank ``i * cp1 + j`` holds (i, j).
+    Features of nested dicts come back in their dicts."""
     placed = place(plan, features, mesh, workflow=workflow, threads=threads)
     return [
-        placed.rank_blocks(_native.coords(mesh, r), threads) for r in range(math.prod(mesh))
+        paths.nested(plan, placed.rank_blocks(_native.coords(mesh, r), threads))
+        for r in range(math.prod(mesh))
     ]
 
 

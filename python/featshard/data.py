@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import Dataset, Sampler
 from torch.utils.dlpack import from_dlpack
 
-from featshard import Plan, _native
+from featshard import Plan, _native, paths
 from featshard.blocks import dtype_name, expand_block, moved_together, view_at
 from featshard.distribute import (
     _device_of,
@@ -140,6 +140,7 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
                          " stacks the samples of DP replicas")
     dp_group = mesh.get_group(mesh.mesh_dim_names[dp])
     dp_size = int(mesh.mesh.shape[dp])
+    batch = [paths.flat(plan, s) for s in batch]
     cp = tuple(int(mesh.mesh.shape[d]) for d in cp_dims)
     names, target = _agreed_targets(plan, batch, dp_group, mesh.device_type)
     locals_ = {n: [s[n].to_local() for s in batch] for n in names}
@@ -161,7 +162,7 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
         values = [s[name] for s in batch]
         # The executor checked that they stack: the same dtype and shape in every sample.
         out[name] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values
-    return out
+    return paths.nested(plan, out)
 
 
 def fetch_with_retries(dataset: Dataset[Any], index: int, retries: int) -> Any:
@@ -297,7 +298,7 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
                 shape=torch.Size(shape), stride=tuple(stride),
             )
         out.update(header)
-        return out
+        return paths.nested(self.plan, out)
 
 
 def _dense(
@@ -389,7 +390,7 @@ def to_device_mesh(
     unbatched = mesh_dims(plan, mesh)[0] is None
     on_dp = placements(plan, dp=True)
     out: dict[str, Any] = {}
-    for name, x in batch.items():
+    for name, x in paths.flat(plan, batch).items():
         if not isinstance(x, DTensor):
             out[name] = [x] if unbatched else x
             continue
@@ -400,7 +401,7 @@ def to_device_mesh(
         out[name] = DTensor.from_local(
             local, mesh, where, run_check=False, shape=torch.Size(shape), stride=_stride(shape),
         )
-    return out
+    return paths.nested(plan, out)
 
 
 def lightning_datamodule(

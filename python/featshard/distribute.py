@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.utils.dlpack import from_dlpack
 
-from featshard import Plan, _native, blocks
+from featshard import Plan, _native, blocks, paths
 from featshard.blocks import (
     Wire,
     buffer_views,
@@ -223,7 +223,7 @@ def distribute_features(
         shape = torch.Size(global_shapes[name])
         result[name] = DTensor.from_local(x, cp_mesh, on_mesh[name], run_check=False,
                                           shape=shape, stride=tuple(_native.contiguous_stride(list(shape))))
-    return result
+    return paths.nested(plan, result)
 
 
 def _send_blocks(

@@ -73,7 +73,7 @@ fn an_unknown_feature_unless_passed_through() {
     s.insert("record_id".into(), Tensor::from_slice(&[7i64]));
     let e = error(&plan, &s);
     assert!(
-        matches!(&e, RuntimeError::Unknown { features } if features == &["record_id".to_string()]),
+        matches!(&e, RuntimeError::Unknown { features, .. } if features == &["record_id".to_string()]),
         "{e}"
     );
     let opts = Options {

@@ -11,7 +11,8 @@ use crate::ir::*;
 use crate::limits;
 use crate::loc::Loc;
 use crate::names::{
-    camel_is_keyword, did_you_mean, is_keyword, is_snake_case, shadows_an_import, upper_camel,
+    camel_is_keyword, did_you_mean, is_feature_name, is_keyword, is_snake_case, shadows_an_import,
+    upper_camel, PATH,
 };
 use crate::ownership::OwnerChains;
 
@@ -129,20 +130,40 @@ impl<'a> Checker<'a> {
         // Rust variants are the UpperCamel names; two features must not collide there.
         let mut camel: BTreeMap<String, &str> = BTreeMap::new();
         for f in spec.features.values() {
-            if !is_snake_case(&f.name) {
+            if !is_feature_name(&f.name) {
                 self.err(
                     SpecError::new(
-                        "feature names must be snake_case (`[a-z][a-z0-9_]*`)",
+                        "feature names are snake_case (`[a-z][a-z0-9_]*`, no `__`), or a path of such names joined by `.` for a feature of a nested dict (`constraint_feature.contact`)",
                         f.loc,
                     )
                     .feature(&f.name),
                 );
                 continue;
             }
+            if let Some(dict) = self.holds_a_feature(&f.name) {
+                self.err(
+                    SpecError::new(
+                        format!(
+                            "`{dict}` is a feature, so it cannot also be a dict holding `{}`",
+                            f.name
+                        ),
+                        f.loc,
+                    )
+                    .feature(&f.name),
+                );
+            }
             if let Some(e) = variant_problem(&mut camel, &f.name, f.loc, "Feature") {
                 self.err(e.feature(&f.name));
             }
         }
+    }
+
+    /// The first dict of a feature's path that is itself a feature (`a` of `a.b`).
+    fn holds_a_feature(&self, name: &str) -> Option<String> {
+        let parts: Vec<&str> = name.split(PATH).collect();
+        (1..parts.len())
+            .map(|k| parts[..k].join(PATH))
+            .find(|dict| self.spec.features.contains_key(dict))
     }
 
     fn undeclared_semantic(&self, name: &str, loc: crate::loc::Loc) -> SpecError {

@@ -33,7 +33,7 @@ pub struct Spec {
 }
 
 /// How a sample's keys that are not features are treated.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inputs {
     /// Keys that are neither features nor listed in [`Inputs::drop`].
     pub other_keys: KeyPolicy,
@@ -41,6 +41,8 @@ pub struct Inputs {
     pub other_keys_loc: Loc,
     /// Keys the featurizer emits that the model never reads: removed from every sample.
     pub drop: Vec<Named>,
+    /// How a sample file's keys join a nested feature's path (`.` by default).
+    pub separator: Named,
 }
 
 /// What happens to a sample key the spec does not declare.

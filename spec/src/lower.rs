@@ -14,6 +14,7 @@ use crate::diag::{Diagnostics, SpecError};
 use crate::ir::*;
 use crate::limits;
 use crate::loc::Loc;
+use crate::names;
 use crate::syntax::*;
 
 /// Every `QUESTION(a|b)` a draft of `featshard init` left unanswered, outside comments:
@@ -211,7 +212,8 @@ impl Lower {
         }
         let workflows = self.workflows(raw.workflows);
         let features = self.features(raw.features);
-        let inputs = self.inputs(raw.other_keys, raw.drop);
+        let mut inputs = self.inputs(raw.other_keys, raw.drop);
+        inputs.separator = self.separator(raw.separator);
         Spec {
             source,
             module: Named::new(raw.module.value.clone(), loc(&raw.module)),
@@ -639,7 +641,33 @@ impl Lower {
                 .into_iter()
                 .map(|d| Named::new(d.value.clone(), loc(&d)))
                 .collect(),
+            separator: Named::new(names::PATH.to_owned(), Loc::UNKNOWN),
         }
+    }
+
+    /// A separator holds no character a name may hold (it could not be told from one)
+    /// and is short.
+    fn separator(&mut self, raw: Option<Spanned<String>>) -> Named {
+        let Some(s) = raw else {
+            return Named::new(names::PATH.to_owned(), Loc::UNKNOWN);
+        };
+        let ok = !s.value.is_empty()
+            && s.value.chars().count() <= 8
+            && s.value != "_"
+            && !s
+                .value
+                .chars()
+                .any(|c| c.is_ascii_alphanumeric() || c.is_whitespace());
+        if !ok {
+            self.err(
+                SpecError::new(
+                    format!("`separator: {:?}` could not be told from a name", s.value),
+                    loc(&s),
+                )
+                .help("1 to 8 characters, no letter, digit or space and not a single `_`: `.`, `/`, `__`, `:`"),
+            );
+        }
+        Named::new(s.value.clone(), loc(&s))
     }
 
     fn workflows(&mut self, raw: Vec<Spanned<String>>) -> BTreeMap<String, Loc> {

@@ -30,6 +30,16 @@ pub fn is_snake_case(name: &str) -> bool {
     chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
+/// What joins the names of a path in the spec: `constraint_feature.contact` is feature
+/// `contact` of the featurizer's nested dict `constraint_feature`.
+pub const PATH: &str = ".";
+
+/// A feature name: `snake_case`, or a path of `snake_case` names joined by `.` (a
+/// feature in a nested dict).
+pub fn is_feature_name(name: &str) -> bool {
+    name.split(PATH).all(is_snake_case)
+}
+
 /// Whether `name` is a Python or Rust keyword (not a usable module or field name).
 pub fn is_keyword(name: &str) -> bool {
     PYTHON_KEYWORDS.contains(&name) || RUST_KEYWORDS.contains(&name)
@@ -64,9 +74,10 @@ pub fn camel_is_keyword(name: &str) -> bool {
     upper_camel(name) == "Self"
 }
 
-/// `atom_to_token` -> `AtomToToken`, the Rust enum variant of a feature or semantic.
+/// `atom_to_token` -> `AtomToToken`, the Rust enum variant of a feature or semantic
+/// (`constraint_feature.contact` -> `ConstraintFeatureContact`).
 pub fn upper_camel(name: &str) -> String {
-    name.split('_')
+    name.split(['_', '.'])
         .filter(|p| !p.is_empty())
         .map(|p| {
             let mut c = p.chars();

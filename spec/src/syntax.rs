@@ -80,6 +80,11 @@ pub struct RawSpec {
     #[serde(default)]
     #[schemars(with = "Vec<String>")]
     pub drop: Vec<Spanned<String>>,
+    /// How a sample file's keys join the path of a feature in a nested dict
+    /// (`constraint_feature.contact` in the spec): `.` (the default), `/`, `__`, ...
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub separator: Option<Spanned<String>>,
 }
 
 /// Mesh axis names; sizes are chosen at run time.

@@ -53,6 +53,7 @@ pub fn plan(spec: &Spec) -> Result<Plan, Vec<SpecError>> {
             .collect(),
         inputs: InputsPlan {
             other_keys: spec.inputs.other_keys,
+            separator: spec.inputs.separator.name.clone(),
             drop: spec
                 .inputs
                 .drop
@@ -265,9 +266,12 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
     let Role::Index(ix) = &t.role else {
         return Remap::None;
     };
-    // A one-axis mesh keeps co-sharded maps whole: their ids stay global.
+    // A one-axis mesh keeps co-sharded maps whole and owned items in serial order, not
+    // in their owner's block: ids of a map and of an owner stay global there.
     let scope = match ix.scope {
-        IndexScope::ShardLocal if spec.mesh.is_cp_1d() && ix.one_hot.is_some() => {
+        IndexScope::ShardLocal
+            if spec.mesh.is_cp_1d() && (ix.one_hot.is_some() || ids_of_owner(spec, t, &ix.of)) =>
+        {
             IndexScope::PaddedGlobal
         }
         scope => scope,
@@ -294,6 +298,24 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
             mesh_axis: splits.iter().find_map(|s| s.mesh_axis()).unwrap_or(0),
         },
     }
+}
+
+/// Whether `t` holds ids of an owner (direct or not) of the items along one of its axes
+/// (a token id per atom).
+fn ids_of_owner(spec: &Spec, t: &TensorFeature, of: &str) -> bool {
+    t.axes.iter().filter_map(Axis::semantic).any(|s| {
+        let mut at = spec.semantics.get(s);
+        for _ in 0..spec.semantics.len() {
+            let Some(owner) = at.and_then(|x| x.owner.as_ref()) else {
+                return false;
+            };
+            if owner.owner.name == of {
+                return true;
+            }
+            at = spec.semantics.get(&owner.owner.name);
+        }
+        false
+    })
 }
 
 fn mesh_plan(mesh: &Mesh) -> MeshPlan {

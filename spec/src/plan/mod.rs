@@ -62,13 +62,53 @@ pub struct Plan {
 }
 
 /// How a sample's keys that the spec does not place are treated.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputsPlan {
     /// Keys that are neither features nor in `drop`: refused, dropped or passed.
     pub other_keys: KeyPolicy,
     /// Keys removed from every sample, sorted.
     pub drop: Vec<String>,
+    /// How a sample file's keys join a nested feature's path (`constraint_feature.contact`
+    /// is the key `constraint_feature/contact` with `/`). Absent: `.`, the spec's own.
+    #[serde(default = "path_separator", skip_serializing_if = "is_path_separator")]
+    pub separator: String,
+}
+
+fn path_separator() -> String {
+    crate::names::PATH.to_owned()
+}
+
+fn is_path_separator(s: &String) -> bool {
+    s == crate::names::PATH
+}
+
+impl Default for InputsPlan {
+    fn default() -> InputsPlan {
+        InputsPlan {
+            other_keys: KeyPolicy::default(),
+            drop: Vec::new(),
+            separator: path_separator(),
+        }
+    }
+}
+
+impl InputsPlan {
+    /// A sample file's key as the spec names it: the separator's joins made `.`.
+    pub fn name_of_key<'k>(&self, key: &'k str) -> std::borrow::Cow<'k, str> {
+        match self.separator.as_str() {
+            crate::names::PATH => key.into(),
+            sep => key.replace(sep, crate::names::PATH).into(),
+        }
+    }
+
+    /// The key a sample file holds feature `name` under.
+    pub fn key_of<'n>(&self, name: &'n str) -> std::borrow::Cow<'n, str> {
+        match self.separator.as_str() {
+            crate::names::PATH => name.into(),
+            sep => name.replace(crate::names::PATH, sep).into(),
+        }
+    }
 }
 
 /// The JSON Schema (draft-07) of plan.json.
