@@ -66,7 +66,11 @@ def _worker(rank: int, folder: str, path: str, how: str) -> None:
     peak = status("VmHWM") - before
     Path(folder, f"{how}-{rank}.json").write_text(json.dumps({"peak": peak, "block": block, "s": seconds}))
     del out
-    torch.distributed.destroy_process_group()
+    # PhysicsNeMo's manager (which the scatter adopts the group into) destroys it, once:
+    # its exit hook would destroy it again after a direct call, and fail.
+    from physicsnemo.distributed import DistributedManager
+
+    DistributedManager.cleanup()
 
 
 def main() -> None:

@@ -528,3 +528,57 @@ fn a_flag_of_some_real_items_is_never_proposed_as_a_pad_mask() {
     assert!(!draft.contains("incoming_pads"), "{draft}");
     assert!(!draft.contains("a mask of the real items"), "{draft}");
 }
+
+/// A real AlphaFold3-family sample (Protenix 2.0.0's featurizer), no anchor given: the
+/// lengths come from the usual keys; the token id per atom is proposed as the atoms'
+/// owner map and `frame_atom_index` as atom ids with -1 for none; a channel of 4 is not
+/// taken for the 4 templates nor a `[1]` for the one MSA row; the nested dict's
+/// features keep their paths; no flag is proposed as a pad mask. The draft validates
+/// with no question, and every feature is placed and remapped as
+/// `examples/protenix.yaml` places it.
+#[test]
+fn a_draft_of_an_alphafold3_family_sample_needs_no_answer() {
+    let sample = root().join("tests/data/protenix/small_complex.safetensors");
+    let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
+        .args(["init", "--from"])
+        .arg(&sample)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let draft = String::from_utf8(out.stdout).unwrap();
+    for line in [
+        "atoms: {shard: true, owner: tokens, map: atom_to_token_idx}",
+        "atom_to_token_idx: {axes: [atoms], dtype: int64, pad: -1, index: {of: tokens, scope: shard_local}}",
+        "frame_atom_index: {axes: [tokens, 3], dtype: int64, pad: -1, index: {of: atoms, scope: padded_global, none: -1}}",
+        "ref_atom_name_chars: {axes: [atoms, 4, 64]",
+        "resolution: {axes: [1], dtype: float32}",
+        "constraint_feature.contact: {axes: [tokens, tokens, 2]",
+    ] {
+        assert!(draft.contains(line), "{line}\n{draft}");
+    }
+    let open = |l: &&str| !l.trim_start().starts_with('#') && l.contains("QUESTION");
+    assert!(!draft.lines().any(|l| open(&l)), "{draft}");
+    assert!(!draft.contains("incoming_pads"), "{draft}");
+    let (_, ours) = featshard::spec::compile_str("draft.yaml", &draft)
+        .unwrap_or_else(|d| panic!("{}\n{draft}", d.render_plain()));
+    let (_, example) =
+        featshard::spec::compile_file(&root().join("examples/protenix.yaml")).unwrap();
+    for (name, f) in &example.features {
+        let FeaturePlan::Tensor(b) = f else { continue };
+        if b.derived.is_some() {
+            continue;
+        }
+        let Some(FeaturePlan::Tensor(a)) = ours.features.get(name) else {
+            panic!("{name} is missing from the draft");
+        };
+        assert_eq!(
+            (&a.placements, &a.remap),
+            (&b.placements, &b.remap),
+            "{name}"
+        );
+    }
+}

@@ -74,6 +74,7 @@ fn check_blocks(mesh: &str, shards: &Path, sample: &BTreeMap<String, Tensor>, pa
         .map(|r| r.iter().map(|v| v.to_bits()).collect())
         .zip(ints(&sample["atom_to_token_idx"]))
         .collect();
+    let serial_bonds = sample["token_bonds"].shallow_clone();
     let tile = mesh.contains('x');
     let ranks: usize = mesh
         .split('x')
@@ -116,6 +117,7 @@ fn check_blocks(mesh: &str, shards: &Path, sample: &BTreeMap<String, Tensor>, pa
                 );
             }
         }
+        check_pair(mesh, r, &b, &serial_bonds);
     }
     // Every real atom on one rank of its tile row (cp1 copies it), tokens likewise.
     let (atoms, tokens) = (sample["ref_pos"].size()[0], sample["token_index"].size()[0]);
@@ -126,6 +128,32 @@ fn check_blocks(mesh: &str, shards: &Path, sample: &BTreeMap<String, Tensor>, pa
     };
     assert_eq!(atoms_seen, atoms as usize * copies, "{mesh}: atoms seen");
     assert_eq!(tokens_real, tokens as usize * copies, "{mesh}: real tokens");
+}
+
+/// A pair feature's block is the serial pair tile (2-D) or row slab (one axis) of the
+/// rank's tokens: rows the tokens of its `token_index` block, columns those of its cp1
+/// coordinate's block (tokens end-padded) or every token; pads 0.
+fn check_pair(mesh: &str, rank: usize, b: &BTreeMap<String, Tensor>, serial: &Tensor) {
+    let n = serial.size()[0];
+    let block = &b["token_bonds"];
+    let (rows, cols) = (block.size()[0], block.size()[1]);
+    let row_tokens = ints(&b["token_index"]);
+    let real = ints(&b["token_mask"]);
+    let col0 = match mesh.split_once('x') {
+        Some((_, cp1)) => (rank % cp1.parse::<usize>().unwrap()) as i64 * cols,
+        None => 0,
+    };
+    for i in 0..rows {
+        for j in 0..cols {
+            let got = block.double_value(&[i, j]);
+            let (t, u) = (row_tokens[i as usize], col0 + j);
+            let want = match real[i as usize] == 1 && u < n {
+                true => serial.double_value(&[t, u]),
+                false => 0.0,
+            };
+            assert_eq!(got, want, "{mesh} rank {rank}: token_bonds at [{i}, {j}]");
+        }
+    }
 }
 
 #[test]

@@ -50,7 +50,7 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
         })
         .collect();
     let real = incoming(sample, lengths, &mut semantics, &mut features);
-    owners(sample, lengths, &real, &mut semantics);
+    owners(sample, lengths, &real, &mut semantics, &mut features);
     one_hot_maps(sample, &mut features);
     one_hot_channels(sample, &mut features);
     sparse_pairs(sample, &mut features);
@@ -63,6 +63,12 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
         &mut features,
     );
     derived(sample, &mut features);
+    if let Some(owners) = id_vectors(sample, lengths, &features)
+        .first()
+        .and_then(|m| sample.tensors[m].values.as_deref())
+    {
+        atom_indexes(sample, lengths, owners, &mut features);
+    }
     Proposals {
         semantics,
         features,
@@ -127,9 +133,16 @@ fn axes(sample: &Sample, lengths: &[Anchor], lists: &[List]) -> BTreeMap<String,
                 continue;
             }
             let anchored = lengths.iter().find(|a| &a.key == name && d == 0);
+            // After an axis of a semantic, only a pair's second axis is one too
+            // (`[tokens, tokens]`, `[atoms, atoms]`): a size there that equals the
+            // templates' or the MSA's is a channel (`[atoms, 4, 64]`). A length of 1
+            // names a semantic only before another axis (`[msa, tokens]`, never `[1]`).
+            let after_semantic = draft.axes.iter().any(|a| a.parse::<usize>().is_err());
             let matches: Vec<&str> = lengths
                 .iter()
                 .filter(|a| a.len == n)
+                .filter(|a| !after_semantic || PAIRED.contains(&a.semantic))
+                .filter(|_| n != 1 || d + 1 < t.shape.len())
                 .map(|a| a.semantic)
                 .collect();
             draft.axes.push(match (list, anchored, matches.as_slice()) {
@@ -150,6 +163,9 @@ fn axes(sample: &Sample, lengths: &[Anchor], lists: &[List]) -> BTreeMap<String,
     }
     out
 }
+
+/// Semantics whose axes pair with each other (a feature over two of them).
+const PAIRED: [&str; 3] = ["tokens", "atoms", "rset"];
 
 fn len_of(lengths: &[Anchor], s: &str) -> Option<usize> {
     lengths.iter().find(|a| a.semantic == s).map(|a| a.len)
@@ -307,6 +323,7 @@ fn owners(
     lengths: &[Anchor],
     real: &BTreeMap<String, usize>,
     semantics: &mut [SemanticDraft],
+    features: &mut BTreeMap<String, FeatureDraft>,
 ) {
     if let (Some(_), Some(n_atoms), Some(i)) = (
         len_of(lengths, "tokens"),
@@ -325,12 +342,28 @@ fn owners(
             })
             .map(|(n, _)| n)
             .collect();
-        let maps: Vec<&String> = sample
+        let mut maps: Vec<&String> = sample
             .tensors
             .iter()
             .filter(|(_, t)| shaped(t, lengths, &["atoms", "tokens"]) && one_hot(t) == Some(atoms))
             .map(|(n, _)| n)
             .collect();
+        let ids = id_vectors(sample, lengths, features);
+        for m in &ids {
+            let f = features.entry(m.clone()).or_default();
+            let none = sample.tensors[m]
+                .values
+                .as_ref()
+                .is_some_and(|v| v.contains(&-1.0));
+            f.keys.push(format!(
+                "pad: -1, index: {{of: tokens, scope: shard_local{}}}",
+                if none { ", none: -1" } else { "" }
+            ));
+            f.notes.push(format!(
+                "# proposed: {m} is a token id per atom (in token order): the atoms' owner map"
+            ));
+        }
+        maps.extend(&ids);
         let s = &mut semantics[i];
         s.keys.push("owner: tokens".into());
         let none = if maps.is_empty() {
@@ -366,6 +399,84 @@ fn owners(
             s.proposed = true;
         }
     }
+}
+
+/// `[atoms]` integer features holding a token id per atom (AlphaFold3's
+/// `atom_to_token_idx`): every value a token or -1, in token order, the last token
+/// owning some atom. Of several, those named for tokens.
+fn id_vectors(
+    sample: &Sample,
+    lengths: &[Anchor],
+    features: &BTreeMap<String, FeatureDraft>,
+) -> Vec<String> {
+    let Some(tokens) = len_of(lengths, "tokens") else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = sample
+        .tensors
+        .iter()
+        .filter(|(n, t)| features.get(*n).is_some_and(|f| f.axes == ["atoms"]) && t.is_integer())
+        .filter(|(_, t)| t.values.as_deref().is_some_and(|v| token_ids(v, tokens)))
+        .map(|(n, _)| n.clone())
+        .collect();
+    if found.iter().filter(|n| n.contains("token")).count() > 0 {
+        found.retain(|n| n.contains("token"));
+    }
+    found
+}
+
+fn token_ids(v: &[f64], tokens: usize) -> bool {
+    let owned: Vec<f64> = v.iter().copied().filter(|&x| x != -1.0).collect();
+    owned.iter().all(|&x| x >= 0.0 && x < tokens as f64)
+        && owned.windows(2).all(|w| w[0] <= w[1])
+        && owned.last() == Some(&(tokens as f64 - 1.0))
+}
+
+/// `*atom*_index` / `*atom*_idx` features over tokens (`[tokens, k]`) whose values are
+/// atom ids or -1, some of the row's own token's (a frame's atoms: a ligand atom's
+/// frame takes its neighbours'): atom ids (`frame_atom_index`), moved with the atoms;
+/// -1 is their none value.
+fn atom_indexes(
+    sample: &Sample,
+    lengths: &[Anchor],
+    owner_of_atom: &[f64],
+    features: &mut BTreeMap<String, FeatureDraft>,
+) {
+    for (name, t) in &sample.tensors {
+        let named = name.contains("atom") && (name.ends_with("_index") || name.ends_with("_idx"));
+        let (Some(v), [_, k]) = (t.values.as_deref(), t.shape.as_slice()) else {
+            continue;
+        };
+        if !named || !t.is_integer() || *k == 0 || !shaped_first(t, lengths, "tokens") {
+            continue;
+        }
+        let ids = v
+            .iter()
+            .all(|&x| x == -1.0 || (x >= 0.0 && (x as usize) < owner_of_atom.len()));
+        let own = ids
+            && v.iter().enumerate().any(|(i, &x)| {
+                x >= 0.0 && owner_of_atom.get(x as usize) == Some(&((i / k) as f64))
+            });
+        let Some(f) = features.get_mut(name).filter(|f| f.keys.is_empty()) else {
+            continue;
+        };
+        if own && v.iter().any(|&x| x >= 0.0) {
+            let none = v.contains(&-1.0);
+            f.keys.push(format!(
+                "pad: -1, index: {{of: atoms, scope: padded_global{}}}",
+                if none { ", none: -1" } else { "" }
+            ));
+            f.notes.push(format!(
+                "# proposed: {name} holds ids of its token's atoms{}: they move with the atoms",
+                if none { " (-1: none)" } else { "" }
+            ));
+        }
+    }
+}
+
+/// Whether axis 0 of `t` has `semantic`'s length.
+fn shaped_first(t: &Tensor, lengths: &[Anchor], semantic: &str) -> bool {
+    t.shape.first().copied() == len_of(lengths, semantic)
 }
 
 /// A one-hot map between an owner and its items is a block diagonal. Questions count

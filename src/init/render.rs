@@ -6,7 +6,7 @@ use std::path::Path;
 use super::propose::Proposals;
 use super::read::{spec_dtype, Anchor, Sample};
 use crate::commands::Failure;
-use featshard_spec::names::is_snake_case;
+use featshard_spec::names::{is_feature_name, is_snake_case};
 
 /// The draft's opening comments, its module and its mesh.
 fn header(path: &Path, module: &str) -> String {
@@ -58,15 +58,15 @@ pub fn spec(
         .tensors
         .keys()
         .chain(&sample.metadata)
-        .filter(|n| !is_snake_case(n))
+        .filter(|n| !is_feature_name(n))
     {
         // Written escaped, in a comment: a name is never YAML of the draft.
         let _ = writeln!(
             out,
-            "  # left out: {name:?} is not a spec feature name (snake_case); rename it in the featurizer"
+            "  # left out: {name:?} is not a spec feature name (snake_case, or a path of such names joined by `.`); rename it in the featurizer"
         );
     }
-    for (name, t) in sample.tensors.iter().filter(|(n, _)| is_snake_case(n)) {
+    for (name, t) in sample.tensors.iter().filter(|(n, _)| is_feature_name(n)) {
         let Some(dtype) = spec_dtype(t.dtype).map(|d| d.name()) else {
             return Err(Failure::Other(format!(
                 "feature `{name}`: dtype {:?} has no featshard equivalent",
