@@ -61,7 +61,8 @@ fn an_even_domain_axis_pads_to_a_multiple() {
         plan.semantics["height"].padding,
         Padding::Multiple {
             mesh_axes: vec![0],
-            window: None
+            window: None,
+            whole_windows: false,
         }
     );
 }

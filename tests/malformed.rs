@@ -601,6 +601,38 @@ fn feature_paths_name_features_of_nested_dicts() {
     assert_eq!(plan.inputs.name_of_key("a/b"), "a.b");
 }
 
+/// `layout: windows` (owned items in serial order, each rank's block whole windows)
+/// needs a window, and a 2-D tile then has no diagonal block of the items to co-shard.
+#[test]
+fn a_windows_layout_needs_a_window_and_no_co_sharded_map() {
+    let owned = "atoms: {shard: true, owner: tokens, counts: atom_counts}";
+    assert!(BASE.contains(owned));
+    let with = |keys: &str| {
+        BASE.replace(
+            owned,
+            &format!("atoms: {{shard: true, owner: tokens, counts: atom_counts{keys}}}"),
+        )
+    };
+    assert_error(
+        &with(", layout: windows"),
+        &["spec.yaml:8:", "`layout: windows` needs the window"],
+    );
+    assert_error(
+        &with(", layout: packed"),
+        &["spec.yaml:8:", "unknown `layout` value `packed`"],
+    );
+    let windowed = with(", window: 32, layout: windows");
+    compile_str("spec.yaml", &windowed).expect("a windowed layout with its window");
+    let map = "  m: {axes: [atoms, tokens], dtype: int64, coshard: [{axis: 1, follows: 0}], index: {of: tokens, scope: shard_local, one_hot: 1}}\n";
+    assert_error(
+        &format!("{windowed}{map}"),
+        &["feature `m`", "serial order", "id vector"],
+    );
+    // On one CP axis the map's token axis stays whole, as it always does there.
+    let one_axis = windowed.replace("cp: [cp0, cp1]", "cp: [cp]");
+    compile_str("spec.yaml", &format!("{one_axis}{map}")).expect("a whole map on one axis");
+}
+
 #[test]
 fn module_name_must_be_an_identifier() {
     let text = BASE.replace("module: demo", "module: class");

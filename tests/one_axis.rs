@@ -131,7 +131,8 @@ fn the_one_axis_placements_are_boltz_cps_1d_registry() {
         plan.semantics["atoms"].padding,
         Padding::Multiple {
             mesh_axes: vec![0],
-            window: Some(32)
+            window: Some(32),
+            whole_windows: false,
         }
     );
     let a2t = plan.tensor("atom_to_token").unwrap();

@@ -26,20 +26,25 @@ fn read(path: &Path) -> BTreeMap<String, Tensor> {
         .collect()
 }
 
-/// The shipped spec, or on one axis the same with its `mesh:` line changed.
-fn spec_for(mesh: &str, dir: &Path) -> String {
+/// The shipped spec, or on one axis the same with its `mesh:` line changed; with
+/// `windows`, its atoms declared `layout: windows` (serial order, each rank's block a
+/// whole number of 32-atom windows).
+fn spec_for(mesh: &str, dir: &Path, windows: bool) -> String {
     let shipped = root().join("examples/protenix.yaml");
-    if mesh.contains('x') {
+    if mesh.contains('x') && !windows {
         return shipped.display().to_string();
     }
-    let text = std::fs::read_to_string(&shipped).unwrap();
-    assert!(text.contains("cp: [cp_axis_0, cp_axis_1]"));
-    let path = dir.join("protenix_1d.yaml");
-    std::fs::write(
-        &path,
-        text.replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]"),
-    )
-    .unwrap();
+    let mut text = std::fs::read_to_string(&shipped).unwrap();
+    if windows {
+        let at = text.find("    window: 32").expect("the atoms' window");
+        text.insert_str(at, "    layout: windows\n");
+    }
+    if !mesh.contains('x') {
+        assert!(text.contains("cp: [cp_axis_0, cp_axis_1]"));
+        text = text.replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]");
+    }
+    let path = dir.join(format!("protenix-{}-{windows}.yaml", mesh.contains('x')));
+    std::fs::write(&path, text).unwrap();
     path.display().to_string()
 }
 
@@ -65,10 +70,18 @@ fn rows(x: &Tensor) -> Vec<Vec<f32>> {
 
 /// Each atom's token id is right on its rank: every atom of a rank's block (known by its
 /// reference position, unique per atom) gathers, by the id delivered with it, the token
-/// the featurizer gave it; shard-local ids from the rank's own token block on a tile,
-/// global ids from the whole token axis on one axis. The derived masks are 1 on exactly
-/// the real atoms and tokens, and a `-1` frame atom stays `-1`.
-fn check_blocks(mesh: &str, shards: &Path, sample: &BTreeMap<String, Tensor>, padded: &Path) {
+/// the featurizer gave it; shard-local ids from the rank's own token block on a tile in
+/// owner blocks, global ids from the whole token axis on one axis and with `windows`
+/// (atoms in serial order, each rank's block a whole number of 32-atom windows). The
+/// derived masks are 1 on exactly the real atoms and tokens, and a `-1` frame atom stays
+/// `-1`.
+fn check_blocks(
+    mesh: &str,
+    shards: &Path,
+    sample: &BTreeMap<String, Tensor>,
+    padded: &Path,
+    windows: bool,
+) {
     let serial_token: BTreeMap<Vec<u32>, i64> = rows(&sample["ref_pos"])
         .into_iter()
         .map(|r| r.iter().map(|v| v.to_bits()).collect())
@@ -85,11 +98,14 @@ fn check_blocks(mesh: &str, shards: &Path, sample: &BTreeMap<String, Tensor>, pa
     for r in 0..ranks {
         let b = read(&shards.join(format!("rank-{r}.safetensors")));
         let ids = ints(&b["atom_to_token_idx"]);
-        let tokens = if tile {
+        let tokens = if tile && !windows {
             ints(&b["token_index"])
         } else {
             whole_tokens.clone()
         };
+        if windows {
+            serial_windows(mesh, r, &b, sample);
+        }
         let mask = ints(&b["atom_mask"]);
         for ((pos, &id), &real) in rows(&b["ref_pos"]).iter().zip(&ids).zip(&mask) {
             let key: Vec<u32> = pos.iter().map(|v| v.to_bits()).collect();
@@ -156,6 +172,28 @@ fn check_pair(mesh: &str, rank: usize, b: &BTreeMap<String, Tensor>, serial: &Te
     }
 }
 
+/// With `layout: windows`, a rank's atoms are a whole number of 32-atom windows and the
+/// serial atoms of its block's span, in order (pads only after the last atom).
+fn serial_windows(
+    mesh: &str,
+    rank: usize,
+    b: &BTreeMap<String, Tensor>,
+    sample: &BTreeMap<String, Tensor>,
+) {
+    let block = b["ref_pos"].size()[0] as usize;
+    assert_eq!(block % 32, 0, "{mesh} rank {rank}: {block} atoms");
+    let row = match mesh.split_once('x') {
+        Some((_, cp1)) => rank / cp1.parse::<usize>().unwrap(),
+        None => rank,
+    };
+    let serial = rows(&sample["ref_pos"]);
+    for (k, got) in rows(&b["ref_pos"]).iter().enumerate() {
+        let at = row * block + k;
+        let want = serial.get(at).cloned().unwrap_or_else(|| vec![0.0; 3]);
+        assert_eq!(got, &want, "{mesh} rank {rank}: atom {at}");
+    }
+}
+
 #[test]
 fn a_protenix_sample_goes_in_unchanged_and_comes_back_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
@@ -169,11 +207,11 @@ fn a_protenix_sample_goes_in_unchanged_and_comes_back_byte_for_byte() {
         "an ion's frame is -1"
     );
     let input = sample_path().display().to_string();
-    for mesh in MESHES {
-        let spec = spec_for(mesh, dir.path());
+    for (mesh, windows) in MESHES.iter().flat_map(|&m| [(m, false), (m, true)]) {
+        let spec = spec_for(mesh, dir.path(), windows);
         let at = |what: &str| {
             dir.path()
-                .join(format!("{mesh}-{what}"))
+                .join(format!("{mesh}-{windows}-{what}"))
                 .display()
                 .to_string()
         };
@@ -230,7 +268,7 @@ fn a_protenix_sample_goes_in_unchanged_and_comes_back_byte_for_byte() {
             assert!(x.equal(y), "{mesh}: `{k}` differs after the round trip");
         }
         let padded = PathBuf::from(at("dense-true.safetensors"));
-        check_blocks(mesh, Path::new(&at("dense")), &sample, &padded);
+        check_blocks(mesh, Path::new(&at("dense")), &sample, &padded, windows);
     }
 }
 

@@ -5,7 +5,8 @@
 //!         | mesh(cp0, cp1, dp = dp) | mesh(cp, dp = dp) | workflows(training, inference)
 //!         | semantic(NAME [, shard] [, owner = SEM [, counts = FEATURE] [, map = FEATURE]]
 //!                    [, window = N] [, incoming_pads(mask = FEATURE) | incoming_pads(counts)]
-//!                    [, unowned_rows = pad | refuse] [, on_1d = whole | shard])
+//!                    [, unowned_rows = pad | refuse] [, on_1d = whole | shard]
+//!                    [, layout = windows | owner_blocks])
 //!         | other_keys = refuse | drop | pass | drop(KEY, ...) | separator = "/"
 //! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
 //!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS]
@@ -65,6 +66,7 @@ pub struct SemanticAttr {
     pub incoming: Option<At<IncomingAttr>>,
     pub unowned_rows: Option<At<String>>,
     pub on_1d: Option<At<String>>,
+    pub layout: Option<At<String>>,
 }
 
 /// `incoming_pads(mask = FEATURE)` or `incoming_pads(counts)`.
@@ -264,6 +266,7 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
         incoming: None,
         unowned_rows: None,
         on_1d: None,
+        layout: None,
     };
     meta.parse_nested_meta(|m| {
         let p = &m.path;
@@ -301,6 +304,8 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             once(&mut s.unowned_rows, ident_string(&m)?, &m)?;
         } else if p.is_ident("on_1d") {
             once(&mut s.on_1d, ident_string(&m)?, &m)?;
+        } else if p.is_ident("layout") {
+            once(&mut s.layout, ident_string(&m)?, &m)?;
         } else if name.is_none()
             && !m.input.peek(syn::Token![=])
             && !m.input.peek(syn::token::Paren)
@@ -313,7 +318,7 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             return Err(unknown(
                 &m,
                 "semantic",
-                "`shard`, `owner`, `counts`, `map`, `window`, `incoming_pads`, `unowned_rows`, `on_1d`",
+                "`shard`, `owner`, `counts`, `map`, `window`, `incoming_pads`, `unowned_rows`, `on_1d`, `layout`",
             ));
         }
         Ok(())

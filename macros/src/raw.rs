@@ -127,6 +127,7 @@ fn semantic(s: &SemanticAttr, t: &mut Tokens) -> RawSemantic {
         halo: None,
         unowned_rows: s.unowned_rows.as_ref().map(|u| t.named(u)),
         on_1d: s.on_1d.as_ref().map(|o| t.named(o)),
+        layout: s.layout.as_ref().map(|o| t.named(o)),
         doc: None,
     }
 }

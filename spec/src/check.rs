@@ -324,8 +324,42 @@ impl<'a> Checker<'a> {
             if let Some(at) = s.unowned_rows {
                 self.unowned_rows(s, at);
             }
+            if let Some(at) = s.windows {
+                self.windows(s, at);
+            }
         }
         self.ownership_trees();
+    }
+
+    /// `layout: windows` needs a window, and a 2-D tile keeps no co-sharded diagonal
+    /// block of its items: they lie in serial order, not in their owner's block.
+    fn windows(&mut self, s: &Semantic, at: Loc) {
+        if s.window.is_none() {
+            self.err(
+                SpecError::new("`layout: windows` needs the window: `window: W`", at)
+                    .semantic(&s.name),
+            );
+        }
+        if self.spec.mesh.is_cp_1d() {
+            return;
+        }
+        let spec = self.spec;
+        for (name, _, t) in spec.tensors() {
+            let ours = |d: usize| t.axes.get(d).and_then(Axis::semantic) == Some(s.name.as_str());
+            if let Some(c) = t.coshard.iter().find(|c| ours(c.axis) || ours(c.follows)) {
+                self.err(
+                    SpecError::new(
+                        format!(
+                            "co-shards an axis of `{}`, whose items lie in serial order (`layout: windows`), not in their owner's block: a 2-D tile has no diagonal block of it",
+                            s.name
+                        ),
+                        c.loc,
+                    )
+                    .feature(name)
+                    .help("give the map as an id vector (`[atoms]` ids, `index: {of: tokens}`), or keep `layout: owner_blocks`"),
+                );
+            }
+        }
     }
 
     /// Ownership must form trees: follow owners until a root, a repeat, or more than

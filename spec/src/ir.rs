@@ -179,6 +179,9 @@ pub struct Semantic {
     pub unowned_rows: Option<Loc>,
     /// On a one-axis CP mesh, axes of this semantic stay whole (`on_1d: whole`).
     pub whole_on_1d: bool,
+    /// `layout: windows`: items in serial order on every mesh, each rank's block a whole
+    /// number of windows; where it was written.
+    pub windows: Option<Loc>,
     /// Shard constraints of a domain-parallel spec (stencils, downsampling).
     pub shards: ShardRule,
     /// Where it was written.

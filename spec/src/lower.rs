@@ -446,6 +446,7 @@ impl Lower {
                 .and_then(|i| self.incoming(&name, owner.as_ref(), i));
             let unowned_rows = body.unowned_rows.and_then(|u| self.unowned_rows(&name, u));
             let whole_on_1d = body.on_1d.is_some_and(|o| self.on_1d(&name, o));
+            let windows = body.layout.and_then(|l| self.layout(&name, l));
             out.insert(
                 name.clone(),
                 Semantic {
@@ -457,6 +458,7 @@ impl Lower {
                     incoming,
                     unowned_rows,
                     whole_on_1d,
+                    windows,
                     shards,
                     loc: loc(&key),
                 },
@@ -613,6 +615,22 @@ impl Lower {
                         ),
                 );
                 false
+            }
+        }
+    }
+
+    /// `layout: windows | owner_blocks`: where `windows` was written, if it was.
+    fn layout(&mut self, name: &str, raw: Spanned<String>) -> Option<Loc> {
+        match raw.value.as_str() {
+            "windows" => Some(loc(&raw)),
+            "owner_blocks" => None,
+            other => {
+                self.err(
+                    SpecError::new(format!("unknown `layout` value `{other}`"), loc(&raw))
+                        .semantic(name)
+                        .help("`windows` (serial order, each rank's block whole windows) or `owner_blocks` (the default)"),
+                );
+                None
             }
         }
     }

@@ -165,9 +165,24 @@ pub struct RawSemantic {
     #[serde(default)]
     #[schemars(schema_with = "on_1d_schema")]
     pub on_1d: Option<Spanned<String>>,
+    /// How an owned semantic's items lie: `owner_blocks` (the default on a 2-D tile:
+    /// each token shard's atoms in a block of their own) or `windows` (serial order on
+    /// every mesh, each rank's block a whole number of `window`s, for windowed
+    /// attention: AlphaFold3's sequence-local atom attention).
+    #[serde(default)]
+    #[schemars(schema_with = "layout_schema")]
+    pub layout: Option<Spanned<String>>,
     /// Free text for the spec's readers.
     #[serde(default)]
     pub doc: Option<String>,
+}
+
+/// `layout`'s values in the JSON Schema.
+fn layout_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": ["string", "null"],
+        "enum": ["owner_blocks", "windows", null],
+    })
 }
 
 /// `on_1d`'s values in the JSON Schema (the parser reads a string and names a wrong

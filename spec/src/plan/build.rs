@@ -221,6 +221,14 @@ fn padding(
     if mesh_axes.is_empty() {
         return Padding::None;
     }
+    if s.windows.is_some() {
+        // Windowed attention over serial items: every rank a whole number of windows.
+        return Padding::Multiple {
+            mesh_axes,
+            window: s.window,
+            whole_windows: true,
+        };
+    }
     match &s.owner {
         // A one-axis model reads owned items in serial order, split evenly (its maps
         // keep global columns); padded to a multiple of the window too, since windowed
@@ -228,6 +236,7 @@ fn padding(
         Some(_) if spec.mesh.is_cp_1d() => Padding::Multiple {
             mesh_axes,
             window: s.window,
+            whole_windows: false,
         },
         Some(o) if root != s.name => Padding::OwnerBlocks {
             owner: o.owner.name.clone(),
@@ -238,6 +247,7 @@ fn padding(
         _ => Padding::Multiple {
             mesh_axes,
             window: None,
+            whole_windows: false,
         },
     }
 }
@@ -270,7 +280,7 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
     // in their owner's block: ids of a map and of an owner stay global there.
     let scope = match ix.scope {
         IndexScope::ShardLocal
-            if spec.mesh.is_cp_1d() && (ix.one_hot.is_some() || ids_of_owner(spec, t, &ix.of)) =>
+            if serial_items(spec, t) && (ix.one_hot.is_some() || ids_of_owner(spec, t, &ix.of)) =>
         {
             IndexScope::PaddedGlobal
         }
@@ -287,17 +297,28 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
         },
         (None, IndexScope::PaddedGlobal) => Remap::ToPaddedLayout {
             of: ix.of.clone(),
+            // Collate re-pads ids of items laid out in owner blocks only.
             repad: !spec.mesh.is_cp_1d()
                 && spec
                     .semantics
                     .get(&ix.of)
-                    .is_some_and(|s| s.sharded && s.owner.is_some()),
+                    .is_some_and(|s| s.sharded && s.owner.is_some() && s.windows.is_none()),
         },
         (None, IndexScope::ShardLocal) => Remap::ShardLocal {
             of: ix.of.clone(),
             mesh_axis: splits.iter().find_map(|s| s.mesh_axis()).unwrap_or(0),
         },
     }
+}
+
+/// Whether the owned items along `t`'s axes lie in serial order, not in their owner's
+/// block: on one CP axis, or where their semantic declares `layout: windows`.
+fn serial_items(spec: &Spec, t: &TensorFeature) -> bool {
+    spec.mesh.is_cp_1d()
+        || t.axes
+            .iter()
+            .filter_map(Axis::semantic)
+            .any(|s| spec.semantics.get(s).is_some_and(|x| x.windows.is_some()))
 }
 
 /// Whether `t` holds ids of an owner (direct or not) of the items along one of its axes

@@ -87,6 +87,7 @@ fn check_semantic(plan: &Plan, name: &str, s: &super::SemanticPlan) -> Result<()
         Padding::Multiple {
             mesh_axes: m,
             window,
+            ..
         } => {
             mesh_axes(plan, m)?;
             if *window == Some(0) {
@@ -148,12 +149,12 @@ fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
     Ok(())
 }
 
-/// Between 1 and the most axes, each with a semantic or a size, known mesh axes, and a
-/// leader that is another of its axes.
+/// At most the most axes (none: a scalar), each with a semantic or a size, known mesh
+/// axes, and a leader that is another of its axes.
 fn check_axes(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
     let rank = t.axes.len();
-    if rank == 0 || rank > limits::MAX_AXES {
-        return Err(format!("{rank} axes (1 to {})", limits::MAX_AXES));
+    if rank > limits::MAX_AXES {
+        return Err(format!("{rank} axes (0 to {})", limits::MAX_AXES));
     }
     for (d, a) in t.axes.iter().enumerate() {
         match (&a.semantic, a.size) {

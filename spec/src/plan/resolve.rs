@@ -47,10 +47,18 @@ impl Plan {
             return 1;
         };
         match &s.padding {
-            Padding::Multiple { mesh_axes, window } => {
+            Padding::Multiple {
+                mesh_axes,
+                window,
+                whole_windows,
+            } => {
                 let window = window.map_or(1, |w| w as usize);
-                lcm_of(mesh_axes.iter().map(|&m| mesh.size(m)).chain([window]))
-                    * s.stride.max(1) as usize
+                let sizes = mesh_axes.iter().map(|&m| mesh.size(m));
+                let multiple = match whole_windows {
+                    true => lcm_of(sizes) * window,
+                    false => lcm_of(sizes.chain([window])),
+                };
+                multiple * s.stride.max(1) as usize
             }
             Padding::OwnerBlocks { mesh_axes, .. } => {
                 lcm_of(mesh_axes.iter().map(|&m| mesh.size(m)))

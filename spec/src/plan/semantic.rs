@@ -92,6 +92,10 @@ pub enum Padding {
         /// semantic on a one-axis CP mesh, laid out in serial order).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         window: Option<u32>,
+        /// `layout: windows`: every shard a whole number of windows (the padded length a
+        /// multiple of the window times the mesh axes' lcm), not only the axis.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        whole_windows: bool,
     },
     /// Owner-partitioned: the root owner's padded axis is split into lcm(mesh_axes)
     /// equal blocks; each block holds its owners' items, padded to the largest block.
