@@ -1,5 +1,5 @@
-//! Golden files: every generated output of `examples/boltz2.yaml` and of the
-//! domain-parallel examples, byte for byte.
+//! Golden files: every generated output of `examples/boltz2.yaml`,
+//! `examples/protenix.yaml` and the domain-parallel examples, byte for byte.
 //!
 //! Run with `FEATSHARD_BLESS=1` to rewrite the goldens after an intended change, then
 //! review the diff in git.
@@ -13,6 +13,8 @@ use featshard::commands;
 #[rustfmt::skip]
 #[path = "golden/boltz2/boltz2_placements.rs"]
 mod boltz2_placements;
+#[path = "golden/protenix/protenix_placements.rs"]
+mod protenix_placements;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -64,6 +66,29 @@ fn boltz2_generated_files_match_the_goldens() {
     check_goldens(
         &root().join("examples/boltz2.yaml"),
         &root().join("tests/golden/boltz2"),
+    );
+}
+
+#[test]
+fn protenix_generated_files_match_the_goldens() {
+    check_goldens(
+        &root().join("examples/protenix.yaml"),
+        &root().join("tests/golden/protenix"),
+    );
+}
+
+/// A feature of a nested dict, named by its path, is a variant of the generated Rust
+/// (`constraint_feature.contact` -> `ConstraintFeatureContact`) with its path as name.
+#[test]
+fn golden_rust_module_names_a_nested_feature_by_its_path() {
+    use protenix_placements::{Feature, Placement};
+    assert_eq!(
+        Feature::ConstraintFeatureContact.placements(),
+        &[Placement::Shard(0), Placement::Shard(1)]
+    );
+    assert_eq!(
+        Feature::ConstraintFeatureContact.name(),
+        "constraint_feature.contact"
     );
 }
 
