@@ -13,6 +13,10 @@ use featshard::commands;
 #[rustfmt::skip]
 #[path = "golden/boltz2/boltz2_placements.rs"]
 mod boltz2_placements;
+// Generated text, checked byte for byte: prettyplease's layout, not rustfmt's; the
+// tests below read a few of its items.
+#[rustfmt::skip]
+#[allow(dead_code)]
 #[path = "golden/protenix/protenix_placements.rs"]
 mod protenix_placements;
 
