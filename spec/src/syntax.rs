@@ -469,9 +469,14 @@ impl<V: JsonSchema> JsonSchema for SpannedMap<V> {
 
     fn json_schema(generator: &mut SchemaGenerator) -> Schema {
         let value = generator.subschema_for::<V>();
+        // A feature may be named by its path in a nested dict (`constraint_feature.contact`).
+        let pattern = match V::schema_name() == RawFeature::schema_name() {
+            true => "^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$",
+            false => "^[a-z][a-z0-9_]*$",
+        };
         schemars::json_schema!({
             "type": "object",
-            "propertyNames": { "pattern": "^[a-z][a-z0-9_]*$" },
+            "propertyNames": { "pattern": pattern },
             "additionalProperties": value,
         })
     }
