@@ -146,8 +146,9 @@ def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], spec: str
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("shape,one_axis", [((2, 2), False), ((3,), True), ((2, 3), True)],
-                         ids=["tile2x2", "cp3", "dp2xcp3"])
+@pytest.mark.parametrize("shape,one_axis", [((2, 2), False), ((3, 3), False), ((3,), True), ((8,), True),
+                                            ((2, 3), True)],
+                         ids=["tile2x2", "tile3x3", "cp3", "cp8", "dp2xcp3"])
 def test_distribute_features_gives_the_blocks_and_atoms_pool_into_their_tokens(
     tmp_path: Path, shape: tuple[int, ...], one_axis: bool
 ) -> None:
