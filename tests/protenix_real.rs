@@ -215,28 +215,11 @@ fn a_protenix_sample_goes_in_unchanged_and_comes_back_byte_for_byte() {
                 .display()
                 .to_string()
         };
-        run(&[
-            "shard",
-            &spec,
-            "--features",
-            &input,
-            "--mesh",
-            mesh,
-            "--encoding",
-            "dense",
-            "--out",
-            &at("dense"),
-        ]);
-        run(&[
-            "shard",
-            &spec,
-            "--features",
-            &input,
-            "--mesh",
-            mesh,
-            "--out",
-            &at("compact"),
-        ]);
+        for encoding in ["dense", "compact"] {
+            let out = at(encoding);
+            let args = ["--mesh", mesh, "--encoding", encoding, "--out", &out];
+            run(&[&["shard", &spec, "--features", &input][..], &args].concat());
+        }
         for (folder, padded) in [
             ("dense", false),
             ("compact", false),
