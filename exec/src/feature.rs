@@ -36,6 +36,26 @@ pub(crate) fn owner_map<'a>(
         Role::Index(ix) if t.axes.len() == 1 && x.dim() == 1 => ix.none,
         _ => return Ok(x.clone()),
     };
+    let rows = id_rows(x, width, none).map_err(|(k, v)| ExecError::Ownership {
+        feature: name.to_owned(),
+        axis: 0,
+        semantic: owner.to_owned(),
+        message: format!(
+            "item {k} names `{owner}` {v}, which is no item of the {width} `{owner}`{}",
+            none.map_or(String::new(), |n| format!(" (nor the none value {n})"))
+        ),
+    })?;
+    Ok(Array::one_hot_rows(t.dtype, &rows, width))
+}
+
+/// The item each value of an integer vector names, of `width` items (`None` for the
+/// `none` value), read as integers of their own dtype (no value rounded through a
+/// float); else the position and value of the first that names none.
+pub(crate) fn id_rows(
+    x: &Array,
+    width: usize,
+    none: Option<i64>,
+) -> Result<Vec<Option<usize>>, (usize, i64)> {
     let given = x.contiguous();
     let es = dtype::size(given.dtype());
     let mut rows = Vec::with_capacity(given.numel());
@@ -43,20 +63,10 @@ pub(crate) fn owner_map<'a>(
         rows.push(match dtype::read_i64(given.dtype(), b) {
             v if Some(v) == none => None,
             v if (0..width as i64).contains(&v) => Some(v as usize),
-            v => {
-                return Err(ExecError::Ownership {
-                    feature: name.to_owned(),
-                    axis: 0,
-                    semantic: owner.to_owned(),
-                    message: format!(
-                        "item {k} names `{owner}` {v}, which is no item of the {width} `{owner}`{}",
-                        none.map_or(String::new(), |n| format!(" (nor the none value {n})"))
-                    ),
-                })
-            }
+            v => return Err((k, v)),
         });
     }
-    Ok(Array::one_hot_rows(t.dtype, &rows, width))
+    Ok(rows)
 }
 
 /// The sum of every row of a 2-D `[items, owner]` map.

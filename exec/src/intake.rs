@@ -24,7 +24,7 @@ use crate::compact::{
 };
 use crate::dtype;
 use crate::error::ExecError;
-use crate::feature::{axis_length, owner_map, row_sums, tensor_plan, to_i64};
+use crate::feature::{axis_length, id_rows, owner_map, row_sums, tensor_plan, to_i64};
 use crate::files::Sample;
 use featshard_spec::layout::count_total;
 use featshard_spec::limits;
@@ -246,25 +246,13 @@ fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), ExecError> {
                     "given as indices, but no other feature gives the length of `{semantic}`"
                 ),
             })?;
-        // Read as integers of their own dtype: no value is rounded through a float.
-        let x = kept[&name].contiguous();
-        let es = dtype::size(x.dtype());
-        let mut rows = Vec::with_capacity(x.numel());
-        for (k, b) in x.base_bytes().chunks_exact(es).enumerate() {
-            rows.push(match dtype::read_i64(x.dtype(), b) {
-                -1 => None,
-                v if (0..width as i64).contains(&v) => Some(v as usize),
-                v => {
-                    return Err(ExecError::OneHot {
-                        feature: name.clone(),
-                        axis: 1,
-                        message: format!(
-                            "given as indices, {v} names no item of the {width} `{semantic}` (-1: none) at [{k}]"
-                        ),
-                    })
-                }
-            });
-        }
+        let rows = id_rows(&kept[&name], width, Some(-1)).map_err(|(k, v)| ExecError::OneHot {
+            feature: name.clone(),
+            axis: 1,
+            message: format!(
+                "given as indices, {v} names no item of the {width} `{semantic}` (-1: none) at [{k}]"
+            ),
+        })?;
         kept.insert(name, Array::one_hot_rows(t.dtype, &rows, width));
     }
     Ok(())
