@@ -298,11 +298,10 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
         (None, IndexScope::PaddedGlobal) => Remap::ToPaddedLayout {
             of: ix.of.clone(),
             // Collate re-pads ids of items laid out in owner blocks only.
-            repad: !spec.mesh.is_cp_1d()
-                && spec
-                    .semantics
-                    .get(&ix.of)
-                    .is_some_and(|s| s.sharded && s.owner.is_some() && s.windows.is_none()),
+            repad: spec
+                .semantics
+                .get(&ix.of)
+                .is_some_and(|s| s.sharded && s.owner.is_some() && !in_serial_order(spec, s)),
         },
         (None, IndexScope::ShardLocal) => Remap::ShardLocal {
             of: ix.of.clone(),
@@ -311,14 +310,21 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
     }
 }
 
-/// Whether the owned items along `t`'s axes lie in serial order, not in their owner's
-/// block: on one CP axis, or where their semantic declares `layout: windows`.
+/// Whether a semantic's items lie in serial order, never in their owner's block: on one
+/// CP axis, or where it declares `layout: windows`.
+fn in_serial_order(spec: &Spec, s: &Semantic) -> bool {
+    spec.mesh.is_cp_1d() || s.windows.is_some()
+}
+
+/// Whether the owned items along `t`'s axes lie in serial order (see
+/// [`in_serial_order`]): no diagonal block, no shard-local id of their owner.
 fn serial_items(spec: &Spec, t: &TensorFeature) -> bool {
     spec.mesh.is_cp_1d()
         || t.axes
             .iter()
             .filter_map(Axis::semantic)
-            .any(|s| spec.semantics.get(s).is_some_and(|x| x.windows.is_some()))
+            .filter_map(|s| spec.semantics.get(s))
+            .any(|s| in_serial_order(spec, s))
 }
 
 /// Whether `t` holds ids of an owner (direct or not) of the items along one of its axes
