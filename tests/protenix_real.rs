@@ -315,3 +315,77 @@ fn a_declared_separator_reads_and_writes_the_files_own_keys() {
         "{err}"
     );
 }
+
+/// `atom_to_token_idx` declared `deliver: one_hot`: each rank gets the one-hot map whose
+/// row for an atom has its 1 where the id vector's block says (none for a pad atom),
+/// and `assemble` gives the featurizer's id vector back, byte for byte.
+#[test]
+fn the_id_vector_delivered_as_a_one_hot_names_the_ids_the_id_vector_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = read(&sample_path());
+    let input = sample_path().display().to_string();
+    for mesh in ["3x3", "4"] {
+        let plain = spec_for(mesh, dir.path(), false);
+        let text = std::fs::read_to_string(&plain).unwrap();
+        let declared = "index: {of: tokens, scope: shard_local}";
+        assert!(text.contains(declared), "the id vector's declaration");
+        let one_hot = dir.path().join(format!("one_hot-{mesh}.yaml"));
+        let delivered = "index: {of: tokens, scope: shard_local, deliver: one_hot}";
+        std::fs::write(&one_hot, text.replacen(declared, delivered, 1)).unwrap();
+        let one_hot = one_hot.display().to_string();
+        let at = |what: &str| {
+            dir.path()
+                .join(format!("{mesh}-{what}"))
+                .display()
+                .to_string()
+        };
+        for (spec, out) in [(&plain, at("ids")), (&one_hot, at("one_hot"))] {
+            run(&[
+                "shard",
+                spec,
+                "--features",
+                &input,
+                "--mesh",
+                mesh,
+                "--encoding",
+                "dense",
+                "--out",
+                &out,
+            ]);
+        }
+        let ranks = std::fs::read_dir(at("ids")).unwrap().filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("rank-")
+        });
+        for rank in 0..ranks.count() {
+            let block = |folder: &str| {
+                read(&Path::new(&at(folder)).join(format!("rank-{rank}.safetensors")))
+                    .remove("atom_to_token_idx")
+                    .unwrap()
+            };
+            let (ids, map) = (ints(&block("ids")), block("one_hot"));
+            assert_eq!(map.size()[0] as usize, ids.len(), "{mesh} rank {rank}");
+            for (row, &id) in ids.iter().enumerate() {
+                let hot = ints(&map.get(row as i64).nonzero().flatten(0, -1));
+                let want = if id < 0 { vec![] } else { vec![id] };
+                assert_eq!(hot, want, "{mesh} rank {rank} atom {row}");
+            }
+        }
+        let back = at("back.safetensors");
+        run(&[
+            "assemble",
+            &one_hot,
+            "--shards",
+            &at("one_hot"),
+            "--out",
+            &back,
+        ]);
+        let back = read(Path::new(&back));
+        let (x, y) = (&sample["atom_to_token_idx"], &back["atom_to_token_idx"]);
+        assert_eq!((x.kind(), x.size()), (y.kind(), y.size()), "{mesh}");
+        assert!(x.equal(y), "{mesh}: the id vector after the round trip");
+    }
+}

@@ -365,7 +365,8 @@ impl Region {
 }
 
 /// The padded global features back to the serial sample: pads dropped, items of
-/// owner-partitioned axes back in serial order, padded-layout indices back to serial.
+/// owner-partitioned axes back in serial order, padded-layout indices back to serial,
+/// a map delivered in another form than the sample's back in the sample's.
 pub fn unpad(
     plan: &Plan,
     layout: &SampleLayout,
@@ -407,7 +408,7 @@ fn unpad_feature(
     if let Remap::ToPaddedLayout { of, .. } | Remap::ShardLocal { of, .. } = &t.remap {
         to_serial_ids(name, of, layout, crate::placed::index_none(t), &mut y)?;
     }
-    Ok(y)
+    crate::deliver::to_given(name, t, layout, y)
 }
 
 /// `x` at the items `select[d]` of every axis `d`.

@@ -153,9 +153,6 @@ pub enum ExecError {
     /// A rank outside the mesh.
     #[error("rank {rank} is outside mesh {mesh} of {} ranks", .mesh.ranks())]
     NoSuchRank { rank: usize, mesh: Named },
-    /// A semantic without a `window` cannot be packed.
-    #[error("semantic `{semantic}` has no `window`, so it cannot be packed")]
-    NoWindow { semantic: String },
     /// A safetensors header or file could not be written.
     #[error("safetensors: {message}")]
     Safetensors { message: String },

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use featshard_spec::ir::{DeriveRule, IncomingSource, KeyPolicy, Role};
+use featshard_spec::ir::{DeriveRule, GivenForm, IncomingSource, KeyPolicy, Role};
 use featshard_spec::plan::{FeaturePlan, OwnedBy, Plan, TensorPlan};
 
 use crate::array::Array;
@@ -92,6 +92,14 @@ pub(crate) fn intake_any<'a>(
             &named
         }
     };
+    let delivered;
+    let features = match given_one_hot_maps(plan, features)? {
+        Some(d) => {
+            delivered = d;
+            &delivered
+        }
+        None => features,
+    };
     check_lengths(plan, features)?;
     check_given_indices(plan, features)?;
     check_passthrough(plan, opts)?;
@@ -121,6 +129,49 @@ pub(crate) fn intake_any<'a>(
         unowned,
         threads: opts.threads.max(1),
     })
+}
+
+/// One-hot maps the spec delivers as ids, given dense, read as their ids (the form they
+/// are laid out in); each as wide as the other features say its items' semantic is.
+/// `None` when the sample has none.
+fn given_one_hot_maps<'a>(
+    plan: &Plan,
+    features: &Sample<'a>,
+) -> Result<Option<Sample<'a>>, ExecError> {
+    let given: Vec<&String> = features
+        .iter()
+        .filter(|(n, x)| {
+            plan.tensor(n)
+                .is_some_and(|t| matches!(t.given, Some(GivenForm::OneHot { .. })) && x.dim() == 2)
+        })
+        .map(|(n, _)| n)
+        .collect();
+    if given.is_empty() {
+        return Ok(None);
+    }
+    let mut out = features.clone();
+    for name in given {
+        let x = &features[name];
+        if let Some(Role::Index(ix)) = plan.tensor(name).map(|t| &t.role) {
+            let width = features
+                .iter()
+                .filter(|(n, _)| *n != name)
+                .find_map(|(n, y)| axis_length(plan, n, y, &ix.of));
+            if let Some(w) = width.filter(|&w| w != x.shape()[1]) {
+                return Err(ExecError::OneHot {
+                    feature: name.clone(),
+                    axis: 1,
+                    message: format!(
+                        "given as a one-hot map {} `{}` wide; the other features give {w}",
+                        x.shape()[1],
+                        ix.of
+                    ),
+                });
+            }
+        }
+        out.insert(name.clone(), crate::deliver::one_hot_to_ids(name, x)?);
+    }
+    Ok(Some(out))
 }
 
 /// A sample file's keys as the spec names them: a nested feature's path joined by the
@@ -246,11 +297,20 @@ fn maps_from_indices(plan: &Plan, kept: &mut Sample) -> Result<(), ExecError> {
                     "given as indices, but no other feature gives the length of `{semantic}`"
                 ),
             })?;
-        let rows = id_rows(&kept[&name], width, Some(-1)).map_err(|(k, v)| ExecError::OneHot {
+        // An id vector the spec declared (delivered as this map) has the none it declared.
+        let none = match &t.given {
+            Some(GivenForm::Ids { none, .. }) => *none,
+            _ => Some(-1),
+        };
+        let rows = id_rows(&kept[&name], width, none).map_err(|(k, v)| ExecError::OneHot {
             feature: name.clone(),
             axis: 1,
             message: format!(
-                "given as indices, {v} names no item of the {width} `{semantic}` (-1: none) at [{k}]"
+                "given as indices, {v} names no item of the {width} `{semantic}`{} at [{k}]",
+                none.map_or(
+                    " (declare `none: -1` for a row with none)".to_owned(),
+                    |n| format!(" ({n}: none)")
+                )
             ),
         })?;
         kept.insert(name, Array::one_hot_rows(t.dtype, &rows, width));

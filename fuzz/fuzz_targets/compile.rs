@@ -29,7 +29,4 @@ fuzz_target!(|data: &[u8]| {
     for mesh in meshes.into_iter().filter_map(|s| plan.mesh.matched(s).ok()) {
         let _ = plan.resolve(mesh, &lengths, None);
     }
-    for (name, _) in plan.windowed() {
-        let _ = plan.pack_plan(name);
-    }
 });

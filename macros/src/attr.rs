@@ -10,7 +10,7 @@
 //!         | other_keys = refuse | drop | pass | drop(KEY, ...) | separator = "/"
 //! field:  axes(SEM | N, ...) | dtype = DTYPE | pad = LITERAL | mask(SEM, ...)
 //!         | index(of = SEM, scope = serial | shard_local | padded_global [, one_hot = AXIS]
-//!                 [, none = -1])
+//!                 [, none = -1] [, deliver = ids | one_hot])
 //!         | one_hot = AXIS | sparse | range(LO, HI)
 //!         | coshard(axis = A, follows = L) | replicate_axes(A, ...) | replicated
 //!         | placement("Shard(0)", "Replicate()") | only(WORKFLOW, ...) | name = "feature"
@@ -123,6 +123,8 @@ pub struct IndexAttr {
     pub one_hot: Option<usize>,
     /// The value that names no item (`none = -1`).
     pub none: Option<i64>,
+    /// The form a map is delivered in (`deliver = ids`).
+    pub deliver: Option<String>,
 }
 
 fn is_featshard(a: &Attribute) -> bool {
@@ -505,7 +507,7 @@ fn pad_literal(e: &Expr) -> syn::Result<PadLit> {
 }
 
 fn index(meta: &ParseNestedMeta) -> syn::Result<IndexAttr> {
-    let (mut of, mut scope, mut one_hot, mut none) = (None, None, None, None);
+    let (mut of, mut scope, mut one_hot, mut none, mut deliver) = (None, None, None, None, None);
     meta.parse_nested_meta(|m| {
         if m.path.is_ident("of") {
             of = Some(ident_string(&m)?.value);
@@ -519,8 +521,14 @@ fn index(meta: &ParseNestedMeta) -> syn::Result<IndexAttr> {
                 PadLit::Int(i) => Some(i),
                 _ => return Err(syn::Error::new_spanned(e, "`none` takes an integer (-1)")),
             };
+        } else if m.path.is_ident("deliver") {
+            deliver = Some(ident_string(&m)?.value);
         } else {
-            return Err(unknown(&m, "index", "`of`, `scope`, `one_hot`, `none`"));
+            return Err(unknown(
+                &m,
+                "index",
+                "`of`, `scope`, `one_hot`, `none`, `deliver`",
+            ));
         }
         Ok(())
     })?;
@@ -530,6 +538,7 @@ fn index(meta: &ParseNestedMeta) -> syn::Result<IndexAttr> {
             scope,
             one_hot,
             none,
+            deliver,
         }),
         _ => Err(meta
             .error("`index` needs `of = SEMANTIC, scope = serial | shard_local | padded_global`")),

@@ -217,6 +217,22 @@ const CASES: &[Case] = &[
         derive_fields: "#[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = serial, none = 3))] f: Tensor,",
     },
     Case {
+        name: "an unknown delivery form",
+        yaml_semantics: "",
+        yaml_features: "  f: {axes: [tokens], dtype: int64, index: {of: tokens, scope: shard_local, deliver: dense}}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = shard_local, deliver = dense))] f: Tensor,",
+    },
+    Case {
+        name: "an id vector delivered as a one-hot with global columns",
+        yaml_semantics: "",
+        yaml_features: "  f: {axes: [tokens], dtype: int64, index: {of: tokens, scope: serial, deliver: one_hot}}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = serial, deliver = one_hot))] f: Tensor,",
+    },
+    Case {
         name: "a sparse mask",
         yaml_semantics: "",
         yaml_features: "  f: {axes: [tokens], dtype: bool, mask: tokens, sparse: true}",

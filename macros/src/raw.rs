@@ -154,6 +154,7 @@ fn feature(f: &TensorField, a: &FieldAttrs, t: &mut Tokens) -> RawFeature {
                 scope: i.value.scope.value.clone(),
                 one_hot: i.value.one_hot,
                 none: i.value.none,
+                deliver: i.value.deliver.clone(),
             };
             t.at(raw, i.span)
         }),

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use featshard_exec::files::Sample;
-use featshard_exec::validate::Checked;
 use featshard_spec::plan::Plan;
 
 use crate::error::RuntimeError;
@@ -34,19 +33,6 @@ pub fn intake(plan: &Plan, features: &Features, opts: &Options) -> Result<Intake
     let seen = views(plan, features)?;
     let taken = featshard_exec::intake::intake(plan, &seen, opts)?;
     to_tensors(taken, features, &seen)
-}
-
-/// Intake, then validation of what it gives: the lengths and ownership data the layout
-/// needs.
-pub(crate) fn intake_checked(
-    plan: &Plan,
-    features: &Features,
-    opts: &Options,
-) -> Result<(Intake, Checked), RuntimeError> {
-    let seen = views(plan, features)?;
-    let taken = featshard_exec::intake::intake(plan, &seen, opts)?;
-    let checked = featshard_exec::validate::check(plan, &taken)?;
-    Ok((to_tensors(taken, features, &seen)?, checked))
 }
 
 /// The executor's intake applied to the tensors it viewed.

@@ -24,7 +24,6 @@ pub mod files;
 pub mod intake;
 pub mod kind;
 pub mod mapping;
-pub mod pack;
 pub mod pad;
 pub mod sample;
 pub mod shard;

@@ -16,7 +16,7 @@ use tch::{Device, Tensor};
 use crate::error::RuntimeError;
 use crate::kind::kind_of;
 use crate::sample::{Features, Options};
-use crate::views::{new_written, view, write_into};
+use crate::views::{new_written, write_into};
 
 /// One sample in the padded global layout of one mesh.
 #[derive(Debug)]
@@ -207,25 +207,6 @@ impl Placed {
 
 pub(crate) fn dims(v: &[usize]) -> Vec<i64> {
     v.iter().map(|&d| d as i64).collect()
-}
-
-/// One feature of an intake-made sample in the plan's padded layout (index values
-/// remapped, diagonal checked), in a new tensor.
-pub(crate) fn pad_feature(
-    plan: &Plan,
-    name: &str,
-    x: &Tensor,
-    layout: &SampleLayout,
-    shapes: &FeatureShapes,
-) -> Result<Tensor, RuntimeError> {
-    let seen = view(plan, name, x)?;
-    let placed = featshard_exec::placed::place_feature(plan, name, &seen, layout, shapes)?;
-    let blocks = FeatureBlocks::placed(plan, name, &placed, shapes, layout)?;
-    let whole: Vec<(usize, usize)> = shapes.padded_shape.iter().map(|&n| (0, n)).collect();
-    let kind = kind_of(blocks.dtype);
-    new_written(name, &shapes.padded_shape, kind, x.device(), |sink| {
-        blocks.write_region(&whole, sink)
-    })
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::ir::{OwnerSource, Role};
-use featshard_spec::plan::{OwnedBy, Plan};
+use featshard_spec::ir::{GivenForm, OwnerSource, Role};
+use featshard_spec::plan::{OwnedBy, Plan, TensorPlan};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{RuntimeError, TorchContext};
@@ -100,9 +100,52 @@ pub fn sample(
                 None => random(name, &t.role, &dims, kind, &sizes)?,
             },
         };
+        let x = match &t.given {
+            Some(given) => in_given_form(name, t, given, x, &sizes)?,
+            None => x,
+        };
         out.insert(name.to_owned(), x);
     }
     Ok(out)
+}
+
+/// A map made in its delivered form, in the form the featurizer gives it: ids as a
+/// one-hot map (a row of none all 0), or a one-hot map as ids (none where a row is 0).
+fn in_given_form(
+    name: &str,
+    t: &TensorPlan,
+    given: &GivenForm,
+    x: Tensor,
+    sizes: &BTreeMap<String, usize>,
+) -> Result<Tensor, RuntimeError> {
+    let Role::Index(ix) = &t.role else {
+        return Ok(x);
+    };
+    match given {
+        GivenForm::OneHot { dtype } => {
+            let width = sizes.get(&ix.of).copied().unwrap_or(0) as i64;
+            let ids = x.f_to_kind(Kind::Int64).feature(name)?;
+            // Row `width` of a one-hot one wider is the none row, then cut off.
+            let at = ids
+                .f_where_scalarother(&ids.f_ge(0).feature(name)?, width)
+                .feature(name)?;
+            at.f_one_hot(width + 1)
+                .and_then(|m| m.f_narrow(1, 0, width))
+                .and_then(|m| m.f_to_kind(kind_of(*dtype)))
+                .feature(name)
+        }
+        GivenForm::Ids { dtype, none } => {
+            let any = x
+                .f_ne(0)
+                .and_then(|m| m.f_any_dim(1, false))
+                .feature(name)?;
+            let ids = x.f_argmax(1, false).feature(name)?;
+            let none = Tensor::from(none.unwrap_or(0));
+            ids.f_where_self(&any, &none)
+                .and_then(|m| m.f_to_kind(kind_of(*dtype)))
+                .feature(name)
+        }
+    }
 }
 
 /// The direct owner of every item of each owned semantic, its count set in `sizes`:
@@ -195,13 +238,25 @@ fn structured(
     let Role::Index(ix) = &t.role else {
         return Ok(None);
     };
-    // An id vector of the items' owner (AlphaFold3's `atom_to_token_idx`).
+    // An id vector of the items' owner (AlphaFold3's `atom_to_token_idx`), or of each
+    // row's first item (none for a row without one).
     if let ([a], None) = (t.axes.as_slice(), ix.one_hot) {
         let row_sem = a.semantic.as_deref().unwrap_or_default();
-        return match owner_chain(plan, row_sem, &ix.of, owner_of) {
-            Some(chain) => ids(name, &chain, kind).map(Some),
-            None => Ok(None),
+        if let Some(chain) = owner_chain(plan, row_sem, &ix.of, owner_of) {
+            return ids(name, &chain, kind).map(Some);
+        }
+        let (Some(none), Some(chain)) = (ix.none, owner_chain(plan, &ix.of, row_sem, owner_of))
+        else {
+            return Ok(None);
         };
+        let mut first = vec![none; dims.first().copied().unwrap_or(0) as usize];
+        for (item, &o) in chain.iter().enumerate().rev() {
+            first[o] = item as i64;
+        }
+        return Tensor::from_slice(&first)
+            .f_to_kind(kind)
+            .feature(name)
+            .map(Some);
     }
     let (Some(hot), 2) = (ix.one_hot, t.axes.len()) else {
         return Ok(None);

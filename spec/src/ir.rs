@@ -366,6 +366,36 @@ pub struct TensorFeature {
     pub parameter: Option<Loc>,
     /// A model output placed like the inputs (domain specs), not an input.
     pub output: Option<Loc>,
+    /// The form the sample gives it in, where it is delivered in another (`deliver`).
+    pub given: Option<GivenForm>,
+}
+
+/// The form a sample gives a map in, where the spec delivers it in the other: the
+/// plan describes the delivered feature; intake makes it from the given one and
+/// `assemble` gives the given one back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "form")]
+pub enum GivenForm {
+    /// An id vector `[rows]` of `dtype` (`none`, if declared, names no item), delivered
+    /// as the one-hot map `[rows, items]`.
+    Ids {
+        /// The id vector's element type.
+        dtype: DType,
+        /// The value that names no item.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        none: Option<i64>,
+    },
+    /// A one-hot map `[rows, items]` of `dtype` (dense, or as its indices), delivered as
+    /// an `int64` id vector `[rows]` with `-1` for a row with no item.
+    OneHot {
+        /// The one-hot map's element type.
+        dtype: DType,
+    },
+}
+
+impl GivenForm {
+    /// The id of a row with no item once a one-hot map is delivered as ids.
+    pub const NONE: i64 = -1;
 }
 
 /// A feature the pipeline makes from others.

@@ -10,7 +10,7 @@
 //! [`plan::plan`]; no other crate decides a placement.
 //!
 //! The public surface is the two IRs ([`ir`], [`plan`]), the syntax tree both front ends
-//! build ([`syntax`]), the geometry a runtime executes ([`layout`], [`pack`], [`shards`],
+//! build ([`syntax`]), the geometry a runtime executes ([`layout`], [`shards`],
 //! [`replicas`]), the mesh in numbers ([`mesh`]),
 //! errors ([`diag`], [`loc`]), [`limits`] and [`names`]. Validation (`check`), the
 //! placement inference (`infer`) and lowering (`lower`) are internal: what they decide
@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 mod check;
+mod deliver;
 pub mod diag;
 mod infer;
 pub mod ir;
@@ -30,7 +31,6 @@ mod lower;
 pub mod mesh;
 pub mod names;
 mod ownership;
-pub mod pack;
 pub mod plan;
 pub mod replicas;
 pub mod shards;

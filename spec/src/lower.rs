@@ -788,12 +788,16 @@ impl Lower {
         };
         let dtype = self.dtype(name, &dtype_raw);
         let axes = self.axes(name, &axes_raw);
+        let deliver = raw
+            .index
+            .as_ref()
+            .and_then(|i| i.value.deliver.clone().map(|d| (d, loc(i))));
         let (role, role_loc) = self.role(name, at, raw.mask, raw.index);
         let placement = raw.placement.map(|p| self.placement(name, &p));
         let derived = raw.derive.and_then(|d| self.derive(name, d));
         let (pad, pad_loc) = self.pad(name, at, raw.pad);
         let range = raw.range.and_then(|r| self.range(name, r));
-        Some(TensorFeature {
+        let declared = TensorFeature {
             axes,
             axes_loc: loc(&axes_raw),
             dtype,
@@ -827,7 +831,18 @@ impl Lower {
             derived,
             parameter: raw.parameter.as_ref().filter(|p| p.value.0).map(loc),
             output: raw.output.as_ref().filter(|p| p.value.0).map(loc),
-        })
+            given: None,
+        };
+        let Some((form, at)) = deliver else {
+            return Some(declared);
+        };
+        match crate::deliver::delivered(declared, &form, at) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.err((*e).feature(name));
+                None
+            }
+        }
     }
 
     /// Metadata takes no tensor keys: each one given is an error.

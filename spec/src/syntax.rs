@@ -385,6 +385,24 @@ pub struct RawIndex {
     /// negative integer, kept as it is through every remap and pad.
     #[serde(default)]
     pub none: Option<i64>,
+    /// The form the model and the rank files get a map in: `ids` (a one-hot map
+    /// delivered as an id vector, -1 for none) or `one_hot` (an id vector delivered as a
+    /// one-hot map); by default the form it is declared in, which `assemble` gives back.
+    #[serde(default)]
+    #[schemars(with = "Option<DeliverForm>")]
+    pub deliver: Option<String>,
+}
+
+/// The form a map is delivered in.
+// The schema's alone: lowering reads the name, to tell a wrong one at its line.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum DeliverForm {
+    /// An id vector: each row's item id, -1 for none.
+    Ids,
+    /// A one-hot map `[rows, items]`.
+    OneHot,
 }
 
 /// A co-sharded axis pair.

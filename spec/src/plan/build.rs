@@ -117,6 +117,7 @@ fn tensor_plan(
         derived: t.derived.as_ref().map(|d| d.rule.clone()),
         parameter: t.parameter.is_some(),
         output: t.output.is_some(),
+        given: t.given.clone(),
     }
 }
 
@@ -277,13 +278,15 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
         return Remap::None;
     };
     // A one-axis mesh keeps co-sharded maps whole and owned items in serial order, not
-    // in their owner's block: ids of a map and of an owner stay global there.
+    // in their owner's block: ids of a map and of an owner stay global there, and so do
+    // ids of owned items in serial order (a token's atom lies on any shard).
+    let global = serial_items(spec, t) && (ix.one_hot.is_some() || ids_of_owner(spec, t, &ix.of))
+        || spec
+            .semantics
+            .get(&ix.of)
+            .is_some_and(|s| s.sharded && s.owner.is_some() && in_serial_order(spec, s));
     let scope = match ix.scope {
-        IndexScope::ShardLocal
-            if serial_items(spec, t) && (ix.one_hot.is_some() || ids_of_owner(spec, t, &ix.of)) =>
-        {
-            IndexScope::PaddedGlobal
-        }
+        IndexScope::ShardLocal if global => IndexScope::PaddedGlobal,
         scope => scope,
     };
     match (ix.one_hot, scope) {

@@ -68,6 +68,10 @@ pub struct TensorPlan {
     /// A model output of a domain spec placed like the inputs; not an input.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output: bool,
+    /// The form the sample gives it in, where the spec delivers it in another: intake
+    /// makes this feature from it, and the serial sample `assemble` writes has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given: Option<GivenForm>,
 }
 
 impl TensorPlan {
