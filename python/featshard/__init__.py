@@ -84,6 +84,13 @@ class Plan:
             )
         return plan
 
+    def __getstate__(self) -> str:
+        # A worker process started by spawn or a fork server gets the plan as its JSON.
+        return str(self._native.json())
+
+    def __setstate__(self, state: str) -> None:
+        self._native = _native.Plan.from_json(state)
+
     @property
     def sha256(self) -> str:
         """The sha256 of the spec the plan was made from."""

@@ -123,7 +123,8 @@ def _join_into(x: torch.Tensor, repad: tuple[int, int] | None, out: torch.Tensor
     out[tuple(slice(0, n) for n in x.shape)] = x
 
 
-def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) -> dict[str, Any]:
+def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh, *,
+            group_mesh: DeviceMesh | None = None) -> dict[str, Any]:
     """Stacks this data-parallel replica's samples into DTensors on (dp, cp0, cp1).
 
     Every rank pads its local blocks to the largest local shape across the batch and
@@ -132,17 +133,21 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh) ->
     Placements are the plan's DP placements (``Shard(0)`` over dp). Plain tensors are
     stacked, other values (metadata) become lists. The blocks stay on the device they
     are on (the mesh's), and so does the batch. A batch one replica cannot collate is
-    every rank's same error.
+    every rank's same error. The replicas agree over the dp group of ``group_mesh``
+    (``mesh`` by default; a loader making batches while the model computes gives its
+    own gloo mesh, :func:`cpu_mesh_like`, so as never to interleave with the model's
+    collectives).
     """
     dp, cp_dims = mesh_dims(plan, mesh)
     if dp is None or mesh.mesh_dim_names is None:
         raise ValueError(f"collate: the device mesh has no DP axis `{plan.dp_axis}`: collate"
                          " stacks the samples of DP replicas")
-    dp_group = mesh.get_group(mesh.mesh_dim_names[dp])
+    agreeing = group_mesh if group_mesh is not None else mesh
+    dp_group = agreeing.get_group(mesh.mesh_dim_names[dp])
     dp_size = int(mesh.mesh.shape[dp])
     batch = [paths.flat(plan, s) for s in batch]
     cp = tuple(int(mesh.mesh.shape[d]) for d in cp_dims)
-    names, target = _agreed_targets(plan, batch, dp_group, mesh.device_type)
+    names, target = _agreed_targets(plan, batch, dp_group, agreeing.device_type)
     locals_ = {n: [s[n].to_local() for s in batch] for n in names}
     on_mesh = placements(plan, dp=True)
     out: dict[str, Any] = {}

@@ -13,6 +13,7 @@ explicit global shape and stride.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import partial
@@ -24,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.utils.dlpack import from_dlpack
 
-from featshard import Plan, _native, blocks, paths
+from featshard import Plan, _native, paths
 from featshard.blocks import (
     Wire,
     buffer_views,
@@ -40,6 +41,7 @@ from featshard.errors import (
     agree,
     collective,
     default_timeout,
+    same_error,
     status_of,
 )
 
@@ -47,10 +49,13 @@ __all__ = [
     "CollectiveError",
     "CpGroup",
     "FeatureDistributionError",
+    "Prepared",
     "cp_group",
     "distribute_features",
+    "distribute_prepared",
     "mesh_dims",
     "placements",
+    "prepare_sample",
 ]
 
 
@@ -176,32 +181,144 @@ def distribute_features(
     way. A peer that dies or stops answering ends the step within the groups' timeout
     as a :class:`CollectiveError`.
     """
-    pg, ranks, cp_mesh, world = group if group is not None else cp_group(plan, mesh, timeout=timeout)
-    sizes = tuple(cp_mesh.size(d) for d in range(cp_mesh.ndim))
-    source = ranks[0] if src is None else src
-    me = dist.get_rank()
-    placed: blocks.Placement | None = None
-    header: _native.Header | None = None
+    cp = group if group is not None else cp_group(plan, mesh, timeout=timeout)
+    sizes = tuple(cp.mesh.size(d) for d in range(cp.mesh.ndim))
+    source = cp.ranks[0] if src is None else src
+    outgoing: _Outgoing | None = None
     failed: Status | None = None
     try:
-        if source not in ranks:
-            raise FeatureDistributionError(f"src {source} is not a rank of this rank's CP group {ranks}")
-        if me == source:
+        if dist.get_rank() == source:
             if features is None:
                 raise ValueError("the source rank was given no sample")
             placed = place(plan, features, sizes, workflow=workflow, threads=threads)
             # The executor's header: the layout and every rank's buffer, passed-through
-            # values in slots of their own.
-            header = placed.header(compact=compact)
+            # values in slots of their own. Each buffer is written as it is sent.
+            outgoing = _Outgoing(placed.header(compact=compact),
+                                 lambda k: placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact))
     except Exception as e:  # noqa: BLE001 - agreed on by the whole world
         failed = status_of(e)
+    return _step(plan, mesh, cp, source, outgoing, failed, workflow=workflow, check=check)
+
+
+_ALIGN = 64
+
+
+class Prepared(NamedTuple):
+    """One sample made ready for its CP group ahead of its step (in a loader's worker
+    process): the step header's bytes and every rank's buffer, in the group's rank
+    order, views of one tensor in shared memory; or why it could not be (the failing
+    exception's type name and message, raised on every rank at its step)."""
+
+    header: bytes | None
+    buffers: list[torch.Tensor] | None
+    failure: tuple[str, str] | None = None
+
+
+def prepare_sample(
+    plan: Plan,
+    features: Mapping[str, Any],
+    sizes: tuple[int, ...],
+    *,
+    workflow: str | None = None,
+    threads: int = 1,
+    compact: bool = True,
+) -> Prepared:
+    """``features`` validated and placed on a CP mesh of ``sizes``, every rank's buffer
+    written (compact blocks as :func:`distribute_features` sends them) into one tensor
+    in shared memory, so that a worker process hands it to the rank's main process
+    without a copy. A sample the executor refuses is a :class:`Prepared` holding the
+    failure."""
+    try:
+        placed = place(plan, features, sizes, workflow=workflow, threads=threads)
+        header = placed.header(compact=compact).to_bytes()
+        nbytes = placed.wire(compact=compact).nbytes
+        ranks = math.prod(sizes)
+        # Each rank's buffer at an aligned offset: its blocks are views of every dtype.
+        stride = -(-nbytes // _ALIGN) * _ALIGN
+        whole = torch.empty(stride * ranks, dtype=torch.uint8)
+        whole.share_memory_()  # type: ignore[no-untyped-call]
+        buffers = [whole[k * stride:k * stride + nbytes] for k in range(ranks)]
+        for k, out in enumerate(buffers):
+            out.copy_(placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact))
+        return Prepared(header, buffers)
+    except Exception as e:  # noqa: BLE001 - raised on every rank at the sample's step
+        return Prepared(None, None, failure_of(e))
+
+
+def failure_of(e: BaseException) -> tuple[str, str]:
+    """An exception as a :class:`Prepared` carries it across processes."""
+    if isinstance(e, FeatureDistributionError):
+        return ("FeatureDistributionError", e.message)
+    return (type(e).__name__, str(e))
+
+
+def distribute_prepared(
+    plan: Plan,
+    prepared: Prepared | None,
+    mesh: DeviceMesh,
+    src: int,
+    *,
+    workflow: str | None = None,
+    group: CpGroup | None = None,
+    check: Callable[[Mapping[str, torch.Tensor]], None] | None = None,
+    timeout: timedelta | None = None,
+) -> dict[str, Any]:
+    """:func:`distribute_features` of a sample the source prepared ahead
+    (:func:`prepare_sample`): the same step (agreement, each rank its buffer, the same
+    DTensors), the source's buffers already written. ``prepared`` is given on the
+    source (global rank ``src``), None elsewhere; a failure it holds is raised on every
+    rank."""
+    cp = group if group is not None else cp_group(plan, mesh, timeout=timeout)
+    outgoing: _Outgoing | None = None
+    failed: Status | None = None
+    try:
+        if dist.get_rank() == src:
+            if prepared is None:
+                raise ValueError("the source rank was given no prepared sample")
+            if prepared.failure is not None:
+                raise same_error(*prepared.failure, src)
+            assert prepared.header is not None and prepared.buffers is not None
+            buffers = prepared.buffers
+            outgoing = _Outgoing(_native.Header.from_bytes(prepared.header), buffers.__getitem__)
+    except Exception as e:  # noqa: BLE001 - agreed on by the whole world
+        failed = status_of(e)
+    return _step(plan, mesh, cp, src, outgoing, failed, workflow=workflow, check=check)
+
+
+class _Outgoing(NamedTuple):
+    """What the source sends: the header, and the buffer of the group's k-th rank (its
+    rank at CP coordinate ``coords(sizes, k)``)."""
+
+    header: _native.Header
+    buffer: Callable[[int], torch.Tensor]
+
+
+def _step(
+    plan: Plan,
+    mesh: DeviceMesh,
+    cp: CpGroup,
+    source: int,
+    outgoing: _Outgoing | None,
+    failed: Status | None,
+    *,
+    workflow: str | None,
+    check: Callable[[Mapping[str, torch.Tensor]], None] | None,
+) -> dict[str, Any]:
+    """One step once the source has its header and buffers (or its failure): the world
+    agrees on the terms, each rank gets its buffer, the world agrees on the outcome,
+    every rank wraps its blocks as DTensors."""
+    pg, ranks, cp_mesh, world = cp
+    me = dist.get_rank()
+    if failed is None and source not in ranks:
+        failed = status_of(FeatureDistributionError(f"src {source} is not a rank of this rank's CP group {ranks}"))
     # Before any rank waits on another: the same spec, workflow, mesh and source
     # everywhere, and a sample the source could place.
     terms = mesh_terms(plan, mesh, workflow, ranks.index(source) if source in ranks else None)
     agree(failed, world, terms=terms, what="agreeing on the step's terms")
     if me == source:
-        assert placed is not None and header is not None
-        mine, failed = _send_blocks(placed, header, sizes, (pg, ranks, source), threads, compact)
+        assert outgoing is not None
+        header = outgoing.header
+        mine, failed = _send_blocks(outgoing, (pg, ranks, source))
     else:
         header, mine = _receive_blocks(pg, source)
     local: dict[str, torch.Tensor] = {}
@@ -227,19 +344,16 @@ def distribute_features(
 
 
 def _send_blocks(
-    placed: blocks.Placement,
-    header: _native.Header,
-    sizes: tuple[int, ...],
+    outgoing: _Outgoing,
     to: tuple[dist.ProcessGroup, list[int], int],
-    threads: int,
-    compact: bool,
 ) -> tuple[torch.Tensor, Status | None]:
     """The source's part: sends each other rank of the group, one at a time, the header
     and its blocks; returns its own blocks' buffer and its failure to write a buffer (that
     rank got zeros, and the failure is agreed on)."""
     pg, ranks, source = to
-    message = torch.frombuffer(bytearray(header.to_bytes()), dtype=torch.uint8)
+    message = torch.frombuffer(bytearray(outgoing.header.to_bytes()), dtype=torch.uint8)
     length = torch.tensor([message.numel()], dtype=torch.int64)
+    nbytes = outgoing.header.buffer.nbytes
     late: Status | None = None
     for k, r in enumerate(ranks):
         if r == source:
@@ -248,13 +362,13 @@ def _send_blocks(
         # Point to point, each rank's header right before its blocks: no collective.
         collective(what, pg, partial(dist.send, length, dst=r, group=pg))
         collective(what, pg, partial(dist.send, message, dst=r, group=pg))
-        buffer, late = _written(placed, _native.coords(sizes, k), threads, compact, late)
+        buffer, late = _written(outgoing, k, nbytes, late)
         collective(what, pg, partial(dist.send, buffer, dst=r, group=pg))
         # Freed before the next one is made: its memory is what the next one reuses
         # (two alive at once would outgrow the kept buffers, and every rank's buffer
         # would be new memory, page faults and all).
         del buffer
-    mine, late = _written(placed, _native.coords(sizes, ranks.index(source)), threads, compact, late)
+    mine, late = _written(outgoing, ranks.index(source), nbytes, late)
     return mine, late
 
 
@@ -275,15 +389,15 @@ def _receive_blocks(pg: dist.ProcessGroup, source: int) -> tuple[_native.Header,
 
 
 def _written(
-    placed: blocks.Placement, coord: tuple[int, ...], threads: int, compact: bool, late: Status | None
+    outgoing: _Outgoing, k: int, nbytes: int, late: Status | None
 ) -> tuple[torch.Tensor, Status | None]:
-    """The buffer of the rank at ``coord``, and the first failure to write one so far: a
-    buffer that cannot be written is sent as zeros of its length, so that every rank
-    still takes its part, and the failure is agreed on."""
+    """The buffer of the group's ``k``-th rank, and the first failure to write one so
+    far: a buffer that cannot be written is sent as zeros of its length, so that every
+    rank still takes its part, and the failure is agreed on."""
     try:
-        return placed.rank_buffer(coord, threads, compact=compact), late
+        return outgoing.buffer(k), late
     except Exception as e:  # noqa: BLE001 - agreed on by every rank
-        return torch.zeros(placed.wire(compact=compact).nbytes, dtype=torch.uint8), late or status_of(e)
+        return torch.zeros(nbytes, dtype=torch.uint8), late or status_of(e)
 
 
 def _local_blocks(plan: Plan, buffer: torch.Tensor, wire: Wire, device: torch.device | None) -> dict[str, torch.Tensor]:

@@ -1,0 +1,311 @@
+"""A loader that keeps a CP mesh fed: samples made off the critical path.
+
+Under context parallelism every rank of a group waits for one sample. The synchronous
+path (:class:`featshard.data.DistributedFeatureDataset` in a ``DataLoader`` with
+``num_workers=0``) has the group's source featurize while the whole group idles.
+:class:`FeatureLoader` takes that work off the step, three ways that combine:
+
+- **workers**: each sample is fetched, validated and placed in ``num_workers`` worker
+  processes (the ``DataLoader`` machinery, ``prefetch_factor`` samples each), every
+  rank's buffer written there into shared memory; the main process only sends bytes;
+- **spread**: the k-th sample of a CP group's sequence is made by its rank
+  ``k % P``, so a group of P ranks makes P samples in the time one took; the samples,
+  their order and the DP split are the sampler's, unchanged;
+- **prefetch**: a thread distributes (and collates) the next ``prefetch`` steps while
+  the model computes, on featshard's own gloo groups, never on the model's.
+
+Every collective is issued in one order on every rank: each step is
+:func:`featshard.distribute.distribute_prepared` (or ``distribute_features``) from that
+step's source, and the world agrees on its failure, so a sample that fails in a worker
+(after ``retries``, as today) is raised on every rank at that sample's step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.utils.data import DataLoader, Dataset
+
+from featshard import Plan
+from featshard.data import (
+    DpSampler,
+    PreshardedDataset,
+    _check_retries,
+    _Failed,
+    collate,
+    cpu_mesh_like,
+    fetch_with_retries,
+)
+from featshard.distribute import (
+    CpGroup,
+    Prepared,
+    cp_group,
+    distribute_features,
+    distribute_prepared,
+    failure_of,
+    mesh_dims,
+    prepare_sample,
+)
+
+__all__ = ["FeatureLoader"]
+
+
+class _Preparing(Dataset[Prepared]):
+    """A serial dataset's samples as a worker makes them ready for their step: fetched
+    (with retries), validated and placed, every rank's buffer written into shared
+    memory; a failure is carried, not raised, to be raised on every rank."""
+
+    def __init__(self, plan: Plan, serial: Dataset[Any], sizes: tuple[int, ...], *, retries: int,
+                 workflow: str | None, threads: int, compact: bool) -> None:
+        self.plan, self.serial, self.sizes = plan, serial, sizes
+        self.retries, self.workflow, self.threads, self.compact = retries, workflow, threads, compact
+
+    def __len__(self) -> int:
+        return len(self.serial)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Prepared:
+        try:
+            features = fetch_with_retries(self.serial, index, self.retries)
+        except Exception as e:  # noqa: BLE001 - raised on every rank at its step
+            return Prepared(None, None, failure_of(e))
+        return prepare_sample(self.plan, features, self.sizes, workflow=self.workflow,
+                              threads=self.threads, compact=self.compact)
+
+
+def _as_is(x: Any) -> Any:
+    """The DataLoader's collate for prepared samples: none (a module function, so that
+    worker processes can be handed it)."""
+    return x
+
+
+class _Raised(NamedTuple):
+    """What the prefetch thread passes on when its step failed: raised in the caller."""
+
+    error: BaseException
+
+
+_END = object()
+
+
+class FeatureLoader:
+    """The distributed samples (or DP batches) of ``dataset`` on every rank of ``mesh``,
+    in the order of :class:`~featshard.data.DpSampler` (``shuffle``, ``seed``,
+    :meth:`set_epoch`, ``drop_last``).
+
+    ``dataset`` is a serial dataset (the featurizer's output per index) or a
+    :class:`~featshard.data.PreshardedDataset`. ``batch_size=None`` yields single
+    samples (DTensors on the CP mesh); an integer yields DP batches
+    (:func:`~featshard.data.collate`, which needs a DP axis on ``mesh``).
+
+    - ``num_workers`` (serial datasets): worker processes that fetch, validate and
+      place samples, each ``prefetch_factor`` ahead; 0 makes each sample on its step.
+    - ``spread``: the group's ranks take turns as the source (sample ``k`` of the
+      group's sequence from its rank ``k % P``), each featurizing only its own turns.
+    - ``prefetch``: steps distributed (and collated) ahead by a thread while the caller
+      computes, at most this many held; 0 distributes on the caller's thread. A
+    pre-sharded dataset reads each rank's next files ahead the same way.
+
+    Every rank must iterate the same steps. Held at once, beyond the caller's: on a
+    source, ``num_workers * prefetch_factor`` prepared samples (every rank's buffers of
+    each), and ``prefetch`` finished steps. Worker processes end with the iteration,
+    at its end, on an exception or when the iterator is dropped.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        dataset: Dataset[Any],
+        mesh: DeviceMesh,
+        *,
+        batch_size: int | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        prefetch_factor: int = 2,
+        prefetch: int = 0,
+        spread: bool = True,
+        retries: int = 0,
+        workflow: str | None = None,
+        threads: int = 1,
+        compact: bool = True,
+        timeout: timedelta | None = None,
+    ) -> None:
+        _check_retries(retries)
+        for name, value, least in (("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
+                                   ("prefetch", prefetch, 0), ("batch_size", batch_size or 1, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"FeatureLoader: {name} must be an integer of at least {least}, got {value!r}")
+        if batch_size is not None and mesh_dims(plan, mesh)[0] is None:
+            raise ValueError(f"FeatureLoader: batch_size needs a DP axis `{plan.dp_axis}` on the mesh"
+                             " (collate stacks the samples of DP replicas); give batch_size=None")
+        self.plan, self.dataset, self.mesh = plan, dataset, mesh
+        self.batch_size = batch_size
+        self.sampler = DpSampler(plan, dataset, mesh, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.num_workers, self.prefetch_factor, self.prefetch = num_workers, prefetch_factor, prefetch
+        self.spread, self.retries, self.workflow = spread, retries, workflow
+        self.threads, self.compact, self.timeout = threads, compact, timeout
+        self._collate_mesh: DeviceMesh | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose permutation the next iteration draws (training)."""
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n if self.batch_size is None else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        # Collective setup on the caller's thread, in one order on every rank: the CP
+        # groups, then (batches made ahead) a gloo mesh whose dp group collate may use
+        # while the model uses its own.
+        group = cp_group(self.plan, self.mesh, timeout=self.timeout)
+        if self.batch_size is not None and self.prefetch > 0 and self._collate_mesh is None:
+            self._collate_mesh = cpu_mesh_like(self.mesh, timeout=self.timeout)
+        indices = list(self.sampler)
+        samples = self._samples(group, indices)
+        steps = samples if self.batch_size is None else self._batches(samples)
+        if self.prefetch == 0:
+            return steps
+        return _ahead(steps, self.prefetch, _device_of(group))
+
+    def _samples(self, group: CpGroup, indices: Sequence[int]) -> Iterator[dict[str, Any]]:
+        if isinstance(self.dataset, PreshardedDataset):
+            presharded = self.dataset
+            return (presharded[i] for i in indices)
+        ranks, me = group.ranks, dist.get_rank()
+        sources = [ranks[k % len(ranks)] if self.spread else ranks[0] for k in range(len(indices))]
+        mine = [i for i, s in zip(indices, sources) if s == me]
+        if self.num_workers == 0:
+            return self._made_on_step(group, indices, sources)
+        # The workers start here, on the caller's thread, before any thread of ours.
+        made = iter(DataLoader(
+            _Preparing(self.plan, self.dataset, tuple(group.mesh.mesh.shape), retries=self.retries,
+                       workflow=self.workflow, threads=self.threads, compact=self.compact),
+            batch_size=None, sampler=mine, num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor, collate_fn=_as_is,
+        ))
+        return self._made_ahead(group, sources, made)
+
+    def _made_on_step(self, group: CpGroup, indices: Sequence[int], sources: Sequence[int]
+                      ) -> Iterator[dict[str, Any]]:
+        """Each sample fetched by its source on its step (the synchronous path)."""
+        for index, src in zip(indices, sources):
+            features: Any = None
+            if dist.get_rank() == src:
+                try:
+                    features = fetch_with_retries(self.dataset, index, self.retries)
+                except Exception as e:  # noqa: BLE001 - reported to every rank by distribute
+                    features = _Failed(e)
+            yield distribute_features(self.plan, features, self.mesh, src, workflow=self.workflow,
+                                      threads=self.threads, group=group, compact=self.compact)
+
+    def _made_ahead(self, group: CpGroup, sources: Sequence[int], made: Iterator[Prepared]
+                    ) -> Iterator[dict[str, Any]]:
+        """Each sample as its source's workers prepared it, sent on its step."""
+        try:
+            for src in sources:
+                prepared = next(made) if dist.get_rank() == src else None
+                yield distribute_prepared(self.plan, prepared, self.mesh, src, workflow=self.workflow,
+                                          group=group)
+        finally:
+            # Ends the worker processes now (at the end, on an error, or when dropped).
+            shutdown = getattr(made, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
+
+    def _batches(self, samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        assert self.batch_size is not None
+        mesh = self._collate_mesh if self._collate_mesh is not None else self.mesh
+        batch: list[dict[str, Any]] = []
+        for sample in samples:
+            batch.append(sample)
+            if len(batch) == self.batch_size:
+                yield collate(self.plan, batch, self.mesh, group_mesh=mesh)
+                batch = []
+        if batch:
+            yield collate(self.plan, batch, self.mesh, group_mesh=mesh)
+
+
+def _device_of(group: CpGroup) -> torch.device | None:
+    if group.mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def _ahead(steps: Iterator[dict[str, Any]], depth: int, device: torch.device | None
+           ) -> Iterator[dict[str, Any]]:
+    """``steps`` made by a thread, at most ``depth`` ahead of the caller. On a CUDA mesh
+    the thread works on a stream of its own; the caller's stream waits for it before a
+    step is handed over. A step's failure is raised in the caller at that step."""
+    held: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                held.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        # On a CUDA mesh, a stream of the thread's own: the caller's stream waits on
+        # each step's event before it is handed over.
+        side = None
+        if device is not None:
+            torch.cuda.set_device(device)
+            side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        try:
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                for step in steps:
+                    event = side.record_event() if side is not None else None
+                    if not put((step, event)):
+                        return
+            put(_END)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller at this step
+            put(_Raised(e))
+        finally:
+            close: Callable[[], None] | None = getattr(steps, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=run, name="featshard-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = held.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raised):
+                raise item.error
+            step, event = item
+            if event is not None:
+                torch.cuda.current_stream(device).wait_event(event)
+                _record_on_current(step, device)
+            yield step
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _record_on_current(step: Mapping[str, Any], device: torch.device | None) -> None:
+    """Marks every block of ``step`` as used by the caller's stream, so that the caching
+    allocator does not hand its memory to the thread's stream while the caller's
+    kernels may still read it."""
+    current = torch.cuda.current_stream(device)
+    for x in step.values():
+        local = x.to_local() if hasattr(x, "to_local") else x
+        if isinstance(local, torch.Tensor) and local.is_cuda:
+            local.record_stream(current)
+        elif isinstance(x, Mapping):
+            _record_on_current(x, device)

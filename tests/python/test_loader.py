@@ -1,0 +1,211 @@
+"""featshard.loader.FeatureLoader on gloo ranks: samples made in worker processes, by
+the group's ranks in turn, distributed ahead of the caller, give the same samples in the
+same order with the same blocks as the synchronous loader (a DataLoader over
+DistributedFeatureDataset); a failure in one worker is every rank's at that step; no
+worker process or shared memory is left; what a rank holds ahead is bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import start_ranks
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SPEC = ROOT / "examples" / "protenix.yaml"
+SAMPLE = ROOT / "tests" / "data" / "protenix" / "small_complex.safetensors"
+SAMPLES = 5
+
+# (mesh shape, one CP axis, batch size): a tile, one axis, DP replicas (batched).
+MESHES = [((2, 2), False, None), ((3,), True, None), ((2, 2), True, 2)]
+# Loader options against the synchronous path: workers on the source; sources spread
+# over the group with workers and two steps distributed ahead.
+VARIANTS = [
+    {"num_workers": 1, "spread": False},
+    {"num_workers": 1, "spread": True, "prefetch": 2},
+]
+
+
+class Serial:
+    """The real Protenix sample, its reference positions moved by the index (so that
+    order shows), as a featurizer gives it. Index 3 fails when ``failing``. Each fetch
+    counts in ``fetched`` (shared with worker processes)."""
+
+    def __init__(self, failing: bool = False, fetched: Any = None) -> None:
+        from safetensors.torch import load_file
+
+        self.flat = load_file(SAMPLE)
+        self.failing = failing
+        self.fetched = fetched
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self.fetched is not None:
+            with self.fetched.get_lock():
+                self.fetched.value += 1
+        if self.failing and i == 3:
+            raise OSError(f"sample {i}: featurizer failed")
+        out: dict[str, Any] = {}
+        for key, x in self.flat.items():
+            x = x + i if key == "ref_pos" else x
+            head, _, tail = key.partition(".")
+            if tail:
+                out.setdefault(head, {})[tail] = x
+            else:
+                out[key] = x
+        return out
+
+
+def _flat(step: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, x in step.items():
+        if isinstance(x, dict):
+            out.update(_flat(x, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = x
+    return out
+
+
+def _same_steps(got: list[Any], want: list[Any], where: str) -> None:
+    import torch
+
+    assert len(got) == len(want), f"{where}: {len(got)} steps, not {len(want)}"
+    for s, (g, w) in enumerate(zip(got, want)):
+        g, w = _flat(g), _flat(w)
+        assert sorted(g) == sorted(w), f"{where} step {s}"
+        for k in w:
+            a, b = g[k], w[k]
+            if hasattr(b, "to_local"):
+                assert (a.shape, tuple(a.placements)) == (b.shape, tuple(b.placements)), f"{where} step {s} {k}"
+                a, b = a.to_local(), b.to_local()
+            if isinstance(b, torch.Tensor):
+                assert a.dtype == b.dtype and torch.equal(a, b), f"{where} step {s} {k}"
+            else:
+                assert a == b, f"{where} step {s} {k}"
+
+
+def _children() -> list[int]:
+    import multiprocessing
+
+    return [p.pid for p in multiprocessing.active_children() if p.pid is not None]
+
+
+def _shm() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("torch_")} if os.path.isdir("/dev/shm") else set()
+
+
+def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], one_axis: bool,
+            batch: int | None, scenario: str, results: str) -> None:
+    sys.path[:0] = [str(HERE)]
+    import multiprocessing
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils.data import DataLoader
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=90))
+    import featshard
+    from featshard.data import DistributedFeatureDataset, collate, dp_sampler
+    from featshard.loader import FeatureLoader
+
+    spec = SPEC
+    if one_axis:
+        spec = Path(results) / "protenix_1d.yaml"
+        if rank == 0:
+            spec.write_text(SPEC.read_text().replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]"))
+        dist.barrier()
+    plan = featshard.Plan(spec)
+    cp_names = tuple(plan.mesh_axes)
+    names = (("dp",) if len(shape) > len(cp_names) else ()) + cp_names
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    out: dict[str, Any] = {"rank": rank}
+    shm_before = _shm()
+    try:
+        if scenario == "parity":
+            dataset = DistributedFeatureDataset(plan, Serial(), mesh, workflow=None)
+            sampler = dp_sampler(plan, dataset, mesh, shuffle=True, seed=7)
+            reference = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=0,
+                                   collate_fn=None if batch is None else (lambda b: collate(plan, b, mesh)))
+            want = list(reference)
+            for options in VARIANTS:
+                loader = FeatureLoader(plan, Serial(), mesh, batch_size=batch, shuffle=True, seed=7,
+                                       **options)  # type: ignore[arg-type]
+                _same_steps(list(loader), want, f"rank {rank} {options}")
+                assert not _children(), f"{options}: worker processes left"
+        elif scenario == "failure":
+            loader = FeatureLoader(plan, Serial(failing=True), mesh, num_workers=1, spread=True, prefetch=1)
+            seen = 0
+            try:
+                for _ in loader:
+                    seen += 1
+            except OSError as e:
+                out["error"] = str(e)
+            out["steps_before"] = seen
+            out["children"] = len(_children())
+        elif scenario == "bound":
+            fetched = multiprocessing.Value("i", 0)
+            workers, factor, ahead = 1, 2, 1
+            loader = FeatureLoader(plan, Serial(fetched=fetched), mesh, num_workers=workers,
+                                   prefetch_factor=factor, prefetch=ahead, spread=True)
+            group_size = len(loader.sampler)
+            ranks = featshard.distribute.cp_group(plan, mesh).ranks
+            me = ranks.index(rank)
+            most = 0
+            for step, _ in enumerate(loader):
+                # Samples this rank has made and not yet handed over, its own turns.
+                handed = sum(1 for k in range(step + 1) if k % len(ranks) == me)
+                most = max(most, fetched.value - handed)
+            out["most_ahead"] = most
+            out["bound"] = workers * factor + ahead + 1
+            out["steps"] = group_size
+        out["shm_left"] = sorted(_shm() - shm_before)
+        out["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported to the test process
+        out["status"] = f"{type(e).__name__}: {e}"
+    Path(results, f"rank-{rank}.json").write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _run(tmp_path: Path, shape: tuple[int, ...], one_axis: bool, batch: int | None, scenario: str) -> list[Any]:
+    import math
+
+    world = math.prod(shape)
+    results = tmp_path / f"results-{scenario}"
+    results.mkdir()
+    start_ranks(_worker, (world, str(tmp_path / f"store-{scenario}"), shape, one_axis, batch, scenario,
+                          str(results)), world)
+    return [json.loads((results / f"rank-{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.parametrize(("shape", "one_axis", "batch"), MESHES, ids=["tile2x2", "cp3", "dp2xcp2"])
+def test_workers_and_spread_sources_give_the_synchronous_loaders_steps(
+    tmp_path: Path, shape: tuple[int, ...], one_axis: bool, batch: int | None
+) -> None:
+    for r in _run(tmp_path, shape, one_axis, batch, "parity"):
+        assert r["status"] == "ok", r
+        assert r["shm_left"] == [], r
+
+
+def test_a_failure_in_one_worker_is_raised_on_every_rank_at_its_step(tmp_path: Path) -> None:
+    # Sample 3 fails on the rank whose turn it is (spread over the 3 ranks of (cp,)).
+    for r in _run(tmp_path, (3,), True, None, "failure"):
+        assert r["status"] == "ok", r
+        assert r["error"] == "sample 3: featurizer failed", r
+        assert r["steps_before"] == 3, r
+        assert r["children"] == 0 and r["shm_left"] == [], r
+
+
+def test_a_rank_holds_at_most_the_prefetch_depth_ahead(tmp_path: Path) -> None:
+    for r in _run(tmp_path, (2, 2), False, None, "bound"):
+        assert r["status"] == "ok", r
+        assert 0 < r["most_ahead"] <= r["bound"], r
