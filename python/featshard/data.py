@@ -389,7 +389,8 @@ def to_device_mesh(
 ) -> dict[str, Any]:
     """A distributed batch (or single sample) from the mesh it was made on (a CPU mesh,
     or ``mesh`` itself) onto ``mesh`` on ``device``: the same placements, global shape
-    and stride (blocks already on ``device`` are not copied); a single sample from a
+    and stride (a batch's DTensor already on ``mesh`` and ``device`` is kept as it is,
+    blocks already on ``device`` are not copied); a single sample from a
     (cp0, cp1) mesh gains a leading batch axis of 1, and its metadata becomes one-item
     lists."""
     unbatched = mesh_dims(plan, mesh)[0] is None
@@ -399,7 +400,12 @@ def to_device_mesh(
         if not isinstance(x, DTensor):
             out[name] = [x] if unbatched else x
             continue
-        local = x.to_local().to(device)
+        local = x.to_local()
+        if not unbatched and x.device_mesh is mesh and local.device == device:
+            # Already where the model reads it (collated on the model's mesh).
+            out[name] = x
+            continue
+        local = local.to(device)
         shape, where = tuple(x.shape), tuple(x.placements)
         if unbatched:
             local, shape, where = local.unsqueeze(0), (1, *shape), on_dp[name][1:]
@@ -421,24 +427,32 @@ def lightning_datamodule(
     seed: int = 0,
     workflow: str | None = None,
     timeout: timedelta | None = None,
+    num_workers: int = 0,
+    prefetch_factor: int = 2,
+    prefetch: int = 0,
+    spread: bool = True,
 ) -> Any:
     """A ``LightningDataModule`` over serial datasets, or pre-sharded ones
     (:class:`PreshardedDataset`, whose samples each rank reads from its own rank files),
     for each stage (lightning must be importable).
 
     ``mesh`` is the model's mesh, (cp0, cp1) or (dp, cp0, cp1), on any device. Each
-    sample moves from its CP group's source over gloo groups the pipeline creates
-    itself, whatever the default backend is (NCCL cannot move CPU tensors), compact
-    (see :func:`~featshard.distribute.distribute_features`): on a CUDA mesh each rank
+    stage's loader is a :class:`featshard.loader.FeatureLoader`: samples made in
+    ``num_workers`` worker processes per rank (``prefetch_factor`` each), by the CP
+    group's ranks in turn (``spread``), and ``prefetch`` steps distributed and collated
+    ahead while the model computes (on featshard's own gloo groups); with the defaults,
+    each sample is made on its step, as a ``DataLoader`` with ``num_workers=0`` does.
+    Each sample moves from its source over gloo groups the pipeline creates itself,
+    whatever the default backend is (NCCL cannot move CPU tensors), compact (see
+    :func:`~featshard.distribute.distribute_features`): on a CUDA mesh each rank
     expands its compact blocks on its GPU, so only they cross PCIe, and the other blocks
     are copied there. DP collate pads and stacks the blocks where they are, agreeing on
-    lengths over the mesh's dp group. Training data is shuffled by seed and epoch,
-    validation and prediction data kept in order; all are split over DP replicas and
-    distributed per CP group, as ``workflow`` (one of the spec's, or every feature for
-    None). ``transfer_batch_to_device`` re-wraps every DTensor onto ``mesh`` on the
-    target device (where the blocks already are, on a CUDA mesh) with the same
-    placements, shape and stride; a batch from a (cp0, cp1) mesh gains the leading batch
-    axis of 1 the model expects (the plan's DP placements without the dp axis) and its
+    lengths over the dp group. Training data is shuffled by seed and epoch, validation
+    and prediction data kept in order; all are split over DP replicas and distributed
+    per CP group, as ``workflow`` (one of the spec's, or every feature for None).
+    ``transfer_batch_to_device`` leaves a batch already on ``mesh`` and the target
+    device as it is; a single sample from a (cp0, cp1) mesh gains the leading batch axis
+    of 1 the model expects (the plan's DP placements without the dp axis) and its
     metadata becomes lists, as a collated batch's. The groups featshard makes take
     ``timeout`` (by default the caller's default group's).
     """
@@ -452,31 +466,27 @@ def lightning_datamodule(
             import pytorch_lightning as pl  # type: ignore[no-redef,import-not-found,unused-ignore]
         except ImportError as e:
             raise ImportError("lightning_datamodule needs `lightning` or `pytorch_lightning`") from e
-    from torch.utils.data import DataLoader
+    # The loader builds on this module's collate, sampler and datasets.
+    from featshard.loader import FeatureLoader
 
-    def loader(serial: Dataset[Any] | None, shuffle: bool) -> DataLoader[Any]:
+    batched = mesh_dims(plan, mesh)[0] is not None
+
+    def loader(serial: Dataset[Any] | None, shuffle: bool) -> FeatureLoader:
         if serial is None:
             raise ValueError("no dataset was given for this stage")
-        # A pre-sharded dataset already gives each rank its own DTensors.
-        dataset: Dataset[Any] = (
-            serial if isinstance(serial, PreshardedDataset)
-            else DistributedFeatureDataset(plan, serial, mesh, retries=retries, workflow=workflow,
-                                           timeout=timeout)
-        )
-        sampler = dp_sampler(plan, dataset, mesh, shuffle=shuffle, seed=seed)
-        if mesh_dims(plan, mesh)[0] is not None:
-            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=0,
-                              collate_fn=lambda batch: collate(plan, batch, mesh))
-        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=0)
+        return FeatureLoader(plan, serial, mesh, batch_size=batch_size if batched else None, shuffle=shuffle,
+                             seed=seed, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                             prefetch=prefetch, spread=spread, retries=retries, workflow=workflow,
+                             timeout=timeout)
 
     class FeatureDataModule(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
-        def train_dataloader(self) -> DataLoader[Any]:
+        def train_dataloader(self) -> FeatureLoader:
             return loader(train, shuffle=True)
 
-        def val_dataloader(self) -> DataLoader[Any]:
+        def val_dataloader(self) -> FeatureLoader:
             return loader(val, shuffle=False)
 
-        def predict_dataloader(self) -> DataLoader[Any]:
+        def predict_dataloader(self) -> FeatureLoader:
             return loader(predict, shuffle=False)
 
         def transfer_batch_to_device(

@@ -155,6 +155,10 @@ class FeatureLoader:
         self.threads, self.compact, self.timeout = threads, compact, timeout
         self._collate_mesh: DeviceMesh | None = None
 
+    # Lightning reads a loader's sampler (``set_epoch``) and its batch sampler: steps
+    # are batched here, by ``batch_size``.
+    batch_sampler = None
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose permutation the next iteration draws (training)."""
         self.sampler.set_epoch(epoch)

@@ -29,6 +29,7 @@ from featshard.data import (
     fetch_with_retries,
 )
 from featshard.distribute import CollectiveError, FeatureDistributionError
+from featshard.loader import FeatureLoader
 from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.data import Dataset
 
@@ -44,11 +45,13 @@ __all__ = [
     "DistributedFeatureDataset",
     "DpSampler",
     "FeatureDistributionError",
+    "FeatureLoader",
     "PreshardedDataset",
     "collate",
     "cpu_mesh_like",
     "distribute_features",
     "dp_sampler",
+    "feature_loader",
     "fetch_with_retries",
     "lightning_datamodule",
     "plan",
@@ -139,9 +142,26 @@ def lightning_datamodule(
     seed: int = 0,
     workflow: str | None = None,
     timeout: timedelta | None = None,
+    num_workers: int = 0,
+    prefetch_factor: int = 2,
+    prefetch: int = 0,
+    spread: bool = True,
 ) -> Any:
-    """A `LightningDataModule` over serial datasets (`featshard.data.lightning_datamodule`)."""
+    """A `LightningDataModule` over serial datasets (`featshard.data.lightning_datamodule`):
+    samples made in `num_workers` worker processes per rank, by the CP group's ranks in
+    turn (`spread`), `prefetch` steps distributed ahead while the model computes."""
     return _data.lightning_datamodule(
         plan(), mesh, train, val, predict, batch_size=batch_size, retries=retries, seed=seed,
-        workflow=workflow, timeout=timeout,
+        workflow=workflow, timeout=timeout, num_workers=num_workers,
+        prefetch_factor=prefetch_factor, prefetch=prefetch, spread=spread,
     )
+
+
+def feature_loader(
+    dataset: Dataset[Any],
+    mesh: DeviceMesh,
+    **options: Any,
+) -> FeatureLoader:
+    """`featshard.loader.FeatureLoader` with this module's plan: the distributed samples
+    (or DP batches) of a serial or pre-sharded dataset, made off the critical path."""
+    return FeatureLoader(plan(), dataset, mesh, **options)
