@@ -38,6 +38,23 @@ def load_resident(path: Path) -> dict[str, Any]:
     return sample
 
 
+def as_coo(sample: dict[str, Any], dense_file: Path) -> dict[str, Any]:
+    """A sample whose sparse features are given as their elements (``NAME.indices``,
+    ``NAME.values``, as a safetensors file holds them) with each as a
+    ``torch.sparse_coo_tensor`` instead, as a featurizer in memory hands it over (its
+    size read from the dense sample file's header)."""
+    import torch
+    from safetensors import safe_open
+
+    out = dict(sample)
+    with safe_open(str(dense_file), framework="pt") as f:
+        for key in [k for k in sample if k.endswith(".indices")]:
+            name = key.removesuffix(".indices")
+            size = f.get_slice(name).get_shape()
+            out[name] = torch.sparse_coo_tensor(out.pop(key), out.pop(f"{name}.values"), size)
+    return out
+
+
 # Nonzero share of the real samples' bonds (`token_bonds`, `type_bonds`: 0.49%).
 REAL_BOND_DENSITY = 0.005
 

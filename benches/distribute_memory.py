@@ -5,7 +5,9 @@ processes, by the package (`featshard.distribute`, which the generated
 at a time), with one-hot features and maps sent dense and sent compact (as indices,
 expanded on the receiving rank), and compact from a sample whose one-hot features
 arrive as indices (as a featurizer that skips its final one-hot call writes it) and
-whose sparse features arrive as their nonzero elements, in the same run.
+whose sparse features arrive as their nonzero elements (`indices`: as a safetensors file
+holds them; `coo`: as `torch.sparse_coo_tensor`s, as a featurizer hands them over in
+memory), in the same run.
 
     . scripts/env.sh && cargo build --release
     maturin build --release -m python/Cargo.toml -o target/wheels && pip install --force-reinstall target/wheels/featshard-*.whl
@@ -46,6 +48,7 @@ import torch
 from bench_common import (
     ROOT,
     SPEC,
+    as_coo,
     boltz_sample_file,
     load_resident,
     reset_peak,
@@ -82,8 +85,10 @@ def _worker(rank: int, folder: str, how: str) -> None:
     mesh = init_device_mesh(DEVICE, MESH, mesh_dim_names=("cp_axis_0", "cp_axis_1"))
     sample = None
     if rank == 0:
-        name = "sample-indices" if how == "indices" else "sample"
+        name = "sample-indices" if how in ("indices", "coo") else "sample"
         sample = load_resident(Path(folder) / f"{name}.safetensors")
+        if how == "coo":
+            sample = as_coo(sample, Path(folder) / "sample.safetensors")
     import featshard
     from featshard.distribute import cp_group, distribute_features
 
@@ -187,7 +192,7 @@ def bench(folder: Path) -> None:
     print(f"| path | rank | its blocks | peak above start | beyond its blocks | / its blocks | / sample | time per sample (median of {REPEATS}) |")
     print("|---|---|---|---|---|---|---|---|")
     walls, firsts, sent, peaks, rows_of = {}, {}, {}, {}, {}
-    for how in ("dense", "compact", "indices"):
+    for how in ("dense", "compact", "indices", "coo"):
         spawn(_worker, args=(str(folder), how), nprocs=RANKS, join=True)  # type: ignore[no-untyped-call]
         rows = [json.loads((folder / f"{how}-{r}.json").read_text()) for r in range(RANKS)]
         rows_of[how] = rows
@@ -200,14 +205,15 @@ def bench(folder: Path) -> None:
             print(f"| {how} | {label} | {row['block'] / 1e6:.1f} MB | {row['peak'] / 1e6:.1f} MB | "
                   f"{(row['peak'] - row['block']) / 1e6:+.1f} MB | {row['peak'] / row['block']:.3f} | "
                   f"{row['peak'] / size:.2f} | {walls[how]:.2f} s |")
-    for how, held in (("dense", size), ("compact", size), ("indices", given)):
+    for how, held in (("dense", size), ("compact", size), ("indices", given), ("coo", given)):
         total = held + peaks[how]
         print(f"source, {how}: its sample {held / 1e6:.1f} MB + peak above it {peaks[how] / 1e6:.1f} MB = "
               f"{total / 1e6:.1f} MB, {total / size:.2f} of the dense sample")
     print(f"\nbytes of all ranks' buffers: dense {sent['dense'] / 1e6:.1f} MB, compact "
           f"{sent['compact'] / 1e6:.1f} MB (1/{sent['dense'] / max(sent['compact'], 1):.1f}); time compact / dense "
           f"{walls['compact'] / walls['dense']:.2f} ({walls['dense'] / walls['compact']:.2f}x faster), "
-          f"indices / dense {walls['indices'] / walls['dense']:.2f} ({walls['dense'] / walls['indices']:.2f}x faster)")
+          f"indices / dense {walls['indices'] / walls['dense']:.2f} ({walls['dense'] / walls['indices']:.2f}x faster), "
+          f"coo / dense {walls['coo'] / walls['dense']:.2f} ({walls['dense'] / walls['coo']:.2f}x faster)")
     floor = statistics.median(max(r["floor"][i] for r in rows_of["dense"]) for i in range(REPEATS))
     print(f"floor (every rank writes its dense blocks in place and wraps them as DTensors, nothing sent): "
           f"{floor:.3f} s per sample; above it: dense {walls['dense'] - floor:.3f} s, compact "

@@ -6,6 +6,7 @@ fresh processes, three ways in one run:
   `mesh:` line changed to `cp: [cp]`, from the dense sample (blocks travel compact);
 - `featshard compact`: the same from the sample with its one-hot features as indices,
   its sparse features as their nonzero elements and its ranged integers narrowed;
+- `featshard COO`: the same, its sparse features as `torch.sparse_coo_tensor`s;
 - `boltz-cp`: Boltz-CP's own `distribute_features` (`boltz.distributed.data.utils`,
   imported from a Boltz-CP checkout: every rank allocates each full tensor and
   `distribute_tensor` scatters it) with the same 1-D placements, on the sample already
@@ -39,6 +40,7 @@ from typing import Any
 from bench_common import (
     ROOT,
     SPEC,
+    as_coo,
     boltz_sample_file,
     load_resident,
     reset_peak,
@@ -49,7 +51,7 @@ from torch.multiprocessing import spawn
 TOKENS = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
 RANKS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 REPEATS = 5
-PATHS = ("featshard dense", "featshard compact", "boltz-cp")
+PATHS = ("featshard dense", "featshard compact", "featshard COO", "boltz-cp")
 
 
 def _worker(rank: int, folder: str, how: str) -> None:
@@ -92,9 +94,12 @@ def _worker(rank: int, folder: str, how: str) -> None:
 
 
 def _sample(how: str, folder: str) -> dict[str, Any]:
-    name = {"featshard dense": "sample", "featshard compact": "sample-indices",
+    name = {"featshard dense": "sample", "featshard compact": "sample-indices", "featshard COO": "sample-indices",
             "boltz-cp": "sample-padded"}[how]
-    return load_resident(Path(folder) / f"{name}.safetensors")
+    sample = load_resident(Path(folder) / f"{name}.safetensors")
+    if how == "featshard COO":
+        return as_coo(sample, Path(folder) / "sample.safetensors")
+    return sample
 
 
 def _runner(how: str, folder: str, mesh: Any, rank: int) -> Any:
@@ -147,7 +152,7 @@ def bench(folder: Path) -> None:
     plan = featshard.Plan(folder / "boltz2_1d.yaml")
     padded = place(plan, dense, (RANKS,), workflow="inference").padded()
     save_file({n: x.contiguous() for n, x in padded.items()}, str(folder / "sample-padded.safetensors"))
-    paths = PATHS if os.environ.get("BOLTZ_CP_SRC") else PATHS[:2]
+    paths = PATHS if os.environ.get("BOLTZ_CP_SRC") else PATHS[:3]
     print(f"sample: {TOKENS} tokens, {atoms} atoms, 2048 MSA rows, {size / 1e6:.0f} MB serial"
           f" ({sum(x.numel() * x.element_size() for x in padded.values()) / 1e6:.0f} MB padded);"
           f" mesh (cp,) = ({RANKS}), {RANKS} gloo ranks; peak RSS above each rank's start")
@@ -173,7 +178,7 @@ def bench(folder: Path) -> None:
         print(f"{how}: every rank's blocks {'equal' if not differ else 'differ from'} {paths[0]}'s"
               + (f": {differ}" if differ else ""))
     if "boltz-cp" in walls:
-        for how in PATHS[:2]:
+        for how in PATHS[:3]:
             print(f"{how}: {walls['boltz-cp'] / walls[how]:.2f}x faster than boltz-cp")
 
 

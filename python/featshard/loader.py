@@ -116,7 +116,9 @@ class FeatureLoader:
     Every rank must iterate the same steps. Held at once, beyond the caller's: on a
     source, ``num_workers * prefetch_factor`` prepared samples (every rank's buffers of
     each), and ``prefetch`` finished steps. Worker processes end with the iteration,
-    at its end, on an exception or when the iterator is dropped.
+    at its end, on an exception or when the iterator is dropped; an iteration dropped
+    early first lets its thread finish the steps it has under way (every rank's thread
+    takes part in them), at most ``prefetch`` of them.
     """
 
     def __init__(

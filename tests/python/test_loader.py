@@ -169,6 +169,17 @@ def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], one_axis:
             # Each of this rank's turns fetched once: nothing made twice or skipped.
             out["fetched"] = fetched.value
             out["turns"] = sum(1 for k in range(group_size) if k % len(ranks) == me)
+        elif scenario == "presharded":
+            from featshard.data import PreshardedDataset
+
+            ds = PreshardedDataset(plan, Path(results).parent / "sharded", mesh)
+            want = [ds[i] for i in dp_sampler(plan, ds, mesh, shuffle=True, seed=5)]
+            # Each rank reads its own next files ahead, on the loader's thread.
+            got = list(FeatureLoader(plan, ds, mesh, shuffle=True, seed=5, prefetch=2))
+            _same_steps(got, want, f"rank {rank}")
+            # And they are the samples the online path gives.
+            online = list(FeatureLoader(plan, Serial(), mesh, shuffle=True, seed=5))
+            _same_steps(got, online, f"rank {rank} against the online path")
         elif scenario == "lightning":
             out["seen"] = {str(n): _fit(plan, mesh, n) for n in (0, 1)}
             out["children"] = len(_children())
@@ -257,3 +268,23 @@ def test_the_lightning_datamodule_with_workers_drives_a_trainer_as_without(tmp_p
         assert len(r["seen"]["0"]) == 2 * 3, r
         assert r["seen"]["1"] == r["seen"]["0"], r
         assert r["children"] == 0 and r["shm_left"] == [], r
+
+
+def test_a_presharded_dataset_read_ahead_gives_each_rank_its_files(tmp_path: Path) -> None:
+    import subprocess
+
+    from conftest import featshard_bin
+    from safetensors.torch import save_file
+
+    data = tmp_path / "samples"
+    data.mkdir()
+    serial = Serial()
+    for i in range(SAMPLES):
+        flat = {k: x for k, x in serial.flat.items()}
+        flat["ref_pos"] = flat["ref_pos"] + i
+        # Named so that the dataset's order is the index order.
+        save_file(flat, str(data / f"s{i}.safetensors"))
+    subprocess.run([str(featshard_bin()), "shard", str(SPEC), "--features", str(data), "--mesh", "2x2",
+                    "--out", str(tmp_path / "sharded")], check=True, capture_output=True)
+    for r in _run(tmp_path, (2, 2), False, None, "presharded"):
+        assert r["status"] == "ok", r
