@@ -294,6 +294,9 @@ fn intake_text(plan: &Plan, names: &[&str]) -> String {
                     Some(format!("{n} = outer({a}, {b})"))
                 }
                 featshard_spec::ir::DeriveRule::Valid => Some(format!("{n} = valid")),
+                featshard_spec::ir::DeriveRule::Halo { of, size } => {
+                    Some(format!("{n} = halo({of}, {size} a side)"))
+                }
             })
             .collect(),
     );

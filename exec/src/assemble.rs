@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::ir::DType;
+use featshard_spec::ir::{DType, DeriveRule};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
 use featshard_spec::shards::Encoding;
@@ -388,6 +388,10 @@ fn unpad_feature(
     layout: &SampleLayout,
     x: &Dense,
 ) -> Result<Dense, ExecError> {
+    if t.derived.as_ref().and_then(DeriveRule::halo).is_some() {
+        // A key halo exists laid out only: its serial form is the same.
+        return Ok(x.clone());
+    }
     let mut select: Vec<Vec<usize>> = Vec::with_capacity(t.axes.len());
     for (a, &n) in t.axes.iter().zip(&x.shape) {
         let items = match &a.semantic {

@@ -135,6 +135,10 @@ pub enum ExecError {
     /// The sample does not fit the plan's rules for this mesh.
     #[error(transparent)]
     Plan(#[from] ResolveError),
+    /// A feature the pipeline makes as it lays the blocks out (a key halo), given by the
+    /// sample.
+    #[error("feature `{feature}`: {rule}, which the pipeline makes beside each block: leave it out of the sample")]
+    MadeWithBlocks { feature: String, rule: String },
     /// Blocks given to `assemble` do not match the plan.
     #[error("feature `{feature}`: {message}")]
     Blocks { feature: String, message: String },

@@ -56,6 +56,8 @@ pub struct Intake<'a> {
     pub arrived: BTreeMap<String, usize>,
     /// Owner-map rows without an owner dropped as pads, per semantic.
     pub unowned: BTreeMap<String, usize>,
+    /// Key halos to make beside the blocks (`derive: {halo: ...}` of the workflow).
+    pub halos: Vec<String>,
     /// Threads the checks that read every value may use (`Options::threads`).
     pub threads: usize,
 }
@@ -117,7 +119,7 @@ pub(crate) fn intake_any<'a>(
         }
     }
     let unowned = drop_unowned_rows(plan, &mut kept)?;
-    derive(plan, &mut kept, opts)?;
+    let halos = derive(plan, &mut kept, opts)?;
     for name in &passthrough {
         kept.insert(name.clone(), features[name].clone());
     }
@@ -127,6 +129,7 @@ pub(crate) fn intake_any<'a>(
         dropped,
         arrived,
         unowned,
+        halos,
         threads: opts.threads.max(1),
     })
 }
@@ -688,14 +691,31 @@ fn drop_unowned_rows(plan: &Plan, kept: &mut Sample) -> Result<BTreeMap<String, 
     Ok(out)
 }
 
-/// Makes every derived feature of the workflow, or checks the one given.
-fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), ExecError> {
+/// Makes every derived feature of the workflow, or checks the one given; returns the
+/// key halos, which are made once the blocks are laid out.
+fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<Vec<String>, ExecError> {
+    let mut halos = Vec::new();
     for name in plan.feature_names(opts.workflow.as_deref())? {
         let Some(t) = plan.tensor(name) else {
             continue;
         };
         let Some(rule) = &t.derived else { continue };
         let made = match rule {
+            DeriveRule::Halo { of, .. } => {
+                if kept.contains_key(name) {
+                    return Err(ExecError::MadeWithBlocks {
+                        feature: name.to_owned(),
+                        rule: describe(rule),
+                    });
+                }
+                if !kept.contains_key(of) {
+                    return Err(ExecError::Missing {
+                        feature: of.clone(),
+                    });
+                }
+                halos.push(name.to_owned());
+                continue;
+            }
             DeriveRule::Outer { of: [a, b] } => match (kept.get(a), kept.get(b)) {
                 (Some(x), Some(y)) => outer(x, y, t.dtype),
                 _ => {
@@ -723,7 +743,7 @@ fn derive(plan: &Plan, kept: &mut Sample, opts: &Options) -> Result<(), ExecErro
             }
         }
     }
-    Ok(())
+    Ok(halos)
 }
 
 /// A validity mask at the sample's real lengths (after intake's cuts): every element 1.
@@ -838,6 +858,9 @@ fn describe(rule: &DeriveRule) -> String {
     match rule {
         DeriveRule::Outer { of: [a, b] } => format!("the outer product of `{a}` and `{b}`"),
         DeriveRule::Valid => "a validity mask, 1 on every real item".to_owned(),
+        DeriveRule::Halo { of, size } => {
+            format!("the halo of `{of}`, {size} items each side of a block")
+        }
     }
 }
 

@@ -26,6 +26,7 @@ pub mod dtype;
 mod error;
 mod feature;
 pub mod files;
+mod halo;
 pub mod header;
 pub mod intake;
 pub mod local_ids;

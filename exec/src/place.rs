@@ -53,7 +53,8 @@ fn place_taken<'a>(
 ) -> Result<Placed<'a>, ExecError> {
     let checked = check(plan, &taken)?;
     let layout = plan.layout(mesh, &checked.sizes, &checked.owners)?;
-    let shapes = plan.shapes_of(&layout, checked.names.iter().map(String::as_str))?;
+    let laid_out = checked.names.iter().chain(&taken.halos).map(String::as_str);
+    let shapes = plan.shapes_of(&layout, laid_out)?;
     let mut arrays = BTreeMap::new();
     let mut kept = BTreeMap::new();
     for name in &checked.names {
@@ -63,6 +64,12 @@ fn place_taken<'a>(
         let x = place_feature(plan, name, &taken.features[name], &layout, s)?;
         arrays.insert(name.clone(), x);
         kept.insert(name.clone(), taken.features[name].clone());
+    }
+    // Key halos, once their features' blocks are known: laid out already.
+    for name in &taken.halos {
+        let x = crate::halo::halo(plan, name, &layout, &shapes, &arrays)?;
+        kept.insert(name.clone(), x.clone());
+        arrays.insert(name.clone(), x);
     }
     let passthrough = checked
         .passthrough

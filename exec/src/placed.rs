@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::ir::{PadValue, Role};
+use featshard_spec::ir::{DeriveRule, PadValue, Role};
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, Split, TensorPlan};
 
 use crate::array::Array;
@@ -69,14 +69,18 @@ pub(crate) fn axis_maps<'l>(
     shapes: &FeatureShapes,
     layout: &'l SampleLayout,
 ) -> Vec<AxisMap<'l>> {
+    // A key halo's first axis is laid out already (see `crate::halo`).
+    let halo = t.derived.as_ref().and_then(DeriveRule::halo).is_some();
     t.axes
         .iter()
         .zip(&shapes.padded_shape)
-        .map(|(a, &padded)| AxisMap {
+        .enumerate()
+        .map(|(d, (a, &padded))| AxisMap {
             padded,
             positions: a
                 .semantic
                 .as_ref()
+                .filter(|_| !(halo && d == 0))
                 .and_then(|s| layout.positions.get(s))
                 .map(Vec::as_slice),
         })

@@ -15,6 +15,7 @@
 //!         | coshard(axis = A, follows = L) | replicate_axes(A, ...) | replicated
 //!         | placement("Shard(0)", "Replicate()") | only(WORKFLOW, ...) | name = "feature"
 //!         | derive(outer(FEATURE [, FEATURE])) | derive(valid)
+//!         | derive(halo(of = FEATURE, size = N))
 //! An `Option<Tensor>` field is an optional feature (or, with `derive`, one the
 //! pipeline makes when it is `None`).
 //! ```
@@ -454,6 +455,8 @@ pub enum DeriveAttr {
     Outer(At<Vec<At<String>>>),
     /// `valid`: a validity mask made from the lengths, at `valid`.
     Valid(Span),
+    /// `halo(of = F, size = N)`: the key halo of feature `F`, at `halo`.
+    Halo(At<(String, u64)>),
 }
 
 /// `derive(outer(A, B))` or `derive(valid)`.
@@ -470,11 +473,41 @@ fn derive_rule(meta: &ParseNestedMeta) -> syn::Result<DeriveAttr> {
         } else if m.path.is_ident("valid") {
             rule = Some(DeriveAttr::Valid(at));
             Ok(())
+        } else if m.path.is_ident("halo") {
+            rule = Some(DeriveAttr::Halo(At::new(halo(&m)?, at)));
+            Ok(())
         } else {
-            Err(unknown(&m, "derive", "`outer(FEATURE, FEATURE)`, `valid`"))
+            Err(unknown(
+                &m,
+                "derive",
+                "`outer(FEATURE, FEATURE)`, `valid`, `halo(of = FEATURE, size = N)`",
+            ))
         }
     })?;
-    rule.ok_or_else(|| meta.error("`derive` needs `outer(FEATURE, FEATURE)` or `valid`"))
+    rule.ok_or_else(|| {
+        meta.error(
+            "`derive` needs `outer(FEATURE, FEATURE)`, `valid` or `halo(of = FEATURE, size = N)`",
+        )
+    })
+}
+
+/// `halo(of = FEATURE, size = N)`.
+fn halo(meta: &ParseNestedMeta) -> syn::Result<(String, u64)> {
+    let (mut of, mut size) = (None, None);
+    meta.parse_nested_meta(|m| {
+        if m.path.is_ident("of") {
+            of = Some(ident_string(&m)?.value);
+        } else if m.path.is_ident("size") {
+            size = Some(int(&m)?);
+        } else {
+            return Err(unknown(&m, "halo", "`of`, `size`"));
+        }
+        Ok(())
+    })?;
+    match (of, size) {
+        (Some(of), Some(size)) => Ok((of, size)),
+        _ => Err(meta.error("`halo` needs `of = FEATURE, size = N`")),
+    }
 }
 
 use syn::parse::Parse as _;

@@ -233,6 +233,14 @@ const CASES: &[Case] = &[
         derive_fields: "#[featshard(axes(tokens), dtype = int64, index(of = tokens, scope = serial, deliver = one_hot))] f: Tensor,",
     },
     Case {
+        name: "a halo of a feature over items not in serial order",
+        yaml_semantics: "",
+        yaml_features: "  x: {axes: [tokens, 3], dtype: float32}\n  f: {axes: [tokens, 3], dtype: float32, derive: {halo: {of: x, size: 4}}}",
+        yaml_extra: "",
+        derive_struct: "",
+        derive_fields: "#[featshard(axes(tokens, 3), dtype = float32)] x: Tensor, #[featshard(axes(tokens, 3), dtype = float32, derive(halo(of = x, size = 4)))] f: Tensor,",
+    },
+    Case {
         name: "a sparse mask",
         yaml_semantics: "",
         yaml_features: "  f: {axes: [tokens], dtype: bool, mask: tokens, sparse: true}",

@@ -5,8 +5,8 @@
 
 use featshard_spec::loc::Loc;
 use featshard_spec::syntax::{
-    Flag, OneOrMany, RawAxis, RawCoShard, RawDerive, RawFeature, RawIncoming, RawIndex, RawMesh,
-    RawScalar, RawSemantic, RawSpec, Spanned, SpannedMap,
+    Flag, OneOrMany, RawAxis, RawCoShard, RawDerive, RawFeature, RawHalo, RawIncoming, RawIndex,
+    RawMesh, RawScalar, RawSemantic, RawSpec, Spanned, SpannedMap,
 };
 use proc_macro2::Span;
 
@@ -195,12 +195,26 @@ fn feature(f: &TensorField, a: &FieldAttrs, t: &mut Tokens) -> RawFeature {
                     RawDerive {
                         outer: Some(t.at(names, of.span)),
                         valid: None,
+                        halo: None,
                     }
                 }
                 DeriveAttr::Valid(at) => RawDerive {
                     outer: None,
                     valid: Some(t.at(Flag(true), *at)),
+                    halo: None,
                 },
+                DeriveAttr::Halo(h) => {
+                    let (of, size) = &h.value;
+                    let halo = RawHalo {
+                        of: of.clone(),
+                        size: *size,
+                    };
+                    RawDerive {
+                        outer: None,
+                        valid: None,
+                        halo: Some(t.at(halo, h.span)),
+                    }
+                }
             };
             t.at(raw, d.span)
         }),

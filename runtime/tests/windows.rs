@@ -17,7 +17,8 @@ fn inference() -> Options {
     }
 }
 
-/// examples/boltz2.yaml with windowed atoms and every one-hot map delivered as ids.
+/// examples/boltz2.yaml with windowed atoms, every one-hot map delivered as ids, and the
+/// key halo of the reference positions.
 fn windowed_plan() -> Plan {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/boltz2.yaml");
     let text = std::fs::read_to_string(path)
@@ -30,7 +31,8 @@ fn windowed_plan() -> Plan {
         .replace(
             "scope: shard_local, one_hot: 1}",
             "scope: shard_local, one_hot: 1, deliver: ids}",
-        );
+        )
+        + "  ref_pos_keys: {axes: [atoms, 3], dtype: float32, derive: {halo: {of: ref_pos, size: 48}}}\n";
     featshard_spec::compile_str("boltz2.yaml", &text)
         .unwrap_or_else(|d| panic!("{}", d.render_plain()))
         .1
@@ -121,6 +123,29 @@ fn check_windows(sizes: &[usize]) {
             .expect("block");
         assert_eq!(m.tensor.size(), vec![len / cp0]);
         assert_eq!(m.tensor.kind(), Kind::Int64);
+    }
+
+    // The key halo: the 48 atoms before each block and the 48 after it, pads past the ends.
+    let (block, halo) = (len / cp0, 48);
+    let outside = Tensor::zeros([halo, 3], (Kind::Float, tch::Device::Cpu));
+    let whole = Tensor::cat(&[&outside, ref_pos, &outside], 0);
+    for rank in 0..mesh.ranks() {
+        let start = mesh.coord(rank).get(0) as i64 * block;
+        let keys = padded
+            .block(&plan, "ref_pos_keys", mesh.coord(rank))
+            .expect("halo");
+        let want = Tensor::cat(
+            &[
+                whole.narrow(0, start, halo),
+                whole.narrow(0, start + block + halo, halo),
+            ],
+            0,
+        );
+        assert!(keys.tensor.equal(&want), "rank {rank}'s key halo");
+        assert_eq!(
+            keys.meta.placements,
+            vec![Placement::Shard(0), Placement::Replicate]
+        );
     }
 
     // And back: every rank's blocks give the sample, the maps one-hot again.

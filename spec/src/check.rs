@@ -761,11 +761,14 @@ impl<'a> Checker<'a> {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
+            let what = match &d.rule {
+                DeriveRule::Halo { of, .. } => format!("the halo of `{of}`"),
+                rule => format!("the outer product of {}", rule.inputs().join(" and ")),
+            };
             self.err(
                 SpecError::new(
                     format!(
-                        "the outer product of {} has axes [{}], but this feature has [{}]",
-                        d.rule.inputs().join(" and "),
+                        "{what} has axes [{}], but this feature has [{}]",
                         show(&axes),
                         show(&own)
                     ),
@@ -773,6 +776,55 @@ impl<'a> Checker<'a> {
                 )
                 .feature(name),
             );
+            return;
+        }
+        if let DeriveRule::Halo { of, .. } = &d.rule {
+            self.halo(name, t, d, of);
+        }
+    }
+
+    /// A key halo holds whole rows of a feature over a windowed semantic, as it is.
+    fn halo(&mut self, name: &str, t: &TensorFeature, d: &Derived, of: &str) {
+        let spec = self.spec;
+        let Some(FeatureKind::Tensor(source)) = spec.features.get(of).map(|f| &f.kind) else {
+            return;
+        };
+        let why = match source.axes.first().map(|a| &a.kind) {
+            _ if source.dtype != t.dtype => Some(format!(
+                "the halo of `{of}` is its rows as they are: declare `dtype: {}`",
+                source.dtype
+            )),
+            Some(AxisKind::Semantic(s)) => match spec.semantics.get(s) {
+                Some(sem) if sem.sharded && sem.windows.is_some() => None,
+                _ => Some(format!(
+                    "a halo is read beside blocks of items in serial order: `{s}`, the first axis of `{of}`, does not declare `layout: windows`"
+                )),
+            },
+            _ => Some(format!(
+                "a halo is read along the first axis of `{of}`, which is no semantic's"
+            )),
+        };
+        let rows_of_channels = source
+            .axes
+            .iter()
+            .skip(1)
+            .all(|a| matches!(a.kind, AxisKind::Channel(_)));
+        let why = why.or_else(|| {
+            (!rows_of_channels).then(|| {
+                format!("a halo holds rows of `{of}`: its axes after the first are channels")
+            })
+        });
+        let why = why.or_else(|| {
+            (source.one_hot.is_some() || source.sparse.is_some() || t.one_hot.is_some() || t.sparse.is_some())
+                .then(|| format!("`{of}` travels compact (one-hot or sparse): its halo is not made; take the halo of a dense feature"))
+        });
+        let why = why.or_else(|| {
+            matches!(t.role, Role::Index(_)).then(|| {
+                "a halo holds values as they are: it is data (its rows of an index keep their values), not an index".to_owned()
+            })
+        });
+        if let Some(why) = why {
+            self.err(SpecError::new(why, d.loc).feature(name));
         }
     }
 

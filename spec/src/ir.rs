@@ -420,6 +420,16 @@ pub enum DeriveRule {
     /// A validity mask: 1 on every real item of the semantics it masks (its axes), 0 on
     /// their pads; made from the sample's lengths alone.
     Valid,
+    /// The key halo of feature `of` over its windowed first axis (`layout: windows`):
+    /// beside each rank's block of `of`, the `size` items before the block and the
+    /// `size` after it (pads past either end), `2 x size` rows a rank (AlphaFold3's 128
+    /// keys around 32 queries: 48 a side). Made as blocks are laid out.
+    Halo {
+        /// The feature whose neighbouring rows it holds.
+        of: String,
+        /// Items on each side of a block.
+        size: usize,
+    },
 }
 
 impl DeriveRule {
@@ -427,7 +437,16 @@ impl DeriveRule {
     pub fn inputs(&self) -> Vec<&str> {
         match self {
             DeriveRule::Outer { of } => of.iter().map(String::as_str).collect(),
+            DeriveRule::Halo { of, .. } => vec![of.as_str()],
             DeriveRule::Valid => Vec::new(),
+        }
+    }
+
+    /// The halo's size (items a side), for a key halo.
+    pub fn halo(&self) -> Option<usize> {
+        match self {
+            DeriveRule::Halo { size, .. } => Some(*size),
+            _ => None,
         }
     }
 }

@@ -70,3 +70,6 @@ pub(crate) fn yaml_options() -> serde_saphyr::Options {
     options.with_snippet = false;
     options
 }
+
+/// Most items a key halo holds on each side of a block (`derive: {halo: ...}`).
+pub const MAX_HALO: usize = 1 << 20;

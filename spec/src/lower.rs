@@ -1082,24 +1082,28 @@ impl Lower {
 
     fn derive(&mut self, name: &str, raw: Spanned<RawDerive>) -> Option<Derived> {
         let at = loc(&raw);
-        let outer = match (raw.value.outer, raw.value.valid) {
-            (Some(outer), None) => outer,
-            (None, Some(valid)) if valid.value.0 => {
-                return Some(Derived {
-                    rule: DeriveRule::Valid,
-                    loc: at,
-                });
-            }
-            (outer, valid) => {
-                let why = match (outer, valid) {
-                    (Some(_), Some(_)) => "`derive` takes one rule: `outer` or `valid`, not both",
-                    (None, Some(_)) => "`valid: false` derives nothing: leave `derive` out",
-                    _ => "`derive` needs a rule: `outer: [A, B]` or `valid: true`",
+        let RawDerive { outer, valid, halo } = raw.value;
+        let rule = match (outer, valid, halo) {
+            (Some(outer), None, None) => self.outer(name, outer)?,
+            (None, Some(valid), None) if valid.value.0 => DeriveRule::Valid,
+            (None, None, Some(halo)) => self.halo(name, halo)?,
+            (outer, valid, halo) => {
+                let given = [outer.is_some(), valid.is_some(), halo.is_some()];
+                let why = match given {
+                    [false, true, false] => "`valid: false` derives nothing: leave `derive` out",
+                    [false, false, false] => {
+                        "`derive` needs a rule: `outer: [A, B]`, `valid: true` or `halo: {of: FEATURE, size: N}`"
+                    }
+                    _ => "`derive` takes one rule: `outer`, `valid` or `halo`",
                 };
                 self.err(SpecError::new(why, at).feature(name));
                 return None;
             }
         };
+        Some(Derived { rule, loc: at })
+    }
+
+    fn outer(&mut self, name: &str, outer: Spanned<Vec<Spanned<String>>>) -> Option<DeriveRule> {
         let of: Vec<String> = outer.value.iter().map(|n| n.value.clone()).collect();
         let of = match of.as_slice() {
             [a] => [a.clone(), a.clone()],
@@ -1115,9 +1119,31 @@ impl Lower {
                 return None;
             }
         };
-        Some(Derived {
-            rule: DeriveRule::Outer { of },
-            loc: at,
+        Some(DeriveRule::Outer { of })
+    }
+
+    fn halo(&mut self, name: &str, halo: Spanned<RawHalo>) -> Option<DeriveRule> {
+        let at = loc(&halo);
+        let size = usize::try_from(halo.value.size)
+            .ok()
+            .filter(|n| (1..=limits::MAX_HALO).contains(n));
+        let Some(size) = size else {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "a halo of {} items a side: give 1 to {}",
+                        halo.value.size,
+                        limits::MAX_HALO
+                    ),
+                    at,
+                )
+                .feature(name),
+            );
+            return None;
+        };
+        Some(DeriveRule::Halo {
+            of: halo.value.of,
+            size,
         })
     }
 }

@@ -222,6 +222,22 @@ pub struct RawDerive {
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
     pub valid: Option<Spanned<Flag>>,
+    /// The key halo of a feature over its windowed first axis: each rank gets, beside
+    /// its block of `of`, the `size` items before and after it (`2 x size` rows).
+    #[serde(default)]
+    #[schemars(with = "Option<RawHalo>")]
+    pub halo: Option<Spanned<RawHalo>>,
+}
+
+/// A key halo: the feature and the items on each side of a block.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawHalo {
+    /// The feature whose neighbouring rows the halo holds.
+    pub of: String,
+    /// Items on each side of a rank's block (AlphaFold3: 48).
+    #[schemars(range(min = 1))]
+    pub size: u64,
 }
 
 /// One feature.

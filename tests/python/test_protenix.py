@@ -163,3 +163,70 @@ def test_distribute_features_gives_the_blocks_and_atoms_pool_into_their_tokens(
     copies = shape[-1] if not one_axis else 1
     groups = world // (shape[-1] if one_axis else shape[-1] * shape[-2])
     assert sum(o["tokens"] for o in outs) == 46 * copies * groups, outs
+
+
+def halo_spec(one_axis: bool, folder: Path) -> Path:
+    """The shipped spec with windowed atoms and the key halo of the reference positions
+    (48 atoms a side, AlphaFold3's 128 keys around 32 queries)."""
+    text = spec_file(one_axis, folder).read_text()
+    text = text.replace("    window: 32 ", "    layout: windows\n    window: 32 ", 1)
+    text += "  ref_pos_keys: {axes: [atoms, 3], dtype: float32, derive: {halo: {of: ref_pos, size: 48}}}\n"
+    path = folder / f"protenix_halo_{one_axis}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _halo_worker(rank: int, world: int, store: str, shape: tuple[int, ...], spec: str, results: str) -> None:
+    sys.path[:0] = [str(HERE)]
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    import featshard
+    from featshard.blocks import rank_blocks
+    from featshard.distribute import cp_group, distribute_features
+
+    plan = featshard.Plan(spec)
+    names = tuple(plan.mesh_axes)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    out: dict[str, Any] = {"rank": rank}
+    try:
+        group = cp_group(plan, mesh)
+        sample = nested_sample()
+        got = distribute_features(plan, sample if rank == group.ranks[0] else None, mesh, group=group)
+        coord = mesh.get_coordinate()
+        assert coord is not None
+        at = coord[0] if len(shape) == 1 else coord[0] * shape[1] + coord[1]
+        same(got, rank_blocks(plan, sample, shape)[at], f"rank {rank}")
+        # The halo is the atoms around this rank's block of the whole (padded) axis.
+        keys, pos = got["ref_pos_keys"], got["ref_pos"]
+        assert tuple(keys.placements) == tuple(pos.placements), keys.placements
+        whole = pos.full_tensor()
+        block = pos.to_local().shape[0]
+        start = coord[0] * block
+        pad = torch.zeros(48, 3)
+        before = torch.cat([pad, whole])[start:start + 48]
+        after = torch.cat([whole, pad])[start + block:start + block + 48]
+        assert torch.equal(keys.to_local(), torch.cat([before, after])), f"rank {rank}"
+        assert keys.shape[0] == 96 * shape[0], keys.shape
+        out["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported to the test process
+        out["status"] = f"{type(e).__name__}: {e}"
+    Path(results, f"rank-{rank}.json").write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("shape,one_axis", [((2, 2), False), ((3,), True)], ids=["tile2x2", "cp3"])
+def test_the_key_halo_reaches_each_rank_beside_its_block(tmp_path: Path, shape: tuple[int, ...], one_axis: bool) -> None:
+    world = 1
+    for n in shape:
+        world *= n
+    spec = halo_spec(one_axis, tmp_path)
+    start_ranks(_halo_worker, (world, str(tmp_path / "store"), shape, str(spec), str(tmp_path)), world)
+    outs = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(world)]
+    assert [o["status"] for o in outs] == ["ok"] * world, outs

@@ -129,8 +129,35 @@ impl Plan {
                 shapes.global_shape.push(global);
                 shapes.local_shape.push(local);
             }
+            if let Some(size) = t.derived.as_ref().and_then(DeriveRule::halo) {
+                halo_rows(t, mesh, size, &mut shapes);
+            }
             features.insert(name.to_owned(), shapes);
         }
         Ok(features)
+    }
+}
+
+/// A key halo's first axis: `2 x size` rows a rank, each block's before and after it; its
+/// whole (what every rank's halo makes together, the DTensor's global shape) one halo per
+/// shard of the axis, in shard order. It exists laid out only: its serial shape is the
+/// same.
+fn halo_rows(t: &TensorPlan, mesh: Mesh, size: usize, shapes: &mut FeatureShapes) {
+    let shards = t
+        .axes
+        .first()
+        .and_then(|a| a.split.mesh_axis())
+        .map_or(1, |m| mesh.size(m));
+    let local = size.saturating_mul(2);
+    let whole = local.saturating_mul(shards);
+    for (v, n) in [
+        (&mut shapes.serial_shape, whole),
+        (&mut shapes.padded_shape, whole),
+        (&mut shapes.global_shape, whole),
+        (&mut shapes.local_shape, local),
+    ] {
+        if let Some(first) = v.first_mut() {
+            *first = n;
+        }
     }
 }
