@@ -54,78 +54,91 @@ pub(crate) fn to_given(
     layout: &SampleLayout,
     y: Dense,
 ) -> Result<Dense, ExecError> {
-    let Some(given) = &t.given else {
+    let (Some(given), Role::Index(ix)) = (&t.given, &t.role) else {
         return Ok(y);
     };
     let refuse = |message: String| ExecError::Blocks {
         feature: name.to_owned(),
         message,
     };
-    let Role::Index(ix) = &t.role else {
-        return Ok(y);
-    };
-    let rows = y.shape.first().copied().unwrap_or(0);
-    let es = dtype::size(y.dtype);
     match given {
-        GivenForm::OneHot { dtype: d } => {
+        GivenForm::OneHot { dtype } => {
             let width = layout
                 .sizes
                 .get(&ix.of)
                 .copied()
                 .ok_or_else(|| refuse(format!("the layout has no length for `{}`", ix.of)))?;
-            let (zero, one) = (
-                dtype::pad_bytes(*d, PadValue::Int(0)),
-                dtype::pad_bytes(*d, PadValue::Int(1)),
-            );
-            let mut bytes = zero.repeat(rows * width);
-            for (r, v) in y.bytes.chunks_exact(es).enumerate() {
-                match dtype::read_i64(y.dtype, v) {
-                    GivenForm::NONE => {}
-                    c if (0..width as i64).contains(&c) => {
-                        let at = (r * width + c as usize) * one.len();
-                        bytes[at..at + one.len()].copy_from_slice(&one);
-                    }
-                    c => {
-                        return Err(refuse(format!(
-                            "row {r} names `{}` {c}, past its {width} items",
-                            ix.of
-                        )))
-                    }
-                }
-            }
-            Ok(Dense {
-                dtype: *d,
-                shape: vec![rows, width],
-                bytes,
+            ids_to_one_hot(&y, *dtype, width).map_err(|(r, c)| {
+                refuse(format!(
+                    "row {r} names `{}` {c}, past its {width} items",
+                    ix.of
+                ))
             })
         }
-        GivenForm::Ids { dtype: d, none } => {
-            let width = y.shape.get(1).copied().unwrap_or(0);
-            let mut bytes = Vec::with_capacity(rows * dtype::size(*d));
-            for (r, row) in y.bytes.chunks(width.max(1) * es).take(rows).enumerate() {
-                let ones: Vec<usize> = row
-                    .chunks_exact(es)
-                    .enumerate()
-                    .filter(|(_, v)| dtype::read_i64(y.dtype, v) != 0)
-                    .map(|(c, _)| c)
-                    .collect();
-                let id = match (ones.as_slice(), none) {
-                    ([c], _) => *c as i64,
-                    ([], Some(n)) => *n,
-                    _ => {
-                        return Err(refuse(format!(
-                            "row {r} of the one-hot map names {} items, not one",
-                            ones.len()
-                        )))
-                    }
-                };
-                dtype::encode_i64(*d, id, &mut bytes);
-            }
-            Ok(Dense {
-                dtype: *d,
-                shape: vec![rows],
-                bytes,
+        GivenForm::Ids { dtype, none } => {
+            one_hot_to_given_ids(&y, *dtype, *none).map_err(|(r, n)| {
+                refuse(format!(
+                    "row {r} of the one-hot map names {n} items, not one"
+                ))
             })
         }
     }
+}
+
+/// Ids (`[rows]`, [`GivenForm::NONE`] for none) as a one-hot map `width` wide of `dtype`;
+/// else the first row whose id is past the width, and the id.
+fn ids_to_one_hot(y: &Dense, dtype: DType, width: usize) -> Result<Dense, (usize, i64)> {
+    let rows = y.shape.first().copied().unwrap_or(0);
+    let (zero, one) = (
+        dtype::pad_bytes(dtype, PadValue::Int(0)),
+        dtype::pad_bytes(dtype, PadValue::Int(1)),
+    );
+    let mut bytes = zero.repeat(rows * width);
+    for (r, v) in y.bytes.chunks_exact(dtype::size(y.dtype)).enumerate() {
+        match dtype::read_i64(y.dtype, v) {
+            GivenForm::NONE => {}
+            c if (0..width as i64).contains(&c) => {
+                let at = (r * width + c as usize) * one.len();
+                bytes[at..at + one.len()].copy_from_slice(&one);
+            }
+            c => return Err((r, c)),
+        }
+    }
+    Ok(Dense {
+        dtype,
+        shape: vec![rows, width],
+        bytes,
+    })
+}
+
+/// A one-hot map (`[rows, items]`) as each row's item id of `dtype`, `none` for a row of
+/// zeros; else the first row naming another count of items than one, and that count.
+fn one_hot_to_given_ids(
+    y: &Dense,
+    dtype: DType,
+    none: Option<i64>,
+) -> Result<Dense, (usize, usize)> {
+    let rows = y.shape.first().copied().unwrap_or(0);
+    let width = y.shape.get(1).copied().unwrap_or(0);
+    let es = dtype::size(y.dtype);
+    let mut bytes = Vec::with_capacity(rows * dtype::size(dtype));
+    for (r, row) in y.bytes.chunks(width.max(1) * es).take(rows).enumerate() {
+        let ones: Vec<usize> = row
+            .chunks_exact(es)
+            .enumerate()
+            .filter(|(_, v)| dtype::read_i64(y.dtype, v) != 0)
+            .map(|(c, _)| c)
+            .collect();
+        let id = match (ones.as_slice(), none) {
+            ([c], _) => *c as i64,
+            ([], Some(n)) => n,
+            _ => return Err((r, ones.len())),
+        };
+        dtype::encode_i64(dtype, id, &mut bytes);
+    }
+    Ok(Dense {
+        dtype,
+        shape: vec![rows],
+        bytes,
+    })
 }
