@@ -151,6 +151,17 @@ def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], one_axis:
                 out["error"] = str(e)
             out["steps_before"] = seen
             out["children"] = len(_children())
+        elif scenario == "interrupt":
+            # Every rank's loop is interrupted at its third step (Ctrl-C), the loader
+            # dropped with workers busy and a step distributed ahead.
+            loader = FeatureLoader(plan, Serial(), mesh, num_workers=1, spread=True, prefetch=1)
+            try:
+                for step, _ in enumerate(loader):
+                    if step == 2:
+                        raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                pass
+            out["children"] = len(_children())
         elif scenario == "bound":
             fetched = multiprocessing.Value("i", 0)
             workers, factor, ahead = 1, 2, 1
@@ -288,3 +299,9 @@ def test_a_presharded_dataset_read_ahead_gives_each_rank_its_files(tmp_path: Pat
                     "--out", str(tmp_path / "sharded")], check=True, capture_output=True)
     for r in _run(tmp_path, (2, 2), False, None, "presharded"):
         assert r["status"] == "ok", r
+
+
+def test_an_interrupted_loop_leaves_no_worker_or_shared_memory(tmp_path: Path) -> None:
+    for r in _run(tmp_path, (3,), True, None, "interrupt"):
+        assert r["status"] == "ok", r
+        assert r["children"] == 0 and r["shm_left"] == [], r
