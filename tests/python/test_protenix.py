@@ -191,17 +191,27 @@ def _halo_worker(rank: int, world: int, store: str, shape: tuple[int, ...], spec
     from featshard.distribute import cp_group, distribute_features
 
     plan = featshard.Plan(spec)
-    names = tuple(plan.mesh_axes)
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    cp_names = tuple(plan.mesh_axes)
+    dp = len(shape) > len(cp_names)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=(("dp",) if dp else ()) + cp_names)
     out: dict[str, Any] = {"rank": rank}
     try:
         group = cp_group(plan, mesh)
         sample = nested_sample()
         got = distribute_features(plan, sample if rank == group.ranks[0] else None, mesh, group=group)
-        coord = mesh.get_coordinate()
-        assert coord is not None
-        at = coord[0] if len(shape) == 1 else coord[0] * shape[1] + coord[1]
-        same(got, rank_blocks(plan, sample, shape)[at], f"rank {rank}")
+        full = mesh.get_coordinate()
+        assert full is not None
+        coord, cp = (full[1:], shape[1:]) if dp else (full, shape)
+        at = coord[0] if len(cp) == 1 else coord[0] * cp[1] + coord[1]
+        same(got, rank_blocks(plan, sample, cp)[at], f"rank {rank}")
+        if dp:
+            # Collated over the DP replicas: each sample's halo as it came, the batch axis
+            # in front, a halo per shard of the atom axis in the global shape.
+            from featshard.data import collate
+
+            batch = collate(plan, [got], mesh)["ref_pos_keys"]
+            assert torch.equal(batch.to_local()[0], got["ref_pos_keys"].to_local())
+            assert tuple(batch.shape) == (shape[0], 96 * cp[0], 3), batch.shape
         # The halo is the atoms around this rank's block of the whole (padded) axis.
         keys, pos = got["ref_pos_keys"], got["ref_pos"]
         assert tuple(keys.placements) == tuple(pos.placements), keys.placements
@@ -212,7 +222,7 @@ def _halo_worker(rank: int, world: int, store: str, shape: tuple[int, ...], spec
         before = torch.cat([pad, whole])[start:start + 48]
         after = torch.cat([whole, pad])[start + block:start + block + 48]
         assert torch.equal(keys.to_local(), torch.cat([before, after])), f"rank {rank}"
-        assert keys.shape[0] == 96 * shape[0], keys.shape
+        assert keys.shape[0] == 96 * cp[0], keys.shape
         out["status"] = "ok"
     except Exception as e:  # noqa: BLE001 - reported to the test process
         out["status"] = f"{type(e).__name__}: {e}"
@@ -221,7 +231,8 @@ def _halo_worker(rank: int, world: int, store: str, shape: tuple[int, ...], spec
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("shape,one_axis", [((2, 2), False), ((3,), True)], ids=["tile2x2", "cp3"])
+@pytest.mark.parametrize("shape,one_axis", [((2, 2), False), ((3,), True), ((2, 2), True)],
+                         ids=["tile2x2", "cp3", "dp2xcp2"])
 def test_the_key_halo_reaches_each_rank_beside_its_block(tmp_path: Path, shape: tuple[int, ...], one_axis: bool) -> None:
     world = 1
     for n in shape:
