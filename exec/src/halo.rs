@@ -36,16 +36,30 @@ pub(crate) fn halo(
     let x = arrays.get(of).ok_or_else(|| missing(of))?.contiguous();
     let (of_shapes, own) = (shapes.get(of).ok_or_else(|| missing(of))?, shapes.get(name));
     let own = own.ok_or_else(|| missing(name))?;
-    let (padded, block) = (of_shapes.padded_shape[0], of_shapes.local_shape[0].max(1));
+    let (Some(&padded), Some(&halo_rows), true) = (
+        of_shapes.padded_shape.first(),
+        own.padded_shape.first(),
+        x.dim() > 0,
+    ) else {
+        return Err(halo_error(
+            name,
+            format!("`{of}` has no first axis to take a halo of"),
+        ));
+    };
+    // One halo per shard of the axis, as the plan's shapes say, every shard's block as
+    // long (an empty axis: empty blocks, halos of pads).
+    let shards = halo_rows / (2 * size).max(1);
+    let block = padded.checked_div(shards).unwrap_or(0);
     // The serial row at each padded position of the axis (none at a pad).
     let mut row_at: Vec<Option<usize>> = vec![None; padded];
-    let positions = source.axes[0]
-        .semantic
-        .as_ref()
+    let positions = source
+        .axes
+        .first()
+        .and_then(|a| a.semantic.as_ref())
         .and_then(|s| layout.positions.get(s));
     for i in 0..x.shape()[0] {
-        let p = positions.map_or(i, |pos| pos[i]);
-        if let Some(slot) = row_at.get_mut(p) {
+        let p = positions.map_or(Some(i), |pos| pos.get(i).copied());
+        if let Some(slot) = p.and_then(|p| row_at.get_mut(p)) {
             *slot = Some(i);
         }
     }
@@ -65,8 +79,25 @@ pub(crate) fn halo(
     // past either end of the axis, the halo's own.
     let inside = dtype::pad_bytes(t.dtype, source.pad_value).repeat(row / es.max(1));
     let outside = dtype::pad_bytes(t.dtype, t.pad_value).repeat(row / es.max(1));
-    let shards = padded / block;
-    let mut out = Vec::with_capacity(shards * 2 * size * row);
+    let whole = own
+        .padded_shape
+        .iter()
+        .product::<usize>()
+        .saturating_mul(es);
+    let rows_fit = shards
+        .checked_mul(2 * size)
+        .and_then(|n| n.checked_mul(row))
+        == Some(whole);
+    if block.checked_mul(shards) != Some(padded) || !rows_fit {
+        return Err(halo_error(
+            name,
+            format!(
+                "its shape {:?} is not 2 x {size} rows of `{of}` per shard",
+                own.padded_shape
+            ),
+        ));
+    }
+    let mut out = crate::alloc::with_capacity(name, whole, 1)?;
     for r in 0..shards {
         let (start, end) = (r * block, (r + 1) * block);
         let before = (start as i128 - *size as i128)..start as i128;
@@ -79,4 +110,11 @@ pub(crate) fn halo(
         }
     }
     Ok(Array::owned(t.dtype, own.padded_shape.clone(), out))
+}
+
+fn halo_error(name: &str, message: String) -> ExecError {
+    ExecError::Blocks {
+        feature: name.to_owned(),
+        message,
+    }
 }

@@ -143,8 +143,19 @@ fn check_tensor(plan: &Plan, t: &TensorPlan) -> Result<(), String> {
     check_forms(t)?;
     check_role(plan, t)?;
     check_remap(plan, t)?;
-    if let Some(DeriveRule::Outer { of }) = &t.derived {
-        of.iter().try_for_each(|f| feature(plan, f))?;
+    match &t.derived {
+        Some(DeriveRule::Outer { of }) => of.iter().try_for_each(|f| feature(plan, f))?,
+        Some(DeriveRule::Halo { of, size }) => {
+            feature(plan, of)?;
+            if !(1..=limits::MAX_HALO).contains(size) || t.axes.is_empty() {
+                return Err(format!(
+                    "a halo of {size} items a side over {} axes (1 to {} items, at least one axis)",
+                    t.axes.len(),
+                    limits::MAX_HALO
+                ));
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
