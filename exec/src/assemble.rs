@@ -29,7 +29,7 @@ pub struct Dense {
     pub bytes: Vec<u8>,
 }
 
-fn blocks_error(feature: &str, message: String) -> ExecError {
+pub(crate) fn blocks_error(feature: &str, message: String) -> ExecError {
     ExecError::Blocks {
         feature: feature.to_owned(),
         message,

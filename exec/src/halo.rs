@@ -10,6 +10,7 @@ use featshard_spec::ir::DeriveRule;
 use featshard_spec::plan::{FeatureShapes, Plan, SampleLayout};
 
 use crate::array::Array;
+use crate::assemble::blocks_error;
 use crate::dtype;
 use crate::error::ExecError;
 use crate::feature::tensor_plan;
@@ -41,7 +42,7 @@ pub(crate) fn halo(
         own.padded_shape.first(),
         x.dim() > 0,
     ) else {
-        return Err(halo_error(
+        return Err(blocks_error(
             name,
             format!("`{of}` has no first axis to take a halo of"),
         ));
@@ -89,7 +90,7 @@ pub(crate) fn halo(
         .and_then(|n| n.checked_mul(row))
         == Some(whole);
     if block.checked_mul(shards) != Some(padded) || !rows_fit {
-        return Err(halo_error(
+        return Err(blocks_error(
             name,
             format!(
                 "its shape {:?} is not 2 x {size} rows of `{of}` per shard",
@@ -110,11 +111,4 @@ pub(crate) fn halo(
         }
     }
     Ok(Array::owned(t.dtype, own.padded_shape.clone(), out))
-}
-
-fn halo_error(name: &str, message: String) -> ExecError {
-    ExecError::Blocks {
-        feature: name.to_owned(),
-        message,
-    }
 }

@@ -41,6 +41,7 @@ from featshard.errors import (
     agree,
     collective,
     default_timeout,
+    failure_of,
     same_error,
     status_of,
 )
@@ -243,13 +244,6 @@ def prepare_sample(
         return Prepared(header, buffers)
     except Exception as e:  # noqa: BLE001 - raised on every rank at the sample's step
         return Prepared(None, None, failure_of(e))
-
-
-def failure_of(e: BaseException) -> tuple[str, str]:
-    """An exception as a :class:`Prepared` carries it across processes."""
-    if isinstance(e, FeatureDistributionError):
-        return ("FeatureDistributionError", e.message)
-    return (type(e).__name__, str(e))
 
 
 def distribute_prepared(

@@ -31,6 +31,7 @@ __all__ = [
     "backend_options",
     "collective",
     "default_timeout",
+    "failure_of",
     "same_error",
     "settle",
     "status_of",
@@ -126,11 +127,17 @@ def collective(what: str, group: Any, call: Callable[[], T], *, timeout: timedel
         raise CollectiveError(what, e, timeout if timeout is not None else timeout_of(group)) from e
 
 
+def failure_of(e: BaseException) -> tuple[str, str]:
+    """A failure as the ranks tell it (and a worker process hands it over): its kind and
+    message, which :func:`same_error` makes an exception of again."""
+    if isinstance(e, FeatureDistributionError):
+        return ("FeatureDistributionError", e.message)
+    return (type(e).__name__, str(e))
+
+
 def status_of(e: BaseException) -> Status:
     """What this rank's failure ``e`` sends to the others."""
-    kind = "FeatureDistributionError" if isinstance(e, FeatureDistributionError) else type(e).__name__
-    message = e.message if isinstance(e, FeatureDistributionError) else str(e)
-    return _native.status_frame(_rank(), kind, message)
+    return _native.status_frame(_rank(), *failure_of(e))
 
 
 def same_error(kind: str, message: str, rank: int | None) -> Exception:

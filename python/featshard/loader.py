@@ -47,13 +47,14 @@ from featshard.data import (
 from featshard.distribute import (
     CpGroup,
     Prepared,
+    _device_of,
     cp_group,
     distribute_features,
     distribute_prepared,
-    failure_of,
     mesh_dims,
     prepare_sample,
 )
+from featshard.errors import failure_of
 
 __all__ = ["FeatureLoader"]
 
@@ -181,7 +182,7 @@ class FeatureLoader:
         steps = samples if self.batch_size is None else self._batches(samples)
         if self.prefetch == 0:
             return steps
-        return _ahead(steps, self.prefetch, _device_of(group))
+        return _ahead(steps, self.prefetch, _device_of(group.mesh))
 
     def _samples(self, group: CpGroup, indices: Sequence[int]) -> Iterator[dict[str, Any]]:
         if isinstance(self.dataset, PreshardedDataset):
@@ -239,12 +240,6 @@ class FeatureLoader:
                 batch = []
         if batch:
             yield collate(self.plan, batch, self.mesh, group_mesh=mesh)
-
-
-def _device_of(group: CpGroup) -> torch.device | None:
-    if group.mesh.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return None
 
 
 def _ahead(steps: Iterator[dict[str, Any]], depth: int, device: torch.device | None

@@ -52,14 +52,10 @@ class Serial:
                 self.fetched.value += 1
         if self.failing and i == 3:
             raise OSError(f"sample {i}: featurizer failed")
-        out: dict[str, Any] = {}
-        for key, x in self.flat.items():
-            x = x + i if key == "ref_pos" else x
-            head, _, tail = key.partition(".")
-            if tail:
-                out.setdefault(head, {})[tail] = x
-            else:
-                out[key] = x
+        from test_protenix import nested_sample
+
+        out = nested_sample()
+        out["ref_pos"] = out["ref_pos"] + i
         return out
 
 
