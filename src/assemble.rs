@@ -4,9 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use featshard_exec::assemble::{dense_blocks, footprints, unpad, Assembler, Dense};
+use featshard_exec::assemble::{dense_blocks, footprints, Assembler, Dense, SerialAssembler};
 use featshard_exec::files;
+use featshard_exec::files::Sample;
 use featshard_exec::shard_folder::ShardFolder;
+use featshard_exec::ExecError;
 
 use crate::commands::{load, Failure};
 use crate::room;
@@ -32,7 +34,7 @@ pub fn assemble_files(
     let layout = &manifest.layout;
     let mut metadata = None;
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();
-    let mut assembler = None;
+    let mut assembler: Option<Either> = None;
     for rank in 0..world {
         let path = folder.rank_path(rank);
         let file = folder.open_rank(&plan, rank, verify).map_err(other)?;
@@ -42,6 +44,7 @@ pub fn assemble_files(
             room::check_assembly(
                 parent.unwrap_or(Path::new(".")),
                 &footprints(&plan, layout, std::slice::from_ref(&sample)).map_err(other)?,
+                padded_output,
             )?;
             metadata = Some(file.metadata());
         }
@@ -60,21 +63,23 @@ pub fn assemble_files(
         let dense = dense_blocks(&plan, layout, manifest.encoding, vec![sample]).map_err(at)?;
         let into = match &mut assembler {
             Some(a) => a,
-            None => assembler.insert(
-                Assembler::new(&plan, layout, manifest.workflow.as_deref(), &dense[0])
-                    .map_err(at)?,
-            ),
+            None => {
+                let workflow = manifest.workflow.as_deref();
+                let first = &dense[0];
+                let made = match padded_output {
+                    true => Assembler::new(&plan, layout, workflow, first).map(Either::Padded),
+                    false => {
+                        SerialAssembler::new(&plan, layout, workflow, first).map(Either::Serial)
+                    }
+                };
+                assembler.insert(made.map_err(at)?)
+            }
         };
         into.add(rank, &dense[0]).map_err(at)?;
         file.check_unchanged().map_err(other)?;
     }
     let assembler = assembler.ok_or_else(|| other("a mesh of no ranks".to_owned()))?;
-    let padded = assembler.finish().map_err(other)?;
-    let mut result = if padded_output {
-        padded
-    } else {
-        unpad(&plan, layout, padded).map_err(other)?
-    };
+    let mut result = assembler.finish().map_err(other)?;
     result.extend(passthrough);
     let metadata = metadata.unwrap_or_default();
     // Under the keys the sample file had: a nested feature's path joined by the spec's
@@ -93,4 +98,27 @@ pub fn assemble_files(
         if padded_output { "padded" } else { "serial" },
         out.display()
     ))
+}
+
+/// The padded layouts (`--padded`), or the serial sample made straight from the ranks'
+/// real items: a padded global may be far larger than the sample.
+enum Either<'p> {
+    Padded(Assembler<'p>),
+    Serial(SerialAssembler<'p>),
+}
+
+impl Either<'_> {
+    fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError> {
+        match self {
+            Either::Padded(a) => a.add(rank, blocks),
+            Either::Serial(a) => a.add(rank, blocks),
+        }
+    }
+
+    fn finish(self) -> Result<BTreeMap<String, Dense>, ExecError> {
+        match self {
+            Either::Padded(a) => a.finish(),
+            Either::Serial(a) => a.finish(),
+        }
+    }
 }

@@ -57,15 +57,21 @@ fn room_for(need: u64, free: Option<u64>, dir: &Path) -> Result<(), Failure> {
 }
 
 /// Refuses to assemble features whose [`Footprint`]s need more memory than the machine
-/// has (its memory and swap), or whose padded layouts need more disk than `dir` has
-/// free: said before anything is expanded, naming the largest feature.
-pub fn check_assembly(dir: &Path, features: &[Footprint]) -> Result<(), Failure> {
+/// has (its memory and swap), or whose output (the padded layouts with `padded`, else
+/// the serial features) needs more disk than `dir` has free: said before anything is
+/// expanded, naming the largest feature.
+pub fn check_assembly(dir: &Path, features: &[Footprint], padded: bool) -> Result<(), Failure> {
     let sum =
         |f: fn(&Footprint) -> u128| features.iter().fold(0u128, |a, x| a.saturating_add(f(x)));
-    let (held, global) = (sum(|f| f.held), sum(|f| f.global));
+    let (held, global) = match padded {
+        true => (sum(|f| f.held), sum(|f| f.global)),
+        false => (sum(|f| f.held_serial), sum(|f| f.serial)),
+    };
+    let alone = |f: &Footprint| if padded { f.held } else { f.held_serial };
     let largest = features
-        .first()
-        .map(|f| format!(" (feature `{}` alone {})", f.feature, human(f.held)))
+        .iter()
+        .max_by_key(|f| alone(f))
+        .map(|f| format!(" (feature `{}` alone {})", f.feature, human(alone(f))))
         .unwrap_or_default();
     if let Some(memory) = memory_bytes().filter(|&m| held > m as u128) {
         return Err(Failure::Other(format!(

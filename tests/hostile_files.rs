@@ -908,3 +908,82 @@ fn a_glob_through_link_cycles_ends_and_names_each_sample_once() {
     .unwrap();
     assert_eq!(m["samples"].as_array().unwrap().len(), 1, "{m}");
 }
+
+/// A 10-token sample on 16,384 one-axis ranks, its one-hot map's columns whole: the
+/// rank files are small (the map stored compact), and `assemble` gives the serial sample
+/// back under a 1.5 GB address-space limit, from each rank's real items, where the
+/// padded global map alone is 2 GB (before: it was made first, and the process aborted;
+/// on 65,536 ranks, 34 GB, it refused).
+#[test]
+fn assembling_to_the_serial_sample_needs_no_padded_global() {
+    use featshard::exec::files::{serialize, Metadata};
+    use featshard::spec::ir::DType;
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("map.yaml");
+    std::fs::write(
+        &spec,
+        "version: 1\nmodule: m\nmesh: {cp: [cp]}\n\
+         semantics:\n  tokens: {shard: true}\n  atoms: {shard: true, owner: tokens, map: atom_to_token}\n\
+         features:\n  \
+         atom_to_token: {axes: [atoms, tokens], dtype: int64, coshard: [{axis: 1, follows: 0}], index: {of: tokens, scope: shard_local, one_hot: 1}}\n  \
+         ref_pos: {axes: [atoms, 3], dtype: float32}\n  \
+         token_index: {axes: [tokens], dtype: int64}\n",
+    )
+    .unwrap();
+    let (tokens, atoms) = (10usize, 20usize);
+    let owner = |a: usize| a / 2;
+    let map: Vec<u8> = (0..atoms)
+        .flat_map(|a| (0..tokens).map(move |t| i64::from(owner(a) == t)))
+        .flat_map(i64::to_le_bytes)
+        .collect();
+    let pos: Vec<u8> = (0..atoms * 3)
+        .flat_map(|k| (k as f32 * 0.5).to_le_bytes())
+        .collect();
+    let index: Vec<u8> = (0..tokens as i64).flat_map(i64::to_le_bytes).collect();
+    let tensors = [
+        ("atom_to_token", DType::Int64, vec![atoms, tokens], &map[..]),
+        ("ref_pos", DType::Float32, vec![atoms, 3], &pos[..]),
+        ("token_index", DType::Int64, vec![tokens], &index[..]),
+    ];
+    let sample = dir.path().join("sample.safetensors");
+    std::fs::write(&sample, serialize(&tensors, &Metadata::new()).unwrap()).unwrap();
+    let shards = dir.path().join("shards");
+    let run = featshard(&[
+        "shard",
+        spec.to_str().unwrap(),
+        "--features",
+        sample.to_str().unwrap(),
+        "--mesh",
+        "16384",
+        "--encoding",
+        "compact",
+        "--out",
+        shards.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let back = dir.path().join("back.safetensors");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -v 1572864 && exec \"$0\" assemble {} --shards {} --out {}",
+            spec.display(),
+            shards.display(),
+            back.display()
+        ))
+        .arg(env!("CARGO_BIN_EXE_featshard"));
+    let out = within(300, cmd);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&back).unwrap(),
+        std::fs::read(&sample).unwrap()
+    );
+}

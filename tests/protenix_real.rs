@@ -316,6 +316,45 @@ fn a_declared_separator_reads_and_writes_the_files_own_keys() {
     );
 }
 
+/// One feature under two keys (`constraint_feature/pocket` and `constraint_feature.pocket`
+/// with `separator: /`, holding different values) is refused naming both keys: no key
+/// silently wins.
+#[test]
+fn a_feature_given_under_two_keys_is_refused_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut given: Vec<(String, Tensor)> = read(&sample_path())
+        .iter()
+        .map(|(k, x)| (k.replace('.', "/"), x.shallow_clone()))
+        .collect();
+    let pocket = given
+        .iter()
+        .find(|(k, _)| k == "constraint_feature/pocket")
+        .map(|(_, x)| x.ones_like())
+        .unwrap();
+    given.push(("constraint_feature.pocket".into(), pocket));
+    let input = dir.path().join("twice.safetensors");
+    Tensor::write_safetensors(&given, &input).unwrap();
+    let text = std::fs::read_to_string(root().join("examples/protenix.yaml")).unwrap();
+    let spec = dir.path().join("protenix_slash.yaml");
+    std::fs::write(&spec, format!("{text}\nseparator: /\n")).unwrap();
+    let out = featshard(&[
+        "shard",
+        &spec.display().to_string(),
+        "--features",
+        &input.display().to_string(),
+        "--mesh",
+        "2x2",
+        "--out",
+        &dir.path().join("s").display().to_string(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("feature `constraint_feature.pocket`: given twice, as `constraint_feature.pocket`, `constraint_feature/pocket`"),
+        "{err}"
+    );
+}
+
 /// `atom_to_token_idx` declared `deliver: one_hot`: each rank gets the one-hot map whose
 /// row for an atom has its 1 where the id vector's block says (none for a pad atom),
 /// and `assemble` gives the featurizer's id vector back, byte for byte.
@@ -388,4 +427,31 @@ fn the_id_vector_delivered_as_a_one_hot_names_the_ids_the_id_vector_does() {
         assert_eq!((x.kind(), x.size()), (y.kind(), y.size()), "{mesh}");
         assert!(x.equal(y), "{mesh}: the id vector after the round trip");
     }
+}
+
+/// A window of 2^27 atoms with a key halo, under a 3 GB address-space limit: the halo is
+/// laid out from the sample's real rows, never a slot per padded position (before: the
+/// process aborted allocating 4 GB), and the rank files' size is refused by the growth
+/// check, by name, before the first byte.
+#[test]
+fn a_huge_window_with_a_key_halo_is_refused_never_aborted() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec_for("2x2", dir.path(), true).replace("-true.yaml", "-huge.yaml");
+    let text = std::fs::read_to_string(spec_for("2x2", dir.path(), true)).unwrap();
+    let text = text.replace("    window: 32", &format!("    window: {}", 1u64 << 27))
+        + "  ref_pos_keys: {axes: [atoms, 3], dtype: float32, derive: {halo: {of: ref_pos, size: 48}}}\n";
+    std::fs::write(&spec, text).unwrap();
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "ulimit -v 3145728 && exec \"$0\" shard {spec} --features {} --mesh 2x2 --out {}",
+            sample_path().display(),
+            dir.path().join("s").display()
+        ))
+        .arg(env!("CARGO_BIN_EXE_featshard"));
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("over --max-growth"), "{err}");
+    assert!(!dir.path().join("s").exists());
 }

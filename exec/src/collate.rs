@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use featshard_spec::ir::PadValue;
-use featshard_spec::plan::Plan;
+use featshard_spec::plan::{Plan, Spread};
 
 use crate::error::ExecError;
 
@@ -210,6 +210,11 @@ pub struct Join {
     /// `(v / old) * new + v % old` (`featshard_spec::layout::repad_index`); negative
     /// values (pads of index lists) stay. `None`: values stay.
     pub repad: Option<(usize, usize)>,
+    /// Whole axes holding a sharded semantic's padded layout (a map's global columns on
+    /// one CP axis): along each, the block's `k` runs of `old` items are written at the
+    /// starts of the target's `k` runs of `new` (`Plan::collate_spreads`). Other axes
+    /// keep the block at their start.
+    pub spread: Vec<Spread>,
 }
 
 /// The [`Join`] of feature `name`'s block in a sample whose blocks have the local shapes
@@ -236,10 +241,21 @@ pub fn join(
     let repad = plan
         .repad_strides(name, pairs(local), pairs(targets))
         .filter(|&(old, new)| old > 0 && old != new);
+    let spread = plan.collate_spreads(name, local, targets);
+    for s in &spread {
+        let (n, to) = (shape[s.axis], target[s.axis]);
+        if n % s.old != 0 || n / s.old * s.new > to {
+            return Err(collate_error(format!(
+                "feature `{name}`: axis {} holds {n} items, not whole blocks of {} that grow to {} within the batch's {to}",
+                s.axis, s.old, s.new
+            )));
+        }
+    }
     Ok(Join {
         target: target.clone(),
         pad: t.pad_value,
         repad,
+        spread,
     })
 }
 
@@ -417,5 +433,43 @@ mod tests {
             e.contains("feature `coords`") && e.contains("[16, 3]"),
             "{e}"
         );
+    }
+
+    /// In serial order (one CP axis) every block of tokens and atoms grows at its end, so
+    /// global ids of either move with their blocks, and a map's whole column axis is
+    /// re-laid out block by block; a shard-local id and a block's own axes stay.
+    #[test]
+    fn a_join_on_one_axis_repads_global_ids_and_spreads_whole_axes() {
+        let spec = "version: 1\nmodule: t\nmesh: {cp: [cp], dp: dp}\n\
+            semantics:\n  tokens: {shard: true}\n  \
+            atoms: {shard: true, owner: tokens, map: map}\n\
+            features:\n  \
+            map: {axes: [atoms, tokens], dtype: int64, coshard: [{axis: 1, follows: 0}], index: {of: tokens, scope: shard_local, one_hot: 1}}\n  \
+            tok: {axes: [atoms], dtype: int64, index: {of: tokens, scope: padded_global}}\n  \
+            token_index: {axes: [tokens], dtype: int64}\n";
+        let plan = featshard_spec::compile_str("t.yaml", spec).expect("spec").1;
+        // 7 tokens on cp 2 (blocks of 4), 17 atoms (blocks of 10); a batch of 5 and 12.
+        let shapes = |t: usize, a: usize, cp: usize| {
+            BTreeMap::from([
+                ("map".to_owned(), vec![a, t * cp]),
+                ("tok".to_owned(), vec![a]),
+                ("token_index".to_owned(), vec![t]),
+            ])
+        };
+        let (local, target) = (shapes(4, 10, 2), shapes(5, 12, 2));
+        let tok = join(&plan, "tok", &local, &target).expect("tok");
+        assert_eq!((tok.repad, tok.spread.as_slice()), (Some((4, 5)), &[][..]));
+        let map = join(&plan, "map", &local, &target).expect("map");
+        assert_eq!(map.repad, None);
+        assert_eq!(
+            map.spread,
+            vec![Spread {
+                axis: 1,
+                old: 4,
+                new: 5
+            }]
+        );
+        let index = join(&plan, "token_index", &local, &target).expect("token_index");
+        assert_eq!((index.repad, index.spread.len()), (None, 0));
     }
 }

@@ -15,6 +15,10 @@ pub enum ExecError {
     /// passed through explicitly).
     #[error("features not in the spec: {} (declare them, list them under `drop`, or set `other_keys: drop | pass`){hint}", quoted(.features))]
     Unknown { features: Vec<String>, hint: String },
+    /// One feature given under two keys (a nested path and a key joined by the
+    /// separator, or two separators): which value is meant is not for intake to guess.
+    #[error("feature `{feature}`: given twice, as {}: give it once", quoted(.keys))]
+    Twice { feature: String, keys: Vec<String> },
     /// Features of the spec that belong to other workflows than the one asked for:
     /// each with the workflows that have it.
     #[error("features of the spec that workflow `{workflow}` does not have: {} (leave them out of the sample, or give the workflow it was made for)", with_workflows(.features))]

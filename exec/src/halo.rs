@@ -51,19 +51,12 @@ pub(crate) fn halo(
     // long (an empty axis: empty blocks, halos of pads).
     let shards = halo_rows / (2 * size).max(1);
     let block = padded.checked_div(shards).unwrap_or(0);
-    // The serial row at each padded position of the axis (none at a pad).
-    let mut row_at: Vec<Option<usize>> = vec![None; padded];
     let positions = source
         .axes
         .first()
         .and_then(|a| a.semantic.as_ref())
         .and_then(|s| layout.positions.get(s));
-    for i in 0..x.shape()[0] {
-        let p = positions.map_or(Some(i), |pos| pos.get(i).copied());
-        if let Some(slot) = p.and_then(|p| row_at.get_mut(p)) {
-            *slot = Some(i);
-        }
-    }
+    let row_at = RowAt::new(name, positions.map(Vec::as_slice), x.shape()[0], padded)?;
     let es = dtype::size(t.dtype);
     let row = x.shape()[1..].iter().product::<usize>() * es;
     // A feature given narrow (a mask as bool, ranged integers) widened to the declared
@@ -103,12 +96,58 @@ pub(crate) fn halo(
         let (start, end) = (r * block, (r + 1) * block);
         let before = (start as i128 - *size as i128)..start as i128;
         for p in before.chain(end as i128..(end + size) as i128) {
-            match usize::try_from(p).ok().and_then(|p| row_at.get(p)) {
-                Some(Some(i)) => out.extend_from_slice(&rows[i * row..(i + 1) * row]),
-                Some(None) => out.extend_from_slice(&inside),
+            match usize::try_from(p).ok().filter(|&p| p < padded) {
+                Some(p) => match row_at.get(p) {
+                    Some(i) => out.extend_from_slice(&rows[i * row..(i + 1) * row]),
+                    None => out.extend_from_slice(&inside),
+                },
                 None => out.extend_from_slice(&outside),
             }
         }
     }
     Ok(Array::owned(t.dtype, own.padded_shape.clone(), out))
+}
+
+/// The serial row at a padded position of the axis (none at a pad), known by the real
+/// rows alone: the padded axis may be far longer than the sample (a large window), and
+/// nothing is allocated by its length.
+struct RowAt {
+    /// `(padded position, serial row)` of every real row, by position; `None`: the
+    /// rows lie at their own positions.
+    by_position: Option<Vec<(usize, usize)>>,
+    rows: usize,
+}
+
+impl RowAt {
+    fn new(
+        name: &str,
+        positions: Option<&[usize]>,
+        rows: usize,
+        padded: usize,
+    ) -> Result<RowAt, ExecError> {
+        let Some(positions) = positions else {
+            return Ok(RowAt {
+                by_position: None,
+                rows: rows.min(padded),
+            });
+        };
+        let what = format!("feature `{name}`'s halo rows");
+        let mut by_position = crate::alloc::with_capacity(&what, rows, 16)?;
+        by_position.extend(positions.iter().copied().zip(0..rows));
+        by_position.sort_unstable();
+        Ok(RowAt {
+            by_position: Some(by_position),
+            rows,
+        })
+    }
+
+    fn get(&self, p: usize) -> Option<usize> {
+        match &self.by_position {
+            None => (p < self.rows).then_some(p),
+            Some(v) => v
+                .binary_search_by_key(&p, |&(at, _)| at)
+                .ok()
+                .map(|k| v[k].1),
+        }
+    }
 }

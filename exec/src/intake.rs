@@ -90,7 +90,7 @@ pub(crate) fn intake_any<'a>(
     let features = match plan.inputs.separator.as_str() {
         featshard_spec::names::PATH => features,
         _ => {
-            named = by_name(plan, features);
+            named = by_name(plan, features)?;
             &named
         }
     };
@@ -180,11 +180,21 @@ fn given_one_hot_maps<'a>(
 /// A sample file's keys as the spec names them: a nested feature's path joined by the
 /// spec's separator (`constraint_feature/contact`) is the spec's path
 /// (`constraint_feature.contact`).
-fn by_name<'a>(plan: &Plan, features: &Sample<'a>) -> Sample<'a> {
-    features
-        .iter()
-        .map(|(k, x)| (plan.inputs.name_of_key(k).into_owned(), x.clone()))
-        .collect()
+/// Two keys naming one feature (`a/b` and `a.b` with `separator: /`) are refused.
+fn by_name<'a>(plan: &Plan, features: &Sample<'a>) -> Result<Sample<'a>, ExecError> {
+    let mut named = Sample::new();
+    let mut key_of: BTreeMap<String, &str> = BTreeMap::new();
+    for (k, x) in features {
+        let name = plan.inputs.name_of_key(k).into_owned();
+        if let Some(first) = key_of.insert(name.clone(), k) {
+            return Err(ExecError::Twice {
+                feature: name,
+                keys: vec![first.to_owned(), k.clone()],
+            });
+        }
+        named.insert(name, x.clone());
+    }
+    Ok(named)
 }
 
 /// A key that is a spec feature's path joined another way than the spec's separator

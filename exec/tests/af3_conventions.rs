@@ -103,6 +103,11 @@ fn shard_and_assemble(plan: &Plan, mesh: Mesh, s: &Sample) -> BTreeMap<String, V
     }
     let padded = assemble::assemble(plan, &placed.layout, None, &ranks).expect("assemble");
     let serial = assemble::unpad(plan, &placed.layout, padded).expect("unpad");
+    let direct = assemble::assemble_serial(plan, &placed.layout, None, &ranks).expect("serial");
+    assert_eq!(
+        direct, serial,
+        "the serial assembler differs from unpad of the padded"
+    );
     serial.iter().map(|(n, d)| (n.clone(), values(d))).collect()
 }
 

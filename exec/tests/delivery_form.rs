@@ -111,6 +111,11 @@ fn shard(plan: &Plan, mesh: Mesh, s: &Sample) -> (Blocks, Sample<'static>) {
     }
     let padded = assemble::assemble(plan, &placed.layout, None, &ranks).expect("assemble");
     let serial = assemble::unpad(plan, &placed.layout, padded).expect("unpad");
+    let direct = assemble::assemble_serial(plan, &placed.layout, None, &ranks).expect("serial");
+    assert_eq!(
+        direct, serial,
+        "the serial assembler differs from unpad of the padded"
+    );
     let back = serial
         .into_iter()
         .map(|(n, d)| (n, Array::owned(d.dtype, d.shape, d.bytes)))

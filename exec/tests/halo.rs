@@ -149,6 +149,12 @@ fn the_halo_comes_back_with_the_sample_and_beside_it() {
     // The halo's whole: one halo per shard of the atom axis, in shard order.
     assert_eq!(padded["ref_pos_keys"].shape, vec![3 * 2 * HALO, 3]);
     let serial = featshard_exec::assemble::unpad(&plan, &placed.layout, padded).expect("unpad");
+    let direct = featshard_exec::assemble::assemble_serial(&plan, &placed.layout, None, &ranks)
+        .expect("serial");
+    assert_eq!(
+        direct, serial,
+        "the serial assembler differs from unpad of the padded"
+    );
     assert_eq!(serial["ref_pos"].bytes, s["ref_pos"].base_bytes());
     assert_eq!(serial["ref_pos_keys"].shape, vec![3 * 2 * HALO, 3]);
 }

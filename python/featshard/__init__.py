@@ -245,9 +245,11 @@ class Plan:
 
     def collate_join(
         self, name: str, local: dict[str, list[int]], targets: dict[str, list[int]]
-    ) -> tuple[list[int], bool | int | float, tuple[int, int] | None]:
-        """How feature ``name``'s block joins a collated batch: its target shape, pad value
-        and owner-block re-pad ``(old, new)`` stride (None: values stay)."""
+    ) -> tuple[list[int], bool | int | float, tuple[int, int] | None, list[tuple[int, int, int]]]:
+        """How feature ``name``'s block joins a collated batch: its target shape, pad value,
+        the re-pad ``(old, new)`` of an index into a sharded semantic's blocks (None:
+        values stay), and the ``(axis, old, new)`` of each whole axis re-laid out block
+        by block."""
         return self._native.collate_join(name, local, targets)
 
     def collated_shape(self, name: str, local: list[int], batch: int, dp: int, cp: tuple[int, ...]) -> list[int]:

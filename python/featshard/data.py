@@ -3,9 +3,9 @@ the datasets (online and pre-sharded), the DP sampler and a Lightning data modul
 
 Every number comes from the plan through the native module: collate's DTensor shapes
 (``Plan.collated_shape``), how each sample's block joins its batch (``Plan.collate_join``:
-target shape, pad value, the re-pad of indices into owner-partitioned layouts, applied
-here by torch on the blocks' device) and the samples each DP replica reads
-(``featshard.replica_indices``, the Rust loader's split).
+target shape, pad value, the re-pad of indices into a sharded semantic's blocks and of
+whole axes holding its layout, applied here by torch on the blocks' device) and the
+samples each DP replica reads (``featshard.replica_indices``, the Rust loader's split).
 """
 
 from __future__ import annotations
@@ -113,13 +113,20 @@ def _agreed_targets(
     return frame.names, targets
 
 
-def _join_into(x: torch.Tensor, repad: tuple[int, int] | None, out: torch.Tensor) -> None:
+def _join_into(x: torch.Tensor, repad: tuple[int, int] | None,
+               spread: Sequence[tuple[int, int, int]], out: torch.Tensor) -> None:
     """A sample's block written at the start of ``out`` (its place in the batch, already
     the pad value) as the executor's join says: index values ``v >= 0`` re-padded to
-    ``(v // old) * new + v % old``, negative ones (pads of index lists) kept."""
+    ``(v // old) * new + v % old``, negative ones (pads of index lists) kept; along each
+    spread ``(axis, old, new)``, the block's runs of ``old`` items at the starts of
+    ``out``'s runs of ``new``."""
     if repad is not None:
         old, new = repad
         x = torch.where(x >= 0, torch.div(x, old, rounding_mode="floor") * new + x % old, x)
+    # Last axis first, so that the earlier axes keep their numbers.
+    for axis, old, new in sorted(spread, reverse=True):
+        x = x.unflatten(axis, (x.shape[axis] // old, old))
+        out = out.unflatten(axis, (-1, new))
     out[tuple(slice(0, n) for n in x.shape)] = x
 
 
@@ -129,7 +136,9 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh, *,
 
     Every rank pads its local blocks to the largest local shape across the batch and
     across DP replicas (one all-reduce of max), so each shard's items keep their place
-    and gain pads at the end; indices into owner-partitioned layouts are re-padded.
+    and gain pads at the end; indices into a sharded semantic's padded layout, and whole
+    axes holding it (a map's global columns on one CP axis), move with its blocks, so
+    every index names after collate the item it named before.
     Placements are the plan's DP placements (``Shard(0)`` over dp). Plain tensors are
     stacked, other values (metadata) become lists. The blocks stay on the device they
     are on (the mesh's), and so does the batch. A batch one replica cannot collate is
@@ -156,8 +165,8 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh, *,
                  for i in range(len(batch))]
         first = locals_[name][0]
         stacked = torch.full((len(batch), *target[name]), joins[0][1], dtype=first.dtype, device=first.device)
-        for i, (x, (_, _, repad)) in enumerate(zip(locals_[name], joins)):
-            _join_into(x, repad, stacked[i])
+        for i, (x, (_, _, repad, spread)) in enumerate(zip(locals_[name], joins)):
+            _join_into(x, repad, spread, stacked[i])
         shape = plan.collated_shape(name, target[name], len(batch), dp_size, cp)
         out[name] = DTensor.from_local(
             stacked, mesh, on_mesh[name], run_check=False,
@@ -458,6 +467,8 @@ def lightning_datamodule(
     """
     _check_retries(retries)
     _check_count("seed", seed)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"lightning_datamodule: batch_size must be an integer of at least 1, got {batch_size!r}")
     # The ignores keep mypy --strict clean with and without lightning installed.
     try:
         import lightning.pytorch as pl  # type: ignore[import-not-found,unused-ignore]

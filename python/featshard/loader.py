@@ -144,7 +144,8 @@ class FeatureLoader:
     ) -> None:
         _check_retries(retries)
         for name, value, least in (("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
-                                   ("prefetch", prefetch, 0), ("batch_size", batch_size or 1, 1)):
+                                   ("prefetch", prefetch, 0),
+                                   ("batch_size", 1 if batch_size is None else batch_size, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"FeatureLoader: {name} must be an integer of at least {least}, got {value!r}")
         if batch_size is not None and mesh_dims(plan, mesh)[0] is None:

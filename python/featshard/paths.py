@@ -36,13 +36,19 @@ def flat(plan: _Named, features: Mapping[str, Any]) -> Mapping[str, Any]:
         return features
     out: dict[Any, Any] = {}
 
+    given: dict[Any, str] = {}
+
     def walk(d: Mapping[Any, Any], path: str) -> None:
         for k, v in d.items():
             key = f"{path}{SEP}{k}" if path else k
             if isinstance(k, str) and isinstance(v, Mapping) and key in dicts:
                 walk(v, key)
-            else:
-                out[key] = v
+                continue
+            # A nested value and a flat key of one path: which is meant is not ours to guess.
+            where = f"`{k}` in the dict `{path}`" if path else f"`{key}`"
+            if key in given:
+                raise ValueError(f"feature `{key}`: given twice, as {given[key]} and {where}: give it once")
+            given[key], out[key] = where, v
 
     walk(features, "")
     return out

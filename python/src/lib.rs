@@ -40,6 +40,14 @@ fn main(py: Python<'_>, argv: Vec<String>) -> i32 {
     py.detach(|| featshard::cli::run(argv))
 }
 
+/// What `Plan.collate_join` returns: target, pad, repad and spreads.
+type CollateJoin = (
+    Vec<usize>,
+    tables::Pad,
+    Option<(usize, usize)>,
+    Vec<(usize, usize, usize)>,
+);
+
 /// A compiled spec: its Plan IR and the geometry of any sample on any mesh.
 #[pyclass(frozen, module = "featshard._native")]
 struct Plan {
@@ -114,19 +122,25 @@ impl Plan {
     }
 
     /// How feature `name`'s block in a sample (its blocks' local shapes `local`) joins
-    /// a collated batch (the agreed local shapes `targets`): `(target, pad, repad)`,
-    /// `repad` the `(old, new)` per-block stride of an index into an owner-partitioned
-    /// layout (see `featshard_exec::collate::Join`).
-    #[allow(clippy::type_complexity)]
+    /// a collated batch (the agreed local shapes `targets`): `(target, pad, repad,
+    /// spread)`, `repad` the `(old, new)` block length of the semantic an index points
+    /// into, `spread` the `(axis, old, new)` of each whole axis re-laid out block by
+    /// block (see `featshard_exec::collate::Join`).
     fn collate_join(
         &self,
         name: &str,
         local: BTreeMap<String, Vec<usize>>,
         targets: BTreeMap<String, Vec<usize>>,
-    ) -> PyResult<(Vec<usize>, tables::Pad, Option<(usize, usize)>)> {
+    ) -> PyResult<CollateJoin> {
         let join = featshard_exec::collate::join(&self.plan, name, &local, &targets)
             .map_err(|e| value_error(e.to_string()))?;
-        Ok((join.target, tables::Pad::from(join.pad), join.repad))
+        let spread = join.spread.iter().map(|s| (s.axis, s.old, s.new));
+        Ok((
+            join.target,
+            tables::Pad::from(join.pad),
+            join.repad,
+            spread.collect(),
+        ))
     }
 
     /// The DTensor global shape of feature `name` collated from `batch` samples per

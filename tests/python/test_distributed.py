@@ -687,3 +687,18 @@ def test_bad_loader_arguments_are_refused_where_given_naming_them() -> None:
             data.lightning_datamodule(plan, None, retries=retries)  # type: ignore[arg-type]
     with pytest.raises(IndexError, match="sample index 0 is outside the serial dataset's 0 samples"):
         data.fetch_with_retries([], 0, 2)  # type: ignore[arg-type]
+
+
+def test_a_batch_size_below_one_is_refused_by_the_loader_and_the_data_module() -> None:
+    """``batch_size=0`` (before: the epoch came back as one batch and ``len()`` raised a
+    bare ZeroDivisionError) and other non-counts, refused where given by name."""
+    import featshard
+    from featshard import data
+    from featshard.loader import FeatureLoader
+
+    plan = featshard.Plan(HERE.parents[1] / "examples" / "boltz2.yaml")
+    for size in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match=f"FeatureLoader: batch_size must be an integer of at least 1, got {size!r}"):
+            FeatureLoader(plan, [1], None, batch_size=size)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=f"lightning_datamodule: batch_size must be an integer of at least 1, got {size!r}"):
+            data.lightning_datamodule(plan, None, batch_size=size)  # type: ignore[arg-type]

@@ -85,6 +85,20 @@ def test_nested_dicts_go_in_and_come_back_nested() -> None:
             same(a, b, f"{mesh} rank {r}")
 
 
+def test_a_feature_given_nested_and_flat_is_refused_by_name() -> None:
+    """`constraint_feature.pocket` in the nested dict and as a flat key with other values:
+    refused naming the feature and both places, never the later one taken."""
+    import featshard
+    from featshard.blocks import rank_blocks
+
+    plan = featshard.Plan(SPEC)
+    sample = nested_sample()
+    sample["constraint_feature.pocket"] = sample["constraint_feature"]["pocket"] + 1
+    with pytest.raises(ValueError, match=r"feature `constraint_feature\.pocket`: given twice, as `pocket` in the dict"
+                       r" `constraint_feature` and `constraint_feature\.pocket`: give it once"):
+        rank_blocks(plan, sample, (2, 2))
+
+
 def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], spec: str, results: str) -> None:
     sys.path[:0] = [str(HERE)]
     from datetime import timedelta

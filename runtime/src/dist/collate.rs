@@ -48,7 +48,17 @@ fn join_into(name: &str, x: &Tensor, join: &Join, out: &Tensor) -> Result<(), Ru
         }
         None => x.shallow_clone(),
     };
-    let mut region = out.shallow_clone();
+    // A spread axis is viewed as its blocks, `[k, new]` over `[k, old]`, last axis
+    // first so that the earlier axes keep their numbers.
+    let (mut x, mut region) = (x, out.shallow_clone());
+    let mut spread = join.spread.clone();
+    spread.sort_by_key(|s| std::cmp::Reverse(s.axis));
+    for s in &spread {
+        let (axis, old, new) = (s.axis as i64, s.old as i64, s.new as i64);
+        let k = x.size()[s.axis] / old;
+        x = x.f_unflatten(axis, [k, old]).feature(name)?;
+        region = region.f_unflatten(axis, [-1, new]).feature(name)?;
+    }
     for (d, &n) in x.size().iter().enumerate() {
         region = region.f_narrow(d as i64, 0, n).feature(name)?;
     }

@@ -300,11 +300,9 @@ fn remap(spec: &Spec, t: &TensorFeature, splits: &[Split]) -> Remap {
         },
         (None, IndexScope::PaddedGlobal) => Remap::ToPaddedLayout {
             of: ix.of.clone(),
-            // Collate re-pads ids of items laid out in owner blocks only.
-            repad: spec
-                .semantics
-                .get(&ix.of)
-                .is_some_and(|s| s.sharded && s.owner.is_some() && !in_serial_order(spec, s)),
+            // Collate pads every block of a sharded semantic at its end, in owner
+            // blocks and in serial order alike: its positions move.
+            repad: spec.semantics.get(&ix.of).is_some_and(|s| s.sharded),
         },
         (None, IndexScope::ShardLocal) => Remap::ShardLocal {
             of: ix.of.clone(),

@@ -35,6 +35,23 @@ pub use semantic::*;
 pub use shapes::{FeatureShapes, Resolved};
 pub use symbolic::{spread_evenly, Extent, SymbolicShapes};
 
+/// One whole axis re-laid out by DP collate ([`Plan::collate_spreads`]): its blocks of
+/// `old` items each become blocks of `new` items, the items first and pads after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spread {
+    /// The tensor axis.
+    pub axis: usize,
+    /// The sample's block length of the semantic the axis holds.
+    pub old: usize,
+    /// The batch's block length.
+    pub new: usize,
+}
+
+/// Shapes by name, as the plan's shape lookups take them.
+fn shape_pairs(m: &BTreeMap<String, Vec<usize>>) -> Vec<(&str, &[usize])> {
+    m.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect()
+}
+
 /// Version of the plan.json format.
 pub const PLAN_VERSION: u32 = 1;
 
@@ -150,7 +167,8 @@ impl Plan {
     }
 
     /// The local length of `semantic` along its first mesh-split axis, in the first of
-    /// `shapes` (feature name -> local shape, in name order) that has such an axis.
+    /// `shapes` (feature name -> local shape, in name order) that has such an axis. A key
+    /// halo's rows are not a block of its semantic and never answer.
     pub fn mesh_split_length<'a>(
         &self,
         semantic: &str,
@@ -158,6 +176,9 @@ impl Plan {
     ) -> Option<usize> {
         shapes.into_iter().find_map(|(name, shape)| {
             let t = self.tensor(name)?;
+            if t.derived.as_ref().and_then(DeriveRule::halo).is_some() {
+                return None;
+            }
             t.axes.iter().zip(shape).find_map(|(a, &n)| {
                 (a.semantic.as_deref() == Some(semantic) && matches!(a.split, Split::Mesh { .. }))
                     .then_some(n)
@@ -165,10 +186,12 @@ impl Plan {
         })
     }
 
-    /// DP collate's re-pad of feature `name`, an index into an owner-partitioned layout:
-    /// the per-block stride `(old, new)` of the semantic it points into, read off the
-    /// sample's local shapes and the batch's agreed ones (`None` when the feature is not
-    /// re-padded or no feature splits that semantic).
+    /// DP collate's re-pad of feature `name`'s values, an index into the padded layout of
+    /// a sharded semantic: the block length `(old, new)` of the semantic it points into,
+    /// read off the sample's local shapes and the batch's agreed ones (`None` when the
+    /// feature is not re-padded or no feature splits that semantic). Collate pads every
+    /// block at its end, so a position `v` of the padded layout moves to
+    /// `(v / old) * new + v % old` ([`crate::layout::repad_index`]).
     pub fn repad_strides<'a, 'b>(
         &self,
         name: &str,
@@ -183,6 +206,34 @@ impl Plan {
             self.mesh_split_length(of, local)?,
             self.mesh_split_length(of, target)?,
         ))
+    }
+
+    /// DP collate's re-layout of feature `name`'s whole axes that hold a sharded
+    /// semantic's padded layout (a map's global columns on one CP axis): such an axis is
+    /// `k` blocks of the semantic, and each block of `old` items becomes one of `new`
+    /// items in the batch, its items first, so that every item keeps the position the
+    /// semantic's own blocks give it. Only axes whose block grows are listed.
+    pub fn collate_spreads(
+        &self,
+        name: &str,
+        local: &BTreeMap<String, Vec<usize>>,
+        target: &BTreeMap<String, Vec<usize>>,
+    ) -> Vec<Spread> {
+        let Some(t) = self.tensor(name) else {
+            return Vec::new();
+        };
+        let (local, target) = (shape_pairs(local), shape_pairs(target));
+        t.axes
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a.split, Split::Whole))
+            .filter_map(|(axis, a)| {
+                let of = a.semantic.as_deref()?;
+                let old = self.mesh_split_length(of, local.iter().copied())?;
+                let new = self.mesh_split_length(of, target.iter().copied())?;
+                (old > 0 && new > old).then_some(Spread { axis, old, new })
+            })
+            .collect()
     }
 
     /// Semantics with every owner before what it owns, ties in name order.

@@ -18,6 +18,11 @@ use crate::feature::tensor_plan;
 use crate::files::Sample;
 use crate::local_ids::{self, for_each_index, Direction};
 
+mod serial;
+
+use serial::Items;
+pub use serial::SerialAssembler;
+
 /// One feature's values, owned: dtype, shape and row-major bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dense {
@@ -53,6 +58,28 @@ pub fn assemble(
         });
     }
     let mut assembler = Assembler::new(plan, layout, workflow, &ranks[0])?;
+    for (r, blocks) in ranks.iter().enumerate() {
+        assembler.add(r, blocks)?;
+    }
+    assembler.finish()
+}
+
+/// Every rank's blocks straight back into the serial sample (what [`unpad`] of
+/// [`assemble`] gives), through [`SerialAssembler`]: no padded global layout is made.
+pub fn assemble_serial(
+    plan: &Plan,
+    layout: &SampleLayout,
+    workflow: Option<&str>,
+    ranks: &[Sample],
+) -> Result<BTreeMap<String, Dense>, ExecError> {
+    if ranks.len() != layout.mesh.ranks() {
+        return Err(ExecError::RankCount {
+            what: "ranks' blocks",
+            given: ranks.len(),
+            mesh: plan.mesh.named(layout.mesh),
+        });
+    }
+    let mut assembler = SerialAssembler::new(plan, layout, workflow, &ranks[0])?;
     for (r, blocks) in ranks.iter().enumerate() {
         assembler.add(r, blocks)?;
     }
@@ -95,7 +122,7 @@ impl<'p> Assembler<'p> {
         for (name, s) in &shapes {
             let t = tensor_plan(plan, name)?;
             let numel = s.padded_shape.iter().product::<usize>();
-            let bytes = dtype::pad_bytes(t.dtype, t.pad_value).repeat(numel);
+            let bytes = pad_filled(name, t, numel)?;
             let shape = s.padded_shape.clone();
             let dense = Dense {
                 dtype: t.dtype,
@@ -148,6 +175,18 @@ impl<'p> Assembler<'p> {
     }
 }
 
+/// `numel` pad values of `t`, allocated fallibly: a layout past what the machine can
+/// give is an error naming the feature, never an abort.
+fn pad_filled(name: &str, t: &TensorPlan, numel: usize) -> Result<Vec<u8>, ExecError> {
+    let pad = dtype::pad_bytes(t.dtype, t.pad_value);
+    let what = format!("feature `{name}`'s assembled layout");
+    let mut bytes = crate::alloc::with_capacity(&what, numel.saturating_mul(pad.len()), 1)?;
+    for _ in 0..numel {
+        bytes.extend_from_slice(&pad);
+    }
+    Ok(bytes)
+}
+
 /// What assembling a feature holds, counted before anything is made from a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Footprint {
@@ -158,6 +197,11 @@ pub struct Footprint {
     /// Bytes held in memory while assembling it: every rank's dense block and the
     /// padded global layout.
     pub held: u128,
+    /// Bytes of its serial form (what the assembled serial file holds).
+    pub serial: u128,
+    /// Bytes held in memory while assembling it straight to its serial form
+    /// ([`SerialAssembler`]): one rank's dense block and the serial feature.
+    pub held_serial: u128,
 }
 
 /// The [`Footprint`] of every feature the ranks' blocks hold, largest first, counted
@@ -180,15 +224,22 @@ pub fn footprints(
     };
     let mut out = Vec::new();
     for (name, s) in plan.shapes_of(layout, present)? {
-        let d = tensor_plan(plan, &name)?.dtype;
+        let t = tensor_plan(plan, &name)?;
+        let d = t.dtype;
         let global = bytes(&s.global_shape, d);
-        let held = bytes(&s.local_shape, d)
-            .saturating_mul(world)
-            .saturating_add(global);
+        let local = bytes(&s.local_shape, d);
+        let held = local.saturating_mul(world).saturating_add(global);
+        let serial_shape: Vec<usize> = serial::axis_items(&name, t, layout, &s)?
+            .iter()
+            .map(Items::len)
+            .collect();
+        let serial = bytes(&serial_shape, d);
         out.push(Footprint {
             feature: name,
             global,
             held,
+            serial,
+            held_serial: local.saturating_add(serial),
         });
     }
     out.sort_by_key(|f| std::cmp::Reverse(f.held));
@@ -254,6 +305,44 @@ fn assembled_shapes(
     Ok(shapes)
 }
 
+/// Rank `r`'s block of one feature, checked against its plan, as bytes whose shard-local
+/// ids are shifted back to the padded layout.
+fn padded_block(
+    plan: &Plan,
+    layout: &SampleLayout,
+    name: &str,
+    s: &FeatureShapes,
+    r: usize,
+    block: &crate::array::Array,
+) -> Result<Vec<u8>, ExecError> {
+    let t = tensor_plan(plan, name)?;
+    if block.shape() != s.local_shape || block.dtype() != t.dtype {
+        return Err(blocks_error(
+            name,
+            format!(
+                "rank {r} holds {:?} {}, the plan says {:?} {}",
+                block.shape(),
+                block.dtype(),
+                s.local_shape,
+                t.dtype
+            ),
+        ));
+    }
+    let mut bytes = block.to_bytes();
+    let coord = layout.mesh.coord(r);
+    let direction = Direction::ToPadded;
+    local_ids::shift(
+        name,
+        t,
+        layout,
+        &s.local_shape,
+        coord,
+        &mut bytes,
+        direction,
+    )?;
+    Ok(bytes)
+}
+
 /// Rank `r`'s block of one feature copied into its padded global layout (shard-local
 /// ids shifted back); a replicated region written before must be equal.
 fn copy_block(
@@ -272,28 +361,7 @@ fn copy_block(
     let t = tensor_plan(plan, name)?;
     let es = dtype::size(t.dtype);
     let coord = layout.mesh.coord(r);
-    if block.shape() != s.local_shape || block.dtype() != t.dtype {
-        return Err(blocks_error(
-            name,
-            format!(
-                "rank {r} holds {:?} {}, the plan says {:?} {}",
-                block.shape(),
-                block.dtype(),
-                s.local_shape,
-                t.dtype
-            ),
-        ));
-    }
-    let mut bytes = block.to_bytes();
-    local_ids::shift(
-        name,
-        t,
-        layout,
-        &s.local_shape,
-        coord,
-        &mut bytes,
-        Direction::ToPadded,
-    )?;
+    let bytes = padded_block(plan, layout, name, s, r, block)?;
     let window = t.block_window(&s.local_shape, coord);
     // The region a rank holds is identified by its coordinates on split axes.
     let key: Vec<usize> = t
@@ -446,24 +514,19 @@ fn to_serial_ids(
     none: Option<i64>,
     y: &mut Dense,
 ) -> Result<(), ExecError> {
-    let (Some(pos), Some(&padded)) = (layout.positions.get(of), layout.padded.get(of)) else {
+    let (true, Some(&padded)) = (layout.positions.contains_key(of), layout.padded.get(of)) else {
         return Ok(());
     };
-    let mut inverse = vec![-1i64; padded];
-    for (item, &p) in pos.iter().enumerate() {
-        inverse[p] = item as i64;
-    }
+    // The items by position, as long as the sample's (never as the padded axis).
+    let items = Items::of(name, layout, of, padded)?;
     let es = dtype::size(y.dtype);
     let mut out = Vec::with_capacity(y.bytes.len());
     for v in y.bytes.chunks_exact(es) {
         let g = dtype::read_i64(y.dtype, v);
-        let serial = usize::try_from(g)
-            .ok()
-            .and_then(|g| inverse.get(g))
-            .copied();
+        let serial = usize::try_from(g).ok().and_then(|g| items.at(g));
         match serial {
             _ if Some(g) == none => dtype::encode_i64(y.dtype, g, &mut out),
-            Some(s) if s >= 0 => dtype::encode_i64(y.dtype, s, &mut out),
+            Some(s) => dtype::encode_i64(y.dtype, s as i64, &mut out),
             _ => {
                 return Err(blocks_error(
                     name,
