@@ -125,8 +125,8 @@ def _join_into(x: torch.Tensor, repad: tuple[int, int] | None,
         x = torch.where(x >= 0, torch.div(x, old, rounding_mode="floor") * new + x % old, x)
     # Last axis first, so that the earlier axes keep their numbers.
     for axis, old, new in sorted(spread, reverse=True):
-        x = x.unflatten(axis, (x.shape[axis] // old, old))
-        out = out.unflatten(axis, (-1, new))
+        x = x.reshape(*x.shape[:axis], x.shape[axis] // old, old, *x.shape[axis + 1:])
+        out = out.view(*out.shape[:axis], out.shape[axis] // new, new, *out.shape[axis + 1:])
     out[tuple(slice(0, n) for n in x.shape)] = x
 
 
