@@ -22,6 +22,9 @@ pub(crate) const WORDS: usize = 4;
 /// Length of a vote: the failure flag, the digest's words, their negations.
 pub(crate) const VOTE_LEN: usize = 1 + 2 * WORDS;
 
+/// The sampler's term, as a disagreement names it.
+const SAMPLER: &str = "what decides the step's sample";
+
 /// Characters of a name or value kept in a frame (digests cover the whole value).
 const CLIP: usize = 64;
 
@@ -45,6 +48,11 @@ pub struct Terms {
     /// has a source.
     #[serde(default)]
     pub source: Option<usize>,
+    /// What decides which sample the step holds, where a loader chose it (its sampler's
+    /// seed, epoch, shuffle, dataset length, turns, batch size, drop_last and the step's
+    /// number): ranks that differ here deliver different samples as one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler: Option<String>,
     /// sha256 of every value above, whole: what the vote compares.
     pub digest: String,
 }
@@ -73,8 +81,16 @@ impl Terms {
             mesh: clip_to(&mesh, 4 * CLIP),
             order: order_of(ranks, &ranks_digest),
             source,
+            sampler: None,
             digest: sha256_hex(&whole),
         }
+    }
+
+    /// These terms with what decided the step's sample (`Terms::sampler`) among them.
+    pub fn with_sampler(mut self, sampler: &str) -> Terms {
+        self.digest = sha256_hex(&serde_json::json!([self.digest, sampler]).to_string());
+        self.sampler = Some(clip_to(sampler, 4 * CLIP));
+        self
     }
 
     /// The digest as [`WORDS`] 60-bit words.
@@ -105,6 +121,11 @@ impl Terms {
             ("the workflow", opt(&self.workflow), opt(&other.workflow)),
             ("the source", src(&self.source), src(&other.source)),
             (
+                SAMPLER,
+                opt_sampler(&self.sampler),
+                opt_sampler(&other.sampler),
+            ),
+            (
                 "their terms (digest)",
                 self.digest.clone(),
                 other.digest.clone(),
@@ -112,6 +133,10 @@ impl Terms {
         ];
         fields.into_iter().find(|(_, a, b)| a != b)
     }
+}
+
+fn opt_sampler(s: &Option<String>) -> String {
+    s.as_deref().map_or("no loader's".into(), quoted)
 }
 
 fn quoted(s: &str) -> String {
@@ -299,9 +324,13 @@ pub fn verdict(frames: &[Option<Status>]) -> Status {
     };
     for &(rank, t) in &terms[1..] {
         if let Some((what, mine, theirs)) = base.difference(t) {
+            let rule = match what {
+                SAMPLER => "every rank's loader must draw the same sequence: the same dataset length, shuffle, seed, epoch, spread, batch_size and drop_last, at the same step",
+                _ => "every rank of the world must call with the same spec, workflow, mesh and source",
+            };
             return Status::Disagree {
                 message: format!(
-                    "ranks disagree on {what}: rank {first} has {mine}, rank {rank} has {theirs} (every rank of the world must call with the same spec, workflow, mesh and source)"
+                    "ranks disagree on {what}: rank {first} has {mine}, rank {rank} has {theirs} ({rule})"
                 ),
             };
         }
@@ -470,5 +499,35 @@ mod tests {
             let back = Status::decode(&s.encode()).expect("decodes");
             assert!(back.failed());
         }
+    }
+
+    /// Ranks whose loaders would draw different sequences (another seed) disagree on
+    /// what decides the step's sample, naming both sides; the same sampler agrees.
+    #[test]
+    fn ranks_of_different_samplers_disagree_by_name() {
+        let t = terms(None, &[0, 1, 2, 3], Some(0));
+        let a = t.clone().with_sampler("seed=1 epoch=0 step=0");
+        let b = t.clone().with_sampler("seed=2 epoch=0 step=0");
+        assert_ne!(a.digest, b.digest);
+        assert_ne!(a.digest, t.digest);
+        assert!(unanimous(&reduce(&[
+            vote(false, Some(&a)),
+            vote(false, Some(&a.clone()))
+        ])));
+        assert!(!unanimous(&reduce(&[
+            vote(false, Some(&a)),
+            vote(false, Some(&b))
+        ])));
+        let frames = [
+            Some(Status::Terms { rank: 0, terms: a }),
+            Some(Status::Terms { rank: 1, terms: b }),
+        ];
+        let Status::Disagree { message } = verdict(&frames) else {
+            panic!("no disagreement")
+        };
+        assert!(
+            message.starts_with("ranks disagree on what decides the step's sample: rank 0 has `seed=1 epoch=0 step=0`, rank 1 has `seed=2 epoch=0 step=0` (every rank's loader"),
+            "{message}"
+        );
     }
 }

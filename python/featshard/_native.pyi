@@ -308,7 +308,7 @@ unanimous."""
 class Terms:
     """What every rank of a step must hold the same: the spec, the workflow, the mesh's
     axes (names and sizes) and global ranks in mesh order, the source's place in its CP
-    group."""
+    group, and what decided the step's sample (a loader's sampler terms)."""
 
     def __init__(
         self,
@@ -317,6 +317,7 @@ class Terms:
         axes: list[tuple[str, int]],
         ranks: list[int],
         source: int | None = None,
+        sampler: str | None = None,
     ) -> None: ...
     @property
     def digest(self) -> str:

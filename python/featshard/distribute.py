@@ -38,6 +38,7 @@ from featshard.errors import (
     CollectiveError,
     FeatureDistributionError,
     Status,
+    StepsStopped,
     agree,
     collective,
     default_timeout,
@@ -95,14 +96,14 @@ def mesh_dims(plan: Plan, mesh: DeviceMesh) -> tuple[int | None, list[int]]:
 
 
 def mesh_terms(plan: Plan, mesh: DeviceMesh, workflow: str | None = None,
-               source: int | None = None) -> _native.Terms:
+               source: int | None = None, sampler: str | None = None) -> _native.Terms:
     """What every rank must hold the same for a step on ``mesh``: the spec, the
     workflow, the mesh's axes (names and sizes) and ranks in order, the source's place
-    in its CP group."""
+    in its CP group, and what decided the step's sample (``sampler``, a loader's)."""
     names = mesh.mesh_dim_names or tuple(f"dim{d}" for d in range(mesh.mesh.dim()))
     axes = [(str(n), int(k)) for n, k in zip(names, mesh.mesh.shape)]
     order = [int(r) for r in mesh.mesh.flatten().tolist()]
-    return _native.Terms(plan.sha256, workflow, axes, order, source)
+    return _native.Terms(plan.sha256, workflow, axes, order, source, sampler)
 
 
 def _world(timeout: timedelta) -> dist.ProcessGroup:
@@ -168,6 +169,8 @@ def distribute_features(
     group: CpGroup | None = None,
     compact: bool = True,
     timeout: timedelta | None = None,
+    sampler: str | None = None,
+    stop: bool = False,
 ) -> dict[str, Any]:
     """Distributes one serial sample from the source rank of each CP group.
 
@@ -180,7 +183,11 @@ def distribute_features(
     returned (by default it is looked up again, made with ``timeout``). With
     ``compact``, one-hot features travel as indices; the DTensors are the same either
     way. A peer that dies or stops answering ends the step within the groups' timeout
-    as a :class:`CollectiveError`.
+    as a :class:`CollectiveError`. ``sampler`` (a loader's) states what decided which
+    sample this step holds: ranks whose statements differ are every rank's named error.
+    With ``stop`` this rank takes no more steps: the step is not made, and every rank
+    raises :class:`~featshard.errors.StepsStopped` (a loader's thread ends so when its
+    caller has left, never starting a step the others will not take).
     """
     cp = group if group is not None else cp_group(plan, mesh, timeout=timeout)
     sizes = tuple(cp.mesh.size(d) for d in range(cp.mesh.ndim))
@@ -188,6 +195,8 @@ def distribute_features(
     outgoing: _Outgoing | None = None
     failed: Status | None = None
     try:
+        if stop:
+            raise _stopping()
         if dist.get_rank() == source:
             if features is None:
                 raise ValueError("the source rank was given no sample")
@@ -198,7 +207,7 @@ def distribute_features(
                                  lambda k: placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact))
     except Exception as e:  # noqa: BLE001 - agreed on by the whole world
         failed = status_of(e)
-    return _step(plan, mesh, cp, source, outgoing, failed, workflow=workflow, check=check)
+    return _step(plan, mesh, cp, source, outgoing, failed, workflow=workflow, check=check, sampler=sampler)
 
 
 _ALIGN = 64
@@ -256,6 +265,8 @@ def distribute_prepared(
     group: CpGroup | None = None,
     check: Callable[[Mapping[str, torch.Tensor]], None] | None = None,
     timeout: timedelta | None = None,
+    sampler: str | None = None,
+    stop: bool = False,
 ) -> dict[str, Any]:
     """:func:`distribute_features` of a sample the source prepared ahead
     (:func:`prepare_sample`): the same step (agreement, each rank its buffer, the same
@@ -266,6 +277,8 @@ def distribute_prepared(
     outgoing: _Outgoing | None = None
     failed: Status | None = None
     try:
+        if stop:
+            raise _stopping()
         if dist.get_rank() == src:
             if prepared is None:
                 raise ValueError("the source rank was given no prepared sample")
@@ -276,7 +289,11 @@ def distribute_prepared(
             outgoing = _Outgoing(_native.Header.from_bytes(prepared.header), buffers.__getitem__)
     except Exception as e:  # noqa: BLE001 - agreed on by the whole world
         failed = status_of(e)
-    return _step(plan, mesh, cp, src, outgoing, failed, workflow=workflow, check=check)
+    return _step(plan, mesh, cp, src, outgoing, failed, workflow=workflow, check=check, sampler=sampler)
+
+
+def _stopping() -> StepsStopped:
+    return StepsStopped(f"rank {dist.get_rank()} stopped taking steps: every rank's loader stops at this step")
 
 
 class _Outgoing(NamedTuple):
@@ -297,6 +314,7 @@ def _step(
     *,
     workflow: str | None,
     check: Callable[[Mapping[str, torch.Tensor]], None] | None,
+    sampler: str | None = None,
 ) -> dict[str, Any]:
     """One step once the source has its header and buffers (or its failure): the world
     agrees on the terms, each rank gets its buffer, the world agrees on the outcome,
@@ -305,9 +323,9 @@ def _step(
     me = dist.get_rank()
     if failed is None and source not in ranks:
         failed = status_of(FeatureDistributionError(f"src {source} is not a rank of this rank's CP group {ranks}"))
-    # Before any rank waits on another: the same spec, workflow, mesh and source
-    # everywhere, and a sample the source could place.
-    terms = mesh_terms(plan, mesh, workflow, ranks.index(source) if source in ranks else None)
+    # Before any rank waits on another: the same spec, workflow, mesh, source and
+    # sampler everywhere, and a sample the source could place.
+    terms = mesh_terms(plan, mesh, workflow, ranks.index(source) if source in ranks else None, sampler)
     agree(failed, world, terms=terms, what="agreeing on the step's terms")
     if me == source:
         assert outgoing is not None

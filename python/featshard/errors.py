@@ -27,6 +27,7 @@ from featshard import _native
 __all__ = [
     "CollectiveError",
     "FeatureDistributionError",
+    "StepsStopped",
     "agree",
     "backend_options",
     "collective",
@@ -56,6 +57,16 @@ class FeatureDistributionError(ValueError):
         self.kind = kind
         self.message = message
         self.rank = rank
+
+
+class StepsStopped(FeatureDistributionError):
+    """A rank's loop stopped taking steps (a step limit, an exception, an interrupt):
+    at the next step every rank's loader stops too, this raised where its caller still
+    reads, instead of a step one rank would wait on alone."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.kind = "StepsStopped"
 
 
 class CollectiveError(RuntimeError):
@@ -130,6 +141,8 @@ def collective(what: str, group: Any, call: Callable[[], T], *, timeout: timedel
 def failure_of(e: BaseException) -> tuple[str, str]:
     """A failure as the ranks tell it (and a worker process hands it over): its kind and
     message, which :func:`same_error` makes an exception of again."""
+    if isinstance(e, StepsStopped):
+        return ("StepsStopped", e.message)
     if isinstance(e, FeatureDistributionError):
         return ("FeatureDistributionError", e.message)
     return (type(e).__name__, str(e))
@@ -146,6 +159,8 @@ def same_error(kind: str, message: str, rank: int | None) -> Exception:
     FeatureDistributionError with its rank."""
     if kind == "FeatureDistributionError":
         return FeatureDistributionError(message)
+    if kind == "StepsStopped":
+        return StepsStopped(message)
     cls = getattr(builtins, kind, None)
     if isinstance(cls, type) and issubclass(cls, Exception) and cls is not KeyError:
         try:

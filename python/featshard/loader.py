@@ -54,7 +54,7 @@ from featshard.distribute import (
     mesh_dims,
     prepare_sample,
 )
-from featshard.errors import failure_of
+from featshard.errors import StepsStopped, default_timeout, failure_of, timeout_of
 
 __all__ = ["FeatureLoader"]
 
@@ -179,13 +179,23 @@ class FeatureLoader:
         if self.batch_size is not None and self.prefetch > 0 and self._collate_mesh is None:
             self._collate_mesh = cpu_mesh_like(self.mesh, timeout=self.timeout)
         indices = list(self.sampler)
-        samples = self._samples(group, indices)
+        # Set once this rank's caller stops: its thread's next step stops every rank's.
+        stopping = threading.Event()
+        samples = self._samples(group, indices, _Order(self._order_terms(), stopping))
         steps = samples if self.batch_size is None else self._batches(samples)
         if self.prefetch == 0:
             return steps
-        return _ahead(steps, self.prefetch, _device_of(group.mesh))
+        return _ahead(steps, self.prefetch, _device_of(group.mesh), stopping)
 
-    def _samples(self, group: CpGroup, indices: Sequence[int]) -> Iterator[dict[str, Any]]:
+    def _order_terms(self) -> str:
+        """What decides which sample each step holds, agreed by every rank at every
+        step (with its number): ranks drawing different sequences are every rank's
+        named error, never different samples delivered as one."""
+        s = self.sampler
+        return (f"samples={s.n} shuffle={s.seed is not None} seed={s.seed} epoch={s.epoch}"
+                f" drop_last={s.drop_last} spread={self.spread} batch_size={self.batch_size}")
+
+    def _samples(self, group: CpGroup, indices: Sequence[int], order: _Order) -> Iterator[dict[str, Any]]:
         if isinstance(self.dataset, PreshardedDataset):
             presharded = self.dataset
             return (presharded[i] for i in indices)
@@ -193,37 +203,43 @@ class FeatureLoader:
         sources = [ranks[k % len(ranks)] if self.spread else ranks[0] for k in range(len(indices))]
         mine = [i for i, s in zip(indices, sources) if s == me]
         if self.num_workers == 0:
-            return self._made_on_step(group, indices, sources)
+            return self._made_on_step(group, indices, sources, order)
         # The workers start here, on the caller's thread, before any thread of ours.
         made = iter(DataLoader(
             _Preparing(self.plan, self.dataset, tuple(group.mesh.mesh.shape), retries=self.retries,
                        workflow=self.workflow, threads=self.threads, compact=self.compact),
             batch_size=None, sampler=mine, num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor, collate_fn=_as_is,
+            # A worker that never returns ends the source's wait before its peers'
+            # collective gives up, so that every rank raises the same named error.
+            timeout=0.8 * _seconds(group),
         ))
-        return self._made_ahead(group, sources, made)
+        return self._made_ahead(group, sources, made, order)
 
-    def _made_on_step(self, group: CpGroup, indices: Sequence[int], sources: Sequence[int]
+    def _made_on_step(self, group: CpGroup, indices: Sequence[int], sources: Sequence[int], order: _Order
                       ) -> Iterator[dict[str, Any]]:
         """Each sample fetched by its source on its step (the synchronous path)."""
-        for index, src in zip(indices, sources):
+        for k, (index, src) in enumerate(zip(indices, sources)):
             features: Any = None
-            if dist.get_rank() == src:
+            stop = order.stopping.is_set()
+            if dist.get_rank() == src and not stop:
                 try:
                     features = fetch_with_retries(self.dataset, index, self.retries)
                 except Exception as e:  # noqa: BLE001 - reported to every rank by distribute
                     features = _Failed(e)
             yield distribute_features(self.plan, features, self.mesh, src, workflow=self.workflow,
-                                      threads=self.threads, group=group, compact=self.compact)
+                                      threads=self.threads, group=group, compact=self.compact,
+                                      sampler=order.at(k), stop=stop)
 
-    def _made_ahead(self, group: CpGroup, sources: Sequence[int], made: Iterator[Prepared]
+    def _made_ahead(self, group: CpGroup, sources: Sequence[int], made: Iterator[Prepared], order: _Order
                     ) -> Iterator[dict[str, Any]]:
         """Each sample as its source's workers prepared it, sent on its step."""
         try:
-            for src in sources:
-                prepared = next(made) if dist.get_rank() == src else None
+            for k, src in enumerate(sources):
+                stop = order.stopping.is_set()
+                prepared = _next_prepared(made) if dist.get_rank() == src and not stop else None
                 yield distribute_prepared(self.plan, prepared, self.mesh, src, workflow=self.workflow,
-                                          group=group)
+                                          group=group, sampler=order.at(k), stop=stop)
         finally:
             # Ends the worker processes now (at the end, on an error, or when dropped).
             shutdown = getattr(made, "_shutdown_workers", None)
@@ -243,13 +259,43 @@ class FeatureLoader:
             yield collate(self.plan, batch, self.mesh, group_mesh=mesh)
 
 
-def _ahead(steps: Iterator[dict[str, Any]], depth: int, device: torch.device | None
-           ) -> Iterator[dict[str, Any]]:
+def _seconds(group: CpGroup) -> float:
+    """The timeout of the group's collectives, in seconds (the caller's, by default)."""
+    found = timeout_of(group.group)
+    return (found if found is not None else default_timeout()).total_seconds()
+
+
+class _Order(NamedTuple):
+    """What decides each step's sample (agreed at every step with its number), and
+    whether this rank's caller has stopped."""
+
+    terms: str
+    stopping: threading.Event
+
+    def at(self, k: int) -> str:
+        return f"{self.terms} step={k}"
+
+
+def _next_prepared(made: Iterator[Prepared]) -> Prepared:
+    """The next sample the workers made; a worker that fails or times out is this
+    source's failure at the step, which every rank then raises."""
+    try:
+        return next(made)
+    except Exception as e:  # noqa: BLE001 - raised on every rank at this step
+        return Prepared(None, None, failure_of(e))
+
+
+def _ahead(steps: Iterator[dict[str, Any]], depth: int, device: torch.device | None,
+           stop: threading.Event) -> Iterator[dict[str, Any]]:
     """``steps`` made by a thread, at most ``depth`` ahead of the caller. On a CUDA mesh
     the thread works on a stream of its own; the caller's stream waits for it before a
-    step is handed over. A step's failure is raised in the caller at that step."""
+    step is handed over. A step's failure is raised in the caller at that step.
+
+    Once the caller stops (``stop``), the thread hands nothing more over: its next
+    step stops every rank's (:class:`~featshard.errors.StepsStopped`, raised where a
+    caller still reads), so no rank starts a step the others will not take, and the
+    caller waits only for the step under way."""
     held: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
 
     def put(item: Any) -> bool:
         while not stop.is_set():
@@ -271,16 +317,20 @@ def _ahead(steps: Iterator[dict[str, Any]], depth: int, device: torch.device | N
             with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                 for step in steps:
                     event = side.record_event() if side is not None else None
-                    if not put((step, event)):
-                        return
+                    # Once the caller stopped nothing is handed over, and the next
+                    # step votes every rank's stop.
+                    put((step, event))
             put(_END)
         except BaseException as e:  # noqa: BLE001 - raised in the caller at this step
-            put(_Raised(e))
+            if not (stop.is_set() and isinstance(e, StepsStopped)):
+                put(_Raised(e))
+            ended.append(e)
         finally:
             close: Callable[[], None] | None = getattr(steps, "close", None)
             if close is not None:
                 close()
 
+    ended: list[BaseException] = []
     thread = threading.Thread(target=run, name="featshard-prefetch", daemon=True)
     thread.start()
     try:
@@ -295,6 +345,15 @@ def _ahead(steps: Iterator[dict[str, Any]], depth: int, device: torch.device | N
                 torch.cuda.current_stream(device).wait_event(event)
                 _record_on_current(step, device)
             yield step
+    except GeneratorExit:
+        stop.set()
+        thread.join()
+        # A failure of the step under way when the caller left is not lost (a stop
+        # every rank agreed on is none).
+        left = [e for e in ended if not isinstance(e, StepsStopped)]
+        if left:
+            raise left[0] from None
+        raise
     finally:
         stop.set()
         thread.join()

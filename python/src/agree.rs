@@ -6,22 +6,27 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 /// What every rank of a step must hold the same (the spec, the workflow, the mesh and
-/// its rank order, the source's place in its CP group).
+/// its rank order, the source's place in its CP group, and what decided its sample).
 #[pyclass(name = "Terms", module = "featshard._native", frozen)]
 pub struct PyTerms(agree::Terms);
 
 #[pymethods]
 impl PyTerms {
     #[new]
-    #[pyo3(signature = (spec, workflow, axes, ranks, source = None))]
+    #[pyo3(signature = (spec, workflow, axes, ranks, source = None, sampler = None))]
     fn new(
         spec: &str,
         workflow: Option<&str>,
         axes: Vec<(String, usize)>,
         ranks: Vec<usize>,
         source: Option<usize>,
+        sampler: Option<&str>,
     ) -> Self {
-        PyTerms(agree::Terms::new(spec, workflow, &axes, &ranks, source))
+        let terms = agree::Terms::new(spec, workflow, &axes, &ranks, source);
+        PyTerms(match sampler {
+            Some(s) => terms.with_sampler(s),
+            None => terms,
+        })
     }
 
     /// The sha256 of everything the terms hold, as the vote compares it.

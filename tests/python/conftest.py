@@ -29,11 +29,13 @@ def start_ranks(worker: Callable[..., None], args: tuple[Any, ...], world: int) 
     start(worker, args, world, preload=RANK_PRELOAD, path=[str(HERE)])
 
 
-def run_ranks(worker: Callable[..., None], args: tuple[Any, ...], world: int, *, deadline: float) -> list[int | None]:
+def run_ranks(worker: Callable[..., None], args: tuple[Any, ...], world: int, *, deadline: float,
+              daemon: bool = True) -> list[int | None]:
     """``worker(rank, *args)`` on ``world`` processes forked as :func:`start_ranks` forks
     them, where ranks may die: each rank's exit code, or None for a rank still running
     after ``deadline`` seconds (killed then: a hang, which the test reports, never a
-    wait)."""
+    wait). A rank that starts processes of its own (a loader's workers) is not a
+    daemon (``daemon=False``); it is killed all the same at the deadline."""
     import multiprocessing
     import time
 
@@ -42,7 +44,7 @@ def run_ranks(worker: Callable[..., None], args: tuple[Any, ...], world: int, *,
     # The fork server starts (with its preloads) on the first call of the session.
     start(_nothing, (), 1, preload=RANK_PRELOAD, path=[str(HERE)])
     context = multiprocessing.get_context("forkserver")
-    ranks = [context.Process(target=worker, args=(r, *args), daemon=True) for r in range(world)]
+    ranks = [context.Process(target=worker, args=(r, *args), daemon=daemon) for r in range(world)]
     for p in ranks:
         p.start()
     end = time.monotonic() + deadline

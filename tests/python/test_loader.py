@@ -187,6 +187,19 @@ def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], one_axis:
             # And they are the samples the online path gives.
             online = list(FeatureLoader(plan, Serial(), mesh, shuffle=True, seed=5))
             _same_steps(got, online, f"rank {rank} against the online path")
+        elif scenario == "seeds":
+            # Each rank's sampler drawn by another seed: with spread turns each rank would
+            # featurize its own permutation's sample, and the steps would mix them.
+            from featshard.errors import FeatureDistributionError
+
+            for options in ({"spread": True}, {"spread": True, "num_workers": 1, "prefetch": 1}):
+                loader = FeatureLoader(plan, Serial(), mesh, shuffle=True, seed=rank, **options)  # type: ignore[arg-type]
+                try:
+                    steps = len(list(loader))
+                    raise AssertionError(f"{options}: {steps} steps of mixed samples, no error")
+                except FeatureDistributionError as e:
+                    out.setdefault("errors", []).append(str(e))
+                assert not _children(), f"{options}: worker processes left"
         elif scenario == "lightning":
             out["seen"] = {str(n): _fit(plan, mesh, n) for n in (0, 1)}
             out["children"] = len(_children())
@@ -301,3 +314,115 @@ def test_an_interrupted_loop_leaves_no_worker_or_shared_memory(tmp_path: Path) -
     for r in _run(tmp_path, (3,), True, None, "interrupt"):
         assert r["status"] == "ok", r
         assert r["children"] == 0 and r["shm_left"] == [], r
+
+
+def test_ranks_whose_samplers_differ_are_every_ranks_named_error(tmp_path: Path) -> None:
+    """Ranks given different sampler seeds (before: with spread, samples 4, 1, 5, 2, 0, 5
+    delivered, one twice and one never): at the first step every rank raises the same
+    error, naming what differs on which ranks, synchronous or with workers ahead."""
+    outs = _run(tmp_path, (3,), True, None, "seeds")
+    for r in outs:
+        assert r["status"] == "ok", r
+        assert len(r["errors"]) == 2, r
+        for e in r["errors"]:
+            assert "ranks disagree on what decides the step's sample: rank 0 has `samples=5 shuffle=True seed=0" in e, e
+            assert "rank 1 has `samples=5 shuffle=True seed=1" in e, e
+    assert len({tuple(r["errors"]) for r in outs}) == 1, outs
+
+
+class Stuck(Serial):
+    """Sample 2's featurization never returns."""
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i == 2:
+            import time
+
+            time.sleep(3600)
+        return super().__getitem__(i)
+
+
+def _wait_worker(rank: int, world: int, store: str, results: str, scenario: str) -> None:
+    """A loader's waits, every one bounded by the loader's 6 s timeout: a worker that
+    never returns, and ranks that leave their loop 0.3 s apart, then a second epoch."""
+    sys.path[:0] = [str(HERE)]
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    import featshard
+    from featshard.loader import FeatureLoader
+
+    plan = featshard.Plan(SPEC)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=tuple(plan.mesh_axes))
+    out: dict[str, Any] = {"rank": rank}
+    timeout = timedelta(seconds=6)
+    try:
+        if scenario == "stuck":
+            loader = FeatureLoader(plan, Stuck(), mesh, num_workers=1, spread=True, prefetch=1, timeout=timeout)
+            start = time.monotonic()
+            try:
+                for _ in loader:
+                    pass
+                out["error"] = None
+            except Exception as e:  # noqa: BLE001 - what each rank raised
+                out["error"] = f"{type(e).__name__}: {e}"
+            out["seconds"] = time.monotonic() - start
+        else:
+            loader = FeatureLoader(plan, Serial(), mesh, num_workers=1, spread=True, prefetch=1, timeout=timeout)
+            it = iter(loader)
+            for step, _ in enumerate(it):
+                if step == 1:
+                    # Rank 0 leaves a moment after the others (a slower last step).
+                    if rank == 0:
+                        time.sleep(0.3)
+                    break
+            start = time.monotonic()
+            del it
+            out["drop_seconds"] = time.monotonic() - start
+            # The next epoch: every step, on the groups the first made.
+            loader.set_epoch(1)
+            out["next_epoch"] = sum(1 for _ in loader)
+        out["children"] = len(_children())
+        out["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported to the test process
+        out["status"] = f"{type(e).__name__}: {e}"
+    Path(results, f"rank-{rank}.json").write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _run_bounded(tmp_path: Path, scenario: str) -> list[dict[str, Any]]:
+    from conftest import run_ranks
+
+    results = tmp_path / scenario
+    results.mkdir()
+    codes = run_ranks(_wait_worker, (4, str(tmp_path / f"store-{scenario}"), str(results), scenario), 4,
+                      deadline=120, daemon=False)
+    assert codes == [0] * 4, f"exit codes (None: still waiting after 120 s): {codes}"
+    return [json.loads((results / f"rank-{r}.json").read_text()) for r in range(4)]
+
+
+def test_a_worker_that_never_returns_is_every_ranks_error_within_the_timeout(tmp_path: Path) -> None:
+    """Before: the other ranks raised after the timeout and the source waited forever in
+    its DataLoader."""
+    outs = _run_bounded(tmp_path, "stuck")
+    for r in outs:
+        assert r["status"] == "ok", r
+        assert r["error"] is not None and "DataLoader timed out" in r["error"], r
+        assert r["children"] == 0, r
+    assert len({r["error"] for r in outs}) == 1, outs
+
+
+def test_ranks_that_leave_a_moment_apart_stop_cleanly_and_the_next_epoch_works(tmp_path: Path) -> None:
+    """Before: the late rank's thread began the next step alone, waited out the whole
+    timeout when its iterator was dropped, and the next epoch failed at step 0."""
+    for r in _run_bounded(tmp_path, "apart"):
+        assert r["status"] == "ok", r
+        # No step was begun alone (whose wait would have broken the groups): the next
+        # epoch takes every step on them.
+        assert r["next_epoch"] == SAMPLES, r
+        assert r["children"] == 0, r
