@@ -9,6 +9,20 @@ use featshard_spec::Mesh;
 
 use crate::commands::Failure;
 
+/// Rows (or columns) of tiles drawn whole; past it, the first three and the last two.
+pub const SHOWN: usize = 8;
+
+/// Ranks a tile lists by number; past it, the first three, the last and the count.
+const LISTED: usize = 8;
+
+/// The grid indices drawn of `n`.
+fn shown(n: usize) -> Vec<usize> {
+    match n <= SHOWN {
+        true => (0..n).collect(),
+        false => vec![0, 1, 2, n - 2, n - 1],
+    }
+}
+
 /// One tile of the picture: the part of the tensor some ranks hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tile {
@@ -39,6 +53,11 @@ pub struct Picture {
     pub rows: usize,
     /// Tile columns (cp1 blocks, or 1).
     pub cols: usize,
+    /// The rows drawn, in order: every one up to [`SHOWN`], else the first and last
+    /// few (a mesh of thousands of ranks is drawn in a screen, the rest elided).
+    pub shown_rows: Vec<usize>,
+    /// The columns drawn, likewise.
+    pub shown_cols: Vec<usize>,
     /// How the rows are cut: `axis 0 (tokens) over cp0`.
     pub row_cut: Option<String>,
     /// How the columns are cut: `axis 1 (tokens) over cp1`.
@@ -132,6 +151,8 @@ pub fn picture(
         ),
         rows: grid.rows,
         cols: grid.cols,
+        shown_rows: shown(grid.rows),
+        shown_cols: shown(grid.cols),
         row_cut: cut(0),
         col_cut: cut(1),
         whole: whole_axes(t),
@@ -149,7 +170,8 @@ struct Grid {
 }
 
 impl Grid {
-    /// Every tile, with the ranks it stands for and, resolved, its pads.
+    /// Every tile drawn ([`shown`] rows and columns), with the ranks it stands for
+    /// and, resolved, its pads.
     fn tiles(
         &self,
         t: &TensorPlan,
@@ -158,8 +180,8 @@ impl Grid {
     ) -> Vec<Tile> {
         let (rows, cols, mesh) = (self.rows, self.cols, self.mesh);
         let mut tiles = Vec::new();
-        for row in 0..rows {
-            for col in 0..cols {
+        for row in shown(rows) {
+            for col in shown(cols) {
                 let ranks: Vec<usize> = mesh
                     .coords()
                     .enumerate()
@@ -275,21 +297,32 @@ pub fn render_text(p: &Picture, color: bool) -> String {
         .max()
         .unwrap_or(8)
         + 2;
+    let cols = p.shown_cols.len().max(1);
+    // After a column whose successor is not the next one: a narrow `…` column.
+    let gap_after = |c: usize| {
+        p.shown_cols
+            .get(c + 1)
+            .is_some_and(|&n| n != p.shown_cols[c] + 1)
+    };
     let rule = |l: char, m: char, r: char| {
         let mut s = String::new();
         s.push(l);
-        for c in 0..p.cols {
+        for c in 0..cols {
             s.push_str(&"─".repeat(width));
-            s.push(if c + 1 == p.cols { r } else { m });
+            if gap_after(c) {
+                s.push(m);
+                s.push_str("───");
+            }
+            s.push(if c + 1 == cols { r } else { m });
         }
         s
     };
     let _ = writeln!(out, "{}", rule('┌', '┬', '┐'));
-    for (row, row_labels) in labels.chunks(p.cols.max(1)).enumerate() {
+    for (row, row_labels) in labels.chunks(cols).enumerate() {
         for line in 0..3 {
             let mut s = String::from("│");
             for (col, label) in row_labels.iter().enumerate() {
-                let k = row * p.cols + col;
+                let k = row * cols + col;
                 let text = format!(" {:<w$}", label[line], w = width - 1);
                 if color {
                     let bg = PALETTE_ANSI[k % PALETTE_ANSI.len()];
@@ -297,27 +330,50 @@ pub fn render_text(p: &Picture, color: bool) -> String {
                 } else {
                     let _ = write!(s, "{text}│");
                 }
+                if gap_after(col) {
+                    s.push_str(if line == 1 { " … │" } else { "   │" });
+                }
             }
             let _ = writeln!(out, "{s}");
         }
-        if row + 1 < p.rows {
+        let (at, next) = (p.shown_rows.get(row), p.shown_rows.get(row + 1));
+        if let (Some(&at), Some(&next)) = (at, next) {
             let _ = writeln!(out, "{}", rule('├', '┼', '┤'));
+            if next != at + 1 {
+                let _ = writeln!(out, "  ⋮ {} more rows of tiles", next - at - 1);
+                let _ = writeln!(out, "{}", rule('├', '┼', '┤'));
+            }
         }
     }
     let _ = writeln!(out, "{}", rule('└', '┴', '┘'));
+    let hidden = p.rows * p.cols - p.shown_rows.len() * p.shown_cols.len();
+    if hidden > 0 {
+        let _ = writeln!(
+            out,
+            "({} of {} tiles drawn: the first three and the last two rows and columns)",
+            p.tiles.len(),
+            p.rows * p.cols
+        );
+    }
     out
 }
 
 fn tile_lines(t: &Tile) -> [String; 3] {
+    let listed = |ranks: &[usize]| {
+        let text = |r: &[usize]| r.iter().map(ToString::to_string).collect::<Vec<_>>();
+        match ranks.len() <= LISTED {
+            true => text(ranks).join(","),
+            false => format!(
+                "{},…,{} ({})",
+                text(&ranks[..3]).join(","),
+                ranks[ranks.len() - 1],
+                ranks.len()
+            ),
+        }
+    };
     let ranks = match t.ranks.as_slice() {
         [one] => format!("rank {one}"),
-        many => format!(
-            "ranks {}",
-            many.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
+        many => format!("ranks {}", listed(many)),
     };
     let pads = if t.pads.is_empty() {
         String::new()
@@ -365,8 +421,8 @@ pub fn render_svg(pictures: &[Picture]) -> String {
     const HEAD: usize = 58;
     const GAP: usize = 28;
     let per_row = 3.min(pictures.len().max(1));
-    let cell_w = |p: &Picture| p.cols * tile_w;
-    let cell_h = |p: &Picture| HEAD + p.rows * TILE_H;
+    let cell_w = |p: &Picture| p.shown_cols.len() * tile_w;
+    let cell_h = |p: &Picture| HEAD + p.shown_rows.len() * TILE_H;
     let col_w = pictures
         .iter()
         .map(cell_w)
@@ -405,7 +461,10 @@ pub fn render_svg(pictures: &[Picture]) -> String {
             escape(p.col_cut.as_deref().unwrap_or("replicated"))
         );
         for (k, t) in p.tiles.iter().enumerate() {
-            let (x, y) = (x0 + t.col * tile_w, y0 + HEAD + t.row * TILE_H);
+            // Drawn where it stands among the shown tiles (elided ones take no room).
+            let at = |v: &[usize], i: usize| v.iter().position(|&x| x == i).unwrap_or(0);
+            let (col, row) = (at(&p.shown_cols, t.col), at(&p.shown_rows, t.row));
+            let (x, y) = (x0 + col * tile_w, y0 + HEAD + row * TILE_H);
             let fill = PALETTE_SVG[k % PALETTE_SVG.len()];
             let [ranks, shape, pads] = tile_lines(t);
             let _ = writeln!(

@@ -413,6 +413,43 @@ fn explain_draws_a_features_tiles_plain_when_piped() {
     assert!(text(&out.stderr).contains("feature `nope` is not in the spec"));
 }
 
+/// A picture of a mesh of thousands of ranks fits a screen (before: 65,536 ranks took
+/// 37 s and 8.5 MB): the first three and the last two rows and columns of tiles, the
+/// rest counted; a tile held by many ranks lists the first and the last.
+#[test]
+fn explain_elides_the_tiles_of_a_large_mesh() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("one_axis.yaml");
+    let text_of = std::fs::read_to_string(boltz2()).unwrap();
+    std::fs::write(
+        &spec,
+        text_of.replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]"),
+    )
+    .unwrap();
+    let spec = spec.display().to_string();
+    let args = ["explain", &spec, "--mesh", "65536", "--feature"];
+    let out = featshard(&[&args[..], &["token_pair_pad_mask"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let picture = text(&out.stdout);
+    assert!(picture.lines().count() < 40, "{picture}");
+    for rank in [0, 1, 2, 65534, 65535] {
+        assert!(picture.contains(&format!("rank {rank} ")), "{picture}");
+    }
+    assert!(!picture.contains("rank 3 "), "{picture}");
+    assert!(picture.contains("⋮ 65531 more rows of tiles"), "{picture}");
+    assert!(picture.contains("(5 of 65536 tiles drawn"), "{picture}");
+    let out = featshard(&[
+        "explain",
+        &boltz2(),
+        "--mesh",
+        "2x20",
+        "--feature",
+        "coords",
+    ]);
+    let picture = text(&out.stdout);
+    assert!(picture.contains("ranks 0,1,2,…,19 (20)"), "{picture}");
+}
+
 #[test]
 fn explain_svg_draws_every_feature_of_a_workflow() {
     let dir = tempfile::tempdir().unwrap();

@@ -212,18 +212,6 @@ fn an_unknown_unowned_rows_value() {
 }
 
 #[test]
-fn index_values_into_rows_that_may_vanish() {
-    assert_error(
-        &with("  r: {axes: [tokens], dtype: int64, index: {of: rset, scope: padded_global}}\n"),
-        &[
-            "spec.yaml:18:",
-            "feature `r`",
-            "`unowned_rows: pad` may drop",
-        ],
-    );
-}
-
-#[test]
 fn derived_from_an_undeclared_feature() {
     let text = BASE.replace(
         "derive: {outer: [token_mask]}",

@@ -582,3 +582,99 @@ fn a_draft_of_an_alphafold3_family_sample_needs_no_answer() {
         );
     }
 }
+
+/// The real Protenix sample changed as a hostile census changed it: `edit` gets every
+/// tensor as (key, dtype, shape, little-endian bytes) and may change, drop or rename.
+fn protenix_variant(
+    dir: &Path,
+    name: &str,
+    edit: impl Fn(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>),
+) -> PathBuf {
+    let bytes =
+        std::fs::read(root().join("tests/data/protenix/small_complex.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(k, v)| (k, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    edit(&mut tensors);
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(k, d, s, b)| (k.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    let path = dir.join(format!("{name}.safetensors"));
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    path
+}
+
+fn set_i64(tensors: &mut [(String, Dtype, Vec<usize>, Vec<u8>)], key: &str, at: usize, v: i64) {
+    let t = tensors.iter_mut().find(|t| t.0 == key).unwrap();
+    t.3[at * 8..at * 8 + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Drafts that once shard-refused their own sample: a 0/1 atom feature 1 on a prefix
+/// whose later atoms have tokens (`ref_mask`: a flag, never the atoms' pad mask); an atom
+/// of no token (id -1: `unowned_rows: pad`, the frames into the atoms renumbered); keys
+/// joined by `/` (`separator: "/"`, never dropped). Each draft, with no question open,
+/// shards the sample it was drafted from.
+#[test]
+fn a_draft_shards_the_sample_it_was_drafted_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let atoms = 177;
+    let flag = protenix_variant(dir.path(), "flag", |t| {
+        t.retain(|x| {
+            ["token_index", "atom_to_token_idx", "ref_pos", "ref_mask"].contains(&x.0.as_str())
+        });
+        for a in atoms - 3..atoms {
+            set_i64(t, "ref_mask", a, 0);
+        }
+    });
+    let unowned = protenix_variant(dir.path(), "unowned", |t| {
+        set_i64(t, "atom_to_token_idx", atoms - 1, -1)
+    });
+    let slashed = protenix_variant(dir.path(), "slashed", |t| {
+        for x in t.iter_mut() {
+            x.0 = x.0.replace('.', "/");
+        }
+    });
+    for (sample, wanted) in [
+        (&flag, "ref_mask: {axes: [atoms], dtype: int64}"),
+        (&unowned, "map: atom_to_token_idx, unowned_rows: pad}"),
+        (&slashed, "separator: \"/\""),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
+            .args(["init", "--from"])
+            .arg(sample)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let draft = String::from_utf8(out.stdout).unwrap();
+        assert!(draft.contains(wanted), "{wanted}\n{draft}");
+        assert!(!draft.contains("incoming_pads"), "{draft}");
+        assert!(!draft.contains("left out"), "{draft}");
+        let open = |l: &&str| !l.trim_start().starts_with('#') && l.contains("QUESTION");
+        assert!(!draft.lines().any(|l| open(&l)), "{draft}");
+        let spec = dir.path().join("draft.yaml");
+        std::fs::write(&spec, &draft).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
+            .args(["shard"])
+            .arg(&spec)
+            .arg("--features")
+            .arg(sample)
+            .args(["--mesh", "2x2", "--out"])
+            .arg(dir.path().join(sample.file_stem().unwrap()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}\n{draft}",
+            sample.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

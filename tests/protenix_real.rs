@@ -455,3 +455,44 @@ fn a_huge_window_with_a_key_halo_is_refused_never_aborted() {
     assert!(err.contains("over --max-growth"), "{err}");
     assert!(!dir.path().join("s").exists());
 }
+
+/// An owner id vector one longer or shorter than the atoms: told by its own name and
+/// length against a feature the sample gave, never against the derived `atom_mask`.
+#[test]
+fn an_id_vector_of_another_length_is_named_with_its_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = read(&sample_path());
+    let ids = &sample["atom_to_token_idx"];
+    let n = ids.size()[0];
+    for (len, vector) in [
+        (n + 1, Tensor::cat(&[ids, &ids.narrow(0, n - 1, 1)], 0)),
+        (n - 1, ids.narrow(0, 0, n - 1)),
+    ] {
+        let mut given: Vec<(String, Tensor)> = sample
+            .iter()
+            .map(|(k, x)| (k.clone(), x.shallow_clone()))
+            .collect();
+        given.retain(|(k, _)| k != "atom_to_token_idx");
+        given.push(("atom_to_token_idx".into(), vector));
+        let input = dir.path().join(format!("ids-{len}.safetensors"));
+        Tensor::write_safetensors(&given, &input).unwrap();
+        let out = featshard(&[
+            "shard",
+            &root().join("examples/protenix.yaml").display().to_string(),
+            "--features",
+            &input.display().to_string(),
+            "--mesh",
+            "2x2",
+            "--out",
+            &dir.path().join(format!("s{len}")).display().to_string(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && err.contains(&format!(
+                    "feature `atom_to_token_idx`, axis 0 (atoms): length {len}, but feature `atom_to_tokatom_idx` has atoms length {n}"
+                )),
+            "{err}"
+        );
+    }
+}

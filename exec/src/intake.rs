@@ -696,9 +696,53 @@ fn drop_unowned_rows(plan: &Plan, kept: &mut Sample) -> Result<BTreeMap<String, 
                     *x = x.select(d, &owned);
                 }
             }
+            renumber(name, t, sem, rows.len(), &owned, x)?;
         }
     }
     Ok(out)
+}
+
+/// Ids of `sem`'s items in feature `name` (an index of them, not one-hot) after its
+/// rows `owned` of `rows` were kept: each the kept item's new number, the none value
+/// as it is; an id of a dropped item is refused by name (what it named is gone).
+fn renumber(
+    name: &str,
+    t: &TensorPlan,
+    sem: &str,
+    rows: usize,
+    owned: &[usize],
+    x: &mut Array,
+) -> Result<(), ExecError> {
+    let Role::Index(ix) = &t.role else {
+        return Ok(());
+    };
+    if ix.of != sem || ix.one_hot.is_some() {
+        return Ok(());
+    }
+    let mut new_id = vec![-1i64; rows];
+    for (k, &r) in owned.iter().enumerate() {
+        new_id[r] = k as i64;
+    }
+    let mut bytes = Vec::with_capacity(x.numel() * dtype::size(x.dtype()));
+    for v in to_i64(x) {
+        let moved = match usize::try_from(v).ok().and_then(|r| new_id.get(r)) {
+            _ if Some(v) == ix.none => v,
+            Some(&-1) => {
+                return Err(ExecError::Entries {
+                    feature: name.to_owned(),
+                    message: format!(
+                        "an index names item {v} of `{sem}`, which has no owner and is dropped as a pad (`unowned_rows: pad`)"
+                    ),
+                })
+            }
+            Some(&k) => k,
+            // Outside the items: the index check names it.
+            None => v,
+        };
+        dtype::encode_i64(x.dtype(), moved, &mut bytes);
+    }
+    *x = Array::owned(x.dtype(), x.shape(), bytes);
+    Ok(())
 }
 
 /// Makes every derived feature of the workflow, or checks the one given; returns the

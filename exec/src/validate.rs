@@ -42,11 +42,14 @@ pub struct Checked {
 pub fn check(plan: &Plan, taken: &Intake) -> Result<Checked, ExecError> {
     let features = &taken.features;
     let passthrough = taken.passthrough.clone();
-    let names: Vec<String> = features
+    let mut names: Vec<String> = features
         .keys()
         .filter(|n| !passthrough.contains(n))
         .cloned()
         .collect();
+    // The sample's own features set each length, derived ones (made from those lengths)
+    // after: a length that disagrees is told against a feature the sample gave.
+    names.sort_by_key(|n| plan.tensor(n).is_some_and(|t| t.derived.is_some()));
     let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
     let mut first: BTreeMap<String, String> = BTreeMap::new();
     for name in &names {
@@ -397,11 +400,23 @@ fn map_owners(
         Ok(())
     });
     if let Some((r, n)) = bad {
-        return Err(ExecError::Ownership {
-            feature: fname.to_owned(),
-            axis: 1,
-            semantic: owner.to_owned(),
-            message: format!("row {r} of `{sem}` must have exactly one owner, has {n}"),
+        // An id vector (one id per item) has its items' axis only.
+        let ids = plan.tensor(fname).is_some_and(|t| t.axes.len() == 1);
+        return Err(match ids {
+            true => ExecError::Ownership {
+                feature: fname.to_owned(),
+                axis: 0,
+                semantic: sem.to_owned(),
+                message: format!(
+                    "item {r} of `{sem}` has no owner in `{owner}` (its id is the none value): declare `unowned_rows: pad` on `{sem}` to drop such items as pads"
+                ),
+            },
+            false => ExecError::Ownership {
+                feature: fname.to_owned(),
+                axis: 1,
+                semantic: owner.to_owned(),
+                message: format!("row {r} of `{sem}` must have exactly one owner, has {n}"),
+            },
         });
     }
     if owner_len == 0 {

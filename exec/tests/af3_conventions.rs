@@ -442,3 +442,64 @@ fn an_owner_map_that_is_neither_one_hot_nor_an_id_vector_is_refused_at_its_line(
         );
     }
 }
+
+/// Atoms of no token (id -1) dropped as pads (`unowned_rows: pad`) while frame ids point
+/// into the atoms: the frames are renumbered past the dropped atoms and name the same
+/// atoms after the way back; a frame naming a dropped atom is refused by name.
+#[test]
+fn ids_into_items_dropped_as_unowned_are_renumbered_or_refused() {
+    let spec = "version: 1
+module: t
+mesh: {cp: [cp]}
+semantics:
+  tokens: {shard: true}
+  atoms: {shard: true, owner: tokens, map: atom_token, unowned_rows: pad}
+features:
+  frame_atom: {axes: [tokens, 3], dtype: int64, pad: -1, index: {of: atoms, scope: padded_global, none: -1}}
+  atom_token: {axes: [atoms], dtype: int64, pad: -1, index: {of: tokens, scope: shard_local, none: -1}}
+  atom_serial: {axes: [atoms], dtype: int64}
+";
+    let plan = featshard_spec::compile_str("t.yaml", spec)
+        .unwrap_or_else(|d| panic!("{}", d.render_plain()))
+        .1;
+    // Atom 2 and atom 5 belong to no token; the frames name atoms around them.
+    let owners = [0i64, 0, -1, 1, 1, -1, 2, 2];
+    let frames = [0i64, 1, -1, 3, 4, 3, 6, 7, -1];
+    let given = |frames: &[i64]| {
+        let mut s = Sample::new();
+        s.insert("atom_token".into(), ints(DType::Int64, vec![8], &owners));
+        s.insert("frame_atom".into(), ints(DType::Int64, vec![3, 3], frames));
+        s.insert(
+            "atom_serial".into(),
+            ints(DType::Int64, vec![8], &[10, 11, 12, 13, 14, 15, 16, 17]),
+        );
+        s
+    };
+    for mesh in [vec![1], vec![2], vec![3]] {
+        let back = shard_and_assemble(&plan, Mesh::new(&mesh).unwrap(), &given(&frames));
+        // The kept atoms in order, and each frame naming the same atom as before.
+        assert_eq!(
+            back["atom_serial"],
+            vec![10, 11, 13, 14, 16, 17],
+            "{mesh:?}"
+        );
+        assert_eq!(back["atom_token"], vec![0, 0, 1, 1, 2, 2], "{mesh:?}");
+        assert_eq!(
+            back["frame_atom"],
+            vec![0, 1, -1, 2, 3, 2, 4, 5, -1],
+            "{mesh:?}"
+        );
+    }
+    let mut naming_dropped = frames;
+    naming_dropped[1] = 5;
+    let mesh = Mesh::new(&[2]).unwrap();
+    let Err(e) = place(&plan, mesh, &given(&naming_dropped), &Options::default()) else {
+        panic!("a frame naming a dropped atom was placed");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("feature `frame_atom`")
+            && e.contains("names item 5 of `atoms`, which has no owner and is dropped as a pad"),
+        "{e}"
+    );
+}

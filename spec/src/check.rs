@@ -599,10 +599,9 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// `unowned_rows: pad` needs a one-hot owner map, and no value index may point at
-    /// rows that can vanish.
+    /// `unowned_rows: pad` needs an owner map (one-hot or ids); ids of the items are
+    /// renumbered past the dropped rows by intake (an id of a dropped row refused).
     fn unowned_rows(&mut self, s: &Semantic, at: Loc) {
-        let spec = self.spec;
         if !matches!(
             s.owner.as_ref().map(|o| &o.source),
             Some(OwnerSource::Map { .. })
@@ -614,20 +613,6 @@ impl<'a> Checker<'a> {
                 )
                 .semantic(&s.name),
             );
-        }
-        for (name, _, t) in spec.tensors() {
-            if let Role::Index(ix) = &t.role {
-                if ix.of == s.name && ix.one_hot.is_none() {
-                    self.err(
-                        SpecError::new(
-                            format!("index values point at `{}` rows, which `unowned_rows: pad` may drop", s.name),
-                            t.role_loc,
-                        )
-                        .feature(name)
-                        .semantic(&s.name),
-                    );
-                }
-            }
         }
     }
 

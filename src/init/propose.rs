@@ -199,8 +199,8 @@ fn incoming(
     semantics: &mut [SemanticDraft],
     features: &mut BTreeMap<String, FeatureDraft>,
 ) -> BTreeMap<String, usize> {
-    let _ = lengths;
     let mut real = BTreeMap::new();
+    let ids = id_vectors(sample, lengths, features);
     for s in semantics.iter_mut().filter(|s| s.sharded) {
         let mut found: Vec<(&String, usize)> = sample
             .tensors
@@ -209,6 +209,7 @@ fn incoming(
             .filter(|(n, _)| !is_flag(n))
             .filter_map(|(n, t)| Some((n, padded_prefix(t.zero_one()?)?)))
             .filter(|&(n, real)| pads_own_nothing(sample, n, real))
+            .filter(|&(_, real)| !named_past(sample, &ids, &s.name, real))
             .collect();
         // Of several, those named as masks.
         if found.iter().filter(|(n, _)| n.contains("mask")).count() > 0 {
@@ -243,6 +244,21 @@ fn incoming(
         s.proposed = true;
     }
     real
+}
+
+/// Whether an owner id vector (a token id per atom) says the items of `semantic` from
+/// `real` on are real: an atom there has a token, or a token there has an atom. Such a
+/// 0/1 feature is a flag of some real items (`ref_mask`), never their pad mask.
+fn named_past(sample: &Sample, ids: &[String], semantic: &str, real: usize) -> bool {
+    ids.iter()
+        .filter_map(|m| sample.tensors.get(m)?.values.as_deref())
+        .any(|v| match semantic {
+            "atoms" => v
+                .get(real..)
+                .is_some_and(|past| past.iter().any(|&x| x != -1.0)),
+            "tokens" => v.iter().any(|&x| x >= real as f64),
+            _ => false,
+        })
 }
 
 /// A name that says a flag of some items, not a mask of the real ones.
@@ -364,6 +380,11 @@ fn owners(
             ));
         }
         maps.extend(&ids);
+        // An atom whose id is -1 has no token: dropped as a pad, as the spec must say.
+        let unowned = ids.iter().any(|m| {
+            let v = sample.tensors[m].values.as_deref();
+            v.is_some_and(|v| v.contains(&-1.0))
+        });
         let s = &mut semantics[i];
         s.keys.push("owner: tokens".into());
         let none = if maps.is_empty() {
@@ -376,6 +397,9 @@ fn owners(
         }
         if let Some(m) = question_or(&maps, "") {
             s.keys.push(format!("map: {m}"));
+        }
+        if unowned {
+            s.keys.push("unowned_rows: pad".into());
         }
         s.proposed = true;
     }

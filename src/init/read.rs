@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use featshard_spec::ir::DType;
+use featshard_spec::names::is_feature_name;
 use safetensors::{Dtype, SafeTensors};
 
 use super::Anchors;
@@ -44,9 +45,42 @@ impl Tensor {
 }
 
 pub struct Sample {
+    /// By feature name: a nested feature's key joined by `separator` is its path.
     pub tensors: BTreeMap<String, Tensor>,
     /// Keys of the header's `__metadata__` (values a tensor cannot hold), but `format`.
     pub metadata: Vec<String>,
+    /// How the file joins a nested dict's keys, where not by the spec's `.`.
+    pub separator: Option<&'static str>,
+}
+
+/// Separators a featurizer's file may join nested keys by, as intake's hint knows them.
+const SEPARATORS: [&str; 5] = ["/", "__", ":", "|", "-"];
+
+/// The separator most of the keys that are no feature name join a path of names by
+/// (`constraint_feature/contact`), if any: those keys renamed to the spec's paths.
+fn nested_paths(tensors: &mut BTreeMap<String, Tensor>) -> Option<&'static str> {
+    let joined = |sep: &str| {
+        tensors
+            .keys()
+            .filter(|k| !is_feature_name(k) && k.contains(sep))
+            .filter(|k| is_feature_name(&k.replace(sep, featshard_spec::names::PATH)))
+            .count()
+    };
+    let sep = SEPARATORS
+        .into_iter()
+        .map(|sep| (joined(sep), sep))
+        .filter(|&(n, _)| n > 0)
+        .max_by_key(|&(n, _)| n)?
+        .1;
+    let keys: Vec<String> = tensors.keys().cloned().collect();
+    for key in keys {
+        let name = key.replace(sep, featshard_spec::names::PATH);
+        if !is_feature_name(&key) && is_feature_name(&name) && !tensors.contains_key(&name) {
+            let t = tensors.remove(&key).expect("listed");
+            tensors.insert(name, t);
+        }
+    }
+    Some(sep)
 }
 
 /// One anchored semantic: its length is axis 0 of `key`.
@@ -81,7 +115,7 @@ pub fn sample(path: &Path) -> Result<Sample, Failure> {
     let bad =
         |e: String| Failure::Other(format!("{}: not a safetensors file: {e}", path.display()));
     let file = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
-    let tensors = file
+    let mut tensors: BTreeMap<String, Tensor> = file
         .tensors()
         .into_iter()
         .map(|(name, view)| {
@@ -105,7 +139,12 @@ pub fn sample(path: &Path) -> Result<Sample, Failure> {
         .map(|m| m.keys().filter(|k| *k != "format").cloned().collect())
         .unwrap_or_default();
     metadata.sort();
-    Ok(Sample { tensors, metadata })
+    let separator = nested_paths(&mut tensors);
+    Ok(Sample {
+        tensors,
+        metadata,
+        separator,
+    })
 }
 
 /// Keys whose axis 0 counts a semantic in the featurizers featshard knows (Boltz-2,

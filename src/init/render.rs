@@ -9,7 +9,7 @@ use crate::commands::Failure;
 use featshard_spec::names::{is_feature_name, is_snake_case};
 
 /// The draft's opening comments, its module and its mesh.
-fn header(path: &Path, module: &str) -> String {
+fn header(path: &Path, module: &str, separator: Option<&str>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -31,8 +31,15 @@ fn header(path: &Path, module: &str) -> String {
     let _ = writeln!(out, "# `optional: true`.");
     let _ = writeln!(
         out,
-        "version: 1\nmodule: {module}\nmesh:\n  # A 2-D tile, its axes named as the model's device mesh names them (Boltz-CP's:\n  # dp, cp_axis_0, cp_axis_1); or `cp: [cp]`: one CP axis of any size, nothing else changes.\n  cp: [cp_axis_0, cp_axis_1]\n  dp: dp\nsemantics:"
+        "version: 1\nmodule: {module}\nmesh:\n  # A 2-D tile, its axes named as the model's device mesh names them (Boltz-CP's:\n  # dp, cp_axis_0, cp_axis_1); or `cp: [cp]`: one CP axis of any size, nothing else changes.\n  cp: [cp_axis_0, cp_axis_1]\n  dp: dp"
     );
+    if let Some(sep) = separator {
+        let _ = writeln!(
+            out,
+            "# proposed: the file joins a nested dict's keys by `{sep}` (`a{sep}b` is feature `a.b`)\nseparator: \"{sep}\""
+        );
+    }
+    let _ = writeln!(out, "semantics:");
     out
 }
 
@@ -43,7 +50,7 @@ pub fn spec(
     _lengths: &[Anchor],
     p: &Proposals,
 ) -> Result<String, Failure> {
-    let mut out = header(path, module);
+    let mut out = header(path, module, sample.separator);
     for s in &p.semantics {
         let keys: String = s.keys.iter().map(|k| format!(", {k}")).collect();
         let tag = if s.proposed { "proposed: " } else { "" };

@@ -223,9 +223,19 @@ fn padding(
         return Padding::None;
     }
     if s.windows.is_some() {
-        // Windowed attention over serial items: every rank a whole number of windows.
+        // Windowed attention over serial items: every rank a whole number of windows,
+        // by the mesh axes that split this semantic (not its owner's others).
+        let own: Vec<usize> = mesh_axes
+            .iter()
+            .copied()
+            .filter(|m| {
+                sharded_on
+                    .get(s.name.as_str())
+                    .is_some_and(|on| on.contains(m))
+            })
+            .collect();
         return Padding::Multiple {
-            mesh_axes,
+            mesh_axes: if own.is_empty() { mesh_axes } else { own },
             window: s.window,
             whole_windows: true,
         };
@@ -245,9 +255,11 @@ fn padding(
             source: o.source.clone(),
             mesh_axes,
         },
+        // A semantic of its own pads to its window too where windowed attention runs
+        // over its whole axis (one CP axis); a tile splits it in blocks of their own.
         _ => Padding::Multiple {
             mesh_axes,
-            window: None,
+            window: s.window.filter(|_| spec.mesh.is_cp_1d()),
             whole_windows: false,
         },
     }

@@ -473,3 +473,42 @@ fn check_counts(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::mesh::Mesh;
+
+    fn plan(mesh: &str, tokens: &str) -> super::Plan {
+        let spec = format!(
+            "version: 1\nmodule: t\nmesh: {{cp: {mesh}}}\nsemantics:\n  tokens: {tokens}\n\
+             features:\n  x: {{axes: [tokens], dtype: float32}}\n"
+        );
+        crate::compile_str("t.yaml", &spec).expect("spec").1
+    }
+
+    /// A window on a semantic that owns nothing and is owned by nothing pads it to a
+    /// multiple of lcm(window, cp) on one CP axis, as docs/spec.md says (7 tokens of
+    /// window 4 on cp 3: 12, not 9); a tile's blocks are the mesh's alone.
+    #[test]
+    fn a_window_pads_a_semantic_of_its_own_on_one_axis() {
+        let windowed = plan("[cp]", "{shard: true, window: 4}");
+        assert_eq!(
+            windowed.padded_length("tokens", 7, Mesh::new(&[3]).unwrap()),
+            12
+        );
+        assert_eq!(
+            windowed.padded_length("tokens", 13, Mesh::new(&[2]).unwrap()),
+            16
+        );
+        let plain = plan("[cp]", "{shard: true}");
+        assert_eq!(
+            plain.padded_length("tokens", 7, Mesh::new(&[3]).unwrap()),
+            9
+        );
+        let tile = plan("[cp0, cp1]", "{shard: true, window: 4}");
+        assert_eq!(
+            tile.padded_length("tokens", 7, Mesh::new(&[3, 1]).unwrap()),
+            9
+        );
+    }
+}
