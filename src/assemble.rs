@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use featshard_exec::assemble::{dense_blocks, footprints, Assembler, Dense, SerialAssembler};
+use featshard_exec::assemble::{
+    dense_blocks, footprints, Assembler, Dense, RankByRank, SerialAssembler,
+};
 use featshard_exec::files;
-use featshard_exec::files::Sample;
 use featshard_exec::shard_folder::ShardFolder;
-use featshard_exec::ExecError;
 
 use crate::commands::{load, Failure};
 use crate::room;
@@ -34,7 +34,7 @@ pub fn assemble_files(
     let layout = &manifest.layout;
     let mut metadata = None;
     let mut passthrough: BTreeMap<String, Dense> = BTreeMap::new();
-    let mut assembler: Option<Either> = None;
+    let mut assembler: Option<Box<dyn RankByRank>> = None;
     for rank in 0..world {
         let path = folder.rank_path(rank);
         let file = folder.open_rank(&plan, rank, verify).map_err(other)?;
@@ -66,13 +66,15 @@ pub fn assemble_files(
             None => {
                 let workflow = manifest.workflow.as_deref();
                 let first = &dense[0];
-                let made = match padded_output {
-                    true => Assembler::new(&plan, layout, workflow, first).map(Either::Padded),
+                // The padded layouts, or the serial sample made straight from the
+                // ranks' real items: a padded global may be far larger than the sample.
+                let made: Box<dyn RankByRank> = match padded_output {
+                    true => Box::new(Assembler::new(&plan, layout, workflow, first).map_err(at)?),
                     false => {
-                        SerialAssembler::new(&plan, layout, workflow, first).map(Either::Serial)
+                        Box::new(SerialAssembler::new(&plan, layout, workflow, first).map_err(at)?)
                     }
                 };
-                assembler.insert(made.map_err(at)?)
+                assembler.insert(made)
             }
         };
         into.add(rank, &dense[0]).map_err(at)?;
@@ -98,27 +100,4 @@ pub fn assemble_files(
         if padded_output { "padded" } else { "serial" },
         out.display()
     ))
-}
-
-/// The padded layouts (`--padded`), or the serial sample made straight from the ranks'
-/// real items: a padded global may be far larger than the sample.
-enum Either<'p> {
-    Padded(Assembler<'p>),
-    Serial(SerialAssembler<'p>),
-}
-
-impl Either<'_> {
-    fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError> {
-        match self {
-            Either::Padded(a) => a.add(rank, blocks),
-            Either::Serial(a) => a.add(rank, blocks),
-        }
-    }
-
-    fn finish(self) -> Result<BTreeMap<String, Dense>, ExecError> {
-        match self {
-            Either::Padded(a) => a.finish(),
-            Either::Serial(a) => a.finish(),
-        }
-    }
 }

@@ -538,18 +538,7 @@ fn a_flag_of_some_real_items_is_never_proposed_as_a_pad_mask() {
 /// `examples/protenix.yaml` places it.
 #[test]
 fn a_draft_of_an_alphafold3_family_sample_needs_no_answer() {
-    let sample = root().join("tests/data/protenix/small_complex.safetensors");
-    let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
-        .args(["init", "--from"])
-        .arg(&sample)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let draft = String::from_utf8(out.stdout).unwrap();
+    let draft = draft_of(&root().join("tests/data/protenix/small_complex.safetensors"));
     for line in [
         "atoms: {shard: true, owner: tokens, map: atom_to_token_idx}",
         "atom_to_token_idx: {axes: [atoms], dtype: int64, pad: -1, index: {of: tokens, scope: shard_local}}",
@@ -581,6 +570,18 @@ fn a_draft_of_an_alphafold3_family_sample_needs_no_answer() {
             "{name}"
         );
     }
+}
+
+/// `featshard init --from sample` with no anchor: the draft.
+fn draft_of(sample: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
+        .args(["init", "--from"])
+        .arg(sample)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The real Protenix sample changed as a hostile census changed it: `edit` gets every
@@ -643,17 +644,7 @@ fn a_draft_shards_the_sample_it_was_drafted_from() {
         (&unowned, "map: atom_to_token_idx, unowned_rows: pad}"),
         (&slashed, "separator: \"/\""),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
-            .args(["init", "--from"])
-            .arg(sample)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let draft = String::from_utf8(out.stdout).unwrap();
+        let draft = draft_of(sample);
         assert!(draft.contains(wanted), "{wanted}\n{draft}");
         assert!(!draft.contains("incoming_pads"), "{draft}");
         assert!(!draft.contains("left out"), "{draft}");

@@ -244,7 +244,7 @@ pub fn join(
     let spread = plan.collate_spreads(name, local, targets);
     for s in &spread {
         let (n, to) = (shape[s.axis], target[s.axis]);
-        if n % s.old != 0 || n / s.old * s.new > to {
+        if n % s.old != 0 || (n / s.old).checked_mul(s.new).is_none_or(|m| m > to) {
             return Err(collate_error(format!(
                 "feature `{name}`: axis {} holds {n} items, not whole blocks of {} that grow to {} within the batch's {to}",
                 s.axis, s.old, s.new

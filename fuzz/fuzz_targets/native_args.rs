@@ -1,5 +1,5 @@
 //! The argument checks of the Python package's native entry points (`featshard._native`:
-//! `coords`, `chunk_sizes`, `repad_indices`, `replica_indices`, `Plan.layout`,
+//! `coords`, `chunk_sizes`, `repad_indices`, `Plan.collate_join`, `replica_indices`, `Plan.layout`,
 //! `Plan.padded_length`, `Plan.block_window`, `Plan.domain_window`), which live in the
 //! spec crate: any arguments are answered or refused with a message naming the
 //! argument, never a panic.
@@ -56,6 +56,21 @@ fuzz_target!(|data: &[u8]| {
         2 => {
             let mut values: Vec<i64> = w.iter().skip(2).map(|&v| v as i64).collect();
             let _ = layout::repad_indices(&mut values, at(0), at(1));
+            // `Plan.collate_join` with any blocks' and batch's shapes: a join (its
+            // re-pad and whole axes re-laid out) or a refusal by name.
+            let shapes = |skip: usize| -> BTreeMap<String, Vec<usize>> {
+                plan.tensors()
+                    .enumerate()
+                    .map(|(k, (n, t))| {
+                        let dims = (0..t.axes.len()).map(|d| at(skip + k + d) % 5000);
+                        (n.to_owned(), dims.collect())
+                    })
+                    .collect()
+            };
+            let (local, targets) = (shapes(0), shapes(1));
+            for (name, _) in plan.tensors() {
+                let _ = featshard::exec::collate::join(plan, name, &local, &targets);
+            }
         }
         3 => {
             let order = if at(3) % 2 == 0 {

@@ -1,6 +1,6 @@
 //! The agreement's status frames: any text goes into a frame of exactly its size and
-//! comes back a failure; any bytes decode or are refused; the verdict over any frames
-//! is one outcome, never a panic.
+//! comes back a failure; any bytes decode or are refused; terms with a loader's sampler
+//! of any text fit a frame; the verdict over any frames is one outcome, never a panic.
 #![no_main]
 
 use featshard::exec::agree::{frame_of, verdict, Status, Terms, STATUS_BYTES};
@@ -27,7 +27,12 @@ fuzz_target!(|data: &[u8]| {
     );
     let mine = frame_of(0, &Status::Ok, Some(&terms)).encode();
     assert_eq!(mine.len(), STATUS_BYTES);
-    let frames: Vec<Option<Status>> = [&mine[..], data, &frame]
+    // A loader's sampler terms of any text fit a frame too, and differ by digest.
+    let drawn = terms.clone().with_sampler(&text);
+    assert_ne!(drawn.digest, terms.digest);
+    let theirs = frame_of(1, &Status::Ok, Some(&drawn)).encode();
+    assert_eq!(theirs.len(), STATUS_BYTES);
+    let frames: Vec<Option<Status>> = [&mine[..], data, &frame, &theirs]
         .iter()
         .map(|f| Status::decode(f))
         .collect();

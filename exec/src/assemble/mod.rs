@@ -50,18 +50,11 @@ pub fn assemble(
     workflow: Option<&str>,
     ranks: &[Sample],
 ) -> Result<BTreeMap<String, Dense>, ExecError> {
-    if ranks.len() != layout.mesh.ranks() {
-        return Err(ExecError::RankCount {
-            what: "ranks' blocks",
-            given: ranks.len(),
-            mesh: plan.mesh.named(layout.mesh),
-        });
-    }
-    let mut assembler = Assembler::new(plan, layout, workflow, &ranks[0])?;
-    for (r, blocks) in ranks.iter().enumerate() {
-        assembler.add(r, blocks)?;
-    }
-    assembler.finish()
+    let first = first_of(plan, layout, ranks)?;
+    every_rank(
+        Box::new(Assembler::new(plan, layout, workflow, first)?),
+        ranks,
+    )
 }
 
 /// Every rank's blocks straight back into the serial sample (what [`unpad`] of
@@ -72,18 +65,76 @@ pub fn assemble_serial(
     workflow: Option<&str>,
     ranks: &[Sample],
 ) -> Result<BTreeMap<String, Dense>, ExecError> {
-    if ranks.len() != layout.mesh.ranks() {
-        return Err(ExecError::RankCount {
+    let first = first_of(plan, layout, ranks)?;
+    every_rank(
+        Box::new(SerialAssembler::new(plan, layout, workflow, first)?),
+        ranks,
+    )
+}
+
+/// Rank 0's blocks of a mesh's worth of ranks.
+fn first_of<'s, 'a>(
+    plan: &Plan,
+    layout: &SampleLayout,
+    ranks: &'s [Sample<'a>],
+) -> Result<&'s Sample<'a>, ExecError> {
+    match ranks.len() == layout.mesh.ranks() {
+        true => Ok(&ranks[0]),
+        false => Err(ExecError::RankCount {
             what: "ranks' blocks",
             given: ranks.len(),
             mesh: plan.mesh.named(layout.mesh),
-        });
+        }),
     }
-    let mut assembler = SerialAssembler::new(plan, layout, workflow, &ranks[0])?;
+}
+
+fn every_rank(
+    mut into: Box<dyn RankByRank + '_>,
+    ranks: &[Sample],
+) -> Result<BTreeMap<String, Dense>, ExecError> {
     for (r, blocks) in ranks.iter().enumerate() {
-        assembler.add(r, blocks)?;
+        into.add(r, blocks)?;
     }
-    assembler.finish()
+    into.finish()
+}
+
+/// A way back that takes one rank's blocks at a time, in rank order: the padded
+/// layouts ([`Assembler`]) or the serial sample ([`SerialAssembler`]).
+pub trait RankByRank {
+    /// Rank `rank`'s blocks copied in (ranks come in order, each once).
+    fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError>;
+    /// The features, once every rank was added.
+    fn finish(self: Box<Self>) -> Result<BTreeMap<String, Dense>, ExecError>;
+}
+
+/// The order ranks come in: each once, in rank order, all of them by the end.
+#[derive(Debug)]
+struct Turns {
+    next: usize,
+}
+
+impl Turns {
+    fn take(&mut self, plan: &Plan, layout: &SampleLayout, rank: usize) -> Result<(), ExecError> {
+        if rank != self.next || rank >= layout.mesh.ranks() {
+            return Err(ExecError::NoSuchRank {
+                rank,
+                mesh: plan.mesh.named(layout.mesh),
+            });
+        }
+        self.next += 1;
+        Ok(())
+    }
+
+    fn done(&self, plan: &Plan, layout: &SampleLayout) -> Result<(), ExecError> {
+        match self.next == layout.mesh.ranks() {
+            true => Ok(()),
+            false => Err(ExecError::RankCount {
+                what: "ranks' blocks",
+                given: self.next,
+                mesh: plan.mesh.named(layout.mesh),
+            }),
+        }
+    }
 }
 
 /// [`assemble`] one rank at a time, so that a reader holds one rank's blocks beside the
@@ -96,7 +147,7 @@ pub struct Assembler<'p> {
     layout: &'p SampleLayout,
     shapes: BTreeMap<String, FeatureShapes>,
     full: BTreeMap<String, Assembled>,
-    next: usize,
+    turns: Turns,
 }
 
 /// One feature's padded global layout as the ranks fill it.
@@ -137,18 +188,14 @@ impl<'p> Assembler<'p> {
             layout,
             shapes,
             full,
-            next: 0,
+            turns: Turns { next: 0 },
         })
     }
+}
 
-    /// Rank `rank`'s blocks copied in (ranks come in order, each once).
-    pub fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError> {
-        if rank != self.next || rank >= self.layout.mesh.ranks() {
-            return Err(ExecError::NoSuchRank {
-                rank,
-                mesh: self.plan.mesh.named(self.layout.mesh),
-            });
-        }
+impl RankByRank for Assembler<'_> {
+    fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError> {
+        self.turns.take(self.plan, self.layout, rank)?;
         for (name, s) in &self.shapes {
             let block = blocks
                 .get(name)
@@ -158,19 +205,12 @@ impl<'p> Assembler<'p> {
             };
             copy_block(self.plan, self.layout, name, s, rank, block, into)?;
         }
-        self.next += 1;
         Ok(())
     }
 
     /// The padded global features, once every rank was added.
-    pub fn finish(self) -> Result<BTreeMap<String, Dense>, ExecError> {
-        if self.next != self.layout.mesh.ranks() {
-            return Err(ExecError::RankCount {
-                what: "ranks' blocks",
-                given: self.next,
-                mesh: self.plan.mesh.named(self.layout.mesh),
-            });
-        }
+    fn finish(self: Box<Self>) -> Result<BTreeMap<String, Dense>, ExecError> {
+        self.turns.done(self.plan, self.layout)?;
         Ok(self.full.into_iter().map(|(n, a)| (n, a.dense)).collect())
     }
 }

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use featshard_spec::ir::DeriveRule;
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
 
-use super::{assembled_shapes, blocks_error, padded_block, to_serial_ids, Dense};
+use super::{
+    assembled_shapes, blocks_error, padded_block, to_serial_ids, Dense, RankByRank, Turns,
+};
 use crate::dtype;
 use crate::error::ExecError;
 use crate::feature::tensor_plan;
@@ -92,7 +94,7 @@ pub struct SerialAssembler<'p> {
     plan: &'p Plan,
     layout: &'p SampleLayout,
     features: BTreeMap<String, Serial>,
-    next: usize,
+    turns: Turns,
 }
 
 /// One feature as the ranks fill it.
@@ -139,43 +141,33 @@ impl<'p> SerialAssembler<'p> {
             plan,
             layout,
             features,
-            next: 0,
+            turns: Turns { next: 0 },
         })
     }
+}
 
-    /// Rank `rank`'s blocks copied in (ranks come in order, each once).
-    pub fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError> {
-        if rank != self.next || rank >= self.layout.mesh.ranks() {
-            return Err(ExecError::NoSuchRank {
-                rank,
-                mesh: self.plan.mesh.named(self.layout.mesh),
-            });
-        }
+impl RankByRank for SerialAssembler<'_> {
+    fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError> {
+        self.turns.take(self.plan, self.layout, rank)?;
         for (name, f) in &mut self.features {
             let block = blocks
                 .get(name)
                 .ok_or_else(|| blocks_error(name, format!("rank {rank} has no block")))?;
             add_block(self.plan, self.layout, name, rank, block, f)?;
         }
-        self.next += 1;
         Ok(())
     }
 
     /// The serial sample, once every rank was added: each map in the form the sample
     /// gave it.
-    pub fn finish(self) -> Result<BTreeMap<String, Dense>, ExecError> {
-        if self.next != self.layout.mesh.ranks() {
-            return Err(ExecError::RankCount {
-                what: "ranks' blocks",
-                given: self.next,
-                mesh: self.plan.mesh.named(self.layout.mesh),
-            });
-        }
+    fn finish(self: Box<Self>) -> Result<BTreeMap<String, Dense>, ExecError> {
+        self.turns.done(self.plan, self.layout)?;
+        let (plan, layout) = (self.plan, self.layout);
         self.features
             .into_iter()
             .map(|(name, f)| {
-                let t = tensor_plan(self.plan, &name)?;
-                let given = crate::deliver::to_given(&name, t, self.layout, f.dense)?;
+                let t = tensor_plan(plan, &name)?;
+                let given = crate::deliver::to_given(&name, t, layout, f.dense)?;
                 Ok((name, given))
             })
             .collect()
