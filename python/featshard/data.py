@@ -26,6 +26,7 @@ from featshard import Plan, _native, paths
 from featshard.blocks import dtype_name, expand_block, moved_together, view_at
 from featshard.distribute import (
     _device_of,
+    as_dtensor,
     cp_group,
     distribute_features,
     mesh_dims,
@@ -62,10 +63,6 @@ def cpu_mesh_like(mesh: DeviceMesh, *, timeout: timedelta | None = None) -> Devi
         "cpu", mesh.mesh, mesh_dim_names=mesh.mesh_dim_names,
         backend_override=(("gloo", options),) * mesh.mesh.dim(),
     )
-
-
-def _stride(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(_native.contiguous_stride(list(shape)))
 
 
 def _batch_shapes(
@@ -168,10 +165,7 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh, *,
         for i, (x, (_, _, repad, spread)) in enumerate(zip(locals_[name], joins)):
             _join_into(x, repad, spread, stacked[i])
         shape = plan.collated_shape(name, target[name], len(batch), dp_size, cp)
-        out[name] = DTensor.from_local(
-            stacked, mesh, on_mesh[name], run_check=False,
-            shape=torch.Size(shape), stride=_stride(shape),
-        )
+        out[name] = as_dtensor(stacked, mesh, on_mesh[name], shape)
     for name in sorted(n for n in batch[0] if n not in out):
         values = [s[name] for s in batch]
         # The executor checked that they stack: the same dtype and shape in every sample.
@@ -418,9 +412,7 @@ def to_device_mesh(
         shape, where = tuple(x.shape), tuple(x.placements)
         if unbatched:
             local, shape, where = local.unsqueeze(0), (1, *shape), on_dp[name][1:]
-        out[name] = DTensor.from_local(
-            local, mesh, where, run_check=False, shape=torch.Size(shape), stride=_stride(shape),
-        )
+        out[name] = as_dtensor(local, mesh, where, shape)
     return paths.nested(plan, out)
 
 

@@ -14,7 +14,7 @@ explicit global shape and stride.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any, NamedTuple
@@ -52,6 +52,7 @@ __all__ = [
     "CpGroup",
     "FeatureDistributionError",
     "Prepared",
+    "as_dtensor",
     "cp_group",
     "distribute_features",
     "distribute_prepared",
@@ -192,23 +193,26 @@ def distribute_features(
     cp = group if group is not None else cp_group(plan, mesh, timeout=timeout)
     sizes = tuple(cp.mesh.size(d) for d in range(cp.mesh.ndim))
     source = cp.ranks[0] if src is None else src
-    outgoing: _Outgoing | None = None
-    failed: Status | None = None
-    try:
-        if stop:
-            raise _stopping()
-        if dist.get_rank() == source:
-            if features is None:
-                raise ValueError("the source rank was given no sample")
-            placed = place(plan, features, sizes, workflow=workflow, threads=threads)
-            # The executor's header: the layout and every rank's buffer, passed-through
-            # values in slots of their own. Each buffer is written as it is sent.
-            outgoing = _Outgoing(placed.header(compact=compact),
-                                 lambda k: placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact))
-    except Exception as e:  # noqa: BLE001 - agreed on by the whole world
-        failed = status_of(e)
-    return _step(plan, mesh, cp, source, outgoing, failed, workflow=workflow, check=check, sampler=sampler)
 
+    def made() -> _Outgoing:
+        if features is None:
+            raise ValueError("the source rank was given no sample")
+        placed = place(plan, features, sizes, workflow=workflow, threads=threads)
+        # The executor's header: the layout and every rank's buffer, passed-through
+        # values in slots of their own. Each buffer is written as it is sent.
+        return _Outgoing(placed.header(compact=compact),
+                         lambda k: placed.rank_buffer(_native.coords(sizes, k), threads, compact=compact))
+
+    return _step(plan, mesh, cp, source, made, workflow=workflow, check=check, sampler=sampler, stop=stop)
+
+
+# DTensor's own spec types, where this torch has them where 2.13 has them; without
+# them every DTensor is made by `from_local`.
+try:
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec as _DTensorSpec
+    from torch.distributed.tensor._dtensor_spec import TensorMeta as _TensorMeta
+except ImportError:  # pragma: no cover - another torch's layout
+    _DTensorSpec = None  # type: ignore[assignment,misc]
 
 _ALIGN = 64
 
@@ -274,22 +278,16 @@ def distribute_prepared(
     source (global rank ``src``), None elsewhere; a failure it holds is raised on every
     rank."""
     cp = group if group is not None else cp_group(plan, mesh, timeout=timeout)
-    outgoing: _Outgoing | None = None
-    failed: Status | None = None
-    try:
-        if stop:
-            raise _stopping()
-        if dist.get_rank() == src:
-            if prepared is None:
-                raise ValueError("the source rank was given no prepared sample")
-            if prepared.failure is not None:
-                raise same_error(*prepared.failure, src)
-            assert prepared.header is not None and prepared.buffers is not None
-            buffers = prepared.buffers
-            outgoing = _Outgoing(_native.Header.from_bytes(prepared.header), buffers.__getitem__)
-    except Exception as e:  # noqa: BLE001 - agreed on by the whole world
-        failed = status_of(e)
-    return _step(plan, mesh, cp, src, outgoing, failed, workflow=workflow, check=check, sampler=sampler)
+
+    def made() -> _Outgoing:
+        if prepared is None:
+            raise ValueError("the source rank was given no prepared sample")
+        if prepared.failure is not None:
+            raise same_error(*prepared.failure, src)
+        assert prepared.header is not None and prepared.buffers is not None
+        return _Outgoing(_native.Header.from_bytes(prepared.header), prepared.buffers.__getitem__)
+
+    return _step(plan, mesh, cp, src, made, workflow=workflow, check=check, sampler=sampler, stop=stop)
 
 
 def _stopping() -> StepsStopped:
@@ -309,20 +307,29 @@ def _step(
     mesh: DeviceMesh,
     cp: CpGroup,
     source: int,
-    outgoing: _Outgoing | None,
-    failed: Status | None,
+    made: Callable[[], _Outgoing],
     *,
     workflow: str | None,
     check: Callable[[Mapping[str, torch.Tensor]], None] | None,
     sampler: str | None = None,
+    stop: bool = False,
 ) -> dict[str, Any]:
-    """One step once the source has its header and buffers (or its failure): the world
-    agrees on the terms, each rank gets its buffer, the world agrees on the outcome,
-    every rank wraps its blocks as DTensors."""
+    """One step: the source makes its header and buffers (``made``), the world agrees on
+    the terms, each rank gets its buffer, the world agrees on the outcome, every rank
+    wraps its blocks as DTensors."""
     pg, ranks, cp_mesh, world = cp
     me = dist.get_rank()
-    if failed is None and source not in ranks:
-        failed = status_of(FeatureDistributionError(f"src {source} is not a rank of this rank's CP group {ranks}"))
+    failed: Status | None = None
+    outgoing: _Outgoing | None = None
+    try:
+        if stop:
+            raise _stopping()
+        if source not in ranks:
+            raise FeatureDistributionError(f"src {source} is not a rank of this rank's CP group {ranks}")
+        if me == source:
+            outgoing = made()
+    except Exception as e:  # noqa: BLE001 - agreed on by the whole world
+        failed = status_of(e)
     # Before any rank waits on another: the same spec, workflow, mesh, source and
     # sampler everywhere, and a sample the source could place.
     terms = mesh_terms(plan, mesh, workflow, ranks.index(source) if source in ranks else None, sampler)
@@ -334,9 +341,9 @@ def _step(
     else:
         header, mine = _receive_blocks(pg, source)
     local: dict[str, torch.Tensor] = {}
-    wire = header.buffer
     passthrough: dict[str, Any] = {}
     if failed is None:
+        wire = header.buffer
         try:
             passthrough = carried(mine, wire)
             local = _local_blocks(plan, mine, wire, _device_of(cp_mesh))
@@ -347,12 +354,24 @@ def _step(
     agree(failed, world, what="agreeing on the step's outcome")
     on_mesh = placements(plan)
     result: dict[str, Any] = dict(passthrough)
-    global_shapes = {slot.name: slot.global_shape for slot in wire.slots if slot.global_shape is not None}
+    global_shapes = {slot.name: slot.global_shape for slot in header.buffer.slots if slot.global_shape is not None}
     for name, x in local.items():
-        shape = torch.Size(global_shapes[name])
-        result[name] = DTensor.from_local(x, cp_mesh, on_mesh[name], run_check=False,
-                                          shape=shape, stride=tuple(_native.contiguous_stride(list(shape))))
+        result[name] = as_dtensor(x, cp_mesh, on_mesh[name], global_shapes[name])
     return paths.nested(plan, result)
+
+
+def as_dtensor(local: torch.Tensor, mesh: DeviceMesh, where: tuple[Placement, ...],
+               shape: Sequence[int]) -> DTensor:
+    """``local`` as this rank's block of a DTensor of global ``shape`` (contiguous
+    stride), placed ``where`` on ``mesh``: what ``DTensor.from_local`` makes with
+    ``run_check=False`` and the shape given, made from its spec directly (a step wraps
+    every feature; ``from_local``'s autograd function took half the time)."""
+    size = torch.Size(shape)
+    stride = tuple(_native.contiguous_stride(list(shape)))
+    if _DTensorSpec is None or local.requires_grad:
+        return DTensor.from_local(local, mesh, where, run_check=False, shape=size, stride=stride)
+    spec = _DTensorSpec(mesh, where, tensor_meta=_TensorMeta(size, stride, local.dtype))
+    return DTensor(local, spec, requires_grad=False)  # type: ignore[no-untyped-call]
 
 
 def _send_blocks(
@@ -360,12 +379,11 @@ def _send_blocks(
     to: tuple[dist.ProcessGroup, list[int], int],
 ) -> tuple[torch.Tensor, Status | None]:
     """The source's part: sends each other rank of the group, one at a time, the header
-    and its blocks; returns its own blocks' buffer and its failure to write a buffer (that
-    rank got zeros, and the failure is agreed on)."""
+    (its length first) and its blocks; returns its own blocks' buffer and its failure to
+    write a buffer (that rank got zeros, and the failure is agreed on)."""
     pg, ranks, source = to
     message = torch.frombuffer(bytearray(outgoing.header.to_bytes()), dtype=torch.uint8)
     length = torch.tensor([message.numel()], dtype=torch.int64)
-    nbytes = outgoing.header.buffer.nbytes
     late: Status | None = None
     for k, r in enumerate(ranks):
         if r == source:
@@ -374,18 +392,19 @@ def _send_blocks(
         # Point to point, each rank's header right before its blocks: no collective.
         collective(what, pg, partial(dist.send, length, dst=r, group=pg))
         collective(what, pg, partial(dist.send, message, dst=r, group=pg))
-        buffer, late = _written(outgoing, k, nbytes, late)
+        buffer, late = _written(outgoing, k, late)
         collective(what, pg, partial(dist.send, buffer, dst=r, group=pg))
         # Freed before the next one is made: its memory is what the next one reuses
         # (two alive at once would outgrow the kept buffers, and every rank's buffer
         # would be new memory, page faults and all).
         del buffer
-    mine, late = _written(outgoing, ranks.index(source), nbytes, late)
+    mine, late = _written(outgoing, ranks.index(source), late)
     return mine, late
 
 
 def _receive_blocks(pg: dist.ProcessGroup, source: int) -> tuple[_native.Header, torch.Tensor]:
-    """A receiver's part: the source's header, then this rank's buffer."""
+    """A receiver's part: the source's header (its length first), then this rank's
+    buffer."""
     what = f"receiving rank {dist.get_rank()}'s blocks from source rank {source}"
     length = torch.empty(1, dtype=torch.int64)
     collective(what, pg, lambda: dist.recv(length, src=source, group=pg))
@@ -400,16 +419,14 @@ def _receive_blocks(pg: dist.ProcessGroup, source: int) -> tuple[_native.Header,
     return header, mine
 
 
-def _written(
-    outgoing: _Outgoing, k: int, nbytes: int, late: Status | None
-) -> tuple[torch.Tensor, Status | None]:
+def _written(outgoing: _Outgoing, k: int, late: Status | None) -> tuple[torch.Tensor, Status | None]:
     """The buffer of the group's ``k``-th rank, and the first failure to write one so
     far: a buffer that cannot be written is sent as zeros of its length, so that every
     rank still takes its part, and the failure is agreed on."""
     try:
         return outgoing.buffer(k), late
     except Exception as e:  # noqa: BLE001 - agreed on by every rank
-        return torch.zeros(nbytes, dtype=torch.uint8), late or status_of(e)
+        return torch.zeros(outgoing.header.buffer.nbytes, dtype=torch.uint8), late or status_of(e)
 
 
 def _local_blocks(plan: Plan, buffer: torch.Tensor, wire: Wire, device: torch.device | None) -> dict[str, torch.Tensor]:

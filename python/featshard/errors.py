@@ -181,7 +181,8 @@ def agree(
     """Every rank of ``group`` passes its status (``None``: success) and, where the step
     has them, its terms; all raise the same exception (the first failure in rank order,
     or the ranks' disagreement on their terms, naming both sides), or all return.
-    ``device`` is where the group's backend takes tensors."""
+    ``device`` is where the group's backend takes tensors. The vote is two values
+    (``featshard_exec::agree::vote``): gloo reduces so few in a couple of rounds."""
     vote = torch.tensor(_native.vote(failed is not None, terms), dtype=torch.int64, device=device)
     collective(what, group, lambda: dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=group))
     if not _native.unanimous(vote.tolist()):
