@@ -342,8 +342,8 @@ class Stuck(Serial):
 
 
 def _wait_worker(rank: int, world: int, store: str, results: str, scenario: str) -> None:
-    """A loader's waits, every one bounded by the loader's 6 s timeout: a worker that
-    never returns, and ranks that leave their loop 0.3 s apart, then a second epoch."""
+    """A loader's waits, every one bounded by the loader's timeout: a worker that never
+    returns, and ranks that leave their loop 0.3 s apart, then a second epoch."""
     sys.path[:0] = [str(HERE)]
     import time
     from datetime import timedelta
@@ -359,7 +359,9 @@ def _wait_worker(rank: int, world: int, store: str, results: str, scenario: str)
     plan = featshard.Plan(SPEC)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=tuple(plan.mesh_axes))
     out: dict[str, Any] = {"rank": rank}
-    timeout = timedelta(seconds=6)
+    # Short where the wait is the point; ample where no rank should wait at all (a
+    # loaded machine featurizes slowly).
+    timeout = timedelta(seconds=6 if scenario == "stuck" else 40)
     try:
         if scenario == "stuck":
             loader = FeatureLoader(plan, Stuck(), mesh, num_workers=1, spread=True, prefetch=1, timeout=timeout)

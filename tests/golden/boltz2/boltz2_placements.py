@@ -721,8 +721,8 @@ COSHARDED: Final[dict[str, tuple[tuple[int, int], ...]]] = {
 # Value indices made local to the holding shard: feature -> (indexed semantic, mesh axis).
 SHARD_LOCAL: Final[dict[str, tuple[str, int]]] = {
 }
-# Indices into an owner-partitioned layout, re-padded when collate grows the per-shard
-# stride: new = (idx // old) * new_stride + idx % old. Feature -> indexed semantic.
+# Indices into a sharded semantic's padded layout, re-padded when collate grows its
+# blocks: new = (idx // old) * new_stride + idx % old. Feature -> indexed semantic.
 REPAD: Final[dict[str, str]] = {
     "chiral_atom_index": "atoms",
     "connected_atom_index": "atoms",

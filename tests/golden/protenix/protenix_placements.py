@@ -460,8 +460,8 @@ COSHARDED: Final[dict[str, tuple[tuple[int, int], ...]]] = {
 SHARD_LOCAL: Final[dict[str, tuple[str, int]]] = {
     "atom_to_token_idx": ("tokens", 0),
 }
-# Indices into an owner-partitioned layout, re-padded when collate grows the per-shard
-# stride: new = (idx // old) * new_stride + idx % old. Feature -> indexed semantic.
+# Indices into a sharded semantic's padded layout, re-padded when collate grows its
+# blocks: new = (idx // old) * new_stride + idx % old. Feature -> indexed semantic.
 REPAD: Final[dict[str, str]] = {
     "frame_atom_index": "atoms",
 }
