@@ -496,3 +496,50 @@ fn an_id_vector_of_another_length_is_named_with_its_length() {
         );
     }
 }
+
+/// `atom_mask` (derived: `{valid: true}`) given by the sample too: taken when its values
+/// are the rule's (before: every 1-D mask was refused, right or not), refused naming
+/// the rule when one item is off.
+#[test]
+fn a_given_validity_mask_is_compared_by_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = read(&sample_path());
+    let atoms = sample["ref_pos"].size()[0];
+    let ones = Tensor::ones([atoms], (Kind::Bool, tch::Device::Cpu));
+    for (name, mask, ok) in [
+        ("right", ones.shallow_clone(), true),
+        (
+            "wrong",
+            ones.index_fill(0, &Tensor::from_slice(&[3i64]), 0),
+            false,
+        ),
+    ] {
+        let mut given: Vec<(String, Tensor)> = sample
+            .iter()
+            .map(|(k, x)| (k.clone(), x.shallow_clone()))
+            .collect();
+        given.push(("atom_mask".into(), mask));
+        let input = dir.path().join(format!("{name}.safetensors"));
+        Tensor::write_safetensors(&given, &input).unwrap();
+        let out = featshard(&[
+            "shard",
+            &root().join("examples/protenix.yaml").display().to_string(),
+            "--features",
+            &input.display().to_string(),
+            "--mesh",
+            "2x2",
+            "--out",
+            &dir.path().join(name).display().to_string(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.success(), ok, "{name}: {err}");
+        if !ok {
+            assert!(
+                err.contains(
+                    "feature `atom_mask`: the sample's value differs from a validity mask"
+                ),
+                "{err}"
+            );
+        }
+    }
+}

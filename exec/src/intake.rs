@@ -892,6 +892,16 @@ fn outer(x: &Array, y: &Array, d: featshard_spec::ir::DType) -> Array<'static> {
 /// Whether `given` holds the values of `made` (a whole array of the same shape and
 /// dtype), compared as numbers row by row (so `-0.0 == 0.0` and NaN equals nothing).
 fn equal_values(given: &Array, made: &Array) -> bool {
+    // A 1-D mask's one row is its items selected: written out whole (it is as long as
+    // its items), so that it is a run like every row of a longer one.
+    let whole;
+    let made = match made.dim() {
+        0 | 1 => {
+            whole = made.contiguous();
+            &whole
+        }
+        _ => made,
+    };
     let d = made.dtype();
     let mut theirs = Vec::new();
     given
