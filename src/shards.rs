@@ -61,22 +61,29 @@ fn sample_metadata(
 /// Without `--workflow` every feature of the spec is required; a missing one that only
 /// some workflows have says so, and names them.
 fn without_workflow(req: &Request, e: ExecError) -> Failure {
-    let ExecError::Missing { feature } = &e else {
-        return other(e);
+    let missing = match &e {
+        ExecError::Missing { feature } => std::slice::from_ref(feature),
+        ExecError::MissingMany { features } => features.as_slice(),
+        _ => return other(e),
     };
-    let with: Vec<&str> = req
-        .plan
-        .workflows
+    let with = |feature: &String| -> Vec<&str> {
+        let ws = req
+            .plan
+            .workflows
+            .iter()
+            .filter(|(_, fs)| fs.contains(feature));
+        ws.map(|(w, _)| w.as_str()).collect()
+    };
+    let some_only = missing
         .iter()
-        .filter(|(_, fs)| fs.contains(feature))
-        .map(|(w, _)| w.as_str())
-        .collect();
-    if req.workflow.is_some() || with.len() == req.plan.workflows.len() {
-        return other(e);
+        .find(|f| with(f).len() < req.plan.workflows.len());
+    match (req.workflow, some_only) {
+        (None, Some(feature)) => other(format!(
+            "{e}; without --workflow every feature of the spec is required, and `{feature}` is in workflow {:?} only: pass --workflow for the workflow this sample is for",
+            with(feature)
+        )),
+        _ => other(e),
     }
-    other(format!(
-        "{e}; without --workflow every feature of the spec is required, and `{feature}` is in workflow {with:?} only: pass --workflow for the workflow this sample is for"
-    ))
 }
 
 /// What one sample is sharded with.

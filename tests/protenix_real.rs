@@ -543,3 +543,34 @@ fn a_given_validity_mask_is_compared_by_value() {
         }
     }
 }
+
+/// A sample lacking several features is told of every one at once (before: the first
+/// only), by name and count.
+#[test]
+fn every_missing_feature_is_named_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = ["asym_id", "ref_charge", "sym_id"];
+    let given: Vec<(String, Tensor)> = read(&sample_path())
+        .into_iter()
+        .filter(|(k, _)| !gone.contains(&k.as_str()))
+        .collect();
+    let input = dir.path().join("lacking.safetensors");
+    Tensor::write_safetensors(&given, &input).unwrap();
+    let out = featshard(&[
+        "shard",
+        &root().join("examples/protenix.yaml").display().to_string(),
+        "--features",
+        &input.display().to_string(),
+        "--mesh",
+        "2x2",
+        "--out",
+        &dir.path().join("s").display().to_string(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err
+                .contains("3 features missing from the sample: `asym_id`, `ref_charge`, `sym_id`"),
+        "{err}"
+    );
+}

@@ -545,8 +545,8 @@ fn a_sample_of_one_workflow_sharded_without_workflow_names_the_flag() {
     assert_eq!(run.status.code(), Some(1));
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(
-        err.contains("feature `ph_feature`: missing from the sample")
-            && err.contains("is in workflow [\"training\"] only: pass --workflow"),
+        err.contains("2 features missing from the sample: `ph_feature`, `temp_feature`")
+            && err.contains("`ph_feature` is in workflow [\"training\"] only: pass --workflow"),
         "{err}"
     );
     assert!(!out.exists());

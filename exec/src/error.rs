@@ -11,6 +11,10 @@ pub enum ExecError {
     /// A feature of the spec (or workflow) is not in the sample.
     #[error("feature `{feature}`: missing from the sample")]
     Missing { feature: String },
+    /// Several features of the spec (or workflow) are not in the sample: every one named
+    /// at once (the first few, and how many).
+    #[error("{} features missing from the sample: {}", .features.len(), quoted(.features))]
+    MissingMany { features: Vec<String> },
     /// Features in the sample that the spec does not declare (and that were not
     /// passed through explicitly).
     #[error("features not in the spec: {} (declare them, list them under `drop`, or set `other_keys: drop | pass`){hint}", quoted(.features))]

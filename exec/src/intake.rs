@@ -393,16 +393,20 @@ fn sort_keys<'a>(
             feature: absent.clone(),
         });
     }
-    for name in &wanted {
-        if let Some(t) = plan.tensor(name) {
-            if !t.optional && t.derived.is_none() && !kept.contains_key(*name) {
-                return Err(ExecError::Missing {
-                    feature: (*name).to_owned(),
-                });
-            }
-        }
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|n| {
+            plan.tensor(n)
+                .is_some_and(|t| !t.optional && t.derived.is_none())
+        })
+        .filter(|n| !kept.contains_key(**n))
+        .map(|n| (*n).to_owned())
+        .collect();
+    match <[String; 1]>::try_from(missing) {
+        Ok([feature]) => Err(ExecError::Missing { feature }),
+        Err(features) if !features.is_empty() => Err(ExecError::MissingMany { features }),
+        Err(_) => Ok((kept, passthrough, dropped)),
     }
-    Ok((kept, passthrough, dropped))
 }
 
 /// The number of real items of every semantic that arrives padded (and is present).
