@@ -48,6 +48,27 @@ fn spec_for(mesh: &str, dir: &Path, windows: bool) -> String {
     path.display().to_string()
 }
 
+/// `featshard shard SPEC --features INPUT --mesh 2x2 --out OUT`: whether it succeeded,
+/// and what it said on stderr.
+fn shard_2x2(spec: &Path, input: &Path, out: &Path) -> (bool, String) {
+    let path = |p: &Path| p.display().to_string();
+    let args = [
+        "shard",
+        &path(spec),
+        "--features",
+        &path(input),
+        "--mesh",
+        "2x2",
+        "--out",
+        &path(out),
+    ];
+    let run = featshard(&args);
+    (
+        run.status.success(),
+        String::from_utf8_lossy(&run.stderr).into_owned(),
+    )
+}
+
 fn run(args: &[&str]) {
     let out = featshard(args);
     assert!(
@@ -337,19 +358,9 @@ fn a_feature_given_under_two_keys_is_refused_naming_both() {
     let text = std::fs::read_to_string(root().join("examples/protenix.yaml")).unwrap();
     let spec = dir.path().join("protenix_slash.yaml");
     std::fs::write(&spec, format!("{text}\nseparator: /\n")).unwrap();
-    let out = featshard(&[
-        "shard",
-        &spec.display().to_string(),
-        "--features",
-        &input.display().to_string(),
-        "--mesh",
-        "2x2",
-        "--out",
-        &dir.path().join("s").display().to_string(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (ok, err) = shard_2x2(&spec, &input, &dir.path().join("s"));
     assert!(
-        !out.status.success()
+        !ok
             && err.contains("feature `constraint_feature.pocket`: given twice, as `constraint_feature.pocket`, `constraint_feature/pocket`"),
         "{err}"
     );
@@ -476,19 +487,13 @@ fn an_id_vector_of_another_length_is_named_with_its_length() {
         given.push(("atom_to_token_idx".into(), vector));
         let input = dir.path().join(format!("ids-{len}.safetensors"));
         Tensor::write_safetensors(&given, &input).unwrap();
-        let out = featshard(&[
-            "shard",
-            &root().join("examples/protenix.yaml").display().to_string(),
-            "--features",
-            &input.display().to_string(),
-            "--mesh",
-            "2x2",
-            "--out",
-            &dir.path().join(format!("s{len}")).display().to_string(),
-        ]);
-        let err = String::from_utf8_lossy(&out.stderr);
+        let (ok, err) = shard_2x2(
+            &root().join("examples/protenix.yaml"),
+            &input,
+            &dir.path().join(format!("s{len}")),
+        );
         assert!(
-            !out.status.success()
+            !ok
                 && err.contains(&format!(
                     "feature `atom_to_token_idx`, axis 0 (atoms): length {len}, but feature `atom_to_tokatom_idx` has atoms length {n}"
                 )),
@@ -506,7 +511,7 @@ fn a_given_validity_mask_is_compared_by_value() {
     let sample = read(&sample_path());
     let atoms = sample["ref_pos"].size()[0];
     let ones = Tensor::ones([atoms], (Kind::Bool, tch::Device::Cpu));
-    for (name, mask, ok) in [
+    for (name, mask, want) in [
         ("right", ones.shallow_clone(), true),
         (
             "wrong",
@@ -521,18 +526,12 @@ fn a_given_validity_mask_is_compared_by_value() {
         given.push(("atom_mask".into(), mask));
         let input = dir.path().join(format!("{name}.safetensors"));
         Tensor::write_safetensors(&given, &input).unwrap();
-        let out = featshard(&[
-            "shard",
-            &root().join("examples/protenix.yaml").display().to_string(),
-            "--features",
-            &input.display().to_string(),
-            "--mesh",
-            "2x2",
-            "--out",
-            &dir.path().join(name).display().to_string(),
-        ]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.success(), ok, "{name}: {err}");
+        let (ok, err) = shard_2x2(
+            &root().join("examples/protenix.yaml"),
+            &input,
+            &dir.path().join(name),
+        );
+        assert_eq!(ok, want, "{name}: {err}");
         if !ok {
             assert!(
                 err.contains(
@@ -556,21 +555,14 @@ fn every_missing_feature_is_named_at_once() {
         .collect();
     let input = dir.path().join("lacking.safetensors");
     Tensor::write_safetensors(&given, &input).unwrap();
-    let out = featshard(&[
-        "shard",
-        &root().join("examples/protenix.yaml").display().to_string(),
-        "--features",
-        &input.display().to_string(),
-        "--mesh",
-        "2x2",
-        "--out",
-        &dir.path().join("s").display().to_string(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (ok, err) = shard_2x2(
+        &root().join("examples/protenix.yaml"),
+        &input,
+        &dir.path().join("s"),
+    );
     assert!(
-        !out.status.success()
-            && err
-                .contains("3 features missing from the sample: `asym_id`, `ref_charge`, `sym_id`"),
+        !ok && err
+            .contains("3 features missing from the sample: `asym_id`, `ref_charge`, `sym_id`"),
         "{err}"
     );
 }

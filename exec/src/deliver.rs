@@ -8,7 +8,7 @@ use featshard_spec::ir::{DType, GivenForm, PadValue, Role};
 use featshard_spec::plan::{SampleLayout, TensorPlan};
 
 use crate::array::Array;
-use crate::assemble::Dense;
+use crate::dense::Dense;
 use crate::dtype;
 use crate::error::ExecError;
 

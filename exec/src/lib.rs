@@ -22,6 +22,7 @@ pub mod buffer;
 pub mod collate;
 pub mod compact;
 mod deliver;
+mod dense;
 pub mod dtype;
 mod error;
 mod feature;

@@ -16,30 +16,16 @@ use crate::dtype;
 use crate::error::ExecError;
 use crate::feature::tensor_plan;
 use crate::files::Sample;
-use crate::local_ids::{self, for_each_index, Direction};
+use crate::local_ids::for_each_index;
 
 mod serial;
+mod shared;
 
-use serial::Items;
+pub use crate::dense::Dense;
 pub use serial::SerialAssembler;
-
-/// One feature's values, owned: dtype, shape and row-major bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Dense {
-    /// The dtype.
-    pub dtype: DType,
-    /// The shape.
-    pub shape: Vec<usize>,
-    /// The row-major bytes.
-    pub bytes: Vec<u8>,
-}
-
-pub(crate) fn blocks_error(feature: &str, message: String) -> ExecError {
-    ExecError::Blocks {
-        feature: feature.to_owned(),
-        message,
-    }
-}
+pub(crate) use shared::blocks_error;
+pub use shared::RankByRank;
+use shared::{assembled_shapes, axis_items, pad_filled, padded_block, to_serial_ids, Items, Turns};
 
 /// Every rank's blocks (rank-ordered, `mesh[0] * mesh[1]` of them) back into the padded
 /// global features of `workflow` they hold. Ranks holding the same region of a
@@ -96,45 +82,6 @@ fn every_rank(
         into.add(r, blocks)?;
     }
     into.finish()
-}
-
-/// A way back that takes one rank's blocks at a time, in rank order: the padded
-/// layouts ([`Assembler`]) or the serial sample ([`SerialAssembler`]).
-pub trait RankByRank {
-    /// Rank `rank`'s blocks copied in (ranks come in order, each once).
-    fn add(&mut self, rank: usize, blocks: &Sample) -> Result<(), ExecError>;
-    /// The features, once every rank was added.
-    fn finish(self: Box<Self>) -> Result<BTreeMap<String, Dense>, ExecError>;
-}
-
-/// The order ranks come in: each once, in rank order, all of them by the end.
-#[derive(Debug)]
-struct Turns {
-    next: usize,
-}
-
-impl Turns {
-    fn take(&mut self, plan: &Plan, layout: &SampleLayout, rank: usize) -> Result<(), ExecError> {
-        if rank != self.next || rank >= layout.mesh.ranks() {
-            return Err(ExecError::NoSuchRank {
-                rank,
-                mesh: plan.mesh.named(layout.mesh),
-            });
-        }
-        self.next += 1;
-        Ok(())
-    }
-
-    fn done(&self, plan: &Plan, layout: &SampleLayout) -> Result<(), ExecError> {
-        match self.next == layout.mesh.ranks() {
-            true => Ok(()),
-            false => Err(ExecError::RankCount {
-                what: "ranks' blocks",
-                given: self.next,
-                mesh: plan.mesh.named(layout.mesh),
-            }),
-        }
-    }
 }
 
 /// [`assemble`] one rank at a time, so that a reader holds one rank's blocks beside the
@@ -215,18 +162,6 @@ impl RankByRank for Assembler<'_> {
     }
 }
 
-/// `numel` pad values of `t`, allocated fallibly: a layout past what the machine can
-/// give is an error naming the feature, never an abort.
-fn pad_filled(name: &str, t: &TensorPlan, numel: usize) -> Result<Vec<u8>, ExecError> {
-    let pad = dtype::pad_bytes(t.dtype, t.pad_value);
-    let what = format!("feature `{name}`'s assembled layout");
-    let mut bytes = crate::alloc::with_capacity(&what, numel.saturating_mul(pad.len()), 1)?;
-    for _ in 0..numel {
-        bytes.extend_from_slice(&pad);
-    }
-    Ok(bytes)
-}
-
 /// What assembling a feature holds, counted before anything is made from a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Footprint {
@@ -269,7 +204,7 @@ pub fn footprints(
         let global = bytes(&s.global_shape, d);
         let local = bytes(&s.local_shape, d);
         let held = local.saturating_mul(world).saturating_add(global);
-        let serial_shape: Vec<usize> = serial::axis_items(&name, t, layout, &s)?
+        let serial_shape: Vec<usize> = axis_items(&name, t, layout, &s)?
             .iter()
             .map(Items::len)
             .collect();
@@ -317,70 +252,6 @@ pub fn dense_blocks<'a>(
             Ok(blocks)
         })
         .collect()
-}
-
-/// The shapes of the features rank 0's blocks hold (optional ones may be absent), once
-/// no required feature is missing.
-fn assembled_shapes(
-    plan: &Plan,
-    layout: &SampleLayout,
-    workflow: Option<&str>,
-    first: &Sample,
-) -> Result<BTreeMap<String, FeatureShapes>, ExecError> {
-    let wanted = plan.feature_names(workflow)?;
-    let names = first
-        .keys()
-        .map(String::as_str)
-        .filter(|n| wanted.contains(n));
-    let shapes = plan.shapes_of(layout, names)?;
-    for (name, t) in plan.tensors() {
-        if wanted.contains(&name)
-            && !t.optional
-            && t.derived.is_none()
-            && !shapes.contains_key(name)
-        {
-            return Err(blocks_error(name, "rank 0 has no block".into()));
-        }
-    }
-    Ok(shapes)
-}
-
-/// Rank `r`'s block of one feature, checked against its plan, as bytes whose shard-local
-/// ids are shifted back to the padded layout.
-fn padded_block(
-    plan: &Plan,
-    layout: &SampleLayout,
-    name: &str,
-    s: &FeatureShapes,
-    r: usize,
-    block: &crate::array::Array,
-) -> Result<Vec<u8>, ExecError> {
-    let t = tensor_plan(plan, name)?;
-    if block.shape() != s.local_shape || block.dtype() != t.dtype {
-        return Err(blocks_error(
-            name,
-            format!(
-                "rank {r} holds {:?} {}, the plan says {:?} {}",
-                block.shape(),
-                block.dtype(),
-                s.local_shape,
-                t.dtype
-            ),
-        ));
-    }
-    let mut bytes = block.to_bytes();
-    let coord = layout.mesh.coord(r);
-    let direction = Direction::ToPadded;
-    local_ids::shift(
-        name,
-        t,
-        layout,
-        &s.local_shape,
-        coord,
-        &mut bytes,
-        direction,
-    )?;
-    Ok(bytes)
 }
 
 /// Rank `r`'s block of one feature copied into its padded global layout (shard-local
@@ -543,38 +414,4 @@ fn gather(x: &Dense, select: &[Vec<usize>]) -> Dense {
         shape,
         bytes,
     }
-}
-
-/// Index values into the padded layout of `of` back to serial item numbers, the none
-/// value kept; a value at a pad position, or outside the layout, is an error.
-fn to_serial_ids(
-    name: &str,
-    of: &str,
-    layout: &SampleLayout,
-    none: Option<i64>,
-    y: &mut Dense,
-) -> Result<(), ExecError> {
-    let (true, Some(&padded)) = (layout.positions.contains_key(of), layout.padded.get(of)) else {
-        return Ok(());
-    };
-    // The items by position, as long as the sample's (never as the padded axis).
-    let items = Items::of(name, layout, of, padded)?;
-    let es = dtype::size(y.dtype);
-    let mut out = Vec::with_capacity(y.bytes.len());
-    for v in y.bytes.chunks_exact(es) {
-        let g = dtype::read_i64(y.dtype, v);
-        let serial = usize::try_from(g).ok().and_then(|g| items.at(g));
-        match serial {
-            _ if Some(g) == none => dtype::encode_i64(y.dtype, g, &mut out),
-            Some(s) => dtype::encode_i64(y.dtype, s as i64, &mut out),
-            _ => {
-                return Err(blocks_error(
-                    name,
-                    format!("an index points at a pad position of `{of}`"),
-                ))
-            }
-        }
-    }
-    y.bytes = out;
-    Ok(())
 }

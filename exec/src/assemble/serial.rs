@@ -6,84 +6,17 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::ir::DeriveRule;
-use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout, TensorPlan};
+use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout};
 
-use super::{
-    assembled_shapes, blocks_error, padded_block, to_serial_ids, Dense, RankByRank, Turns,
+use super::shared::{
+    assembled_shapes, axis_items, blocks_error, padded_block, to_serial_ids, Items, RankByRank,
+    Turns,
 };
+use crate::dense::Dense;
 use crate::dtype;
 use crate::error::ExecError;
 use crate::feature::tensor_plan;
 use crate::files::Sample;
-
-/// Which serial item lies at each padded position of one axis.
-#[derive(Clone, Debug)]
-pub(crate) enum Items {
-    /// Items `0..n` at positions `0..n` (a channel axis, a semantic padded at its end, a
-    /// key halo's rows).
-    Prefix(usize),
-    /// `(position, item)` of every item, by position (items laid out in owner blocks or
-    /// in windows); as long as the sample's items, never as the padded axis.
-    At(Vec<(usize, usize)>),
-}
-
-impl Items {
-    /// The items of semantic `s` in `layout`, whose padded axis is `padded` long.
-    pub(crate) fn of(
-        name: &str,
-        layout: &SampleLayout,
-        s: &str,
-        padded: usize,
-    ) -> Result<Items, ExecError> {
-        if let Some(pos) = layout.positions.get(s) {
-            let mut at = crate::alloc::with_capacity(name, pos.len(), 16)?;
-            at.extend(pos.iter().copied().zip(0..));
-            at.sort_unstable();
-            return Ok(Items::At(at));
-        }
-        let len = layout
-            .sizes
-            .get(s)
-            .ok_or_else(|| blocks_error(name, format!("the layout has no length for `{s}`")))?;
-        Ok(Items::Prefix((*len).min(padded)))
-    }
-
-    /// How many items.
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Items::Prefix(n) => *n,
-            Items::At(at) => at.len(),
-        }
-    }
-
-    /// The item at padded position `p` (`None` at a pad).
-    pub(crate) fn at(&self, p: usize) -> Option<usize> {
-        match self {
-            Items::Prefix(n) => (p < *n).then_some(p),
-            Items::At(at) => at
-                .binary_search_by_key(&p, |&(q, _)| q)
-                .ok()
-                .map(|k| at[k].1),
-        }
-    }
-
-    /// `(offset in the window, item)` of every item in the window `start..start + len`.
-    fn in_window(&self, start: usize, len: usize) -> Vec<(usize, usize)> {
-        let end = start.saturating_add(len);
-        match self {
-            Items::Prefix(n) => (start..end.min(*n)).map(|p| (p - start, p)).collect(),
-            Items::At(at) => {
-                let first = at.partition_point(|&(q, _)| q < start);
-                at[first..]
-                    .iter()
-                    .take_while(|&&(q, _)| q < end)
-                    .map(|&(q, item)| (q - start, item))
-                    .collect()
-            }
-        }
-    }
-}
 
 /// [`super::Assembler`]'s twin that holds the serial sample instead of the padded
 /// layouts: one rank's blocks at a time, each block's real items copied to their serial
@@ -172,25 +105,6 @@ impl RankByRank for SerialAssembler<'_> {
             })
             .collect()
     }
-}
-
-/// The items along every axis of feature `t`: a semantic's, a channel's all, a key
-/// halo's all (its serial form is its laid-out one).
-pub(super) fn axis_items(
-    name: &str,
-    t: &TensorPlan,
-    layout: &SampleLayout,
-    s: &FeatureShapes,
-) -> Result<Vec<Items>, ExecError> {
-    let halo = t.derived.as_ref().and_then(DeriveRule::halo).is_some();
-    t.axes
-        .iter()
-        .zip(&s.padded_shape)
-        .map(|(a, &n)| match &a.semantic {
-            Some(sem) if !halo => Items::of(name, layout, sem, n),
-            _ => Ok(Items::Prefix(n)),
-        })
-        .collect()
 }
 
 /// Rank `r`'s block of one feature: its real items gathered, their ids made serial,
