@@ -1,5 +1,5 @@
 //! Golden files: every generated output of `examples/boltz2.yaml`,
-//! `examples/protenix.yaml` and the domain-parallel examples, byte for byte.
+//! `examples/protenix.yaml`, `examples/openfold3.yaml` and the domain-parallel examples, byte for byte.
 //!
 //! Run with `FEATSHARD_BLESS=1` to rewrite the goldens after an intended change, then
 //! review the diff in git.
@@ -78,6 +78,14 @@ fn protenix_generated_files_match_the_goldens() {
     check_goldens(
         &root().join("examples/protenix.yaml"),
         &root().join("tests/golden/protenix"),
+    );
+}
+
+#[test]
+fn openfold3_generated_files_match_the_goldens() {
+    check_goldens(
+        &root().join("examples/openfold3.yaml"),
+        &root().join("tests/golden/openfold3"),
     );
 }
 

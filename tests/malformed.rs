@@ -876,3 +876,38 @@ fn a_derived_validity_mask_must_be_a_mask_of_its_axes() {
     );
     compile_str("spec.yaml", &ok).expect("a validity mask over its semantics is valid");
 }
+
+/// `map_pad` names the value an owner id vector holds at incoming pads: it needs an id
+/// vector (a one-hot map's pad rows are zeros), and an id that vector may hold.
+#[test]
+fn a_map_pad_needs_an_id_vector_and_an_id_it_may_hold() {
+    let ids = BASE
+        .replace(
+            "  atoms: {shard: true, owner: tokens, counts: atom_counts}",
+            "  atoms: {shard: true, owner: tokens, map: a2t, incoming_pads: {mask: atom_mask, map_pad: -1}}",
+        )
+        + "  a2t: {axes: [atoms], dtype: int32, index: {of: tokens, scope: shard_local}}\n  atom_mask: {axes: [atoms], dtype: float32, mask: atoms}\n";
+    assert_error(
+        &ids,
+        &[
+            "spec.yaml:8:",
+            "feature `a2t`, semantic `atoms`",
+            "`map_pad: -1` must be an id `a2t` can hold",
+        ],
+    );
+    compile_str("spec.yaml", &ids.replace("map_pad: -1", "map_pad: 0")).expect("map_pad: 0");
+    let none = ids.replace("scope: shard_local}", "scope: shard_local, none: -1}");
+    compile_str("spec.yaml", &none).expect("map_pad: its none");
+    let counts = BASE.replace(
+        "counts: atom_counts}",
+        "counts: atom_counts, incoming_pads: {counts: true, map_pad: 0}}",
+    );
+    assert_error(
+        &counts,
+        &[
+            "spec.yaml:8:",
+            "semantic `atoms`",
+            "`map_pad` is the value an owner id vector holds",
+        ],
+    );
+}

@@ -652,9 +652,24 @@ fn check_cut_items_unowned(
         }
         Ok::<(), ()>(())
     });
+    // A row holding the map's declared incoming-pad value is a pad (a collator's 0).
+    if let Some(pad) = s.incoming_map_pad.filter(|_| ix.one_hot.is_none()) {
+        owned.retain(|&(_, j)| j as i64 != pad);
+    }
     if owned.is_empty() {
         return Ok(());
     }
+    // Every pad naming one owner of an id vector: most likely the featurizer's pad value.
+    let same = owned.iter().all(|&(_, j)| j == owned[0].1) && ix.one_hot.is_none();
+    let hint = match same {
+        true => format!(
+            "; if the featurizer pads `{map}` with {} there, declare `incoming_pads: {{mask: {}, map_pad: {}}}`",
+            owned[0].1,
+            incoming.feature(),
+            owned[0].1
+        ),
+        false => String::new(),
+    };
     let shown: Vec<String> = owned
         .iter()
         .take(4)
@@ -666,7 +681,7 @@ fn check_cut_items_unowned(
         axis: 0,
         semantic: sem.to_owned(),
         message: format!(
-            "cuts {sem} {n} and after as incoming pads, but `{map}` gives {}{}: an incoming pad has no owner, so these items are real (is `{}` a pad mask, or a flag of some real items?)",
+            "cuts {sem} {n} and after as incoming pads, but `{map}` gives {}{}: an incoming pad has no owner, so these items are real (is `{}` a pad mask, or a flag of some real items?){hint}",
             shown.join(", "),
             if more > 0 { format!(" and {more} more") } else { String::new() },
             incoming.feature()

@@ -329,7 +329,13 @@ fn ownership(
             (Some(c), map) => {
                 let counts = owner_counts(c, &features[c], sem, owner, len)?;
                 if let Some((m, x)) = map {
-                    check_map_counts(m, &x, c, &counts, sem, owner)?;
+                    // An id vector's one axis is its items'; a one-hot map's owner axis is 1.
+                    let ids = plan.tensor(m).is_some_and(|t| t.axes.len() == 1);
+                    let at = match ids {
+                        true => (0, sem.as_str()),
+                        false => (1, owner.as_str()),
+                    };
+                    check_map_counts(m, &x, c, &counts, (sem, owner), at)?;
                 }
                 Ownership::Counts(counts)
             }
@@ -433,8 +439,8 @@ fn check_map_counts(
     x: &Array,
     cname: &str,
     counts: &[usize],
-    sem: &str,
-    owner: &str,
+    (sem, owner): (&str, &str),
+    (axis, axis_semantic): (usize, &str),
 ) -> Result<(), ExecError> {
     let by_counts: Vec<usize> = counts
         .iter()
@@ -444,8 +450,8 @@ fn check_map_counts(
     let shape = x.shape();
     let bad = |message: String| ExecError::Ownership {
         feature: mname.to_owned(),
-        axis: 1,
-        semantic: owner.to_owned(),
+        axis,
+        semantic: axis_semantic.to_owned(),
         message,
     };
     if by_counts.is_empty() {

@@ -320,6 +320,9 @@ impl<'a> Checker<'a> {
         for s in spec.semantics.values() {
             if let Some(inc) = &s.incoming {
                 self.incoming(s, inc);
+                if let Some((value, at)) = inc.map_pad {
+                    self.map_pad(s, value, at);
+                }
             }
             if let Some(at) = s.unowned_rows {
                 self.unowned_rows(s, at);
@@ -601,6 +604,47 @@ impl<'a> Checker<'a> {
 
     /// `unowned_rows: pad` needs an owner map (one-hot or ids); ids of the items are
     /// renumbered past the dropped rows by intake (an id of a dropped row refused).
+    /// `map_pad`: the incoming pads' value of an owner id vector, an id it may hold
+    /// (an owner's, or its `none`).
+    fn map_pad(&mut self, s: &Semantic, value: i64, at: Loc) {
+        let spec: &'a Spec = self.spec;
+        let map = s.owner.as_ref().and_then(|o| o.source.map());
+        let ids = map.and_then(|m| match &spec.features.get(m)?.kind {
+            FeatureKind::Tensor(t) => match &t.role {
+                Role::Index(ix) if ix.one_hot.is_none() && t.axes.len() == 1 => Some((m, t, ix)),
+                _ => None,
+            },
+            _ => None,
+        });
+        let Some((m, t, ix)) = ids else {
+            self.err(
+                SpecError::new(
+                    "`map_pad` is the value an owner id vector holds at incoming pads: it needs `map:` an `[items]` feature declared `index: {of: OWNER, ...}` (a one-hot map's pad rows are zeros already)",
+                    at,
+                )
+                .semantic(&s.name),
+            );
+            return;
+        };
+        let fits = t
+            .dtype
+            .int_range()
+            .is_some_and(|(lo, hi)| (lo..=hi).contains(&value));
+        if !fits || (value < 0 && ix.none != Some(value)) {
+            self.err(
+                SpecError::new(
+                    format!(
+                        "`map_pad: {value}` must be an id `{m}` can hold: an owner's (0 or more, within {}) or its declared `none`",
+                        t.dtype
+                    ),
+                    at,
+                )
+                .semantic(&s.name)
+                .feature(m),
+            );
+        }
+    }
+
     fn unowned_rows(&mut self, s: &Semantic, at: Loc) {
         if !matches!(
             s.owner.as_ref().map(|o| &o.source),

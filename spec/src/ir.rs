@@ -206,6 +206,9 @@ pub struct ShardRule {
 pub struct Incoming {
     /// How the real items are told apart from the pads.
     pub source: IncomingSource,
+    /// The value an owner id vector holds at the incoming pads (`map_pad`), and where
+    /// it was written.
+    pub map_pad: Option<(i64, Loc)>,
     /// Where it was written.
     pub loc: Loc,
 }

@@ -533,7 +533,12 @@ impl Lower {
         raw: Spanned<RawIncoming>,
     ) -> Option<Incoming> {
         let at = loc(&raw);
-        let source = match (raw.value.mask, raw.value.counts) {
+        let RawIncoming {
+            mask,
+            counts,
+            map_pad,
+        } = raw.value;
+        let source = match (mask, counts) {
             (Some(mask), None) => IncomingSource::Mask {
                 feature: mask.value,
             },
@@ -583,7 +588,12 @@ impl Lower {
                 return None;
             }
         };
-        Some(Incoming { source, loc: at })
+        let map_pad = map_pad.map(|p| (p.value, loc(&p)));
+        Some(Incoming {
+            source,
+            map_pad,
+            loc: at,
+        })
     }
 
     fn unowned_rows(&mut self, name: &str, raw: Spanned<String>) -> Option<Loc> {

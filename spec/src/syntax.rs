@@ -206,6 +206,11 @@ pub struct RawIncoming {
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
     pub counts: Option<Spanned<Flag>>,
+    /// The value the owner map (an id vector) holds at the incoming pads: a featurizer
+    /// that pads the map with a real id (OpenFold3's collator pads with 0) says so here.
+    #[serde(default)]
+    #[schemars(with = "Option<i64>")]
+    pub map_pad: Option<Spanned<i64>>,
 }
 
 /// How the pipeline makes a derived feature.

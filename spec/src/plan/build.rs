@@ -161,6 +161,7 @@ fn semantic_plans(
                 masked_by: masked_by.remove(s.name.as_str()).unwrap_or_default(),
                 window: s.window,
                 incoming: s.incoming.as_ref().map(|i| i.source.clone()),
+                incoming_map_pad: s.incoming.as_ref().and_then(|i| Some(i.map_pad?.0)),
                 unowned_rows_are_pads: s.unowned_rows.is_some(),
                 owned_by: owned_by(spec, s, &roots, &sharded_on),
                 stride: s.shards.stride.unwrap_or(1).max(1),

@@ -26,6 +26,10 @@ pub struct SemanticPlan {
     /// incoming pads are dropped before the layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incoming: Option<IncomingSource>,
+    /// The value the owner id vector holds at the incoming pads, where it names a real
+    /// owner (a collator's 0): rows holding it there are pads, not owned items.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming_map_pad: Option<i64>,
     /// Owner-map rows without an owner are pads (dropped), not an error.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unowned_rows_are_pads: bool,
