@@ -4,7 +4,7 @@
 //! struct: module = "name" | spec = "path.yaml" | workflow = "name"
 //!         | mesh(cp0, cp1, dp = dp) | mesh(cp, dp = dp) | workflows(training, inference)
 //!         | semantic(NAME [, shard] [, owner = SEM [, counts = FEATURE] [, map = FEATURE]]
-//!                    [, window = N] [, incoming_pads(mask = FEATURE) | incoming_pads(counts)]
+//!                    [, window = N] [, incoming_pads(mask = FEATURE | counts [, map_pad = V])]
 //!                    [, unowned_rows = pad | refuse] [, on_1d = whole | shard]
 //!                    [, layout = windows | owner_blocks])
 //!         | other_keys = refuse | drop | pass | drop(KEY, ...) | separator = "/"
@@ -70,9 +70,17 @@ pub struct SemanticAttr {
     pub layout: Option<At<String>>,
 }
 
-/// `incoming_pads(mask = FEATURE)` or `incoming_pads(counts)`.
+/// `incoming_pads(mask = FEATURE)` or `incoming_pads(counts)`, with `map_pad = V`.
 #[derive(Clone, Debug)]
-pub enum IncomingAttr {
+pub struct IncomingAttr {
+    pub real: RealItems,
+    /// The owner id vector's value at the pads.
+    pub map_pad: Option<At<i64>>,
+}
+
+/// How the real items are told.
+#[derive(Clone, Debug)]
+pub enum RealItems {
     Mask(At<String>),
     /// Where `counts` was written.
     Counts(Span),
@@ -288,20 +296,31 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             once(&mut s.window, int_at(&m)?, &m)?;
         } else if p.is_ident("incoming_pads") {
             let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
-            let mut inc = None;
+            let (mut real, mut map_pad) = (None, None);
             m.parse_nested_meta(|i| {
                 if i.path.is_ident("mask") {
-                    inc = Some(IncomingAttr::Mask(ident_string(&i)?));
+                    real = Some(RealItems::Mask(ident_string(&i)?));
                 } else if i.path.is_ident("counts") {
                     let at = i.path.get_ident().map_or_else(Span::call_site, Ident::span);
-                    inc = Some(IncomingAttr::Counts(at));
+                    real = Some(RealItems::Counts(at));
+                } else if i.path.is_ident("map_pad") {
+                    let e: Expr = i.value()?.parse()?;
+                    map_pad = match pad_literal(&e)? {
+                        PadLit::Int(v) => Some(At::new(v, syn::spanned::Spanned::span(&e))),
+                        _ => return Err(syn::Error::new_spanned(e, "`map_pad` takes an integer")),
+                    };
                 } else {
-                    return Err(unknown(&i, "incoming_pads", "`mask = FEATURE`, `counts`"));
+                    return Err(unknown(
+                        &i,
+                        "incoming_pads",
+                        "`mask = FEATURE`, `counts`, `map_pad = V`",
+                    ));
                 }
                 Ok(())
             })?;
-            let inc =
-                inc.ok_or_else(|| m.error("`incoming_pads` needs `mask = FEATURE` or `counts`"))?;
+            let real =
+                real.ok_or_else(|| m.error("`incoming_pads` needs `mask = FEATURE` or `counts`"))?;
+            let inc = IncomingAttr { real, map_pad };
             once(&mut s.incoming, At::new(inc, span), &m)?;
         } else if p.is_ident("unowned_rows") {
             once(&mut s.unowned_rows, ident_string(&m)?, &m)?;

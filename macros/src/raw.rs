@@ -11,7 +11,7 @@ use featshard_spec::syntax::{
 use proc_macro2::Span;
 
 use crate::attr::{
-    At, AxisAttr, DeriveAttr, FieldAttrs, IncomingAttr, PadLit, SemanticAttr, StructAttrs,
+    At, AxisAttr, DeriveAttr, FieldAttrs, PadLit, RealItems, SemanticAttr, StructAttrs,
 };
 use crate::field::TensorField;
 
@@ -102,14 +102,17 @@ fn mesh(sattrs: &StructAttrs, whole: Span, t: &mut Tokens) -> Spanned<RawMesh> {
 fn semantic(s: &SemanticAttr, t: &mut Tokens) -> RawSemantic {
     let at = s.name.span;
     let incoming_pads = s.incoming.as_ref().map(|i| {
-        let raw = match &i.value {
-            IncomingAttr::Mask(m) => RawIncoming {
+        let map_pad = i.value.map_pad.as_ref().map(|p| t.at(p.value, p.span));
+        let raw = match &i.value.real {
+            RealItems::Mask(m) => RawIncoming {
                 mask: Some(t.named(m)),
                 counts: None,
+                map_pad,
             },
-            IncomingAttr::Counts(at) => RawIncoming {
+            RealItems::Counts(at) => RawIncoming {
                 mask: None,
                 counts: Some(t.at(Flag(true), *at)),
+                map_pad,
             },
         };
         t.at(raw, i.span)
