@@ -37,8 +37,17 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
-    /// Validate a spec and print a summary.
-    Validate { spec: PathBuf },
+    /// Validate a spec and print a summary; with --features, check it against samples:
+    /// every declaration their values contradict, and whether featshard takes them.
+    Validate {
+        spec: PathBuf,
+        /// Serial samples (safetensors) to check the spec against; exit 1 on any finding.
+        #[arg(long, value_name = "FILE", num_args = 1..)]
+        features: Vec<PathBuf>,
+        /// The samples' workflow: only its features are required.
+        #[arg(long)]
+        workflow: Option<String>,
+    },
     /// Print every feature's placement, padded global shape and local shape on a mesh.
     Explain {
         spec: PathBuf,
@@ -229,7 +238,11 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             commands::generate(&spec, &out, tests).map(|written| wrote(&written))
         }
         Command::Check { spec, out } => commands::check(&spec, &out),
-        Command::Validate { spec } => commands::validate(&spec),
+        Command::Validate {
+            spec,
+            features,
+            workflow,
+        } => commands::validate(&spec, &features, workflow.as_deref()),
         Command::Explain {
             spec,
             mesh,
@@ -336,6 +349,10 @@ fn report(result: Result<String, Failure>) -> i32 {
         }
         Err(Failure::Spec(d)) => {
             eprintln!("{:?}", miette::Report::new(d));
+            1
+        }
+        Err(Failure::Findings(text)) => {
+            println!("{}", text.trim_end());
             1
         }
         Err(e) => {

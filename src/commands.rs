@@ -17,13 +17,15 @@ pub enum Failure {
     Drift(String),
     /// Anything else: I/O, bad run-time input (exit 1).
     Other(String),
+    /// A check's report of what it found (exit 1), printed as it is.
+    Findings(String),
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Spec(d) => write!(f, "{}", d.render_plain().trim_end()),
-            Failure::Drift(s) | Failure::Other(s) => f.write_str(s),
+            Failure::Drift(s) | Failure::Other(s) | Failure::Findings(s) => f.write_str(s),
         }
     }
 }
@@ -38,11 +40,18 @@ pub fn load(path: &Path) -> Result<(Spec, Plan), Failure> {
     Ok((spec, plan))
 }
 
-/// `featshard validate`: a one-line summary of a valid spec.
-pub fn validate(path: &Path) -> Result<String, Failure> {
+/// `featshard validate`: a one-line summary of a valid spec; with samples, each checked
+/// against it: what its values show that the spec's declarations contradict
+/// ([`crate::findings`]), and whether featshard takes it (intake and every value check,
+/// on one rank). Any finding or refusal fails the command with the whole report.
+pub fn validate(
+    path: &Path,
+    samples: &[PathBuf],
+    workflow: Option<&str>,
+) -> Result<String, Failure> {
     let (spec, plan) = load(path)?;
     let workflows: Vec<&str> = plan.workflows.keys().map(String::as_str).collect();
-    Ok(format!(
+    let mut report = format!(
         "{}: ok ({} features, {} semantics, workflows: {})",
         path.display(),
         spec.features.len(),
@@ -52,7 +61,60 @@ pub fn validate(path: &Path) -> Result<String, Failure> {
         } else {
             workflows.join(", ")
         }
-    ))
+    );
+    let mut failed = false;
+    for sample in samples {
+        let (text, ok) = sample_report(path, (&spec, &plan, workflow), sample)?;
+        report.push('\n');
+        report.push_str(&text);
+        failed |= !ok;
+    }
+    match failed {
+        true => Err(Failure::Findings(report)),
+        false => Ok(report),
+    }
+}
+
+/// One sample against the spec: its findings, then whether featshard takes it.
+fn sample_report(
+    path: &Path,
+    (spec, plan, workflow): (&Spec, &Plan, Option<&str>),
+    sample: &Path,
+) -> Result<(String, bool), Failure> {
+    let values = crate::values::sample(sample)?;
+    let findings = crate::findings::check(spec, &values);
+    let taken = taken(plan, sample, workflow);
+    let mut out = match (findings.len(), &taken) {
+        (0, Ok(())) => format!("{}: no findings; taken", sample.display()),
+        (0, Err(_)) => format!("{}: no findings; refused", sample.display()),
+        (n, _) => format!(
+            "{}: {n} finding{} against {}",
+            sample.display(),
+            if n == 1 { "" } else { "s" },
+            path.display()
+        ),
+    };
+    for f in &findings {
+        out.push_str("\n  ");
+        out.push_str(&f.render(path));
+    }
+    if let Err(e) = &taken {
+        out.push_str(&format!("\n  refused: {e}"));
+    }
+    Ok((out, findings.is_empty() && taken.is_ok()))
+}
+
+/// Whether featshard takes a sample: intake and every value check, placed on one rank.
+fn taken(plan: &Plan, sample: &Path, workflow: Option<&str>) -> Result<(), String> {
+    let mapped = featshard_exec::files::Mapped::open(sample).map_err(|e| e.to_string())?;
+    let mesh = Mesh::single(plan.mesh.axes().len());
+    let opts = featshard_exec::Options {
+        workflow: workflow.map(str::to_owned),
+        ..Default::default()
+    };
+    featshard_exec::place(plan, mesh, &mapped.sample(), &opts)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// Every file generated for a spec.

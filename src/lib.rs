@@ -14,6 +14,7 @@ pub use featshard_spec as spec;
 pub mod cli;
 pub mod commands;
 pub mod explain;
+pub mod findings;
 pub mod init;
 pub mod picture;
 pub mod room;
@@ -21,6 +22,7 @@ mod sizes;
 pub mod staging;
 mod text;
 mod topology;
+mod values;
 
 #[cfg(feature = "derive")]
 pub use featshard_macros::Features;

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::read::{Anchor, Sample, Tensor};
+use crate::values::shows;
 
 /// A semantic of the draft: anchored, or a list with a length of its own.
 pub struct SemanticDraft {
@@ -67,7 +68,12 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
         .first()
         .and_then(|m| sample.tensors[m].values.as_deref())
     {
-        atom_indexes(sample, lengths, owners, &mut features);
+        atom_indexes(
+            sample,
+            lengths,
+            &shows::owners_of_ids(owners),
+            &mut features,
+        );
     }
     Proposals {
         semantics,
@@ -180,13 +186,6 @@ fn shaped(t: &Tensor, lengths: &[Anchor], want: &[&str]) -> bool {
             .all(|(&n, s)| len_of(lengths, s) == Some(n))
 }
 
-/// How many leading ones a 0/1 vector has, if there is at least one, the rest are
-/// zeros and there is a zero.
-fn padded_prefix(v: &[f64]) -> Option<usize> {
-    let n = v.iter().take_while(|&&x| x == 1.0).count();
-    (n > 0 && n < v.len() && v[n..].iter().all(|&x| x == 0.0)).then_some(n)
-}
-
 /// Incoming pads: a 1-D 0/1 feature over a sharded semantic that is 1 on a prefix and 0
 /// after, and whose items after the prefix own nothing and are owned by nothing in the
 /// sample's one-hot maps; never a flag named as one (`is_*`, `has_*`: a flag of some
@@ -207,7 +206,7 @@ fn incoming(
             .iter()
             .filter(|(n, _)| features.get(*n).is_some_and(|f| f.axes == [s.name.clone()]))
             .filter(|(n, _)| !is_flag(n))
-            .filter_map(|(n, t)| Some((n, padded_prefix(t.zero_one()?)?)))
+            .filter_map(|(n, t)| Some((n, shows::padded_prefix(t.zero_one()?)?)))
             .filter(|&(n, real)| pads_own_nothing(sample, n, real))
             .filter(|&(_, real)| !named_past(sample, &ids, &s.name, real))
             .collect();
@@ -290,28 +289,12 @@ fn pads_own_nothing(sample: &Sample, mask: &str, real: usize) -> bool {
         })
 }
 
-/// Whether a 2-axis tensor is a one-hot map along axis 1 (0/1, at most one 1 per row,
-/// at least one 1), and how many rows hold a 1.
+/// Whether a 2-axis tensor is a one-hot map along axis 1, and how many rows hold a 1.
 fn one_hot(t: &Tensor) -> Option<usize> {
-    let (v, [rows, cols]) = (t.zero_one()?, t.shape.as_slice()) else {
+    let (Some(v), [_, cols]) = (t.values.as_deref(), t.shape.as_slice()) else {
         return None;
     };
-    if *cols == 0 || !v.contains(&1.0) {
-        return None;
-    }
-    let mut owned = 0;
-    for r in 0..*rows {
-        match v[r * cols..(r + 1) * cols]
-            .iter()
-            .filter(|&&x| x == 1.0)
-            .count()
-        {
-            0 => {}
-            1 => owned += 1,
-            _ => return None,
-        }
-    }
-    Some(owned)
+    shows::one_hot_rows(v, *cols)
 }
 
 fn named(s: &mut [SemanticDraft], name: &str) -> Option<usize> {
@@ -440,7 +423,11 @@ fn id_vectors(
         .tensors
         .iter()
         .filter(|(n, t)| features.get(*n).is_some_and(|f| f.axes == ["atoms"]) && t.is_integer())
-        .filter(|(_, t)| t.values.as_deref().is_some_and(|v| token_ids(v, tokens)))
+        .filter(|(_, t)| {
+            t.values
+                .as_deref()
+                .is_some_and(|v| shows::owner_ids(v, tokens))
+        })
         .map(|(n, _)| n.clone())
         .collect();
     if found.iter().filter(|n| n.contains("token")).count() > 0 {
@@ -449,51 +436,45 @@ fn id_vectors(
     found
 }
 
-fn token_ids(v: &[f64], tokens: usize) -> bool {
-    let owned: Vec<f64> = v.iter().copied().filter(|&x| x != -1.0).collect();
-    owned.iter().all(|&x| x >= 0.0 && x < tokens as f64)
-        && owned.windows(2).all(|w| w[0] <= w[1])
-        && owned.last() == Some(&(tokens as f64 - 1.0))
-}
-
-/// `*atom*_index` / `*atom*_idx` features over tokens (`[tokens, k]`) whose values are
-/// atom ids or -1, some of the row's own token's (a frame's atoms: a ligand atom's
-/// frame takes its neighbours'): atom ids (`frame_atom_index`), moved with the atoms;
-/// -1 is their none value.
+/// Integer features over tokens holding ids of their atoms (`shows::item_ids`): each
+/// token's first atom (`start_atom_index`), or `[tokens, k]` atom ids some of the row's
+/// own token's (a frame's atoms, `frame_atom_index`; -1 is their none value). Both
+/// move with the atoms (`padded_global`).
 fn atom_indexes(
     sample: &Sample,
     lengths: &[Anchor],
-    owner_of_atom: &[f64],
+    owner_of_atom: &[Option<usize>],
     features: &mut BTreeMap<String, FeatureDraft>,
 ) {
     for (name, t) in &sample.tensors {
-        let named = name.contains("atom") && (name.ends_with("_index") || name.ends_with("_idx"));
-        let (Some(v), [_, k]) = (t.values.as_deref(), t.shape.as_slice()) else {
+        let Some(v) = t.values.as_deref() else {
             continue;
         };
-        if !named || !t.is_integer() || *k == 0 || !shaped_first(t, lengths, "tokens") {
+        if !t.is_integer() || !shaped_first(t, lengths, "tokens") {
             continue;
         }
-        let ids = v
-            .iter()
-            .all(|&x| x == -1.0 || (x >= 0.0 && (x as usize) < owner_of_atom.len()));
-        let own = ids
-            && v.iter().enumerate().any(|(i, &x)| {
-                x >= 0.0 && owner_of_atom.get(x as usize) == Some(&((i / k) as f64))
-            });
         let Some(f) = features.get_mut(name).filter(|f| f.keys.is_empty()) else {
             continue;
         };
-        if own && v.iter().any(|&x| x >= 0.0) {
-            let none = v.contains(&-1.0);
-            f.keys.push(format!(
-                "pad: -1, index: {{of: atoms, scope: padded_global{}}}",
-                if none { ", none: -1" } else { "" }
-            ));
-            f.notes.push(format!(
-                "# proposed: {name} holds ids of its token's atoms{}: they move with the atoms",
-                if none { " (-1: none)" } else { "" }
-            ));
+        match shows::item_ids(name, "atoms", &t.shape, v, owner_of_atom) {
+            Some(shows::ItemIds::First) => {
+                f.keys
+                    .push("index: {of: atoms, scope: padded_global}".to_owned());
+                f.notes.push(format!(
+                    "# proposed: {name} holds each token's first atom: it moves with the atoms"
+                ));
+            }
+            Some(shows::ItemIds::Own { none }) => {
+                f.keys.push(format!(
+                    "pad: -1, index: {{of: atoms, scope: padded_global{}}}",
+                    if none { ", none: -1" } else { "" }
+                ));
+                f.notes.push(format!(
+                    "# proposed: {name} holds ids of its token's atoms{}: they move with the atoms",
+                    if none { " (-1: none)" } else { "" }
+                ));
+            }
+            None => {}
         }
     }
 }
@@ -551,15 +532,13 @@ fn one_hot_channels(sample: &Sample, features: &mut BTreeMap<String, FeatureDraf
             .last()
             .is_some_and(|a| a.parse::<usize>() == Ok(last));
         let Some(v) = t
-            .zero_one()
+            .values
+            .as_deref()
             .filter(|_| channel && last > 1 && t.shape.len() > 1)
         else {
             continue;
         };
-        let rows_ok = v
-            .chunks_exact(last)
-            .all(|row| row.iter().filter(|&&x| x == 1.0).count() <= 1);
-        if rows_ok && v.contains(&1.0) {
+        if shows::one_hot_rows(v, last).is_some() {
             let axis = t.shape.len() - 1;
             f.notes.push(format!(
                 "# proposed: {name} is one-hot over {last} classes along axis {axis} (every row one 1, or none); check that it is not a distribution"
@@ -579,9 +558,12 @@ fn sparse_pairs(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) 
         };
         let semantic = |a: &str| a.parse::<usize>().is_err() && !a.starts_with("QUESTION");
         let pair = f.axes.len() >= 2 && semantic(&f.axes[0]) && f.axes[0] == f.axes[1];
-        let nonzero = v.iter().filter(|&&x| x != 0.0).count();
-        if pair && f.keys.is_empty() && !v.is_empty() && nonzero * 100 < v.len() {
-            let share = 100.0 * nonzero as f64 / v.len() as f64;
+        if pair
+            && f.keys.is_empty()
+            && !v.is_empty()
+            && shows::nonzero_share(v) < shows::SPARSE_BELOW
+        {
+            let share = 100.0 * shows::nonzero_share(v);
             f.notes.push(format!(
                 "# proposed: {name} is {share:.2}% nonzero here: sparse, it travels as its nonzero entries; check that it is mostly zero in every sample"
             ));
