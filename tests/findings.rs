@@ -10,16 +10,10 @@ use std::path::PathBuf;
 use support::cli::{featshard, root};
 
 /// The examples' real samples, and the workflow they are of.
-const BOLTZ: [&str; 2] = [
-    "../shared/real/prot60_nomsa",
-    "../shared/real/prot60_smiles",
-];
+const BOLTZ: [&str; 2] = ["real/prot60_nomsa", "real/prot60_smiles"];
 
 fn data(name: &str) -> String {
-    let path = match name.strip_prefix("../") {
-        Some(_) => root().join(name),
-        None => root().join("tests/data").join(name),
-    };
+    let path = root().join("tests/data").join(name);
     format!("{}.safetensors", path.display())
 }
 

@@ -338,7 +338,7 @@ fn a_draft_from_real_featurizer_output_once_answered_shards_that_sample() {
     let draft = init(&sample);
     // What it proposes from the values it sees.
     for proposal in [
-        "incoming_pads: {mask: QUESTION(atom_pad_mask|atom_resolved_mask)}, owner: tokens, map: atom_to_token}",
+        "incoming_pads: {mask: atom_pad_mask}, owner: tokens, map: atom_to_token}",
         "rset: {shard: true, owner: atoms, map: r_set_to_rep_atom}",
         "rdkit_bounds: {shard: false}  # proposed: a list of length 78",
         "rdkit_bounds_index: {axes: [2, rdkit_bounds], dtype: int64, pad: -1, index: {of: atoms, scope: padded_global}}",
@@ -393,6 +393,20 @@ fn a_draft_from_real_featurizer_output_once_answered_shards_that_sample() {
         padded.layout.sizes["atoms"], 481,
         "the incoming atom pads are dropped"
     );
+}
+
+/// Both real Boltz-2 samples: the draft, its questions answered as the example answers
+/// them, is flagged by nothing against the sample it was drafted from.
+#[cfg(feature = "runtime")]
+#[test]
+fn answered_drafts_of_real_boltz_samples_are_flagged_by_nothing() {
+    let plan = boltz2();
+    for name in ["prot60_nomsa", "prot60_smiles"] {
+        let sample = root().join(format!("tests/data/real/{name}.safetensors"));
+        let answered = answer_real(&init(&sample), &plan);
+        let (clean, said) = flagged_by_nothing(&answered, &sample);
+        assert!(clean, "{name}: {said}\n{answered}");
+    }
 }
 
 #[test]
@@ -552,6 +566,9 @@ fn a_draft_of_an_alphafold3_family_sample_needs_no_answer() {
     let open = |l: &&str| !l.trim_start().starts_with('#') && l.contains("QUESTION");
     assert!(!draft.lines().any(|l| open(&l)), "{draft}");
     assert!(!draft.contains("incoming_pads"), "{draft}");
+    let sample = root().join("tests/data/protenix/small_complex.safetensors");
+    let (clean, said) = flagged_by_nothing(&draft, &sample);
+    assert!(clean, "{said}\n{draft}");
     let (_, ours) = featshard::spec::compile_str("draft.yaml", &draft)
         .unwrap_or_else(|d| panic!("{}\n{draft}", d.render_plain()));
     let (_, example) =
@@ -667,5 +684,83 @@ fn a_draft_shards_the_sample_it_was_drafted_from() {
             sample.display(),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// `featshard validate SPEC --features SAMPLE`: whether the check found nothing and
+/// featshard takes the sample, and what it said.
+fn flagged_by_nothing(spec: &str, sample: &Path) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("draft.yaml");
+    std::fs::write(&path, spec).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_featshard"))
+        .arg("validate")
+        .arg(&path)
+        .arg("--features")
+        .arg(sample)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let clean = out.status.success() && said.contains("no findings; taken");
+    (clean, said + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// OpenFold3's real output in its three forms (tests/data/openfold3), no anchor and no
+/// answer: the token id per atom is the atoms' owner map, each token's first atom atom
+/// ids (`start_atom_index`), the featurizer's own `token_mask`, `atom_mask` and
+/// `msa_mask` masks; the token budget's pads are incoming pads of `token_mask`, the
+/// collator's atom pads those of `atom_mask` with the map's pad id 0. Each draft is
+/// flagged by nothing against its sample, and places, remaps and takes the sample's pads
+/// as `examples/openfold3.yaml` does (its `[1]` settings scalars for the collated form).
+#[test]
+fn drafts_of_openfold3_samples_in_every_form_are_right_by_meaning() {
+    let text = std::fs::read_to_string(root().join("examples/openfold3.yaml")).unwrap();
+    for form in ["plain", "padded", "collated"] {
+        let sample = root().join(format!("tests/data/openfold3/{form}.safetensors"));
+        let draft = draft_of(&sample);
+        for line in [
+            "atom_to_token_index: {axes: [atoms], dtype: int32, pad: -1, index: {of: tokens, scope: shard_local}}",
+            "start_atom_index: {axes: [tokens], dtype: int32, index: {of: atoms, scope: padded_global}}",
+            "token_mask: {axes: [tokens], dtype: float32, mask: tokens}",
+            "atom_mask: {axes: [atoms], dtype: float32, mask: atoms}",
+            "msa_mask: {axes: [msa, tokens], dtype: float32, mask: [msa, tokens]}",
+        ] {
+            assert!(draft.contains(line), "{form}: no `{line}` in\n{draft}");
+        }
+        let open = |l: &&str| !l.trim_start().starts_with('#') && l.contains("QUESTION");
+        assert!(!draft.lines().any(|l| open(&l)), "{form}:\n{draft}");
+        let (clean, said) = flagged_by_nothing(&draft, &sample);
+        assert!(clean, "{form}: {said}\n{draft}");
+        let example = match form {
+            "collated" => text.replace("axes: [1]", "axes: []"),
+            _ => text.clone(),
+        };
+        let (_, example) = featshard::spec::compile_str("openfold3.yaml", &example).unwrap();
+        let (_, ours) = featshard::spec::compile_str("draft.yaml", &draft).unwrap();
+        for (name, f) in &example.features {
+            let FeaturePlan::Tensor(b) = f else { continue };
+            let Some(FeaturePlan::Tensor(a)) = ours.features.get(name) else {
+                panic!("{form}: {name} is missing from the draft");
+            };
+            let role = |t: &featshard::spec::plan::TensorPlan| format!("{:?}", t.role);
+            assert_eq!(
+                (&a.placements, &a.remap, role(a)),
+                (&b.placements, &b.remap, role(b)),
+                "{form}: {name}"
+            );
+        }
+        for s in ["tokens", "atoms"] {
+            let (a, b) = (&ours.semantics[s], &example.semantics[s]);
+            let pads = |x: &featshard::spec::plan::SemanticPlan| match form {
+                "plain" => None,
+                _ => x.incoming.clone().map(|i| (i, x.incoming_map_pad)),
+            };
+            let wanted = match (form, s) {
+                ("plain", _) | ("padded", "atoms") => None,
+                _ => pads(b),
+            };
+            assert_eq!(pads(a), wanted, "{form}: {s}'s incoming pads");
+            assert_eq!(a.owned_by, b.owned_by, "{form}: {s}'s owners");
+        }
     }
 }

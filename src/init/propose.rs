@@ -51,6 +51,7 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
         })
         .collect();
     let real = incoming(sample, lengths, &mut semantics, &mut features);
+    own_masks(sample, &mut features);
     owners(sample, lengths, &real, &mut semantics, &mut features);
     one_hot_maps(sample, &mut features);
     one_hot_channels(sample, &mut features);
@@ -210,9 +211,16 @@ fn incoming(
             .filter(|&(n, real)| pads_own_nothing(sample, n, real))
             .filter(|&(_, real)| !named_past(sample, &ids, &s.name, real))
             .collect();
-        // Of several, those named as masks.
+        // Of several, those named as masks, and of those the one named for the semantic.
         if found.iter().filter(|(n, _)| n.contains("mask")).count() > 0 {
             found.retain(|(n, _)| n.contains("mask"));
+        }
+        if let [one] = found
+            .iter()
+            .filter(|(n, _)| names_mask_of(n, &s.name))
+            .collect::<Vec<_>>()[..]
+        {
+            found = vec![*one];
         }
         if found.is_empty() {
             continue;
@@ -239,7 +247,9 @@ fn incoming(
                 s.name
             ));
         }
-        s.keys.push(format!("incoming_pads: {{mask: {mask}}}"));
+        let pad = real.get(&s.name).and_then(|&n| map_pad(sample, &ids, n));
+        let pad = pad.map_or(String::new(), |p| format!(", map_pad: {p}"));
+        s.keys.push(format!("incoming_pads: {{mask: {mask}{pad}}}"));
         s.proposed = true;
     }
     real
@@ -252,12 +262,59 @@ fn named_past(sample: &Sample, ids: &[String], semantic: &str, real: usize) -> b
     ids.iter()
         .filter_map(|m| sample.tensors.get(m)?.values.as_deref())
         .any(|v| match semantic {
-            "atoms" => v
-                .get(real..)
-                .is_some_and(|past| past.iter().any(|&x| x != -1.0)),
+            "atoms" => {
+                let pads = map_pad(sample, ids, real).is_some();
+                !pads
+                    && v.get(real..)
+                        .is_some_and(|past| past.iter().any(|&x| x != -1.0))
+            }
             "tokens" => v.iter().any(|&x| x >= real as f64),
             _ => false,
         })
+}
+
+/// A name a featurizer gives the mask of a semantic's real items: `token_mask`,
+/// `atom_pad_mask`, `msa_mask` (for `tokens`, `atoms`, `msa`).
+fn names_mask_of(name: &str, semantic: &str) -> bool {
+    let stem = semantic.strip_suffix('s').unwrap_or(semantic);
+    name == format!("{stem}_mask") || name == format!("{stem}_pad_mask")
+}
+
+/// The featurizer's own masks (`names_mask_of`) that `incoming` did not take, whose
+/// values a mask of real items may have (1 on a prefix, or everywhere): `mask:` over
+/// the semantic, or over every semantic of a 2-D mask named for its first
+/// (`msa_mask [msa, tokens]`).
+fn own_masks(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) {
+    for (name, f) in features.iter_mut() {
+        let Some(v) = sample.tensors.get(name).and_then(Tensor::zero_one) else {
+            continue;
+        };
+        let semantics = f
+            .axes
+            .iter()
+            .all(|a| a.parse::<usize>().is_err() && !a.starts_with("QUESTION"));
+        let Some(first) = f
+            .axes
+            .first()
+            .filter(|a| semantics && names_mask_of(name, a))
+        else {
+            continue;
+        };
+        let full = shows::padded_prefix(v).is_some() || v.iter().all(|&x| x == 1.0);
+        let one_d_real = f.axes.len() > 1 || full;
+        if !f.keys.is_empty() || !one_d_real || f.axes.len() > 2 {
+            continue;
+        }
+        let of = match f.axes.as_slice() {
+            [_] => first.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        f.notes.push(format!(
+            "# proposed: {name} is the featurizer's mask of the real {} (1 on every real item here)",
+            f.axes.join(" x ")
+        ));
+        f.keys.push(format!("mask: {of}"));
+    }
 }
 
 /// A name that says a flag of some items, not a mask of the real ones.
@@ -397,10 +454,19 @@ fn owners(
             .filter(|(_, t)| shaped(t, lengths, &["rset", "atoms"]))
             .filter_map(|(n, t)| Some((n, one_hot(t)?)))
             .collect();
-        if let [(m, owned)] = maps.as_slice() {
+        // Where rows and tokens are as many, token maps fit too: those named for the
+        // R-set first, else a question.
+        let named: Vec<(&String, usize)> = maps
+            .iter()
+            .copied()
+            .filter(|(m, _)| m.contains("r_set") || m.contains("rset"))
+            .collect();
+        let maps = if named.is_empty() { maps } else { named };
+        let names: Vec<&String> = maps.iter().map(|(m, _)| *m).collect();
+        if let Some(m) = question_or(&names, "") {
             let s = &mut semantics[i];
             s.keys.push(format!("owner: atoms, map: {m}"));
-            if *owned < rows {
+            if maps.iter().any(|&(_, owned)| owned < rows) {
                 s.keys.push("unowned_rows: pad".into());
             }
             s.proposed = true;
@@ -409,31 +475,68 @@ fn owners(
 }
 
 /// `[atoms]` integer features holding a token id per atom (AlphaFold3's
-/// `atom_to_token_idx`): every value a token or -1, in token order, the last token
-/// owning some atom. Of several, those named for tokens.
+/// `atom_to_token_idx`): every value a token or -1, in token order, the last real token
+/// owning some atom (`shows::owner_ids_padded`: tokens padded to a budget own nothing,
+/// atoms a collator padded name one token out of order). Of several, those named for
+/// tokens.
 fn id_vectors(
     sample: &Sample,
     lengths: &[Anchor],
     features: &BTreeMap<String, FeatureDraft>,
 ) -> Vec<String> {
-    let Some(tokens) = len_of(lengths, "tokens") else {
-        return Vec::new();
-    };
+    let owners = token_counts(sample, lengths, features);
     let mut found: Vec<String> = sample
         .tensors
         .iter()
         .filter(|(n, t)| features.get(*n).is_some_and(|f| f.axes == ["atoms"]) && t.is_integer())
         .filter(|(_, t)| {
-            t.values
-                .as_deref()
-                .is_some_and(|v| shows::owner_ids(v, tokens))
+            t.values.as_deref().is_some_and(|v| {
+                owners
+                    .iter()
+                    .any(|&n| shows::owner_ids_padded(v, n).is_some())
+            })
         })
         .map(|(n, _)| n.clone())
         .collect();
-    if found.iter().filter(|n| n.contains("token")).count() > 0 {
+    // Of several, or beside a one-hot map, those named for the tokens (Boltz-2's
+    // `ref_space_uid` counts residues: one a token in a protein).
+    let one_hot_map = sample
+        .tensors
+        .values()
+        .any(|t| shaped(t, lengths, &["atoms", "tokens"]) && one_hot(t).is_some());
+    if one_hot_map || found.iter().any(|n| n.contains("token")) {
         found.retain(|n| n.contains("token"));
     }
     found
+}
+
+/// How many tokens the sample may hold: its token length, or the real tokens a 0/1
+/// `[tokens]` feature marks with a prefix (a token budget's pads after them).
+fn token_counts(
+    sample: &Sample,
+    lengths: &[Anchor],
+    features: &BTreeMap<String, FeatureDraft>,
+) -> Vec<usize> {
+    let Some(tokens) = len_of(lengths, "tokens") else {
+        return Vec::new();
+    };
+    let prefixes = sample
+        .tensors
+        .iter()
+        .filter(|(n, _)| features.get(*n).is_some_and(|f| f.axes == ["tokens"]))
+        .filter_map(|(_, t)| shows::padded_prefix(t.zero_one()?));
+    std::iter::once(tokens).chain(prefixes).collect()
+}
+
+/// The id a collator gave an id vector's pads (`shows::owner_ids_padded`), where its
+/// real items are the first `real`.
+fn map_pad(sample: &Sample, ids: &[String], real: usize) -> Option<f64> {
+    ids.iter().find_map(|m| {
+        let v = sample.tensors.get(m)?.values.as_deref()?;
+        let pad = *v.get(real..)?.first()?;
+        let run = v[real..].iter().all(|&x| x == pad);
+        (run && real > 0 && pad >= 0.0 && pad < v[real - 1]).then_some(pad)
+    })
 }
 
 /// Integer features over tokens holding ids of their atoms (`shows::item_ids`): each
@@ -556,7 +659,8 @@ fn sparse_pairs(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) 
         let Some(v) = sample.tensors[name].values.as_deref() else {
             continue;
         };
-        let semantic = |a: &str| a.parse::<usize>().is_err() && !a.starts_with("QUESTION");
+        // A pair either way: the same semantic, or the same question, on both axes.
+        let semantic = |a: &str| a.parse::<usize>().is_err();
         let pair = f.axes.len() >= 2 && semantic(&f.axes[0]) && f.axes[0] == f.axes[1];
         if pair
             && f.keys.is_empty()

@@ -67,6 +67,19 @@ pub fn owner_ids(v: &[f64], owners: usize) -> bool {
         && owned.iter().all(|&x| x.fract() == 0.0 && x < owners as f64)
 }
 
+/// Owner ids per item (as [`owner_ids`]) whose items may end in pads the featurizer
+/// gave one owner's id out of order (OpenFold3's collator pads `atom_to_token_index`
+/// with 0): the real items' count, and the pads' id where there are pads.
+pub fn owner_ids_padded(v: &[f64], owners: usize) -> Option<(usize, Option<f64>)> {
+    if owner_ids(v, owners) {
+        return Some((v.len(), None));
+    }
+    let &pad = v.last()?;
+    let real = v.len() - v.iter().rev().take_while(|&&x| x == pad).count();
+    let out_of_order = real > 0 && pad >= 0.0 && pad < v[real - 1];
+    (out_of_order && owner_ids(&v[..real], owners)).then_some((real, Some(pad)))
+}
+
 /// Each item's owner, from owner ids per item (-1: none).
 pub fn owners_of_ids(v: &[f64]) -> Vec<Option<usize>> {
     v.iter()
@@ -190,6 +203,10 @@ mod tests {
         assert!(owner_ids(&ids, 3));
         assert!(!owner_ids(&ids, 4), "the last owner owns nothing");
         assert!(!owner_ids(&[1.0, 2.0], 3), "ids from 1 are no owner ids");
+        let collated = [0.0, 1.0, 2.0, 2.0, 0.0, 0.0];
+        assert_eq!(owner_ids_padded(&collated, 3), Some((4, Some(0.0))));
+        assert_eq!(owner_ids_padded(&ids, 3), Some((6, None)));
+        assert_eq!(owner_ids_padded(&[0.0, 1.0, 2.0, 2.0], 4), None);
         let owner_of = owners_of_ids(&ids);
         assert_eq!(owner_of, owners_of_counts(&[2.0, 3.0, 1.0]));
         assert!(first_items(&[0.0, 2.0, 5.0], &owner_of));
