@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use featshard_spec::ir::DeriveRule;
+use featshard_spec::ir::{DType, DeriveRule, PadValue};
 use featshard_spec::plan::{FeatureShapes, Plan, SampleLayout};
 
 use crate::array::Array;
@@ -58,17 +58,11 @@ pub(crate) fn halo(
         .and_then(|s| layout.positions.get(s));
     let row_at = RowAt::new(name, positions.map(Vec::as_slice), x.shape()[0], padded)?;
     let es = dtype::size(t.dtype);
-    let row = x.shape()[1..].iter().product::<usize>() * es;
-    // A feature given narrow (a mask as bool, ranged integers) widened to the declared
-    // dtype, as its blocks are; any other as it is.
-    let rows = match x.dtype() == t.dtype {
-        true => x.base_bytes().to_vec(),
-        false => {
-            let mut wide = vec![0u8; x.numel() * es];
-            dtype::cast(x.dtype(), x.base_bytes(), t.dtype, &mut wide);
-            wide
-        }
-    };
+    let row = own.padded_shape[1..].iter().product::<usize>() * es;
+    let rows = dense_rows(t.dtype, &x, source.one_hot, own.padded_shape.last().copied());
+    if rows.len() != x.shape()[0] * row {
+        return Err(blocks_error(name, format!("`{of}`'s rows are not the halo's")));
+    }
     // A pad item inside the axis is the feature's pad, as the neighbour's block holds it;
     // past either end of the axis, the halo's own.
     let inside = dtype::pad_bytes(t.dtype, source.pad_value).repeat(row / es.max(1));
@@ -106,6 +100,33 @@ pub(crate) fn halo(
         }
     }
     Ok(Array::owned(t.dtype, own.padded_shape.clone(), out))
+}
+
+/// The rows of `x` in `dtype`: a feature given narrow (a mask as bool, ranged integers)
+/// widened, as its blocks are; a one-hot feature given as its indices (one axis short)
+/// expanded to its one-hot rows, `width` wide (a negative index: a row of none).
+fn dense_rows(dtype: DType, x: &Array, one_hot: Option<usize>, width: Option<usize>) -> Vec<u8> {
+    let es = dtype::size(dtype);
+    match (one_hot, width) {
+        (Some(axis), Some(width)) if axis == x.dim() => {
+            let mut out = Vec::with_capacity(x.numel() * width * es);
+            let (zero, one) = (dtype::pad_bytes(dtype, PadValue::Int(0)), dtype::pad_bytes(dtype, PadValue::Int(1)));
+            let xes = dtype::size(x.dtype());
+            for b in x.base_bytes().chunks_exact(xes) {
+                let v = dtype::read_i64(x.dtype(), b);
+                for c in 0..width {
+                    out.extend_from_slice(if v == c as i64 { &one } else { &zero });
+                }
+            }
+            out
+        }
+        _ if x.dtype() == dtype => x.base_bytes().to_vec(),
+        _ => {
+            let mut wide = vec![0u8; x.numel() * es];
+            dtype::cast(x.dtype(), x.base_bytes(), dtype, &mut wide);
+            wide
+        }
+    }
 }
 
 /// The serial row at a padded position of the axis (none at a pad), known by the real

@@ -758,7 +758,13 @@ impl<'a> Checker<'a> {
                 );
                 return;
             };
-            if it.derived.is_some() || f.optional.is_some() || input == name {
+            // A halo is laid out after intake has made every other derived feature.
+            let made_first = matches!(d.rule, DeriveRule::Halo { .. })
+                && it
+                    .derived
+                    .as_ref()
+                    .is_some_and(|x| !matches!(x.rule, DeriveRule::Halo { .. }));
+            if (it.derived.is_some() && !made_first) || f.optional.is_some() || input == name {
                 self.err(
                     SpecError::new(
                         format!("derives from `{input}`, which a sample may lack (it is derived or optional)"),
@@ -843,9 +849,17 @@ impl<'a> Checker<'a> {
                 format!("a halo holds rows of `{of}`: its axes after the first are channels")
             })
         });
+        // Rows of a one-hot feature are one-hot rows: its halo may travel as indices too.
         let why = why.or_else(|| {
-            (source.one_hot.is_some() || source.sparse.is_some() || t.one_hot.is_some() || t.sparse.is_some())
-                .then(|| format!("`{of}` travels compact (one-hot or sparse): its halo is not made; take the halo of a dense feature"))
+            (source.sparse.is_some() || t.sparse.is_some()).then(|| {
+                format!("`{of}` travels as its nonzero entries (sparse): a halo holds whole rows; take the halo of a dense or one-hot feature")
+            })
+        });
+        let why = why.or_else(|| {
+            let (own, its) = (t.one_hot.map(|o| o.0), source.one_hot.map(|o| o.0));
+            (own.is_some() && own != its).then(|| {
+                format!("a halo's rows are `{of}`'s: it is one-hot along the axis `{of}` is, or dense")
+            })
         });
         let why = why.or_else(|| {
             matches!(t.role, Role::Index(_)).then(|| {

@@ -353,10 +353,16 @@ pub fn unpad(
 ) -> Result<BTreeMap<String, Dense>, ExecError> {
     padded
         .into_iter()
-        .map(|(name, x)| {
-            let t = tensor_plan(plan, &name)?;
-            let y = unpad_feature(&name, t, layout, &x)?;
-            Ok((name, y))
+        .filter_map(|(name, x)| {
+            let t = match tensor_plan(plan, &name) {
+                Ok(t) => t,
+                Err(e) => return Some(Err(e)),
+            };
+            // A key halo is no part of the serial sample (see `SerialAssembler`).
+            if t.derived.as_ref().and_then(DeriveRule::halo).is_some() {
+                return None;
+            }
+            Some(unpad_feature(&name, t, layout, &x).map(|y| (name, y)))
         })
         .collect()
 }
@@ -367,10 +373,6 @@ fn unpad_feature(
     layout: &SampleLayout,
     x: &Dense,
 ) -> Result<Dense, ExecError> {
-    if t.derived.as_ref().and_then(DeriveRule::halo).is_some() {
-        // A key halo exists laid out only: its serial form is the same.
-        return Ok(x.clone());
-    }
     let mut select: Vec<Vec<usize>> = Vec::with_capacity(t.axes.len());
     for (a, &n) in t.axes.iter().zip(&x.shape) {
         let items = match &a.semantic {

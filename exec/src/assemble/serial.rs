@@ -4,6 +4,7 @@
 //! far past the sample: 10 tokens on 65,536 ranks make a 34 GB padded map of a few
 //! bytes of serial one).
 
+use featshard_spec::ir::DeriveRule;
 use std::collections::BTreeMap;
 
 use featshard_spec::plan::{FeatureShapes, Plan, Remap, SampleLayout};
@@ -53,6 +54,11 @@ impl<'p> SerialAssembler<'p> {
         let mut features = BTreeMap::new();
         for (name, shapes) in assembled_shapes(plan, layout, workflow, first)? {
             let t = tensor_plan(plan, &name)?;
+            // A key halo is no part of the sample: every shard makes it for its mesh,
+            // and a sample that gives it is refused.
+            if t.derived.as_ref().and_then(DeriveRule::halo).is_some() {
+                continue;
+            }
             let axes = axis_items(&name, t, layout, &shapes)?;
             let shape: Vec<usize> = axes.iter().map(Items::len).collect();
             let bytes = super::pad_filled(&name, t, shape.iter().product())?;
