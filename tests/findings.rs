@@ -130,7 +130,8 @@ fn census() -> Vec<Plant> {
         plant("openfold3", "openfold3/plain", &[("  restype: {axes: [tokens, 32], dtype: int32, one_hot: 1}", "  restype: {axes: [tokens, 32], dtype: int32}")], "restype", "`one_hot: 1`"),
         plant("openfold3", "openfold3/collated", &[("  msa: {axes: [msa, tokens, 32], dtype: int32, one_hot: 2}", "  msa: {axes: [msa, tokens, 32], dtype: int32}")], "msa", "`one_hot: 2`"),
         plant("openfold3", "openfold3/padded", &[("  ref_element: {axes: [atoms, 119], dtype: int32, one_hot: 1}", "  ref_element: {axes: [atoms, 119], dtype: int32}")], "ref_element", "a one-hot encoding over 119 classes"),
-        plant("protenix", "protenix/small_complex", &[("  ref_atom_name_chars: {axes: [atoms, 4, 64], dtype: int64, one_hot: 2}", "  ref_atom_name_chars: {axes: [atoms, 4, 64], dtype: int64}")], "ref_atom_name_chars", "`one_hot: 2`"),
+        // Its key halo is one-hot as it is: both planted dense.
+        plant("protenix", "protenix/small_complex", &[("  ref_atom_name_chars: {axes: [atoms, 4, 64], dtype: int64, one_hot: 2}", "  ref_atom_name_chars: {axes: [atoms, 4, 64], dtype: int64}"), ("dtype: int64, one_hot: 2, derive: {halo: {of: ref_atom_name_chars", "dtype: int64, derive: {halo: {of: ref_atom_name_chars")], "ref_atom_name_chars", "`one_hot: 2`"),
         plant("boltz2", BOLTZ[1], &[("  res_type: {axes: [tokens, 33], dtype: int64, one_hot: 1,", "  res_type: {axes: [tokens, 33], dtype: int64,")], "res_type", "`one_hot: 1`"),
         plant("boltz2", BOLTZ[0], &[("  ref_element: {axes: [atoms, 128], dtype: int64, one_hot: 1}", "  ref_element: {axes: [atoms, 128], dtype: int64}")], "ref_element", "over 128 classes"),
         // Mostly-zero pair features declared dense.

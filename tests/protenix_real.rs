@@ -26,18 +26,22 @@ fn read(path: &Path) -> BTreeMap<String, Tensor> {
         .collect()
 }
 
-/// The shipped spec, or on one axis the same with its `mesh:` line changed; with
-/// `windows`, its atoms declared `layout: windows` (serial order, each rank's block a
-/// whole number of 32-atom windows).
+/// The shipped spec (atoms in windows, with the atom attention's key halos); without
+/// `windows`, the same in owner blocks (no `layout: windows`, no halo); on one axis its
+/// `mesh:` line changed.
 fn spec_for(mesh: &str, dir: &Path, windows: bool) -> String {
     let shipped = root().join("examples/protenix.yaml");
-    if mesh.contains('x') && !windows {
+    if mesh.contains('x') && windows {
         return shipped.display().to_string();
     }
     let mut text = std::fs::read_to_string(&shipped).unwrap();
-    if windows {
-        let at = text.find("    window: 32").expect("the atoms' window");
-        text.insert_str(at, "    layout: windows\n");
+    assert!(text.contains("    layout: windows") && text.contains("derive: {halo:"));
+    if !windows {
+        text = text
+            .lines()
+            .filter(|l| !l.contains("layout: windows") && !l.contains("derive: {halo:"))
+            .map(|l| format!("{l}\n"))
+            .collect();
     }
     if !mesh.contains('x') {
         assert!(text.contains("cp: [cp_axis_0, cp_axis_1]"));
@@ -126,6 +130,7 @@ fn check_blocks(
         };
         if windows {
             serial_windows(mesh, r, &b, sample);
+            key_halos(mesh, r, &b, &read(padded));
         }
         let mask = ints(&b["atom_mask"]);
         for ((pos, &id), &real) in rows(&b["ref_pos"]).iter().zip(&ids).zip(&mask) {
@@ -191,6 +196,44 @@ fn check_pair(mesh: &str, rank: usize, b: &BTreeMap<String, Tensor>, serial: &Te
             assert_eq!(got, want, "{mesh} rank {rank}: token_bonds at [{i}, {j}]");
         }
     }
+}
+
+/// Every key halo of a rank (`<feature>_keys`: dense, one-hot, of the derived
+/// `atom_mask`) is the 48 atoms before its block of the padded atom axis and the 48
+/// after, 0 past either end.
+fn key_halos(
+    mesh: &str,
+    rank: usize,
+    b: &BTreeMap<String, Tensor>,
+    whole: &BTreeMap<String, Tensor>,
+) {
+    let block = b["ref_pos"].size()[0];
+    let row = match mesh.split_once('x') {
+        Some((_, cp1)) => rank / cp1.parse::<usize>().unwrap(),
+        None => rank,
+    } as i64;
+    let mut seen = 0;
+    for (name, keys) in b.iter().filter(|(n, _)| n.ends_with("_keys")) {
+        let x = &whole[name.strip_suffix("_keys").unwrap()];
+        let mut edge = x.size();
+        edge[0] = 48;
+        let zeros = Tensor::zeros(edge.as_slice(), (x.kind(), x.device()));
+        let around = Tensor::cat(&[&zeros, x, &zeros], 0);
+        let start = row * block + 48;
+        let want = Tensor::cat(
+            &[
+                around.narrow(0, start - 48, 48),
+                around.narrow(0, start + block, 48),
+            ],
+            0,
+        );
+        assert!(
+            keys.equal(&want),
+            "{mesh} rank {rank}: `{name}` is not the atoms around the block"
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 7, "{mesh} rank {rank}: the key halos");
 }
 
 /// With `layout: windows`, a rank's atoms are a whole number of 32-atom windows and the
@@ -447,10 +490,9 @@ fn the_id_vector_delivered_as_a_one_hot_names_the_ids_the_id_vector_does() {
 #[test]
 fn a_huge_window_with_a_key_halo_is_refused_never_aborted() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = spec_for("2x2", dir.path(), true).replace("-true.yaml", "-huge.yaml");
+    let spec = dir.path().join("protenix-huge.yaml").display().to_string();
     let text = std::fs::read_to_string(spec_for("2x2", dir.path(), true)).unwrap();
-    let text = text.replace("    window: 32", &format!("    window: {}", 1u64 << 27))
-        + "  ref_pos_keys: {axes: [atoms, 3], dtype: float32, derive: {halo: {of: ref_pos, size: 48}}}\n";
+    let text = text.replace("    window: 32", &format!("    window: {}", 1u64 << 27));
     std::fs::write(&spec, text).unwrap();
     let mut cmd = std::process::Command::new("sh");
     cmd.arg("-c")

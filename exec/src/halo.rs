@@ -59,9 +59,17 @@ pub(crate) fn halo(
     let row_at = RowAt::new(name, positions.map(Vec::as_slice), x.shape()[0], padded)?;
     let es = dtype::size(t.dtype);
     let row = own.padded_shape[1..].iter().product::<usize>() * es;
-    let rows = dense_rows(t.dtype, &x, source.one_hot, own.padded_shape.last().copied());
+    let rows = dense_rows(
+        t.dtype,
+        &x,
+        source.one_hot,
+        own.padded_shape.last().copied(),
+    );
     if rows.len() != x.shape()[0] * row {
-        return Err(blocks_error(name, format!("`{of}`'s rows are not the halo's")));
+        return Err(blocks_error(
+            name,
+            format!("`{of}`'s rows are not the halo's"),
+        ));
     }
     // A pad item inside the axis is the feature's pad, as the neighbour's block holds it;
     // past either end of the axis, the halo's own.
@@ -110,7 +118,10 @@ fn dense_rows(dtype: DType, x: &Array, one_hot: Option<usize>, width: Option<usi
     match (one_hot, width) {
         (Some(axis), Some(width)) if axis == x.dim() => {
             let mut out = Vec::with_capacity(x.numel() * width * es);
-            let (zero, one) = (dtype::pad_bytes(dtype, PadValue::Int(0)), dtype::pad_bytes(dtype, PadValue::Int(1)));
+            let (zero, one) = (
+                dtype::pad_bytes(dtype, PadValue::Int(0)),
+                dtype::pad_bytes(dtype, PadValue::Int(1)),
+            );
             let xes = dtype::size(x.dtype());
             for b in x.base_bytes().chunks_exact(xes) {
                 let v = dtype::read_i64(x.dtype(), b);

@@ -80,6 +80,16 @@ fn place_taken<'a>(
     for name in &checked.names {
         compact.extend(map_indices_of(plan, name, &kept[name], &layout));
     }
+    // A one-hot halo (rows of a one-hot feature) travels as its indices too.
+    for name in &taken.halos {
+        let t = crate::feature::tensor_plan(plan, name)?;
+        if let Some(oh) = OneHot::of(t, &[]).filter(|o| !o.map) {
+            compact.insert(
+                name.clone(),
+                crate::compact::indices(name, &arrays[name], &oh)?,
+            );
+        }
+    }
     let mut placed = Placed {
         layout,
         shapes,

@@ -858,7 +858,9 @@ impl<'a> Checker<'a> {
         let why = why.or_else(|| {
             let (own, its) = (t.one_hot.map(|o| o.0), source.one_hot.map(|o| o.0));
             (own.is_some() && own != its).then(|| {
-                format!("a halo's rows are `{of}`'s: it is one-hot along the axis `{of}` is, or dense")
+                format!(
+                    "a halo's rows are `{of}`'s: it is one-hot along the axis `{of}` is, or dense"
+                )
             })
         });
         let why = why.or_else(|| {

@@ -36,11 +36,18 @@ def nested_sample() -> dict[str, Any]:
     return out
 
 
-def spec_file(one_axis: bool, folder: Path) -> Path:
-    if not one_axis:
-        return SPEC
-    path = folder / "protenix_1d.yaml"
-    path.write_text(SPEC.read_text().replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]"))
+def spec_file(one_axis: bool, folder: Path, windows: bool = False) -> Path:
+    """The shipped spec (atoms in windows, with the atom attention's key halos); without
+    `windows` the same in owner blocks (no `layout: windows`, no halo); on one axis its
+    mesh line changed."""
+    text = SPEC.read_text()
+    if not windows:
+        text = "".join(line for line in text.splitlines(keepends=True)
+                       if "layout: windows" not in line and "derive: {halo:" not in line)
+    if one_axis:
+        text = text.replace("cp: [cp_axis_0, cp_axis_1]", "cp: [cp]")
+    path = folder / f"protenix_{one_axis}_{windows}.yaml"
+    path.write_text(text)
     return path
 
 
@@ -180,14 +187,9 @@ def test_distribute_features_gives_the_blocks_and_atoms_pool_into_their_tokens(
 
 
 def halo_spec(one_axis: bool, folder: Path) -> Path:
-    """The shipped spec with windowed atoms and the key halo of the reference positions
+    """The shipped spec: windowed atoms and the key halos of the atom encoder's inputs
     (48 atoms a side, AlphaFold3's 128 keys around 32 queries)."""
-    text = spec_file(one_axis, folder).read_text()
-    text = text.replace("    window: 32 ", "    layout: windows\n    window: 32 ", 1)
-    text += "  ref_pos_keys: {axes: [atoms, 3], dtype: float32, derive: {halo: {of: ref_pos, size: 48}}}\n"
-    path = folder / f"protenix_halo_{one_axis}.yaml"
-    path.write_text(text)
-    return path
+    return spec_file(one_axis, folder, windows=True)
 
 
 def _halo_worker(rank: int, world: int, store: str, shape: tuple[int, ...], spec: str, results: str) -> None:
@@ -226,17 +228,21 @@ def _halo_worker(rank: int, world: int, store: str, shape: tuple[int, ...], spec
             batch = collate(plan, [got], mesh)["ref_pos_keys"]
             assert torch.equal(batch.to_local()[0], got["ref_pos_keys"].to_local())
             assert tuple(batch.shape) == (shape[0], 96 * cp[0], 3), batch.shape
-        # The halo is the atoms around this rank's block of the whole (padded) axis.
-        keys, pos = got["ref_pos_keys"], got["ref_pos"]
-        assert tuple(keys.placements) == tuple(pos.placements), keys.placements
-        whole = pos.full_tensor()
-        block = pos.to_local().shape[0]
-        start = coord[0] * block
-        pad = torch.zeros(48, 3)
-        before = torch.cat([pad, whole])[start:start + 48]
-        after = torch.cat([whole, pad])[start + block:start + block + 48]
-        assert torch.equal(keys.to_local(), torch.cat([before, after])), f"rank {rank}"
-        assert keys.shape[0] == 96 * cp[0], keys.shape
+        # Each halo (dense, one-hot, of the derived atom mask) is the atoms around this
+        # rank's block of the whole (padded) axis.
+        halos = sorted(k for k in got if k.endswith("_keys"))
+        assert len(halos) == 7, halos
+        for name in halos:
+            keys, of = got[name], got[name.removesuffix("_keys")]
+            assert tuple(keys.placements) == tuple(of.placements), (name, keys.placements)
+            whole = of.full_tensor()
+            block = of.to_local().shape[0]
+            start = coord[0] * block
+            pad = torch.zeros((48, *whole.shape[1:]), dtype=whole.dtype)
+            before = torch.cat([pad, whole])[start:start + 48]
+            after = torch.cat([whole, pad])[start + block:start + block + 48]
+            assert torch.equal(keys.to_local(), torch.cat([before, after])), f"rank {rank}: {name}"
+            assert keys.shape[0] == 96 * cp[0], (name, keys.shape)
         out["status"] = "ok"
     except Exception as e:  # noqa: BLE001 - reported to the test process
         out["status"] = f"{type(e).__name__}: {e}"
