@@ -560,6 +560,10 @@ fn a_draft_of_an_alphafold3_family_sample_needs_no_answer() {
         "ref_atom_name_chars: {axes: [atoms, 4, 64]",
         "resolution: {axes: [1], dtype: float32}",
         "constraint_feature.contact: {axes: [tokens, tokens, 2]",
+        // No mask of the real items in the sample: the pipeline's, as the example's.
+        "token_mask: {axes: [tokens], dtype: bool, mask: tokens, derive: {valid: true}}",
+        "atom_mask: {axes: [atoms], dtype: bool, mask: atoms, derive: {valid: true}}",
+        "pair_mask: {axes: [tokens, tokens], dtype: bool, mask: tokens, derive: {valid: true}}",
     ] {
         assert!(draft.contains(line), "{line}\n{draft}");
     }

@@ -6,9 +6,11 @@
 //! two semantics is never guessed: the axis becomes `QUESTION(tokens|atoms)`, which the
 //! spec check rejects until it is answered. From the values, `init` proposes (marked
 //! `# proposed:`): incoming pads (a 0/1 mask that is 1 on a prefix and 0 after), owner
-//! counts and owner maps, map rows without an owner, co-sharded one-hot maps, lists of
-//! ids with a length of their own (`*_index` features), features that are the outer
-//! product of a mask, and the header's metadata.
+//! counts and owner maps, map rows without an owner, co-sharded one-hot maps, ids of
+//! atoms over tokens, the featurizer's own masks (or validity masks the pipeline makes
+//! where it has none), lists of ids with a length of their own (`*_index` features),
+//! features that are the outer product of a mask, and the header's metadata. Values are
+//! read through `crate::values`, as `validate --features` reads them.
 
 mod propose;
 mod read;

@@ -30,6 +30,9 @@ pub struct FeatureDraft {
 pub struct Proposals {
     pub semantics: Vec<SemanticDraft>,
     pub features: BTreeMap<String, FeatureDraft>,
+    /// Features the sample lacks that the pipeline can make (validity masks), each as
+    /// its `# proposed:` note and its YAML line.
+    pub derived: Vec<(String, String)>,
 }
 
 /// Every proposal for one sample.
@@ -76,10 +79,48 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
             &mut features,
         );
     }
+    let derived = validity_masks(sample, &semantics, &features);
     Proposals {
         semantics,
         features,
+        derived,
     }
+}
+
+/// Masks of the real tokens and atoms, and of token pairs, made by the pipeline where
+/// the sample has no mask of them (the AlphaFold3 family's Protenix emits none): a
+/// model masks its pads by them.
+fn validity_masks(
+    sample: &Sample,
+    semantics: &[SemanticDraft],
+    features: &BTreeMap<String, FeatureDraft>,
+) -> Vec<(String, String)> {
+    let masked = |s: &str| {
+        features
+            .values()
+            .any(|f| f.keys.iter().any(|k| k == &format!("mask: {s}")))
+    };
+    let free = |name: &str| {
+        !sample.tensors.contains_key(name) && !sample.metadata.iter().any(|m| m == name)
+    };
+    let mut out = Vec::new();
+    for (semantic, name) in [("tokens", "token_mask"), ("atoms", "atom_mask")] {
+        let drafted = semantics.iter().any(|s| s.name == semantic && s.sharded);
+        if !drafted || masked(semantic) || !free(name) {
+            continue;
+        }
+        out.push((
+            format!("# proposed: the sample has no mask of its real {semantic}: the pipeline makes {name} (1 on every real item, 0 at pads)"),
+            format!("{name}: {{axes: [{semantic}], dtype: bool, mask: {semantic}, derive: {{valid: true}}}}"),
+        ));
+        if semantic == "tokens" && free("pair_mask") {
+            out.push((
+                "# proposed: and pair_mask, of the real token pairs".to_owned(),
+                "pair_mask: {axes: [tokens, tokens], dtype: bool, mask: tokens, derive: {valid: true}}".to_owned(),
+            ));
+        }
+    }
+    out
 }
 
 /// A list of ids with a length of its own: `NAME_index` of shape `[c, K]`.

@@ -93,6 +93,9 @@ pub fn spec(
             f.axes.join(", ")
         );
     }
+    for (note, line) in &p.derived {
+        let _ = writeln!(out, "  {note}\n  {line}");
+    }
     for m in sample.metadata.iter().filter(|n| is_snake_case(n)) {
         let _ = writeln!(
             out,
