@@ -69,8 +69,9 @@ def _worker(rank: int, folder: str) -> None:
                             world_size=RANKS, timeout=timedelta(seconds=600))
     mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("cp_axis_0", "cp_axis_1"))
     import featshard
-    from featshard.data import PreshardedDataset, lightning_datamodule
+    from featshard.data import PreshardedDataset
     from featshard.distribute import cp_group, distribute_features
+    from featshard.lightning import lightning_datamodule
     from safetensors.torch import load_file
 
     plan = featshard.Plan(SPEC)

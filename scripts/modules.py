@@ -7,12 +7,13 @@ longest modules, and public items per Rust crate. Run from the repository root:
 
 A Rust module's imports are its `use crate::...` and `use super::...` paths (and
 `crate::a::b` paths in its code), resolved to the module files of its crate; a Python
-module's are its `from featshard... import` lines. Test modules (`#[cfg(test)]` and
+module's are its `from featshard... import` statements, read by Python's parser. Test modules (`#[cfg(test)]` and
 after) are left out: a test may reach anywhere.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -77,22 +78,31 @@ def resolve(files: dict[str, Path], parts: list[str]) -> str | None:
 
 
 def python_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, int]]:
+    """Every `from featshard... import` and `import featshard...` of each module, read
+    by Python's own parser (an import over several lines, one in a function)."""
     files = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): p
              for p in sorted(root.rglob("*.py"))}
     edges: dict[str, set[str]] = {m: set() for m in files}
     sizes = {m: p.read_text().count("\n") for m, p in files.items()}
     for m, p in files.items():
-        for line in p.read_text().splitlines():
-            hit = re.match(r"\s*from (featshard(?:\.\w+)*) import (.+)", line)
-            if not hit:
+        package = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)]
+                target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in files and a.name != m:
+                        edges[m].add(a.name)
                 continue
-            target = hit.group(1)
-            names = [n.strip(" ()") for n in hit.group(2).split(",")]
+            else:
+                continue
             for n in names:
                 if f"{target}.{n}" in files:
                     edges[m].add(f"{target}.{n}")
             if target in files and target != m and not m.startswith(target + "."):
-                if not all(f"{target}.{n}" in files for n in names if n):
+                if not all(f"{target}.{n}" in files for n in names):
                     edges[m].add(target)
     return edges, sizes
 

@@ -83,21 +83,29 @@ pub fn assemble_files(
     let assembler = assembler.ok_or_else(|| other("a mesh of no ranks".to_owned()))?;
     let mut result = assembler.finish().map_err(other)?;
     result.extend(passthrough);
-    let metadata = metadata.unwrap_or_default();
-    // Under the keys the sample file had: a nested feature's path joined by the spec's
-    // separator.
-    let keys: Vec<_> = result.keys().map(|n| plan.inputs.key_of(n)).collect();
-    let tensors: Vec<_> = result
-        .values()
-        .zip(&keys)
-        .map(|(d, k)| (k.as_ref(), d.dtype, d.shape.clone(), d.bytes.as_slice()))
-        .collect();
-    let bytes = files::serialize(&tensors, &metadata).map_err(other)?;
-    staging::write_file(out, &bytes)?;
+    write(&plan, &result, &metadata.unwrap_or_default(), out)?;
     Ok(format!(
         "wrote {} features ({}) to {}",
         result.len(),
         if padded_output { "padded" } else { "serial" },
         out.display()
     ))
+}
+
+/// The assembled sample into `out`, under the keys the sample file had: a nested
+/// feature's path joined by the spec's separator.
+fn write(
+    plan: &featshard_spec::plan::Plan,
+    result: &BTreeMap<String, Dense>,
+    metadata: &files::Metadata,
+    out: &Path,
+) -> Result<(), Failure> {
+    let keys: Vec<_> = result.keys().map(|n| plan.inputs.key_of(n)).collect();
+    let tensors: Vec<_> = result
+        .values()
+        .zip(&keys)
+        .map(|(d, k)| (k.as_ref(), d.dtype, d.shape.clone(), d.bytes.as_slice()))
+        .collect();
+    let bytes = files::serialize(&tensors, metadata).map_err(other)?;
+    staging::write_file(out, &bytes)
 }

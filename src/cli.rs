@@ -120,41 +120,45 @@ enum Command {
     },
     /// Draft a spec from one serial sample (safetensors), proposing axis semantics by
     /// matching lengths against anchor features; ambiguities are left as QUESTION(...).
-    Init {
-        /// The serial sample.
-        #[arg(long, value_name = "FILE")]
-        from: PathBuf,
-        /// Feature whose axis 0 counts tokens.
-        #[arg(long, value_name = "KEY")]
-        tokens: Option<String>,
-        /// Feature whose axis 0 counts atoms.
-        #[arg(long, value_name = "KEY")]
-        atoms: Option<String>,
-        /// Feature whose axis 0 counts MSA rows.
-        #[arg(long, value_name = "KEY")]
-        msa: Option<String>,
-        /// Feature whose axis 0 counts R-set rows.
-        #[arg(long, value_name = "KEY")]
-        rset: Option<String>,
-        /// Feature whose axis 0 counts ensemble members.
-        #[arg(long, value_name = "KEY")]
-        ensemble: Option<String>,
-        /// Feature whose axis 0 counts templates.
-        #[arg(long, value_name = "KEY")]
-        templates: Option<String>,
-        /// Module name of the draft.
-        #[arg(long, default_value = "features")]
-        module: String,
-        /// Write the draft here instead of printing it.
-        #[arg(long, value_name = "FILE")]
-        out: Option<PathBuf>,
-    },
+    Init(InitArgs),
     /// Print the JSON Schema (draft-07) of spec files, for editor completion.
     Schema {
         /// The schema of plan.json instead.
         #[arg(long)]
         plan: bool,
     },
+}
+
+/// `featshard init`'s arguments.
+#[derive(clap::Args)]
+struct InitArgs {
+    /// The serial sample.
+    #[arg(long, value_name = "FILE")]
+    from: PathBuf,
+    /// Feature whose axis 0 counts tokens.
+    #[arg(long, value_name = "KEY")]
+    tokens: Option<String>,
+    /// Feature whose axis 0 counts atoms.
+    #[arg(long, value_name = "KEY")]
+    atoms: Option<String>,
+    /// Feature whose axis 0 counts MSA rows.
+    #[arg(long, value_name = "KEY")]
+    msa: Option<String>,
+    /// Feature whose axis 0 counts R-set rows.
+    #[arg(long, value_name = "KEY")]
+    rset: Option<String>,
+    /// Feature whose axis 0 counts ensemble members.
+    #[arg(long, value_name = "KEY")]
+    ensemble: Option<String>,
+    /// Feature whose axis 0 counts templates.
+    #[arg(long, value_name = "KEY")]
+    templates: Option<String>,
+    /// Module name of the draft.
+    #[arg(long, default_value = "features")]
+    module: String,
+    /// Write the draft here instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
 }
 
 /// `--lengths` as one value (clap would read a `Vec` as repeated values).
@@ -231,6 +235,30 @@ fn anchors(given: [(&str, Option<String>); 6]) -> crate::init::Anchors {
         .collect()
 }
 
+/// `featshard init`: the draft, written or printed.
+fn run_init(args: InitArgs) -> Result<String, Failure> {
+    let InitArgs {
+        from,
+        tokens,
+        atoms,
+        msa,
+        rset,
+        ensemble,
+        templates,
+        module,
+        out,
+    } = args;
+    let anchors = anchors([
+        ("tokens", tokens),
+        ("atoms", atoms),
+        ("msa", msa),
+        ("rset", rset),
+        ("ensemble", ensemble),
+        ("templates", templates),
+    ]);
+    crate::init::draft(&from, &anchors, &module).and_then(|text| write_or_print(text, out))
+}
+
 /// Runs one parsed command.
 fn dispatch(command: Command) -> Result<String, Failure> {
     match command {
@@ -261,27 +289,7 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             )
         }
         Command::Schema { plan } => Ok(commands::schema(plan)),
-        Command::Init {
-            from,
-            tokens,
-            atoms,
-            msa,
-            rset,
-            ensemble,
-            templates,
-            module,
-            out,
-        } => {
-            let anchors = anchors([
-                ("tokens", tokens),
-                ("atoms", atoms),
-                ("msa", msa),
-                ("rset", rset),
-                ("ensemble", ensemble),
-                ("templates", templates),
-            ]);
-            crate::init::draft(&from, &anchors, &module).and_then(|text| write_or_print(text, out))
-        }
+        Command::Init(args) => run_init(args),
         Command::Shard {
             spec,
             features,

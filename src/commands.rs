@@ -81,7 +81,7 @@ fn sample_report(
     (spec, plan, workflow): (&Spec, &Plan, Option<&str>),
     sample: &Path,
 ) -> Result<(String, bool), Failure> {
-    let values = crate::values::sample(sample)?;
+    let values = crate::values::sample(sample).map_err(Failure::Other)?;
     let findings = crate::findings::check(spec, &values);
     let taken = taken(plan, sample, workflow);
     let mut out = match (findings.len(), &taken) {

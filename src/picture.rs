@@ -267,29 +267,7 @@ fn tile_pads(
 /// The picture as text: a box per tile with its ranks, local shape and pads; colour
 /// (one background per tile) when `color`.
 pub fn render_text(p: &Picture, color: bool) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "{} {} -> ({})", p.feature, p.axes, p.placements);
-    let _ = writeln!(out, "global shape {}", p.global_shape);
-    let replicated = |m: usize| {
-        let axis = p.mesh_axes.get(m).map_or("the mesh", String::as_str);
-        format!("replicated over {axis}")
-    };
-    let rows = p.row_cut.clone().unwrap_or_else(|| replicated(0));
-    match p.mesh_axes.len() {
-        1 => {
-            let _ = writeln!(out, "rows: {rows}");
-        }
-        _ => {
-            let cols = p.col_cut.clone().unwrap_or_else(|| replicated(1));
-            let _ = writeln!(out, "rows: {rows}; columns: {cols}");
-        }
-    }
-    if !p.whole.is_empty() {
-        let _ = writeln!(out, "whole on every rank: {}", p.whole.join(", "));
-    }
-    if !p.diagonal.is_empty() {
-        let _ = writeln!(out, "diagonal blocks: {}", p.diagonal.join(", "));
-    }
+    let mut out = text_header(p);
     let labels: Vec<[String; 3]> = p.tiles.iter().map(tile_lines).collect();
     let width = labels
         .iter()
@@ -358,6 +336,35 @@ pub fn render_text(p: &Picture, color: bool) -> String {
     out
 }
 
+/// The text picture's lines above its tiles: the feature, its global shape, what
+/// splits its rows and columns, what stays whole.
+fn text_header(p: &Picture) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{} {} -> ({})", p.feature, p.axes, p.placements);
+    let _ = writeln!(out, "global shape {}", p.global_shape);
+    let replicated = |m: usize| {
+        let axis = p.mesh_axes.get(m).map_or("the mesh", String::as_str);
+        format!("replicated over {axis}")
+    };
+    let rows = p.row_cut.clone().unwrap_or_else(|| replicated(0));
+    match p.mesh_axes.len() {
+        1 => {
+            let _ = writeln!(out, "rows: {rows}");
+        }
+        _ => {
+            let cols = p.col_cut.clone().unwrap_or_else(|| replicated(1));
+            let _ = writeln!(out, "rows: {rows}; columns: {cols}");
+        }
+    }
+    if !p.whole.is_empty() {
+        let _ = writeln!(out, "whole on every rank: {}", p.whole.join(", "));
+    }
+    if !p.diagonal.is_empty() {
+        let _ = writeln!(out, "diagonal blocks: {}", p.diagonal.join(", "));
+    }
+    out
+}
+
 fn tile_lines(t: &Tile) -> [String; 3] {
     let listed = |ranks: &[usize]| {
         let text = |r: &[usize]| r.iter().map(ToString::to_string).collect::<Vec<_>>();
@@ -404,6 +411,60 @@ fn escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
+/// One picture of the SVG grid at `(x0, y0)`: its title lines and its tiles.
+fn svg_picture(
+    s: &mut String,
+    p: &Picture,
+    (x0, y0): (usize, usize),
+    (tile_w, tile_h, head): (usize, usize, usize),
+) {
+    let _ = writeln!(
+        s,
+        "<g class=\"feature\" data-feature=\"{}\"><text x=\"{x0}\" y=\"{}\" font-weight=\"bold\">{} {}</text>",
+        escape(&p.feature),
+        y0 + 14,
+        escape(&p.feature),
+        escape(&p.axes)
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{x0}\" y=\"{}\">({}) global {}</text>",
+        y0 + 30,
+        escape(&p.placements),
+        escape(&p.global_shape)
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{x0}\" y=\"{}\" fill=\"#555\">rows: {}; cols: {}</text>",
+        y0 + 46,
+        escape(p.row_cut.as_deref().unwrap_or("replicated")),
+        escape(p.col_cut.as_deref().unwrap_or("replicated"))
+    );
+    for (k, t) in p.tiles.iter().enumerate() {
+        // Drawn where it stands among the shown tiles (elided ones take no room).
+        let at = |v: &[usize], i: usize| v.iter().position(|&x| x == i).unwrap_or(0);
+        let (col, row) = (at(&p.shown_cols, t.col), at(&p.shown_rows, t.row));
+        let (x, y) = (x0 + col * tile_w, y0 + head + row * tile_h);
+        let fill = PALETTE_SVG[k % PALETTE_SVG.len()];
+        let [ranks, shape, pads] = tile_lines(t);
+        let _ = writeln!(
+            s,
+            "<rect class=\"tile\" x=\"{x}\" y=\"{y}\" width=\"{tile_w}\" height=\"{tile_h}\" fill=\"{fill}\" stroke=\"#333\"/>"
+        );
+        for (i, line) in [ranks, shape, pads].iter().enumerate() {
+            if !line.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "<text x=\"{}\" y=\"{}\">{}</text>",
+                    x + 6,
+                    y + 18 + i * 16,
+                    escape(line)
+                );
+            }
+        }
+    }
+}
+
 /// Every picture in one SVG document, a grid of small pictures.
 pub fn render_svg(pictures: &[Picture]) -> String {
     const TILE_H: usize = 64;
@@ -438,51 +499,7 @@ pub fn render_svg(pictures: &[Picture]) -> String {
     );
     for (n, p) in pictures.iter().enumerate() {
         let (x0, y0) = (GAP + (n % per_row) * col_w, GAP + (n / per_row) * row_h);
-        let _ = writeln!(
-            s,
-            "<g class=\"feature\" data-feature=\"{}\"><text x=\"{x0}\" y=\"{}\" font-weight=\"bold\">{} {}</text>",
-            escape(&p.feature),
-            y0 + 14,
-            escape(&p.feature),
-            escape(&p.axes)
-        );
-        let _ = writeln!(
-            s,
-            "<text x=\"{x0}\" y=\"{}\">({}) global {}</text>",
-            y0 + 30,
-            escape(&p.placements),
-            escape(&p.global_shape)
-        );
-        let _ = writeln!(
-            s,
-            "<text x=\"{x0}\" y=\"{}\" fill=\"#555\">rows: {}; cols: {}</text>",
-            y0 + 46,
-            escape(p.row_cut.as_deref().unwrap_or("replicated")),
-            escape(p.col_cut.as_deref().unwrap_or("replicated"))
-        );
-        for (k, t) in p.tiles.iter().enumerate() {
-            // Drawn where it stands among the shown tiles (elided ones take no room).
-            let at = |v: &[usize], i: usize| v.iter().position(|&x| x == i).unwrap_or(0);
-            let (col, row) = (at(&p.shown_cols, t.col), at(&p.shown_rows, t.row));
-            let (x, y) = (x0 + col * tile_w, y0 + HEAD + row * TILE_H);
-            let fill = PALETTE_SVG[k % PALETTE_SVG.len()];
-            let [ranks, shape, pads] = tile_lines(t);
-            let _ = writeln!(
-                s,
-                "<rect class=\"tile\" x=\"{x}\" y=\"{y}\" width=\"{tile_w}\" height=\"{TILE_H}\" fill=\"{fill}\" stroke=\"#333\"/>"
-            );
-            for (i, line) in [ranks, shape, pads].iter().enumerate() {
-                if !line.is_empty() {
-                    let _ = writeln!(
-                        s,
-                        "<text x=\"{}\" y=\"{}\">{}</text>",
-                        x + 6,
-                        y + 18 + i * 16,
-                        escape(line)
-                    );
-                }
-            }
-        }
+        svg_picture(&mut s, p, (x0, y0), (tile_w, TILE_H, HEAD));
         s.push_str("</g>\n");
     }
     s.push_str("</svg>\n");

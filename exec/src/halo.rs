@@ -37,26 +37,13 @@ pub(crate) fn halo(
     let x = arrays.get(of).ok_or_else(|| missing(of))?.contiguous();
     let (of_shapes, own) = (shapes.get(of).ok_or_else(|| missing(of))?, shapes.get(name));
     let own = own.ok_or_else(|| missing(name))?;
-    let (Some(&padded), Some(&halo_rows), true) = (
-        of_shapes.padded_shape.first(),
-        own.padded_shape.first(),
-        x.dim() > 0,
-    ) else {
-        return Err(blocks_error(
-            name,
-            format!("`{of}` has no first axis to take a halo of"),
-        ));
-    };
-    // One halo per shard of the axis, as the plan's shapes say, every shard's block as
-    // long (an empty axis: empty blocks, halos of pads).
-    let shards = halo_rows / (2 * size).max(1);
-    let block = padded.checked_div(shards).unwrap_or(0);
+    let at = Geometry::of(name, of, *size, of_shapes, &own.padded_shape)?;
     let positions = source
         .axes
         .first()
         .and_then(|a| a.semantic.as_ref())
         .and_then(|s| layout.positions.get(s));
-    let row_at = RowAt::new(name, positions.map(Vec::as_slice), x.shape()[0], padded)?;
+    let row_at = RowAt::new(name, positions.map(Vec::as_slice), x.shape()[0], at.padded)?;
     let es = dtype::size(t.dtype);
     let row = own.padded_shape[1..].iter().product::<usize>() * es;
     let rows = dense_rows(
@@ -65,7 +52,7 @@ pub(crate) fn halo(
         source.one_hot,
         own.padded_shape.last().copied(),
     );
-    if rows.len() != x.shape()[0] * row {
+    if x.dim() == 0 || rows.len() != x.shape()[0] * row {
         return Err(blocks_error(
             name,
             format!("`{of}`'s rows are not the halo's"),
@@ -73,41 +60,84 @@ pub(crate) fn halo(
     }
     // A pad item inside the axis is the feature's pad, as the neighbour's block holds it;
     // past either end of the axis, the halo's own.
-    let inside = dtype::pad_bytes(t.dtype, source.pad_value).repeat(row / es.max(1));
-    let outside = dtype::pad_bytes(t.dtype, t.pad_value).repeat(row / es.max(1));
-    let whole = own
-        .padded_shape
-        .iter()
-        .product::<usize>()
-        .saturating_mul(es);
-    let rows_fit = shards
-        .checked_mul(2 * size)
-        .and_then(|n| n.checked_mul(row))
-        == Some(whole);
-    if block.checked_mul(shards) != Some(padded) || !rows_fit {
-        return Err(blocks_error(
-            name,
-            format!(
-                "its shape {:?} is not 2 x {size} rows of `{of}` per shard",
-                own.padded_shape
-            ),
-        ));
-    }
+    let pads = [source.pad_value, t.pad_value]
+        .map(|p| dtype::pad_bytes(t.dtype, p).repeat(row / es.max(1)));
+    let whole = at.shards * 2 * size * row;
     let mut out = crate::alloc::with_capacity(name, whole, 1)?;
-    for r in 0..shards {
-        let (start, end) = (r * block, (r + 1) * block);
-        let before = (start as i128 - *size as i128)..start as i128;
-        for p in before.chain(end as i128..(end + size) as i128) {
-            match usize::try_from(p).ok().filter(|&p| p < padded) {
-                Some(p) => match row_at.get(p) {
-                    Some(i) => out.extend_from_slice(&rows[i * row..(i + 1) * row]),
-                    None => out.extend_from_slice(&inside),
-                },
-                None => out.extend_from_slice(&outside),
+    at.lay_out(&row_at, &rows, row, &pads, &mut out);
+    Ok(Array::owned(t.dtype, own.padded_shape.clone(), out))
+}
+
+/// Where a halo's rows come from: the padded axis, the shards that split it and each
+/// one's block, read from the plan's shapes of the feature it is taken of.
+struct Geometry {
+    padded: usize,
+    shards: usize,
+    block: usize,
+    size: usize,
+}
+
+impl Geometry {
+    fn of(
+        name: &str,
+        of: &str,
+        size: usize,
+        of_shapes: &FeatureShapes,
+        own: &[usize],
+    ) -> Result<Geometry, ExecError> {
+        let (Some(&padded), Some(&block), Some(&rows)) = (
+            of_shapes.padded_shape.first(),
+            of_shapes.local_shape.first(),
+            own.first(),
+        ) else {
+            return Err(blocks_error(
+                name,
+                format!("`{of}` has no first axis to take a halo of"),
+            ));
+        };
+        // An empty axis: empty blocks, one halo of pads per shard.
+        let shards = match padded.checked_div(block) {
+            Some(n) => n,
+            None => rows / (2 * size).max(1),
+        };
+        if block * shards != padded || shards * 2 * size != rows {
+            return Err(blocks_error(
+                name,
+                format!("its shape {own:?} is not 2 x {size} rows of `{of}` per shard"),
+            ));
+        }
+        Ok(Geometry {
+            padded,
+            shards,
+            block,
+            size,
+        })
+    }
+
+    /// Every shard's halo, in shard order: the `size` rows before its block and the
+    /// `size` after (`pads`: the feature's inside the axis, the halo's past its ends).
+    fn lay_out(
+        &self,
+        row_at: &RowAt,
+        rows: &[u8],
+        row: usize,
+        pads: &[Vec<u8>; 2],
+        out: &mut Vec<u8>,
+    ) {
+        for r in 0..self.shards {
+            let (start, end) = (r * self.block, (r + 1) * self.block);
+            let before = (start as i128 - self.size as i128)..start as i128;
+            for p in before.chain(end as i128..(end + self.size) as i128) {
+                match usize::try_from(p).ok().filter(|&p| p < self.padded) {
+                    Some(p) => match row_at.get(p) {
+                        Some(i) => out.extend_from_slice(&rows[i * row..(i + 1) * row]),
+                        None => out.extend_from_slice(&pads[0]),
+                    },
+                    None => out.extend_from_slice(&pads[1]),
+                }
             }
         }
     }
-    Ok(Array::owned(t.dtype, own.padded_shape.clone(), out))
 }
 
 /// The rows of `x` in `dtype`: a feature given narrow (a mask as bool, ranged integers)

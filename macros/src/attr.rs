@@ -296,32 +296,7 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
             once(&mut s.window, int_at(&m)?, &m)?;
         } else if p.is_ident("incoming_pads") {
             let span = p.get_ident().map_or_else(Span::call_site, Ident::span);
-            let (mut real, mut map_pad) = (None, None);
-            m.parse_nested_meta(|i| {
-                if i.path.is_ident("mask") {
-                    real = Some(RealItems::Mask(ident_string(&i)?));
-                } else if i.path.is_ident("counts") {
-                    let at = i.path.get_ident().map_or_else(Span::call_site, Ident::span);
-                    real = Some(RealItems::Counts(at));
-                } else if i.path.is_ident("map_pad") {
-                    let e: Expr = i.value()?.parse()?;
-                    map_pad = match pad_literal(&e)? {
-                        PadLit::Int(v) => Some(At::new(v, syn::spanned::Spanned::span(&e))),
-                        _ => return Err(syn::Error::new_spanned(e, "`map_pad` takes an integer")),
-                    };
-                } else {
-                    return Err(unknown(
-                        &i,
-                        "incoming_pads",
-                        "`mask = FEATURE`, `counts`, `map_pad = V`",
-                    ));
-                }
-                Ok(())
-            })?;
-            let real =
-                real.ok_or_else(|| m.error("`incoming_pads` needs `mask = FEATURE` or `counts`"))?;
-            let inc = IncomingAttr { real, map_pad };
-            once(&mut s.incoming, At::new(inc, span), &m)?;
+            once(&mut s.incoming, At::new(incoming(&m)?, span), &m)?;
         } else if p.is_ident("unowned_rows") {
             once(&mut s.unowned_rows, ident_string(&m)?, &m)?;
         } else if p.is_ident("on_1d") {
@@ -349,6 +324,34 @@ fn semantic(meta: &ParseNestedMeta) -> syn::Result<SemanticAttr> {
         meta.error("`semantic(...)` needs a name first, e.g. `semantic(tokens, shard)`")
     })?;
     Ok(s)
+}
+
+/// `incoming_pads(mask = FEATURE | counts [, map_pad = V])`.
+fn incoming(m: &ParseNestedMeta) -> syn::Result<IncomingAttr> {
+    let (mut real, mut map_pad) = (None, None);
+    m.parse_nested_meta(|i| {
+        if i.path.is_ident("mask") {
+            real = Some(RealItems::Mask(ident_string(&i)?));
+        } else if i.path.is_ident("counts") {
+            let at = i.path.get_ident().map_or_else(Span::call_site, Ident::span);
+            real = Some(RealItems::Counts(at));
+        } else if i.path.is_ident("map_pad") {
+            let e: Expr = i.value()?.parse()?;
+            map_pad = match pad_literal(&e)? {
+                PadLit::Int(v) => Some(At::new(v, syn::spanned::Spanned::span(&e))),
+                _ => return Err(syn::Error::new_spanned(e, "`map_pad` takes an integer")),
+            };
+        } else {
+            return Err(unknown(
+                &i,
+                "incoming_pads",
+                "`mask = FEATURE`, `counts`, `map_pad = V`",
+            ));
+        }
+        Ok(())
+    })?;
+    let real = real.ok_or_else(|| m.error("`incoming_pads` needs `mask = FEATURE` or `counts`"))?;
+    Ok(IncomingAttr { real, map_pad })
 }
 
 /// Reads a field's `#[featshard(...)]`, collecting all errors.

@@ -191,38 +191,41 @@ fn feature(f: &TensorField, a: &FieldAttrs, t: &mut Tokens) -> RawFeature {
         optional: (f.optional && a.derive.is_none()).then(|| t.at(Flag(true), f.span)),
         parameter: None,
         output: None,
-        derive: a.derive.as_ref().map(|d| {
-            let raw = match &d.value {
-                DeriveAttr::Outer(of) => {
-                    let names = of.value.iter().map(|n| t.named(n)).collect();
-                    RawDerive {
-                        outer: Some(t.at(names, of.span)),
-                        valid: None,
-                        halo: None,
-                    }
-                }
-                DeriveAttr::Valid(at) => RawDerive {
-                    outer: None,
-                    valid: Some(t.at(Flag(true), *at)),
-                    halo: None,
-                },
-                DeriveAttr::Halo(h) => {
-                    let (of, size) = &h.value;
-                    let halo = RawHalo {
-                        of: of.clone(),
-                        size: *size,
-                    };
-                    RawDerive {
-                        outer: None,
-                        valid: None,
-                        halo: Some(t.at(halo, h.span)),
-                    }
-                }
-            };
-            t.at(raw, d.span)
-        }),
+        derive: a.derive.as_ref().map(|d| derive(d, t)),
         doc: None,
     }
+}
+
+/// `derive(...)` as the syntax tree's `derive:`.
+fn derive(d: &At<DeriveAttr>, t: &mut Tokens) -> Spanned<RawDerive> {
+    let raw = match &d.value {
+        DeriveAttr::Outer(of) => {
+            let names = of.value.iter().map(|n| t.named(n)).collect();
+            RawDerive {
+                outer: Some(t.at(names, of.span)),
+                valid: None,
+                halo: None,
+            }
+        }
+        DeriveAttr::Valid(at) => RawDerive {
+            outer: None,
+            valid: Some(t.at(Flag(true), *at)),
+            halo: None,
+        },
+        DeriveAttr::Halo(h) => {
+            let (of, size) = &h.value;
+            let halo = RawHalo {
+                of: of.clone(),
+                size: *size,
+            };
+            RawDerive {
+                outer: None,
+                valid: None,
+                halo: Some(t.at(halo, h.span)),
+            }
+        }
+    };
+    t.at(raw, d.span)
 }
 
 /// A repeated attribute (`coshard(...)`, `replicate_axes(...)`) as a list, if given.

@@ -1,5 +1,6 @@
 """The data pipeline around :func:`featshard.distribute.distribute_features`: DP collate,
-the datasets (online and pre-sharded), the DP sampler and a Lightning data module.
+the datasets (online and pre-sharded) and the DP sampler (the Lightning data module
+over them is :mod:`featshard.lightning`).
 
 Every number comes from the plan through the native module: collate's DTensor shapes
 (``Plan.collated_shape``), how each sample's block joins its batch (``Plan.collate_join``:
@@ -25,10 +26,10 @@ from torch.utils.dlpack import from_dlpack
 from featshard import Plan, _native, paths
 from featshard.blocks import dtype_name, expand_block, moved_together, view_at
 from featshard.distribute import (
-    _device_of,
     as_dtensor,
     cp_group,
     distribute_features,
+    expansion_device,
     mesh_dims,
     placements,
 )
@@ -49,7 +50,6 @@ __all__ = [
     "cpu_mesh_like",
     "dp_sampler",
     "fetch_with_retries",
-    "lightning_datamodule",
     "to_device_mesh",
 ]
 
@@ -175,7 +175,7 @@ def collate(plan: Plan, batch: Sequence[Mapping[str, Any]], mesh: DeviceMesh, *,
 
 def fetch_with_retries(dataset: Dataset[Any], index: int, retries: int) -> Any:
     """``dataset[index]``, or on failure the next samples, at most ``retries`` more times."""
-    _check_retries(retries)
+    check_retries(retries)
     n = len(dataset)  # type: ignore[arg-type]
     if not 0 <= index < n:
         raise IndexError(f"sample index {index} is outside the serial dataset's {n} samples")
@@ -189,12 +189,13 @@ def fetch_with_retries(dataset: Dataset[Any], index: int, retries: int) -> Any:
     raise last
 
 
-def _check_retries(retries: int) -> None:
+def check_retries(retries: int) -> None:
+    """Refuses a retry count that is not an integer of 0 or more, by name."""
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ValueError(f"retries: a count of further samples to try (0 or more), got {retries!r}")
 
 
-class _Failed(Mapping[str, Any]):
+class FailedSample(Mapping[str, Any]):
     """A sample whose fetch failed: reading it re-raises the fetch error on the source,
     which ``distribute_features`` then raises on every rank."""
 
@@ -221,7 +222,7 @@ class DistributedFeatureDataset(Dataset[dict[str, Any]]):
     def __init__(self, plan: Plan, serial: Dataset[Any], mesh: DeviceMesh, *,
                  retries: int = 0, workflow: str | None = None, threads: int = 1,
                  timeout: timedelta | None = None) -> None:
-        _check_retries(retries)
+        check_retries(retries)
         self.plan = plan
         self.serial = serial
         self.mesh = mesh
@@ -240,7 +241,7 @@ class DistributedFeatureDataset(Dataset[dict[str, Any]]):
             try:
                 features = fetch_with_retries(self.serial, index, self.retries)
             except Exception as e:  # noqa: BLE001 - reported to every rank by distribute
-                features = _Failed(e)
+                features = FailedSample(e)
         return distribute_features(self.plan, features, self.mesh, workflow=self.workflow,
                                    threads=self.threads, group=group)
 
@@ -290,7 +291,7 @@ class PreshardedDataset(Dataset[dict[str, Any]]):
         buffer = from_dlpack(capsule)
         tensors = {name: view_at(buffer, at, nbytes, dtype, shape) for name, dtype, shape, at, nbytes in listed}
         stored = {k: x for k, x in tensors.items() if manifest.stored_slot(k) is not None}
-        device = _device_of(self.cp_mesh)
+        device = expansion_device(self.cp_mesh)
         tensors.update(_dense(manifest, stored, path, device))
         out: dict[str, Any] = {}
         for key, x in tensors.items():
@@ -340,7 +341,7 @@ class DpSampler(Sampler[int]):
 
     def __init__(self, plan: Plan, dataset: Dataset[Any], mesh: DeviceMesh, *, shuffle: bool,
                  seed: int = 0, drop_last: bool = False) -> None:
-        _check_count("seed", seed)
+        check_count("seed", seed)
         self.n = len(dataset)  # type: ignore[arg-type]
         # The DP axis by the spec's name for it, never by the mesh's dimension count.
         dp, _ = mesh_dims(plan, mesh)
@@ -357,7 +358,7 @@ class DpSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose permutation the next iteration draws (training)."""
-        _check_count("epoch", epoch)
+        check_count("epoch", epoch)
         self.epoch = epoch
 
     def _indices(self) -> list[int]:
@@ -371,7 +372,7 @@ class DpSampler(Sampler[int]):
         return len(self._indices())
 
 
-def _check_count(name: str, value: int) -> None:
+def check_count(name: str, value: int) -> None:
     """A sampler's seed or epoch: an integer from 0 to 2**64 - 1 (what the Rust loader's
     permutation takes)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
@@ -414,87 +415,3 @@ def to_device_mesh(
             local, shape, where = local.unsqueeze(0), (1, *shape), on_dp[name][1:]
         out[name] = as_dtensor(local, mesh, where, shape)
     return paths.nested(plan, out)
-
-
-def lightning_datamodule(
-    plan: Plan,
-    mesh: DeviceMesh,
-    train: Dataset[Any] | None = None,
-    val: Dataset[Any] | None = None,
-    predict: Dataset[Any] | None = None,
-    *,
-    batch_size: int = 1,
-    retries: int = 0,
-    seed: int = 0,
-    workflow: str | None = None,
-    timeout: timedelta | None = None,
-    num_workers: int = 0,
-    prefetch_factor: int = 2,
-    prefetch: int = 0,
-    spread: bool = True,
-) -> Any:
-    """A ``LightningDataModule`` over serial datasets, or pre-sharded ones
-    (:class:`PreshardedDataset`, whose samples each rank reads from its own rank files),
-    for each stage (lightning must be importable).
-
-    ``mesh`` is the model's mesh, (cp0, cp1) or (dp, cp0, cp1), on any device. Each
-    stage's loader is a :class:`featshard.loader.FeatureLoader`: samples made in
-    ``num_workers`` worker processes per rank (``prefetch_factor`` each), by the CP
-    group's ranks in turn (``spread``), and ``prefetch`` steps distributed and collated
-    ahead while the model computes (on featshard's own gloo groups); with the defaults,
-    each sample is made on its step, as a ``DataLoader`` with ``num_workers=0`` does.
-    Each sample moves from its source over gloo groups the pipeline creates itself,
-    whatever the default backend is (NCCL cannot move CPU tensors), compact (see
-    :func:`~featshard.distribute.distribute_features`): on a CUDA mesh each rank
-    expands its compact blocks on its GPU, so only they cross PCIe, and the other blocks
-    are copied there. DP collate pads and stacks the blocks where they are, agreeing on
-    lengths over the dp group. Training data is shuffled by seed and epoch, validation
-    and prediction data kept in order; all are split over DP replicas and distributed
-    per CP group, as ``workflow`` (one of the spec's, or every feature for None).
-    ``transfer_batch_to_device`` leaves a batch already on ``mesh`` and the target
-    device as it is; a single sample from a (cp0, cp1) mesh gains the leading batch axis
-    of 1 the model expects (the plan's DP placements without the dp axis) and its
-    metadata becomes lists, as a collated batch's. The groups featshard makes take
-    ``timeout`` (by default the caller's default group's).
-    """
-    _check_retries(retries)
-    _check_count("seed", seed)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"lightning_datamodule: batch_size must be an integer of at least 1, got {batch_size!r}")
-    # The ignores keep mypy --strict clean with and without lightning installed.
-    try:
-        import lightning.pytorch as pl  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        try:
-            import pytorch_lightning as pl  # type: ignore[no-redef,import-not-found,unused-ignore]
-        except ImportError as e:
-            raise ImportError("lightning_datamodule needs `lightning` or `pytorch_lightning`") from e
-    # The loader builds on this module's collate, sampler and datasets.
-    from featshard.loader import FeatureLoader
-
-    batched = mesh_dims(plan, mesh)[0] is not None
-
-    def loader(serial: Dataset[Any] | None, shuffle: bool) -> FeatureLoader:
-        if serial is None:
-            raise ValueError("no dataset was given for this stage")
-        return FeatureLoader(plan, serial, mesh, batch_size=batch_size if batched else None, shuffle=shuffle,
-                             seed=seed, num_workers=num_workers, prefetch_factor=prefetch_factor,
-                             prefetch=prefetch, spread=spread, retries=retries, workflow=workflow,
-                             timeout=timeout)
-
-    class FeatureDataModule(pl.LightningDataModule):  # type: ignore[misc,unused-ignore]
-        def train_dataloader(self) -> FeatureLoader:
-            return loader(train, shuffle=True)
-
-        def val_dataloader(self) -> FeatureLoader:
-            return loader(val, shuffle=False)
-
-        def predict_dataloader(self) -> FeatureLoader:
-            return loader(predict, shuffle=False)
-
-        def transfer_batch_to_device(
-            self, batch: Any, device: torch.device, dataloader_idx: int
-        ) -> Any:
-            return to_device_mesh(plan, batch, mesh, device)
-
-    return FeatureDataModule()

@@ -346,7 +346,7 @@ def _step(
         wire = header.buffer
         try:
             passthrough = carried(mine, wire)
-            local = _local_blocks(plan, mine, wire, _device_of(cp_mesh))
+            local = _local_blocks(plan, mine, wire, expansion_device(cp_mesh))
             if check is not None:
                 check(local)
         except Exception as e:  # noqa: BLE001 - shared with every rank below
@@ -442,7 +442,7 @@ def _local_blocks(plan: Plan, buffer: torch.Tensor, wire: Wire, device: torch.de
     return expand_on_device(buffer_views(buffer.to(device, non_blocking=True), wire), wire, device)
 
 
-def _device_of(mesh: DeviceMesh) -> torch.device | None:
+def expansion_device(mesh: DeviceMesh) -> torch.device | None:
     """Where a compact block is expanded: this rank's GPU on a CUDA mesh (only the
     compact block crosses to it, torch expands it there), else None: on the host, by
     the executor."""

@@ -37,9 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 from featshard import Plan
 from featshard.data import (
     DpSampler,
+    FailedSample,
     PreshardedDataset,
-    _check_retries,
-    _Failed,
+    check_retries,
     collate,
     cpu_mesh_like,
     fetch_with_retries,
@@ -47,10 +47,10 @@ from featshard.data import (
 from featshard.distribute import (
     CpGroup,
     Prepared,
-    _device_of,
     cp_group,
     distribute_features,
     distribute_prepared,
+    expansion_device,
     mesh_dims,
     prepare_sample,
 )
@@ -142,7 +142,7 @@ class FeatureLoader:
         compact: bool = True,
         timeout: timedelta | None = None,
     ) -> None:
-        _check_retries(retries)
+        check_retries(retries)
         for name, value, least in (("num_workers", num_workers, 0), ("prefetch_factor", prefetch_factor, 1),
                                    ("prefetch", prefetch, 0),
                                    ("batch_size", 1 if batch_size is None else batch_size, 1)):
@@ -185,7 +185,7 @@ class FeatureLoader:
         steps = samples if self.batch_size is None else self._batches(samples)
         if self.prefetch == 0:
             return steps
-        return _ahead(steps, self.prefetch, _device_of(group.mesh), stopping)
+        return _ahead(steps, self.prefetch, expansion_device(group.mesh), stopping)
 
     def _order_terms(self) -> str:
         """What decides which sample each step holds, agreed by every rank at every
@@ -226,7 +226,7 @@ class FeatureLoader:
                 try:
                     features = fetch_with_retries(self.dataset, index, self.retries)
                 except Exception as e:  # noqa: BLE001 - reported to every rank by distribute
-                    features = _Failed(e)
+                    features = FailedSample(e)
             yield distribute_features(self.plan, features, self.mesh, src, workflow=self.workflow,
                                       threads=self.threads, group=group, compact=self.compact,
                                       sampler=order.at(k), stop=stop)

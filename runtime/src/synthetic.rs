@@ -192,7 +192,8 @@ fn owners_of_items(
     owner_of
 }
 
-/// Owner counts, owner maps and one-hot maps between an owner and its items.
+/// Owner counts, owner maps and one-hot maps between an owner and its items; incoming
+/// pad masks all ones.
 fn structured(
     plan: &Plan,
     name: &str,
@@ -232,6 +233,18 @@ fn structured(
             false => one_hot(name, dims, owners.iter().copied().enumerate(), kind)?,
         }));
     }
+    index_feature(plan, name, dims, owner_of, kind)
+}
+
+/// Index features over owned semantics: ids of each item's owner or each owner's first
+/// item, as an id vector or a one-hot map.
+fn index_feature(
+    plan: &Plan,
+    name: &str,
+    dims: &[i64],
+    owner_of: &BTreeMap<String, Vec<usize>>,
+    kind: Kind,
+) -> Result<Option<Tensor>, RuntimeError> {
     let Some(t) = plan.tensor(name) else {
         return Ok(None);
     };

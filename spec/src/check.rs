@@ -736,56 +736,11 @@ impl<'a> Checker<'a> {
             self.valid_mask(name, t, d);
             return;
         }
-        let spec = self.spec;
         let mut axes: Vec<&AxisKind> = Vec::new();
         for input in d.rule.inputs() {
-            let Some(f) = spec.features.get(input) else {
-                let mut e = SpecError::new(
-                    format!("derives from `{input}`, which is not declared"),
-                    d.loc,
-                )
-                .feature(name);
-                if let Some(h) = did_you_mean(input, spec.features.keys().map(String::as_str)) {
-                    e = e.help(h);
-                }
-                self.err(e);
+            let Some(it) = self.derive_input(name, d, input, workflows) else {
                 return;
             };
-            let FeatureKind::Tensor(it) = &f.kind else {
-                self.err(
-                    SpecError::new(format!("derives from `{input}`, which is metadata"), d.loc)
-                        .feature(name),
-                );
-                return;
-            };
-            // A halo is laid out after intake has made every other derived feature.
-            let made_first = matches!(d.rule, DeriveRule::Halo { .. })
-                && it
-                    .derived
-                    .as_ref()
-                    .is_some_and(|x| !matches!(x.rule, DeriveRule::Halo { .. }));
-            if (it.derived.is_some() && !made_first) || f.optional.is_some() || input == name {
-                self.err(
-                    SpecError::new(
-                        format!("derives from `{input}`, which a sample may lack (it is derived or optional)"),
-                        d.loc,
-                    )
-                    .feature(name),
-                );
-                return;
-            }
-            let missing = workflows
-                .iter()
-                .find(|(_, fs)| fs.contains(name) && !fs.contains(input));
-            if let Some((w, _)) = missing {
-                self.err(
-                    SpecError::new(
-                        format!("derives from `{input}`, which is not in workflow `{w}`"),
-                        d.loc,
-                    )
-                    .feature(name),
-                );
-            }
             axes.extend(it.axes.iter().map(|a| &a.kind));
         }
         let own: Vec<&AxisKind> = t.axes.iter().map(|a| &a.kind).collect();
@@ -816,6 +771,67 @@ impl<'a> Checker<'a> {
         if let DeriveRule::Halo { of, .. } = &d.rule {
             self.halo(name, t, d, of);
         }
+    }
+
+    /// One input of a derived feature: declared, a tensor, in every sample (not derived,
+    /// but for a halo of a feature intake makes; not optional), in the feature's
+    /// workflows. `None` when it fails (an error is recorded).
+    fn derive_input(
+        &mut self,
+        name: &str,
+        d: &Derived,
+        input: &str,
+        workflows: &BTreeMap<String, BTreeSet<String>>,
+    ) -> Option<&'a TensorFeature> {
+        let spec: &'a Spec = self.spec;
+        let Some(f) = spec.features.get(input) else {
+            let mut e = SpecError::new(
+                format!("derives from `{input}`, which is not declared"),
+                d.loc,
+            )
+            .feature(name);
+            if let Some(h) = did_you_mean(input, spec.features.keys().map(String::as_str)) {
+                e = e.help(h);
+            }
+            self.err(e);
+            return None;
+        };
+        let FeatureKind::Tensor(it) = &f.kind else {
+            self.err(
+                SpecError::new(format!("derives from `{input}`, which is metadata"), d.loc)
+                    .feature(name),
+            );
+            return None;
+        };
+        // A halo is laid out after intake has made every other derived feature.
+        let made_first = matches!(d.rule, DeriveRule::Halo { .. })
+            && it
+                .derived
+                .as_ref()
+                .is_some_and(|x| !matches!(x.rule, DeriveRule::Halo { .. }));
+        if (it.derived.is_some() && !made_first) || f.optional.is_some() || input == name {
+            self.err(
+                SpecError::new(
+                    format!("derives from `{input}`, which a sample may lack (it is derived or optional)"),
+                    d.loc,
+                )
+                .feature(name),
+            );
+            return None;
+        }
+        let missing = workflows
+            .iter()
+            .find(|(_, fs)| fs.contains(name) && !fs.contains(input));
+        if let Some((w, _)) = missing {
+            self.err(
+                SpecError::new(
+                    format!("derives from `{input}`, which is not in workflow `{w}`"),
+                    d.loc,
+                )
+                .feature(name),
+            );
+        }
+        Some(it)
     }
 
     /// A key halo holds whole rows of a feature over a windowed semantic, as it is.

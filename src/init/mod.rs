@@ -26,7 +26,7 @@ pub type Anchors = BTreeMap<String, String>;
 
 /// Writes the draft spec for one sample file.
 pub fn draft(path: &Path, anchors: &Anchors, module: &str) -> Result<String, Failure> {
-    let sample = read::sample(path)?;
+    let sample = read::sample(path).map_err(Failure::Other)?;
     let lengths = read::anchored_lengths(&sample, anchors, path)?;
     let proposals = propose::everything(&sample, &lengths);
     render::spec(path, module, &sample, &lengths, &proposals)

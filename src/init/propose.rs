@@ -484,6 +484,12 @@ fn owners(
         }
         s.proposed = true;
     }
+    rset_owner(sample, lengths, semantics);
+}
+
+/// R-set rows owned through a one-hot map onto atoms (with `unowned_rows: pad` when
+/// some rows have none).
+fn rset_owner(sample: &Sample, lengths: &[Anchor], semantics: &mut [SemanticDraft]) {
     if let (Some(rows), Some(_), Some(i)) = (
         len_of(lengths, "rset"),
         len_of(lengths, "atoms"),

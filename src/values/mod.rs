@@ -13,8 +13,6 @@ use featshard_spec::ir::DType;
 use featshard_spec::names::is_feature_name;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::commands::Failure;
-
 /// Tensors larger than this are described by shape and dtype only.
 const MAX_INSPECTED_BYTES: usize = 256 * 1024 * 1024;
 
@@ -90,16 +88,16 @@ fn values(d: Dtype, data: &[u8]) -> Option<Vec<f64>> {
     Some(out)
 }
 
-pub fn sample(path: &Path) -> Result<Sample, Failure> {
+/// Reads a sample file; the error says why, naming the file.
+pub fn sample(path: &Path) -> Result<Sample, String> {
     let mut bytes = Vec::new();
     featshard_exec::files::open_regular(path)
-        .map_err(|e| Failure::Other(e.to_string()))
+        .map_err(|e| e.to_string())
         .and_then(|mut f| {
             std::io::Read::read_to_end(&mut f, &mut bytes)
-                .map_err(|e| Failure::Other(format!("cannot read {}: {e}", path.display())))
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
         })?;
-    let bad =
-        |e: String| Failure::Other(format!("{}: not a safetensors file: {e}", path.display()));
+    let bad = |e: String| format!("{}: not a safetensors file: {e}", path.display());
     let file = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
     let mut tensors: BTreeMap<String, Tensor> = file
         .tensors()

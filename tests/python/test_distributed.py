@@ -672,7 +672,7 @@ def test_bad_loader_arguments_are_refused_where_given_naming_them() -> None:
     retries below 0 (a bare AssertionError), and a sample of an empty serial dataset (a
     ZeroDivisionError): each refused where it is given, naming the argument."""
     import featshard
-    from featshard import data
+    from featshard import data, lightning
 
     plan = featshard.Plan(HERE.parents[1] / "examples" / "boltz2.yaml")
     with pytest.raises(ValueError, match=r"dp_sampler: seed must be an integer from 0 to 2\*\*64 - 1, got -1"):
@@ -684,7 +684,7 @@ def test_bad_loader_arguments_are_refused_where_given_naming_them() -> None:
         with pytest.raises(ValueError, match="retries: a count of further samples to try"):
             data.DistributedFeatureDataset(plan, [1], None, retries=retries)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="retries: a count"):
-            data.lightning_datamodule(plan, None, retries=retries)  # type: ignore[arg-type]
+            lightning.lightning_datamodule(plan, None, retries=retries)  # type: ignore[arg-type]
     with pytest.raises(IndexError, match="sample index 0 is outside the serial dataset's 0 samples"):
         data.fetch_with_retries([], 0, 2)  # type: ignore[arg-type]
 
@@ -693,7 +693,7 @@ def test_a_batch_size_below_one_is_refused_by_the_loader_and_the_data_module() -
     """``batch_size=0`` (before: the epoch came back as one batch and ``len()`` raised a
     bare ZeroDivisionError) and other non-counts, refused where given by name."""
     import featshard
-    from featshard import data
+    from featshard import lightning
     from featshard.loader import FeatureLoader
 
     plan = featshard.Plan(HERE.parents[1] / "examples" / "boltz2.yaml")
@@ -701,4 +701,4 @@ def test_a_batch_size_below_one_is_refused_by_the_loader_and_the_data_module() -
         with pytest.raises(ValueError, match=f"FeatureLoader: batch_size must be an integer of at least 1, got {size!r}"):
             FeatureLoader(plan, [1], None, batch_size=size)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=f"lightning_datamodule: batch_size must be an integer of at least 1, got {size!r}"):
-            data.lightning_datamodule(plan, None, batch_size=size)  # type: ignore[arg-type]
+            lightning.lightning_datamodule(plan, None, batch_size=size)  # type: ignore[arg-type]

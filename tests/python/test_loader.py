@@ -218,7 +218,7 @@ def _fit(plan: Any, mesh: Any, workers: int) -> list[float]:
     (the sum of its batch's reference positions, over the whole mesh)."""
     import lightning.pytorch as pl
     import torch
-    from featshard.data import lightning_datamodule
+    from featshard.lightning import lightning_datamodule
     from torch.distributed.tensor import DTensor
 
     seen: list[float] = []

@@ -23,6 +23,7 @@ import torch
 from featshard import blocks
 from featshard import data as _data
 from featshard import distribute as _distribute
+from featshard import lightning as _lightning
 from featshard.data import (
     DpSampler,
     cpu_mesh_like,
@@ -147,10 +148,10 @@ def lightning_datamodule(
     prefetch: int = 0,
     spread: bool = True,
 ) -> Any:
-    """A `LightningDataModule` over serial datasets (`featshard.data.lightning_datamodule`):
+    """A `LightningDataModule` over serial datasets (`featshard.lightning.lightning_datamodule`):
     samples made in `num_workers` worker processes per rank, by the CP group's ranks in
     turn (`spread`), `prefetch` steps distributed ahead while the model computes."""
-    return _data.lightning_datamodule(
+    return _lightning.lightning_datamodule(
         plan(), mesh, train, val, predict, batch_size=batch_size, retries=retries, seed=seed,
         workflow=workflow, timeout=timeout, num_workers=num_workers,
         prefetch_factor=prefetch_factor, prefetch=prefetch, spread=spread,
