@@ -563,6 +563,9 @@ fn a_draft_of_an_alphafold3_family_sample_needs_no_answer() {
         // No mask of the real items in the sample: the pipeline's, as the example's.
         "token_mask: {axes: [tokens], dtype: bool, mask: tokens, derive: {valid: true}}",
         "atom_mask: {axes: [atoms], dtype: bool, mask: atoms, derive: {valid: true}}",
+        // The MSA's residue classes are restype's; its gap class is the user's to say.
+        "msa: {axes: [msa, tokens], dtype: int64, range: [0, 31]}",
+        "# proposed: msa holds classes of restype (0 to 31)",
         "pair_mask: {axes: [tokens, tokens], dtype: bool, mask: tokens, derive: {valid: true}}",
     ] {
         assert!(draft.contains(line), "{line}\n{draft}");

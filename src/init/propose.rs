@@ -68,6 +68,7 @@ pub fn everything(sample: &Sample, lengths: &[Anchor]) -> Proposals {
         &mut features,
     );
     derived(sample, &mut features);
+    class_ids(sample, &mut features);
     if let Some(owners) = id_vectors(sample, lengths, &features)
         .first()
         .and_then(|m| sample.tensors[m].values.as_deref())
@@ -772,6 +773,46 @@ fn list_roles(
                 ));
             }
         }
+    }
+}
+
+/// An integer `[msa, tokens]` feature whose values are classes of a one-hot token
+/// feature (`msa` holding `restype`'s residue classes): `range:` those classes (every
+/// value is checked, and it travels narrow). What a padded token reads there is the
+/// featurizer's gap class, which the values cannot tell: the note asks for it.
+fn class_ids(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) {
+    let mut classes: Vec<(String, usize)> = features
+        .iter()
+        .filter(|(_, f)| {
+            f.axes.len() == 2
+                && f.axes[0] == "tokens"
+                && f.keys.iter().any(|k| k.starts_with("one_hot"))
+        })
+        .filter_map(|(n, f)| Some((n.clone(), f.axes[1].parse().ok()?)))
+        .collect();
+    // The residue types first: a profile one-hot in one sample is a distribution.
+    classes.sort_by_key(|(n, _)| !(n.contains("restype") || n.contains("res_type")));
+    for (name, f) in features.iter_mut() {
+        let t = &sample.tensors[name];
+        let (Some(v), true) = (
+            t.values.as_deref(),
+            f.axes == ["msa", "tokens"] && t.is_integer(),
+        ) else {
+            continue;
+        };
+        let top = v.iter().copied().fold(f64::MIN, f64::max);
+        let fits = v.iter().all(|&x| x >= 0.0 && x.fract() == 0.0);
+        let Some((of, width)) = classes.iter().find(|(_, w)| fits && top < *w as f64) else {
+            continue;
+        };
+        if !f.keys.is_empty() {
+            continue;
+        }
+        f.keys.push(format!("range: [0, {}]", width - 1));
+        f.notes.push(format!(
+            "# proposed: {name} holds classes of {of} (0 to {}); a padded token reads `pad:` here (0 unless declared): declare the featurizer's gap class (Protenix: 31)",
+            width - 1
+        ));
     }
 }
 
