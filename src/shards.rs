@@ -158,14 +158,7 @@ pub fn shard_sample(req: &Request, features: &Path, out: &Path) -> Result<u64, F
     let placed = place(req.plan, req.mesh, &sample, &opts).map_err(|e| without_workflow(req, e))?;
     // Dropped on any failure from here on: this run's staging folder goes with it.
     let staging = StagingDir::create(out)?;
-    let input = mapped.header().data_start
-        + mapped
-            .header()
-            .entries
-            .iter()
-            .map(|e| e.offsets.1)
-            .max()
-            .unwrap_or(0);
+    let input = mapped.header().data_end();
     let source = stamp_of(&mapped);
     let bytes = write_shards(req, &placed, &metadata, staging.path(), input, source)?;
     // What was validated must be what was written: the input unchanged throughout.

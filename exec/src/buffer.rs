@@ -18,7 +18,7 @@ use crate::error::ExecError;
 use crate::placed::Placed;
 
 /// Byte alignment of every slot: any dtype's view is legal at it, and a cache line.
-pub(crate) const ALIGN: usize = 64;
+pub const ALIGN: usize = 64;
 
 /// How a compact slot's block expands to the dense block the model takes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -56,6 +56,14 @@ pub struct Header {
     pub data_start: u64,
 }
 
+impl Header {
+    /// Where the data section ends: the file's bytes a reader needs.
+    pub fn data_end(&self) -> u64 {
+        let data = self.entries.iter().map(|e| e.offsets.1).max().unwrap_or(0);
+        self.data_start + data
+    }
+}
+
 /// Reads `window` (`(start, stop)` per axis) of tensor `entry` of the safetensors
 /// file `file` (whose data section starts at `data_start`) into `out`, the window's
 /// bytes row-major: one positioned read per run contiguous in the file, nothing else of
@@ -296,13 +304,7 @@ impl Mapped {
         // (data contiguous, in order, no overlap, nothing past the end).
         safetensors::SafeTensors::read_metadata(mapping.bytes())
             .map_err(|e| io(path, format!("safetensors refuses its header: {e:?}")))?;
-        let need = header
-            .entries
-            .iter()
-            .map(|e| e.offsets.1)
-            .max()
-            .unwrap_or(0);
-        if (mapping.bytes().len() as u64) < header.data_start + need {
+        if (mapping.bytes().len() as u64) < header.data_end() {
             return Err(io(path, "the file shrank while it was opened"));
         }
         Ok(Mapped { mapping, header })
@@ -427,33 +429,50 @@ pub fn serialize(
     Ok(out)
 }
 
+/// A file's size and CRC-32 taken as its bytes go by: the one way featshard sums a
+/// file, as it is written, read back or verified.
+#[derive(Default)]
+pub(crate) struct Summing {
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl Summing {
+    pub(crate) fn update(&mut self, data: &[u8]) {
+        self.crc.update(data);
+        self.bytes += data.len() as u64;
+    }
+
+    pub(crate) fn finish(self) -> featshard_spec::shards::FileSum {
+        featshard_spec::shards::FileSum {
+            bytes: self.bytes,
+            crc32: self.crc.finalize(),
+        }
+    }
+}
+
 /// A file's size and CRC-32, read in pieces (a finished sample being verified); a
 /// regular file only.
 pub fn sum_of_file(path: &Path) -> std::io::Result<featshard_spec::shards::FileSum> {
     let mut f = open_regular(path).map_err(|e| std::io::Error::other(e.to_string()))?;
-    let (mut hasher, mut bytes) = (crc32fast::Hasher::new(), 0u64);
+    let mut sum = Summing::default();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
-        bytes += n as u64;
+        sum.update(&buf[..n]);
     }
-    Ok(featshard_spec::shards::FileSum {
-        bytes,
-        crc32: hasher.finalize(),
-    })
+    Ok(sum.finish())
 }
 
 /// The size and CRC-32 of a file's bytes (a mapped rank file, checked against its
 /// manifest before it is used).
 pub(crate) fn sum_of(bytes: &[u8]) -> featshard_spec::shards::FileSum {
-    featshard_spec::shards::FileSum {
-        bytes: bytes.len() as u64,
-        crc32: crc32fast::hash(bytes),
-    }
+    let mut sum = Summing::default();
+    sum.update(bytes);
+    sum.finish()
 }
 
 #[cfg(test)]

@@ -302,6 +302,10 @@ def main(argv: list[str]) -> int:
     """Run the featshard command line ``argv`` (program name first); its exit status."""
 
 STATUS_BYTES: int
+# Every rank buffer's slots lie at offsets a multiple of it (exec's `buffer::ALIGN`).
+ALIGN: int
+# What joins a nested feature's path (the spec's `names::PATH`).
+PATH: str
 """Bytes of the fixed-size status frame every rank contributes when a vote is not
 unanimous."""
 

@@ -214,7 +214,6 @@ try:
 except ImportError:  # pragma: no cover - another torch's layout
     _DTensorSpec = None  # type: ignore[assignment,misc]
 
-_ALIGN = 64
 
 
 class Prepared(NamedTuple):
@@ -248,7 +247,7 @@ def prepare_sample(
         nbytes = placed.wire(compact=compact).nbytes
         ranks = math.prod(sizes)
         # Each rank's buffer at an aligned offset: its blocks are views of every dtype.
-        stride = -(-nbytes // _ALIGN) * _ALIGN
+        stride = -(-nbytes // _native.ALIGN) * _native.ALIGN
         whole = torch.empty(stride * ranks, dtype=torch.uint8)
         whole.share_memory_()  # type: ignore[no-untyped-call]
         buffers = [whole[k * stride:k * stride + nbytes] for k in range(ranks)]

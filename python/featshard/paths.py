@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from featshard import _native
+
 __all__ = ["flat", "nested"]
 
-SEP = "."
+# What joins a nested feature's path: the spec's, read from the native module.
+SEP = _native.PATH
 
 
 class _Named(Protocol):

@@ -750,6 +750,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_class::<agree::PyTerms>()?;
     m.add("STATUS_BYTES", featshard_exec::agree::STATUS_BYTES)?;
+    // The executor's constants, for the adapters that lay out its bytes and keys.
+    m.add("ALIGN", featshard_exec::buffer::ALIGN)?;
+    m.add("PATH", featshard_spec::names::PATH)?;
     m.add_function(wrap_pyfunction!(agree::status_frame, m)?)?;
     m.add_function(wrap_pyfunction!(agree::read_status, m)?)?;
     m.add_function(wrap_pyfunction!(agree::vote, m)?)?;

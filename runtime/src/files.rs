@@ -41,14 +41,8 @@ pub fn read_tensors(path: &Path) -> Result<Tensors, RuntimeError> {
             Tensor::read_safetensors(path).map_err(|e| io(path, format!("cannot read: {e}")))?;
         return Ok(tensors.into_iter().collect());
     };
-    let end = header
-        .entries
-        .iter()
-        .map(|e| e.offsets.1)
-        .max()
-        .unwrap_or(0);
-    let mapping = Mapping::open(file, header.data_start + end)
-        .map_err(|e| io(path, format!("cannot map: {e}")))?;
+    let mapping =
+        Mapping::open(file, header.data_end()).map_err(|e| io(path, format!("cannot map: {e}")))?;
     header
         .entries
         .iter()

@@ -15,7 +15,7 @@ use featshard_spec::Coord;
 
 use crate::blocks::{feature_blocks, FeatureBlocks};
 use crate::error::ExecError;
-use crate::files::{self, Metadata};
+use crate::files::{self, Metadata, Summing};
 use crate::placed::Placed;
 use crate::sink::Sink;
 
@@ -132,8 +132,7 @@ impl RankFile<'_, '_, '_> {
 struct Out {
     path: PathBuf,
     file: BufWriter<File>,
-    crc: crc32fast::Hasher,
-    bytes: u64,
+    sum: Summing,
     pads: Vec<u8>,
 }
 
@@ -150,25 +149,20 @@ impl Out {
         Ok(Out {
             path: path.to_owned(),
             file: BufWriter::with_capacity(1 << 20, file),
-            crc: crc32fast::Hasher::new(),
-            bytes: 0,
+            sum: Summing::default(),
             pads: Vec::new(),
         })
     }
 
     fn finish(mut self) -> Result<FileSum, ExecError> {
         self.file.flush().map_err(|e| write_error(&self.path, e))?;
-        Ok(FileSum {
-            bytes: self.bytes,
-            crc32: self.crc.finalize(),
-        })
+        Ok(self.sum.finish())
     }
 }
 
 impl Sink for Out {
     fn copy(&mut self, data: &[u8]) -> io::Result<()> {
-        self.crc.update(data);
-        self.bytes += data.len() as u64;
+        self.sum.update(data);
         self.file.write_all(data)
     }
 
