@@ -158,6 +158,9 @@ class FeatureLoader:
         self.spread, self.retries, self.workflow = spread, retries, workflow
         self.threads, self.compact, self.timeout = threads, compact, timeout
         self._collate_mesh: DeviceMesh | None = None
+        # Steps the caller took of the iteration under way, and those the next one skips.
+        self._taken = 0
+        self._resume = 0
 
     # Lightning reads a loader's sampler (``set_epoch``) and its batch sampler: steps
     # are batched here, by ``batch_size``.
@@ -171,6 +174,32 @@ class FeatureLoader:
         n = len(self.sampler)
         return n if self.batch_size is None else -(-n // self.batch_size)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands: its epoch, the steps the caller has taken of it
+        (steps made ahead by workers or the thread are not taken) and what decides its
+        order. Saved with a checkpoint (Lightning saves it when the loader has one),
+        :meth:`load_state_dict` makes the next iteration resume after those steps."""
+        return {"epoch": self.sampler.epoch, "steps": self._taken, "order": self._order_terms()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """The next iteration resumes where ``state`` (:meth:`state_dict`) stood: the same
+        epoch, its first ``steps`` steps skipped (never fetched), every later one as an
+        uninterrupted iteration gives it. A state of another order (dataset length,
+        shuffle, seed, drop_last, spread, batch size) is refused by name."""
+        try:
+            epoch, steps, order = int(state["epoch"]), int(state["steps"]), str(state["order"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"FeatureLoader.load_state_dict: not a loader's state ({e!r}): {state!r}") from e
+        before = self.sampler.epoch
+        self.sampler.set_epoch(epoch)
+        if order != self._order_terms():
+            self.sampler.set_epoch(before)
+            raise ValueError(f"FeatureLoader.load_state_dict: the state is of another order: {order}; "
+                             f"this loader's is {self._order_terms()}")
+        if not 0 <= steps <= len(self):
+            raise ValueError(f"FeatureLoader.load_state_dict: {steps} steps taken, of an epoch of {len(self)}")
+        self._resume = steps
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # Collective setup on the caller's thread, in one order on every rank: the CP
         # groups, then (batches made ahead) a gloo mesh whose dp group collate may use
@@ -179,13 +208,28 @@ class FeatureLoader:
         if self.batch_size is not None and self.prefetch > 0 and self._collate_mesh is None:
             self._collate_mesh = cpu_mesh_like(self.mesh, timeout=self.timeout)
         indices = list(self.sampler)
+        # A resumed iteration skips the steps taken before; their samples are not made.
+        skip, self._resume = self._resume, 0
+        self._taken = skip
+        start = skip * (self.batch_size or 1)
         # Set once this rank's caller stops: its thread's next step stops every rank's.
         stopping = threading.Event()
-        samples = self._samples(group, indices, _Order(self._order_terms(), stopping))
+        samples = self._samples(group, indices, _Order(self._order_terms(), stopping), start)
         steps = samples if self.batch_size is None else self._batches(samples)
-        if self.prefetch == 0:
-            return steps
-        return _ahead(steps, self.prefetch, expansion_device(group.mesh), stopping)
+        if self.prefetch > 0:
+            steps = _ahead(steps, self.prefetch, expansion_device(group.mesh), stopping)
+        return self._counted(steps)
+
+    def _counted(self, steps: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """``steps`` as the caller takes them, each counted into :meth:`state_dict`."""
+        try:
+            for step in steps:
+                self._taken += 1
+                yield step
+        finally:
+            close: Callable[[], None] | None = getattr(steps, "close", None)
+            if close is not None:
+                close()
 
     def _order_terms(self) -> str:
         """What decides which sample each step holds, agreed by every rank at every
@@ -195,15 +239,18 @@ class FeatureLoader:
         return (f"samples={s.n} shuffle={s.seed is not None} seed={s.seed} epoch={s.epoch}"
                 f" drop_last={s.drop_last} spread={self.spread} batch_size={self.batch_size}")
 
-    def _samples(self, group: CpGroup, indices: Sequence[int], order: _Order) -> Iterator[dict[str, Any]]:
+    def _samples(self, group: CpGroup, indices: Sequence[int], order: _Order, start: int
+                 ) -> Iterator[dict[str, Any]]:
+        """The samples from position ``start`` of the sequence on (a resumed iteration's),
+        each made by the source its position gives, as in an uninterrupted one."""
         if isinstance(self.dataset, PreshardedDataset):
             presharded = self.dataset
-            return (presharded[i] for i in indices)
+            return (presharded[i] for i in indices[start:])
         ranks, me = group.ranks, dist.get_rank()
         sources = [ranks[k % len(ranks)] if self.spread else ranks[0] for k in range(len(indices))]
-        mine = [i for i, s in zip(indices, sources) if s == me]
+        mine = [i for k, (i, s) in enumerate(zip(indices, sources)) if s == me and k >= start]
         if self.num_workers == 0:
-            return self._made_on_step(group, indices, sources, order)
+            return self._made_on_step(group, indices, sources, order, start)
         # The workers start here, on the caller's thread, before any thread of ours.
         made = iter(DataLoader(
             _Preparing(self.plan, self.dataset, tuple(group.mesh.mesh.shape), retries=self.retries,
@@ -214,12 +261,13 @@ class FeatureLoader:
             # collective gives up, so that every rank raises the same named error.
             timeout=0.8 * _seconds(group),
         ))
-        return self._made_ahead(group, sources, made, order)
+        return self._made_ahead(group, sources, made, order, start)
 
-    def _made_on_step(self, group: CpGroup, indices: Sequence[int], sources: Sequence[int], order: _Order
-                      ) -> Iterator[dict[str, Any]]:
+    def _made_on_step(self, group: CpGroup, indices: Sequence[int], sources: Sequence[int], order: _Order,
+                      start: int) -> Iterator[dict[str, Any]]:
         """Each sample fetched by its source on its step (the synchronous path)."""
-        for k, (index, src) in enumerate(zip(indices, sources)):
+        for k in range(start, len(indices)):
+            index, src = indices[k], sources[k]
             features: Any = None
             stop = order.stopping.is_set()
             if dist.get_rank() == src and not stop:
@@ -231,11 +279,12 @@ class FeatureLoader:
                                       threads=self.threads, group=group, compact=self.compact,
                                       sampler=order.at(k), stop=stop)
 
-    def _made_ahead(self, group: CpGroup, sources: Sequence[int], made: Iterator[Prepared], order: _Order
-                    ) -> Iterator[dict[str, Any]]:
+    def _made_ahead(self, group: CpGroup, sources: Sequence[int], made: Iterator[Prepared], order: _Order,
+                    start: int) -> Iterator[dict[str, Any]]:
         """Each sample as its source's workers prepared it, sent on its step."""
         try:
-            for k, src in enumerate(sources):
+            for k in range(start, len(sources)):
+                src = sources[k]
                 stop = order.stopping.is_set()
                 prepared = _next_prepared(made) if dist.get_rank() == src and not stop else None
                 yield distribute_prepared(self.plan, prepared, self.mesh, src, workflow=self.workflow,

@@ -137,6 +137,33 @@ def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], one_axis:
                                        **options)  # type: ignore[arg-type]
                 _same_steps(list(loader), want, f"rank {rank} {options}")
                 assert not _children(), f"{options}: worker processes left"
+        elif scenario == "resume":
+            # Interrupted at step 2 of epoch 1 (workers and steps made ahead in flight),
+            # resumed by a new loader from the state: the steps of an uninterrupted epoch.
+            options: dict[str, Any] = {"num_workers": 1, "spread": True, "prefetch": 2}
+            full = FeatureLoader(plan, Serial(), mesh, batch_size=batch, shuffle=True, seed=7, **options)
+            full.set_epoch(1)
+            want = list(full)
+            first = FeatureLoader(plan, Serial(), mesh, batch_size=batch, shuffle=True, seed=7, **options)
+            first.set_epoch(1)
+            got, steps = [], iter(first)
+            for _ in range(2):
+                got.append(next(steps))
+            state = first.state_dict()
+            del steps
+            assert state["steps"] == 2 and state["epoch"] == 1, state
+            resumed = FeatureLoader(plan, Serial(), mesh, batch_size=batch, shuffle=True, seed=7, **options)
+            resumed.load_state_dict(state)
+            got += list(resumed)
+            _same_steps(got, want, f"rank {rank} resumed")
+            assert resumed.state_dict()["steps"] == len(want), resumed.state_dict()
+            other = FeatureLoader(plan, Serial(), mesh, batch_size=batch, shuffle=True, seed=8, **options)
+            try:
+                other.load_state_dict(state)
+                raise AssertionError("a state of another seed was taken")
+            except ValueError as e:
+                out["refused"] = str(e)
+            assert not _children(), "worker processes left"
         elif scenario == "failure":
             loader = FeatureLoader(plan, Serial(failing=True), mesh, num_workers=1, spread=True, prefetch=1)
             seen = 0
@@ -200,6 +227,13 @@ def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], one_axis:
                 except FeatureDistributionError as e:
                     out.setdefault("errors", []).append(str(e))
                 assert not _children(), f"{options}: worker processes left"
+        elif scenario == "lightning_resume":
+            whole = _fit(plan, mesh, 1)
+            ckpt = Path(results) / f"rank-{rank}.ckpt"
+            first = _fit(plan, mesh, 1, max_steps=2, save=ckpt)
+            rest = _fit(plan, mesh, 1, resume=ckpt)
+            out["seen"] = {"whole": whole, "first": first, "rest": rest}
+            out["children"] = len(_children())
         elif scenario == "lightning":
             out["seen"] = {str(n): _fit(plan, mesh, n) for n in (0, 1)}
             out["children"] = len(_children())
@@ -212,10 +246,12 @@ def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], one_axis:
     dist.destroy_process_group()
 
 
-def _fit(plan: Any, mesh: Any, workers: int) -> list[float]:
-    """A Lightning Trainer's epoch over the data module with ``workers`` worker
+def _fit(plan: Any, mesh: Any, workers: int, max_steps: int = -1, save: Path | None = None,
+         resume: Path | None = None) -> list[float]:
+    """A Lightning Trainer's two epochs over the data module with ``workers`` worker
     processes a rank (and, with workers, two steps ahead): what each training step saw
-    (the sum of its batch's reference positions, over the whole mesh)."""
+    (the sum of its batch's reference positions, over the whole mesh). Stopped after
+    ``max_steps`` and its checkpoint saved to ``save``, or resumed from ``resume``."""
     import lightning.pytorch as pl
     import torch
     from featshard.lightning import lightning_datamodule
@@ -239,9 +275,18 @@ def _fit(plan: Any, mesh: Any, workers: int) -> list[float]:
 
     dm = lightning_datamodule(plan, mesh, train=Serial(), batch_size=1, seed=3, num_workers=workers,
                               prefetch=2 if workers else 0)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False)
-    trainer.fit(Model(), datamodule=dm)
+    class Stop(pl.Callback):
+        """At the end of step ``max_steps``, the checkpoint saved and the fit stopped, as
+        a job preempted mid-epoch leaves it."""
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if save is not None and trainer.global_step == max_steps:
+                trainer.save_checkpoint(save)
+                trainer.should_stop = True
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, callbacks=[Stop()],
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(Model(), datamodule=dm, ckpt_path=resume)
     return seen
 
 
@@ -263,6 +308,18 @@ def test_workers_and_spread_sources_give_the_synchronous_loaders_steps(
     for r in _run(tmp_path, shape, one_axis, batch, "parity"):
         assert r["status"] == "ok", r
         assert r["shm_left"] == [], r
+
+
+@pytest.mark.parametrize(("shape", "one_axis", "batch"), MESHES, ids=["tile2x2", "cp3", "dp2xcp2"])
+def test_a_loader_resumed_from_its_state_gives_the_rest_of_the_epoch(
+    tmp_path: Path, shape: tuple[int, ...], one_axis: bool, batch: int | None
+) -> None:
+    """Interrupted at step 2 with workers and prefetch in flight, a new loader given the
+    state yields exactly the steps an uninterrupted epoch yields after them: none
+    repeated, none lost; a state of another seed is refused by name."""
+    outs = _run(tmp_path, shape, one_axis, batch, "resume")
+    assert [o["status"] for o in outs] == ["ok"] * len(outs), outs
+    assert all("the state is of another order" in o["refused"] and "seed=7" in o["refused"] for o in outs), outs
 
 
 def test_a_failure_in_one_worker_is_raised_on_every_rank_at_its_step(tmp_path: Path) -> None:
@@ -288,6 +345,17 @@ def test_the_lightning_datamodule_with_workers_drives_a_trainer_as_without(tmp_p
         assert len(r["seen"]["0"]) == 2 * 3, r
         assert r["seen"]["1"] == r["seen"]["0"], r
         assert r["children"] == 0 and r["shm_left"] == [], r
+
+
+def test_a_lightning_fit_resumed_mid_epoch_sees_the_rest_of_the_uninterrupted_sequence(tmp_path: Path) -> None:
+    # dp 2 x cp 2, workers and two steps ahead: stopped at step 2 of epoch 0 (of 3), its
+    # checkpoint (which holds the loader's state) resumed by a new Trainer.
+    for r in _run(tmp_path, (2, 2), True, 1, "lightning_resume"):
+        assert r["status"] == "ok", r
+        seen = r["seen"]
+        assert len(seen["whole"]) == 2 * 3 and seen["first"] == seen["whole"][:2], r
+        assert seen["rest"] == seen["whole"][2:], r
+        assert r["children"] == 0, r
 
 
 def test_a_presharded_dataset_read_ahead_gives_each_rank_its_files(tmp_path: Path) -> None:
