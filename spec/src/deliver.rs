@@ -5,6 +5,7 @@
 use crate::diag::SpecError;
 use crate::ir::{Axis, AxisKind, CoShard, GivenForm, IndexScope, PadValue, Role, TensorFeature};
 use crate::loc::Loc;
+use crate::syntax::DeliverForm;
 
 /// `t` as delivered in `form` (`ids` or `one_hot`), declared at `at`.
 pub(crate) fn delivered(
@@ -20,19 +21,21 @@ pub(crate) fn delivered(
     };
     let one_hot_map = ix.one_hot == Some(1) && t.axes.len() == 2;
     let id_vector = ix.one_hot.is_none() && t.axes.len() == 1;
-    match form {
-        "ids" if id_vector => Ok(t),
-        "one_hot" if one_hot_map => Ok(t),
-        "ids" if one_hot_map => Ok(as_ids(t)),
-        "one_hot" if id_vector => as_one_hot(t, at),
-        "ids" | "one_hot" => Err(Box::new(SpecError::new(
+    let Some(wanted) = DeliverForm::parse(form) else {
+        return Err(Box::new(
+            SpecError::new(format!("unknown delivery form `{form}`"), at)
+                .help("one of `ids` (an id vector per row), `one_hot` (a one-hot map)"),
+        ));
+    };
+    match wanted {
+        DeliverForm::Ids if id_vector => Ok(t),
+        DeliverForm::OneHot if one_hot_map => Ok(t),
+        DeliverForm::Ids if one_hot_map => Ok(as_ids(t)),
+        DeliverForm::OneHot if id_vector => as_one_hot(t, at),
+        _ => Err(Box::new(SpecError::new(
             format!("`deliver: {form}` changes the form of a map: a one-hot map `[rows, items]` (`one_hot: 1`) or an integer id vector `[rows]`"),
             at,
         ))),
-        other => Err(Box::new(
-            SpecError::new(format!("unknown delivery form `{other}`"), at)
-                .help("one of `ids` (an id vector per row), `one_hot` (a one-hot map)"),
-        )),
     }
 }
 

@@ -414,16 +414,33 @@ pub struct RawIndex {
     pub deliver: Option<String>,
 }
 
-/// The form a map is delivered in.
-// The schema's alone: lowering reads the name, to tell a wrong one at its line.
-#[derive(JsonSchema)]
+/// The form a map is delivered in. Read from its name by lowering (`parse`), so that a
+/// wrong one is told at its line; the schema lists the names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum DeliverForm {
+pub enum DeliverForm {
     /// An id vector: each row's item id, -1 for none.
     Ids,
     /// A one-hot map `[rows, items]`.
     OneHot,
+}
+
+impl DeliverForm {
+    /// Every form, as the spec names it.
+    pub const ALL: [DeliverForm; 2] = [DeliverForm::Ids, DeliverForm::OneHot];
+
+    /// The spec's name of the form.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeliverForm::Ids => "ids",
+            DeliverForm::OneHot => "one_hot",
+        }
+    }
+
+    /// The form a spec names, if any.
+    pub fn parse(name: &str) -> Option<DeliverForm> {
+        DeliverForm::ALL.into_iter().find(|f| f.name() == name)
+    }
 }
 
 /// A co-sharded axis pair.
