@@ -295,11 +295,7 @@ fn write_manifest(
         workflow: run.workflow.map(str::to_owned),
         samples: entries.to_vec(),
     };
-    let text = serde_json::to_string_pretty(&m).map_err(|e| Failure::Other(e.to_string()))?;
-    let tmp = out.join(".dataset.json.tmp");
-    std::fs::write(&tmp, text + "\n")
-        .and_then(|()| std::fs::rename(&tmp, out.join("dataset.json")))
-        .map_err(|e| Failure::Other(format!("cannot write {}: {e}", out.display())))
+    featshard_exec::shard_folder::write_dataset(out, &m).map_err(Failure::Other)
 }
 
 fn summary(entries: &[SampleEntry], out: &Path) -> Result<String, Failure> {

@@ -239,9 +239,7 @@ fn write_shards(
         run,
         source: Some(source),
     };
-    let text = serde_json::to_string_pretty(&manifest).map_err(other)?;
-    std::fs::write(dir.join(MANIFEST), text + "\n")
-        .map_err(|e| other(format!("{}: {e}", dir.display())))?;
+    featshard_exec::shard_folder::write_manifest(dir, &manifest).map_err(other)?;
     Ok(manifest.files.values().map(|f| f.bytes).sum())
 }
 

@@ -85,6 +85,23 @@ pub fn read_manifest(plan: &Plan, path: &Path) -> Result<Manifest, String> {
     shards::parse(&text, plan).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// `manifest` written into `dir` as its `manifest.json`, which [`read_manifest`] reads.
+pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(manifest).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join(MANIFEST), text + "\n").map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+/// `index` written into the dataset folder `root` as its `dataset.json` (through a
+/// temporary file renamed into place: a reader sees the old index or the new one),
+/// which [`read_dataset`] reads.
+pub fn write_dataset(root: &Path, index: &DatasetManifest) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(index).map_err(|e| e.to_string())?;
+    let tmp = root.join(format!(".{DATASET}.tmp"));
+    std::fs::write(&tmp, text + "\n")
+        .and_then(|()| std::fs::rename(&tmp, root.join(DATASET)))
+        .map_err(|e| format!("cannot write {}: {e}", root.display()))
+}
+
 /// A dataset folder's `dataset.json`, read (bounded) and checked against `plan` and the
 /// CP mesh `mesh`.
 pub fn read_dataset(plan: &Plan, root: &Path, mesh: Mesh) -> Result<DatasetManifest, String> {
