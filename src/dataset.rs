@@ -9,8 +9,7 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -170,29 +169,22 @@ pub fn shard_dataset(
         .map_err(|e| Failure::Other(format!("cannot create {}: {e}", out.display())))?;
     let bar = progress(list.len());
     let req = Request::new(&plan, run, false)?;
-    let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<SampleEntry>> = Mutex::new(Vec::new());
+    let written = AtomicU64::new(0);
     let jobs = jobs_at_once(run, list.len());
-    std::thread::scope(|scope| {
-        for _ in 0..jobs {
-            scope.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some((name, source)) = list.get(k) else {
-                    return;
-                };
-                let entry = one(&req, name, source, &out.join(name));
-                if let Ok(mut d) = done.lock() {
-                    d.push(entry);
-                }
-                bar.inc(1);
-                bar.set_message(format!("{} MB", bytes_done(&done) / 1_000_000));
-            });
-        }
-    });
+    // Samples at a time on exec's one scheduler, each taken by whichever job is free.
+    let mut entries = featshard_exec::par::map(
+        &list,
+        jobs,
+        || (),
+        |_, (name, source)| {
+            let entry = one(&req, name, source, &out.join(name));
+            let bytes = written.fetch_add(entry.bytes, Ordering::Relaxed) + entry.bytes;
+            bar.inc(1);
+            bar.set_message(format!("{} MB", bytes / 1_000_000));
+            entry
+        },
+    );
     bar.finish_and_clear();
-    let mut entries = done
-        .into_inner()
-        .map_err(|_| Failure::Other("a job panicked".into()))?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     write_manifest(&plan, req.mesh, run, out, &entries)?;
     summary(&entries, out)
@@ -259,10 +251,6 @@ fn one(req: &Request, name: &str, source: &Path, target: &Path) -> SampleEntry {
         Ok(bytes) => entry(Status::Sharded, bytes, None),
         Err(e) => entry(Status::Failed, 0, Some(e.to_string())),
     }
-}
-
-fn bytes_done(done: &Mutex<Vec<SampleEntry>>) -> u64 {
-    done.lock().map_or(0, |d| d.iter().map(|e| e.bytes).sum())
 }
 
 /// Samples, rate and ETA on a terminal; nothing when stderr is not one.

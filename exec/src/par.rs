@@ -64,7 +64,7 @@ where
 
 /// `f` over `items` with up to `threads` threads, each taking the next item as it is
 /// free; every result, in item order.
-pub(crate) fn map<I, C, R>(
+pub fn map<I, C, R>(
     items: &[I],
     threads: usize,
     make: impl Fn() -> C,
