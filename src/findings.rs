@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use featshard_spec::ir::{AxisKind, FeatureKind, Role, Spec, TensorFeature};
+use featshard_spec::ir::{AxisKind, Role, Spec, TensorFeature};
 use featshard_spec::loc::Loc;
 
 use crate::values::{shows, Sample, Tensor};
@@ -223,7 +223,7 @@ impl<'a> Read<'a> {
         }
         let is_mask = matches!(&t.role, Role::Mask { .. });
         if let (Some(n), None) = (shows::padded_prefix(v), &sem.incoming) {
-            let data = matches!(t.role, Role::Data) && !is_flag(name);
+            let data = matches!(t.role, Role::Data) && !shows::is_flag(name);
             if (is_mask || data) && !self.named_past(s, n) {
                 let mask = if is_mask {
                     String::new()
@@ -392,18 +392,4 @@ impl<'a> Read<'a> {
             (over && mask).then(|| Some((*name, shows::padded_prefix(v)?)))?
         })
     }
-}
-
-/// A name that says a flag of some items (`is_protein`, `has_frame`), not a mask of the
-/// real ones.
-pub fn is_flag(name: &str) -> bool {
-    name.starts_with("is_") || name.starts_with("has_")
-}
-
-/// Whether the spec names any tensor feature the sample gives (a sample of another
-/// spec shares no key).
-pub fn shares_a_key(spec: &Spec, sample: &Sample) -> bool {
-    spec.features
-        .iter()
-        .any(|(n, f)| matches!(f.kind, FeatureKind::Tensor(_)) && sample.tensors.contains_key(n))
 }

@@ -248,7 +248,7 @@ fn incoming(
             .tensors
             .iter()
             .filter(|(n, _)| features.get(*n).is_some_and(|f| f.axes == [s.name.clone()]))
-            .filter(|(n, _)| !is_flag(n))
+            .filter(|(n, _)| !shows::is_flag(n))
             .filter_map(|(n, t)| Some((n, shows::padded_prefix(t.zero_one()?)?)))
             .filter(|&(n, real)| pads_own_nothing(sample, n, real))
             .filter(|&(_, real)| !named_past(sample, &ids, &s.name, real))
@@ -357,11 +357,6 @@ fn own_masks(sample: &Sample, features: &mut BTreeMap<String, FeatureDraft>) {
         ));
         f.keys.push(format!("mask: {of}"));
     }
-}
-
-/// A name that says a flag of some items, not a mask of the real ones.
-fn is_flag(name: &str) -> bool {
-    name.starts_with("is_") || name.starts_with("has_")
 }
 
 /// Whether the items from `real` on along `mask`'s axis hold no entry of any 0/1 map

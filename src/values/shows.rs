@@ -11,6 +11,12 @@
 /// dense bytes up to about a third).
 pub const SPARSE_BELOW: f64 = 0.05;
 
+/// A name that says a flag of some items (`is_protein`, `has_frame`), not a mask of
+/// the real ones, whatever its values.
+pub fn is_flag(name: &str) -> bool {
+    name.starts_with("is_") || name.starts_with("has_")
+}
+
 /// Whether every value is 0 or 1.
 pub fn zero_one(v: &[f64]) -> bool {
     v.iter().all(|&x| x == 0.0 || x == 1.0)
