@@ -110,7 +110,7 @@ impl<'a> Read<'a> {
                 let (t, x, v) = self.given.get(m)?;
                 match (&t.role, x.shape.as_slice()) {
                     (_, [_]) => Some(shows::owners_of_ids(v)),
-                    (Role::Index(_), [_, w]) => Some(
+                    (Role::Index(_), [_, w]) if *w > 0 => Some(
                         v.chunks_exact(*w)
                             .map(|r| r.iter().position(|&x| x == 1.0))
                             .collect(),
@@ -120,7 +120,7 @@ impl<'a> Read<'a> {
             });
             let from_counts = || {
                 let (_, _, v) = self.given.get(o.source.counts()?)?;
-                Some(shows::owners_of_counts(v))
+                shows::owners_of_counts(v, self.len(s)?)
             };
             if let Some(of) = from_map.or_else(from_counts) {
                 out.insert(s.clone(), of);

@@ -93,13 +93,20 @@ pub fn owners_of_ids(v: &[f64]) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// Each item's owner, from the items each owner holds, in order.
-pub fn owners_of_counts(counts: &[f64]) -> Vec<Option<usize>> {
-    counts
-        .iter()
-        .enumerate()
-        .flat_map(|(o, &c)| std::iter::repeat_n(Some(o), c.max(0.0) as usize))
-        .collect()
+/// Each item's owner, from the items each owner holds, in order; `None` when they
+/// hold more than `items` (counts that cannot be the sample's, never allocated).
+pub fn owners_of_counts(counts: &[f64], items: usize) -> Option<Vec<Option<usize>>> {
+    let total: f64 = counts.iter().map(|&c| c.max(0.0)).sum();
+    if total > items as f64 {
+        return None;
+    }
+    Some(
+        counts
+            .iter()
+            .enumerate()
+            .flat_map(|(o, &c)| std::iter::repeat_n(Some(o), c.max(0.0) as usize))
+            .collect(),
+    )
 }
 
 /// Whether a vector over owners holds each owner's first item (OpenFold3's
@@ -110,6 +117,10 @@ pub fn owners_of_counts(counts: &[f64]) -> Vec<Option<usize>> {
 /// nothing of the rest.
 pub fn first_items(v: &[f64], owner_of: &[Option<usize>]) -> bool {
     let owning = owner_of.iter().flatten().max().map_or(0, |&m| m + 1);
+    // Owners past the vector's are no owners of it (and never allocated for).
+    if owning > v.len() {
+        return false;
+    }
     let mut seen = vec![false; owning];
     owner_of.iter().flatten().for_each(|&o| seen[o] = true);
     if seen.contains(&false) {
@@ -214,7 +225,19 @@ mod tests {
         assert_eq!(owner_ids_padded(&ids, 3), Some((6, None)));
         assert_eq!(owner_ids_padded(&[0.0, 1.0, 2.0, 2.0], 4), None);
         let owner_of = owners_of_ids(&ids);
-        assert_eq!(owner_of, owners_of_counts(&[2.0, 3.0, 1.0]));
+        assert_eq!(
+            Some(owner_of.clone()),
+            owners_of_counts(&[2.0, 3.0, 1.0], 6)
+        );
+        assert_eq!(
+            owners_of_counts(&[1e18, 1.0], 6),
+            None,
+            "counts past the items"
+        );
+        assert!(
+            !first_items(&[0.0, 1.0], &[Some(0), Some(1 << 40)]),
+            "an owner past the vector"
+        );
         assert!(first_items(&[0.0, 2.0, 5.0], &owner_of));
         assert!(!first_items(&[0.0, 1.0, 2.0], &owner_of), "serial numbers");
         assert!(own_item_ids(
