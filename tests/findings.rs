@@ -203,3 +203,43 @@ fn the_shipped_examples_and_their_samples_have_no_findings() {
         );
     }
 }
+
+/// Values a hostile sample may hold (a count of 2^31 - 1, an owner id of 2^31 - 1) are
+/// read without allocating by them: the check names the id, the sample is refused by
+/// name, exit 1, no abort.
+#[test]
+fn hostile_values_are_findings_and_refusals_never_an_abort() {
+    use safetensors::tensor::TensorView;
+
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(data("openfold3/plain")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(k, v)| (k, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    for (k, _, _, data) in owned.iter_mut() {
+        let at = match k.as_str() {
+            "num_atoms_per_token" => 0,
+            "atom_to_token_index" => 5,
+            _ => continue,
+        };
+        data[4 * at..4 * at + 4].copy_from_slice(&i32::MAX.to_le_bytes());
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(k, d, s, b)| (k.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    let path = dir.path().join("hostile.safetensors");
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+    let spec = root().join("examples/openfold3.yaml").display().to_string();
+    let (code, out) = validate(&spec, &path.display().to_string(), None);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "feature `atom_to_token_index`: 1 of its values name no item of the 72 `tokens`"
+        ) && out.contains("refused: feature `num_atoms_per_token`"),
+        "{out}"
+    );
+}
