@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -161,6 +162,7 @@ class FeatureLoader:
         # Steps the caller took of the iteration under way, and those the next one skips.
         self._taken = 0
         self._resume = 0
+        self._waited: list[float] = []
 
     # Lightning reads a loader's sampler (``set_epoch``) and its batch sampler: steps
     # are batched here, by ``batch_size``.
@@ -173,6 +175,20 @@ class FeatureLoader:
     def __len__(self) -> int:
         n = len(self.sampler)
         return n if self.batch_size is None else -(-n // self.batch_size)
+
+    @property
+    def counters(self) -> dict[str, float]:
+        """This rank's counters of the iteration under way (or the last), for logging:
+        ``steps`` taken by the caller, and how long the caller waited for them in all
+        (``stall_s``), the longest (``stall_max_s``) and the median (``stall_median_s``)
+        of its waits, in seconds: the time the model step did not run for want of data."""
+        waits = sorted(self._waited)
+        return {
+            "steps": float(self._taken),
+            "stall_s": sum(waits),
+            "stall_max_s": waits[-1] if waits else 0.0,
+            "stall_median_s": waits[len(waits) // 2] if waits else 0.0,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration stands: its epoch, the steps the caller has taken of it
@@ -221,9 +237,17 @@ class FeatureLoader:
         return self._counted(steps)
 
     def _counted(self, steps: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """``steps`` as the caller takes them, each counted into :meth:`state_dict`."""
+        """``steps`` as the caller takes them, each counted into :meth:`state_dict` and
+        the wait for it into :attr:`counters`."""
+        self._waited = []
         try:
-            for step in steps:
+            while True:
+                asked = time.perf_counter()
+                try:
+                    step = next(steps)
+                except StopIteration:
+                    return
+                self._waited.append(time.perf_counter() - asked)
                 self._taken += 1
                 yield step
         finally:

@@ -157,6 +157,9 @@ def _worker(rank: int, world: int, store: str, shape: tuple[int, ...], one_axis:
             got += list(resumed)
             _same_steps(got, want, f"rank {rank} resumed")
             assert resumed.state_dict()["steps"] == len(want), resumed.state_dict()
+            # Its counters: the steps taken, and the caller's waits for the ones it made.
+            c = resumed.counters
+            assert c["steps"] == len(want) and 0 <= c["stall_median_s"] <= c["stall_max_s"] <= c["stall_s"], c
             other = FeatureLoader(plan, Serial(), mesh, batch_size=batch, shuffle=True, seed=8, **options)
             try:
                 other.load_state_dict(state)
