@@ -47,6 +47,10 @@ enum Command {
         /// The samples' workflow: only its features are required.
         #[arg(long)]
         workflow: Option<String>,
+        /// `text` for people, or `json`: one document on stdout (its schema:
+        /// `featshard schema --report validate`), the exit code the same.
+        #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+        format: String,
     },
     /// Print every feature's placement, padded global shape and local shape on a mesh.
     Explain {
@@ -126,6 +130,9 @@ enum Command {
         /// The schema of plan.json instead.
         #[arg(long)]
         plan: bool,
+        /// The schema of a command's JSON report instead: `validate`.
+        #[arg(long, value_name = "COMMAND", value_parser = ["validate"])]
+        report: Option<String>,
     },
 }
 
@@ -270,7 +277,11 @@ fn dispatch(command: Command) -> Result<String, Failure> {
             spec,
             features,
             workflow,
-        } => commands::validate(&spec, &features, workflow.as_deref()),
+            format,
+        } => match format.as_str() {
+            "json" => crate::report::validate_json(&spec, &features, workflow.as_deref()),
+            _ => commands::validate(&spec, &features, workflow.as_deref()),
+        },
         Command::Explain {
             spec,
             mesh,
@@ -288,7 +299,10 @@ fn dispatch(command: Command) -> Result<String, Failure> {
                 view,
             )
         }
-        Command::Schema { plan } => Ok(commands::schema(plan)),
+        Command::Schema { plan, report } => Ok(match report {
+            Some(_) => crate::report::validate_schema(),
+            None => commands::schema(plan),
+        }),
         Command::Init(args) => run_init(args),
         Command::Shard {
             spec,

@@ -75,15 +75,24 @@ pub fn validate(
     }
 }
 
+/// One sample checked against a spec: what its values contradict, and whether
+/// featshard takes it (why not, when refused). The text and the JSON report both.
+pub(crate) fn check_sample(
+    (spec, plan, workflow): (&Spec, &Plan, Option<&str>),
+    sample: &Path,
+) -> Result<(Vec<crate::findings::Finding>, Result<(), String>), String> {
+    let values = crate::values::sample(sample)?;
+    let findings = crate::findings::check(spec, &values);
+    Ok((findings, taken(plan, sample, workflow)))
+}
+
 /// One sample against the spec: its findings, then whether featshard takes it.
 fn sample_report(
     path: &Path,
-    (spec, plan, workflow): (&Spec, &Plan, Option<&str>),
+    checked: (&Spec, &Plan, Option<&str>),
     sample: &Path,
 ) -> Result<(String, bool), Failure> {
-    let values = crate::values::sample(sample).map_err(Failure::Other)?;
-    let findings = crate::findings::check(spec, &values);
-    let taken = taken(plan, sample, workflow);
+    let (findings, taken) = check_sample(checked, sample).map_err(Failure::Other)?;
     let mut out = match (findings.len(), &taken) {
         (0, Ok(())) => format!("{}: no findings; taken", sample.display()),
         (0, Err(_)) => format!("{}: no findings; refused", sample.display()),

@@ -17,6 +17,7 @@ pub mod explain;
 pub mod findings;
 pub mod init;
 pub mod picture;
+pub mod report;
 pub mod room;
 mod sizes;
 pub mod staging;

@@ -214,3 +214,23 @@ fn the_shipped_schema_is_the_generated_one_and_every_example_points_at_it() {
         assert_eq!(target.canonicalize().unwrap(), path.canonicalize().unwrap());
     }
 }
+
+/// `schema/validate-report.schema.json`, the schema of `featshard validate --format
+/// json`, is `featshard schema --report validate`'s output (rewritten with
+/// `FEATSHARD_BLESS=1`).
+#[test]
+fn the_shipped_validate_report_schema_is_the_generated_one() {
+    let path = root().join("schema/validate-report.schema.json");
+    let generated = featshard::report::validate_schema();
+    let shipped = std::fs::read_to_string(&path).unwrap_or_default();
+    if shipped != generated && std::env::var_os("FEATSHARD_BLESS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    } else {
+        assert!(
+            shipped == generated,
+            "{} is stale: rerun with FEATSHARD_BLESS=1 ({})",
+            path.display(),
+            first_difference(&shipped, &generated)
+        );
+    }
+}
