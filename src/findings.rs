@@ -280,14 +280,9 @@ impl<'a> Read<'a> {
     /// owners' order (before the owner of item `n - 1`): pads the map holds a value at
     /// (OpenFold3's collator pads `atom_to_token_index` with 0), not owned items.
     fn pads_named(&self, s: &str, n: usize) -> Option<usize> {
-        let of = self.owner_of.get(s)?;
-        let (&Some(last), past) = (of.get(n.checked_sub(1)?)?, of.get(n..)?) else {
-            return None;
-        };
-        let &Some(first) = past.first()? else {
-            return None;
-        };
-        (first < last && past.iter().all(|&o| o == Some(first))).then_some(first)
+        let map = self.spec.semantics.get(s)?.owner.as_ref()?.source.map()?;
+        let &(_, _, v) = self.given.get(map).filter(|g| g.1.shape.len() == 1)?;
+        shows::pad_id(v, n).map(|p| p as usize)
     }
 
     /// Integer one-hot encodings and mostly-zero pair features declared dense.

@@ -571,15 +571,11 @@ fn token_counts(
     std::iter::once(tokens).chain(prefixes).collect()
 }
 
-/// The id a collator gave an id vector's pads (`shows::owner_ids_padded`), where its
-/// real items are the first `real`.
+/// The id a collator gave an id vector's pads (`shows::pad_id`), where its real items
+/// are the first `real`.
 fn map_pad(sample: &Sample, ids: &[String], real: usize) -> Option<f64> {
-    ids.iter().find_map(|m| {
-        let v = sample.tensors.get(m)?.values.as_deref()?;
-        let pad = *v.get(real..)?.first()?;
-        let run = v[real..].iter().all(|&x| x == pad);
-        (run && real > 0 && pad >= 0.0 && pad < v[real - 1]).then_some(pad)
-    })
+    ids.iter()
+        .find_map(|m| shows::pad_id(sample.tensors.get(m)?.values.as_deref()?, real))
 }
 
 /// Integer features over tokens holding ids of their atoms (`shows::item_ids`): each

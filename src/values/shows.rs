@@ -80,10 +80,19 @@ pub fn owner_ids_padded(v: &[f64], owners: usize) -> Option<(usize, Option<f64>)
     if owner_ids(v, owners) {
         return Some((v.len(), None));
     }
-    let &pad = v.last()?;
-    let real = v.len() - v.iter().rev().take_while(|&&x| x == pad).count();
-    let out_of_order = real > 0 && pad >= 0.0 && pad < v[real - 1];
-    (out_of_order && owner_ids(&v[..real], owners)).then_some((real, Some(pad)))
+    let &last = v.last()?;
+    let real = v.len() - v.iter().rev().take_while(|&&x| x == last).count();
+    let pad = pad_id(v, real)?;
+    owner_ids(&v[..real], owners).then_some((real, Some(pad)))
+}
+
+/// The one id every item of an owner id vector holds from `real` on, where it is out
+/// of the owners' order (below item `real - 1`'s): the value a collator pads the vector
+/// with (OpenFold3's 0), not owners of real items.
+pub fn pad_id(v: &[f64], real: usize) -> Option<f64> {
+    let (&before, past) = (v.get(real.checked_sub(1)?)?, v.get(real..)?);
+    let &pad = past.first()?;
+    (pad >= 0.0 && pad < before && past.iter().all(|&x| x == pad)).then_some(pad)
 }
 
 /// Each item's owner, from owner ids per item (-1: none).
@@ -224,6 +233,12 @@ mod tests {
         assert_eq!(owner_ids_padded(&collated, 3), Some((4, Some(0.0))));
         assert_eq!(owner_ids_padded(&ids, 3), Some((6, None)));
         assert_eq!(owner_ids_padded(&[0.0, 1.0, 2.0, 2.0], 4), None);
+        assert_eq!(pad_id(&collated, 4), Some(0.0));
+        assert_eq!(
+            pad_id(&[0.0, 1.0, 2.0, 3.0], 3),
+            None,
+            "a real owner in order"
+        );
         let owner_of = owners_of_ids(&ids);
         assert_eq!(
             Some(owner_of.clone()),
