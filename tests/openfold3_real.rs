@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 mod support;
 
-use support::cli::{featshard, root};
+use support::cli::{root, run};
 use tch::{Kind, Tensor};
 
 const TILES: [&str; 3] = ["3x3", "2x3", "2x2"];
@@ -47,15 +47,6 @@ fn spec_for(dir: &Path, form: &str, one_axis: bool, windows: bool) -> String {
     let path = dir.join(format!("of3-{form}-{one_axis}-{windows}.yaml"));
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
-}
-
-fn run(args: &[&str]) {
-    let out = featshard(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn ints(x: &Tensor) -> Vec<i64> {

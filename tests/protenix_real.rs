@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 mod support;
 
-use support::cli::{featshard, root};
+use support::cli::{featshard, root, run};
 use tch::{Kind, Tensor};
 
 const MESHES: [&str; 9] = ["3x3", "2x3", "2x2", "1x1", "1", "2", "3", "4", "8"];
@@ -71,15 +71,6 @@ fn shard_2x2(spec: &Path, input: &Path, out: &Path) -> (bool, String) {
         run.status.success(),
         String::from_utf8_lossy(&run.stderr).into_owned(),
     )
-}
-
-fn run(args: &[&str]) {
-    let out = featshard(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn ints(x: &Tensor) -> Vec<i64> {

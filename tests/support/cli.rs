@@ -52,6 +52,17 @@ pub fn featshard(args: &[&str]) -> Output {
         .expect("run featshard")
 }
 
+/// `featshard ARGS`, which must succeed (its stderr in the failure).
+#[allow(dead_code)]
+pub fn run(args: &[&str]) {
+    let out = featshard(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `featshard shard` of `features` (a file, or a dataset argument) on `mesh` for the
 /// inference workflow into `out`, not yet started.
 pub fn shard_command(features: &str, mesh: &str, out: &Path) -> Command {
